@@ -1,0 +1,96 @@
+# Finds the GPU toolchains.
+#
+# CUDA: the CUDA language through check_language (nvcc under /usr/local/cuda is found even when it
+# is not on PATH). HIP: the HIP language when CMake can enable it (a full ROCm install); otherwise,
+# with Debian's hipcc + libamdhip64-dev, CMake 3.25's HIP language cannot work (it expects hip-lang
+# under lib/cmake and its try_compile cannot find amd_comgr), so kernels are compiled by calling
+# hipcc directly (kvoffload_hipcc_objects below) and host code links hip::host from find_package(hip).
+include(CheckLanguage)
+
+set(KVOFFLOAD_WITH_CUDA OFF)
+set(KVOFFLOAD_WITH_HIP OFF)
+set(KVOFFLOAD_HIP_MODE "")
+
+if(NOT KVOFFLOAD_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+    find_program(_kvo_nvcc nvcc HINTS $ENV{CUDA_HOME}/bin $ENV{CUDA_PATH}/bin /usr/local/cuda/bin)
+    if(_kvo_nvcc)
+      set(CMAKE_CUDA_COMPILER ${_kvo_nvcc} CACHE FILEPATH "CUDA compiler")
+    endif()
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES ${KVOFFLOAD_CUDA_ARCHITECTURES})
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(KVOFFLOAD_WITH_CUDA ON)
+  elseif(KVOFFLOAD_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "KVOFFLOAD_CUDA=ON but no CUDA compiler was found; install the CUDA "
+                        "toolkit or set CMAKE_CUDA_COMPILER, or configure with -DKVOFFLOAD_CUDA=OFF")
+  endif()
+endif()
+
+if(NOT KVOFFLOAD_HIP STREQUAL "OFF")
+  check_language(HIP)
+  if(CMAKE_HIP_COMPILER)
+    if(NOT DEFINED CMAKE_HIP_ARCHITECTURES)
+      set(CMAKE_HIP_ARCHITECTURES ${KVOFFLOAD_HIP_ARCHITECTURES})
+    endif()
+    enable_language(HIP)
+    find_package(hip CONFIG REQUIRED)
+    set(KVOFFLOAD_WITH_HIP ON)
+    set(KVOFFLOAD_HIP_MODE "language")
+  else()
+    find_program(KVOFFLOAD_HIPCC hipcc HINTS $ENV{ROCM_PATH}/bin /opt/rocm/bin)
+    find_package(hip CONFIG QUIET)
+    if(KVOFFLOAD_HIPCC AND hip_FOUND)
+      set(KVOFFLOAD_WITH_HIP ON)
+      set(KVOFFLOAD_HIP_MODE "hipcc")
+    endif()
+  endif()
+  if(NOT KVOFFLOAD_WITH_HIP AND KVOFFLOAD_HIP STREQUAL "ON")
+    message(FATAL_ERROR "KVOFFLOAD_HIP=ON but neither the HIP language nor hipcc + the hip CMake "
+                        "package were found; install ROCm (or Debian's hipcc libamdhip64-dev), or "
+                        "configure with -DKVOFFLOAD_HIP=OFF")
+  endif()
+endif()
+
+message(STATUS "kvoffload: CUDA backend ${KVOFFLOAD_WITH_CUDA}, HIP backend ${KVOFFLOAD_WITH_HIP} ${KVOFFLOAD_HIP_MODE}")
+
+# kvoffload_hipcc_objects(<out-var> SOURCES a.cu ... INCLUDES dir ...)
+# Compiles each source with hipcc into an object file and returns the object paths, to be added as
+# sources of a library. Used only in "hipcc" mode.
+function(kvoffload_hipcc_objects out_var)
+  cmake_parse_arguments(ARG "" "" "SOURCES;INCLUDES;DEFINES" ${ARGN})
+  set(objects)
+  set(arch_flags)
+  foreach(arch IN LISTS KVOFFLOAD_HIP_ARCHITECTURES)
+    list(APPEND arch_flags --offload-arch=${arch})
+  endforeach()
+  set(include_flags)
+  foreach(dir IN LISTS ARG_INCLUDES)
+    list(APPEND include_flags -I${dir})
+  endforeach()
+  set(define_flags)
+  foreach(def IN LISTS ARG_DEFINES)
+    list(APPEND define_flags -D${def})
+  endforeach()
+  foreach(src IN LISTS ARG_SOURCES)
+    get_filename_component(abs ${src} ABSOLUTE)
+    get_filename_component(name ${src} NAME_WE)
+    set(obj ${CMAKE_CURRENT_BINARY_DIR}/hipcc/${name}.o)
+    add_custom_command(
+      OUTPUT ${obj}
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/hipcc
+      COMMAND ${KVOFFLOAD_HIPCC} -x hip -std=c++17 -O3 -fPIC ${arch_flags} ${include_flags}
+              ${define_flags} -MD -MF ${obj}.d -c ${abs} -o ${obj}
+      DEPENDS ${abs}
+      DEPFILE ${obj}.d
+      COMMENT "hipcc ${name}"
+      VERBATIM)
+    list(APPEND objects ${obj})
+  endforeach()
+  set(${out_var} ${objects} PARENT_SCOPE)
+endfunction()

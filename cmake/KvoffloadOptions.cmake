@@ -1,0 +1,30 @@
+# Build options. GPU backends are tri-state: AUTO builds them when the toolchain is found,
+# ON fails the configure when it is not, OFF never builds them.
+set(KVOFFLOAD_CUDA AUTO CACHE STRING "Build the CUDA backend and kernels (AUTO|ON|OFF)")
+set_property(CACHE KVOFFLOAD_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(KVOFFLOAD_HIP AUTO CACHE STRING "Build the HIP backend and kernels (AUTO|ON|OFF)")
+set_property(CACHE KVOFFLOAD_HIP PROPERTY STRINGS AUTO ON OFF)
+
+option(KVOFFLOAD_BUILD_TESTS "Build the GoogleTest suites" ON)
+option(KVOFFLOAD_BUILD_BENCH "Build the Google Benchmark binaries" ON)
+option(KVOFFLOAD_BUILD_PYTHON "Build the pybind11 module" ON)
+option(KVOFFLOAD_WERROR "Treat warnings as errors" OFF)
+set(KVOFFLOAD_SANITIZE "" CACHE STRING "Sanitizers: empty, 'address;undefined' or 'thread'")
+
+set(KVOFFLOAD_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures for the kernels")
+set(KVOFFLOAD_HIP_ARCHITECTURES "gfx90a" CACHE STRING "HIP offload architectures for the kernels (ROCm >= 6 also knows gfx942)")
+
+# Warnings for our own targets only (third-party headers are SYSTEM includes).
+add_library(kvoffload_warnings INTERFACE)
+target_compile_options(kvoffload_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wno-missing-field-initializers>
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${KVOFFLOAD_WERROR}>>:-Werror>)
+
+if(KVOFFLOAD_SANITIZE)
+  list(JOIN KVOFFLOAD_SANITIZE "," _kvo_san)
+  message(STATUS "kvoffload: sanitizers ${_kvo_san}")
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=${_kvo_san}>
+                      $<$<COMPILE_LANGUAGE:C,CXX>:-fno-omit-frame-pointer>
+                      $<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize-recover=undefined>)
+  add_link_options(-fsanitize=${_kvo_san})
+endif()

@@ -1,0 +1,1 @@
+target_sources(kvoffload_hip_backend PRIVATE ${CMAKE_CURRENT_LIST_DIR}/src/hip_probe.cpp)

@@ -1,0 +1,50 @@
+#pragma once
+// Shared plumbing of the `kvoffload` program: subcommand registration, size parsing, output.
+//
+// Contract (DESIGN.md §5): every subcommand takes --json and prints exactly one JSON object on
+// stdout, exits 0 on success, and on error exits non-zero with a one-paragraph message on stderr.
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace kvoffload::cli {
+
+// Exit codes of the program.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;   // the operation failed (message on stderr)
+inline constexpr int kExitUsage = 2;   // bad flags or values (usage message on stderr)
+
+// A subcommand adds itself to the top-level app and returns its CLI::App plus a callback that runs
+// it after parsing and returns the exit code. Errors are thrown (kvoffload::Error) and reported by
+// main: kInvalidArgument exits with kExitUsage, anything else with kExitError.
+using CommandRunner = std::function<int()>;
+struct Command {
+  CLI::App* app = nullptr;
+  CommandRunner run;
+};
+using CommandSetup = std::function<Command(CLI::App& top)>;
+
+struct CommandRegistrar {
+  CommandRegistrar(std::string name, CommandSetup setup);
+};
+
+// Parses "4096", "64K", "2M", "1G", "1T" (powers of two, case-insensitive, optional trailing 'B'
+// or 'iB'). Throws kvoffload::Error(kInvalidArgument) naming the flag and the value otherwise.
+std::uint64_t parse_size(std::string_view flag, std::string_view text);
+
+// Adds a size option that accepts the suffixes above and stores into `out`.
+CLI::Option* add_size_option(CLI::App& app, const std::string& name, std::uint64_t& out,
+                             const std::string& description);
+
+// Output of one subcommand: JSON on stdout when --json was given, otherwise the human text.
+void emit(bool json, const nlohmann::json& object, const std::string& human_text);
+
+// Formats bytes as "1.50 GiB" for human output.
+std::string human_bytes(std::uint64_t bytes);
+
+}  // namespace kvoffload::cli
