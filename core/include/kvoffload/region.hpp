@@ -1,0 +1,128 @@
+#pragma once
+// The shared host region: one file `<shm_dir>/kvoffload_<engine_id>.region` per engine, mapped
+// MAP_SHARED by every rank (and the scheduler). Exactly one process creates it; every other process
+// joins the same memory. See DESIGN.md §2 for the protocol and Note [Region lifetime] in
+// core/src/region/region.cpp for how creation, liveness and teardown fit together.
+//
+//   RegionOptions opts{.engine_id = "engine-0", .layout = {.num_chunks = 1024,
+//                      .slot_bytes = 2 << 20, .world_size = 8}, .rank = 3};
+//   kvoffload::Region region = kvoffload::Region::create_or_join(opts);
+//   std::span<std::byte> mine = region.slot(/*chunk=*/17);   // rank 3's slot of chunk 17
+//
+// Errors are kvoffload::Error; nothing is left behind (file, descriptor, mapping) when
+// create_or_join throws.
+
+#include <kvoffload/geometry.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvoffload {
+
+struct Syscalls;  // kvoffload/syscalls.hpp: the test seam for every system call this layer makes
+
+enum class RegionRole { kCreator, kJoiner };
+enum class PopulateMethod { kMadvise, kFallback, kNone };
+
+std::string_view to_string(RegionRole role) noexcept;      // "creator" | "joiner"
+std::string_view to_string(PopulateMethod m) noexcept;     // "madvise" | "fallback" | "none"
+
+struct RegionOptions {
+  std::string engine_id;                     // 1..128 of [A-Za-z0-9._-], not "." or ".."
+  RegionLayout layout;
+  std::optional<std::uint32_t> rank;         // nullopt: an unranked mapper (the scheduler)
+  std::filesystem::path shm_dir;             // empty: $KVOFFLOAD_SHM_DIR, else /dev/shm
+  std::chrono::milliseconds join_timeout{30'000};
+  unsigned populate_threads = 1;             // >= 1
+  bool populate = true;                      // pre-fault after mapping
+  const Syscalls* syscalls = nullptr;        // nullptr: the real system calls
+};
+
+struct PopulateReport {
+  PopulateMethod method = PopulateMethod::kNone;
+  std::uint64_t bytes = 0;                   // bytes pre-faulted by this process
+  double seconds = 0.0;
+};
+
+class Region {
+ public:
+  // Creates the region, or joins it when another process created it (or is creating it).
+  static Region create_or_join(const RegionOptions& options);
+
+  Region(Region&& other) noexcept;
+  Region& operator=(Region&& other) noexcept;
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+  ~Region();
+
+  [[nodiscard]] const RegionGeometry& geometry() const noexcept;
+  [[nodiscard]] RegionRole role() const noexcept;
+  [[nodiscard]] const std::filesystem::path& path() const noexcept;
+  [[nodiscard]] const std::string& engine_id() const noexcept;
+  [[nodiscard]] std::optional<std::uint32_t> rank() const noexcept;
+  [[nodiscard]] const PopulateReport& populate_report() const noexcept;
+  [[nodiscard]] bool is_open() const noexcept;
+
+  // Start of the page-aligned data (geometry().data_bytes() bytes).
+  [[nodiscard]] std::byte* data() const noexcept;
+  // Rank `rank`'s slot of `chunk` (replicated: slot 0). Throws kInvalidArgument when out of range.
+  [[nodiscard]] std::span<std::byte> slot(std::uint64_t chunk, std::uint32_t rank) const;
+  // This mapper's own slot of `chunk`; throws kState for an unranked mapper.
+  [[nodiscard]] std::span<std::byte> slot(std::uint64_t chunk) const;
+  // The whole row of `chunk` (row_stride bytes, all copies and the padding).
+  [[nodiscard]] std::span<std::byte> row(std::uint64_t chunk) const;
+
+  // Runs `hook` at close() before munmap, in reverse order of registration. The transfer engine
+  // uses it to unregister host memory (teardown order: unregister, munmap, close).
+  void add_teardown_hook(std::function<void()> hook);
+
+  // Detaches: hooks, munmap, releases the shared lock, close; the last process out unlinks the
+  // file (only if the path still names our inode). Idempotent, never throws; returns false when a
+  // step failed (each failure is logged; every later step still runs).
+  bool close() noexcept;
+
+ private:
+  struct State;
+  explicit Region(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// The path a region of `engine_id` has in `shm_dir` (validates the id).
+std::filesystem::path region_path(const std::filesystem::path& shm_dir, const std::string& engine_id);
+// The directory used when none is given: $KVOFFLOAD_SHM_DIR, else /dev/shm.
+std::filesystem::path default_shm_dir();
+
+struct RegionInfo {
+  std::filesystem::path path;
+  std::string engine_id;
+  std::uint64_t file_bytes = 0;
+  std::uint32_t attached = 0;     // processes holding the shared lock (from /proc/locks)
+  bool stale = false;             // no holder
+  bool complete = false;          // header says the region finished creation
+  std::optional<RegionGeometry> geometry;  // when the header is readable
+};
+
+// Regions in `shm_dir`, counted without taking any lock.
+std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
+                                     const Syscalls* syscalls = nullptr);
+
+struct CleanResult {
+  std::vector<std::filesystem::path> removed;
+  std::vector<std::filesystem::path> kept;    // in use (or not ours to remove)
+};
+
+// Removes stale regions (all, or only `engine_id`'s). Never removes a region in use, another
+// user's file, or a newer file that replaced the one inspected.
+CleanResult clean_regions(const std::filesystem::path& shm_dir,
+                          const std::optional<std::string>& engine_id = std::nullopt,
+                          const Syscalls* syscalls = nullptr);
+
+}  // namespace kvoffload
