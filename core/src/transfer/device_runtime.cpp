@@ -1,0 +1,208 @@
+// Owners of device-runtime handles and the runtime factory.
+#include <kvoffload/device_runtime.hpp>
+
+#include "transfer/backend_factories.hpp"
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+
+#include <utility>
+
+namespace kvoffload {
+
+std::string_view to_string(CopyPath path) noexcept {
+  return path == CopyPath::kKernel ? "kernel" : "dma";
+}
+
+std::string_view to_string(CopyKind kind) noexcept {
+  switch (kind) {
+    case CopyKind::kHostToDevice: return "h2d";
+    case CopyKind::kDeviceToHost: return "d2h";
+    case CopyKind::kDeviceToDevice: return "d2d";
+    case CopyKind::kHostToHost: return "h2h";
+  }
+  return "?";
+}
+
+// ---- owners ----
+
+Stream::Stream(Stream&& other) noexcept
+    : runtime_(std::exchange(other.runtime_, nullptr)), handle_(std::exchange(other.handle_, 0)) {}
+Stream& Stream::operator=(Stream&& other) noexcept {
+  if (this != &other) {
+    reset();
+    runtime_ = std::exchange(other.runtime_, nullptr);
+    handle_ = std::exchange(other.handle_, 0);
+  }
+  return *this;
+}
+Stream::~Stream() { reset(); }
+void Stream::reset() noexcept {
+  if (handle_ != 0 && runtime_ != nullptr) runtime_->do_destroy_stream(handle_);
+  handle_ = 0;
+  runtime_ = nullptr;
+}
+
+Event::Event(Event&& other) noexcept
+    : runtime_(std::exchange(other.runtime_, nullptr)), handle_(std::exchange(other.handle_, 0)) {}
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    reset();
+    runtime_ = std::exchange(other.runtime_, nullptr);
+    handle_ = std::exchange(other.handle_, 0);
+  }
+  return *this;
+}
+Event::~Event() { reset(); }
+void Event::reset() noexcept {
+  if (handle_ != 0 && runtime_ != nullptr) runtime_->do_destroy_event(handle_);
+  handle_ = 0;
+  runtime_ = nullptr;
+}
+
+HostRegistration::HostRegistration(HostRegistration&& other) noexcept
+    : runtime_(std::exchange(other.runtime_, nullptr)),
+      handle_(std::exchange(other.handle_, 0)),
+      host_(std::exchange(other.host_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      device_(std::exchange(other.device_, nullptr)) {}
+HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
+  if (this != &other) {
+    reset();
+    runtime_ = std::exchange(other.runtime_, nullptr);
+    handle_ = std::exchange(other.handle_, 0);
+    host_ = std::exchange(other.host_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    device_ = std::exchange(other.device_, nullptr);
+  }
+  return *this;
+}
+HostRegistration::~HostRegistration() { reset(); }
+bool HostRegistration::reset() noexcept {
+  bool ok = true;
+  if (handle_ != 0 && runtime_ != nullptr) ok = runtime_->do_unregister_host(handle_);
+  runtime_ = nullptr;
+  handle_ = 0;
+  host_ = nullptr;
+  bytes_ = 0;
+  device_ = nullptr;
+  return ok;
+}
+void* HostRegistration::device_pointer(const void* host_ptr) const {
+  const auto* p = static_cast<const std::byte*>(host_ptr);
+  const auto* base = static_cast<const std::byte*>(host_);
+  if (handle_ == 0 || p < base || p > base + bytes_) {
+    throw_invalid("HostRegistration::device_pointer: pointer is outside the registered range");
+  }
+  return static_cast<std::byte*>(device_) + (p - base);
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : runtime_(std::exchange(other.runtime_, nullptr)),
+      ptr_(std::exchange(other.ptr_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    runtime_ = std::exchange(other.runtime_, nullptr);
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+DeviceBuffer::~DeviceBuffer() { reset(); }
+void DeviceBuffer::reset() noexcept {
+  if (ptr_ != nullptr && runtime_ != nullptr) runtime_->do_free_device(ptr_);
+  runtime_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+// ---- DeviceRuntime ----
+
+DeviceRuntime::~DeviceRuntime() = default;
+
+HostRegistration DeviceRuntime::register_host(void* ptr, std::size_t bytes, std::size_t align) {
+  if (ptr == nullptr || bytes == 0) {
+    throw_invalid("register_host: empty range");
+  }
+  const RegistrationRecord rec = do_register_host(ptr, bytes, align);
+  return HostRegistration(this, rec.handle, ptr, bytes, rec.device_base);
+}
+
+Stream DeviceRuntime::create_stream() { return Stream(this, do_create_stream()); }
+
+Event DeviceRuntime::create_event(bool timing) { return Event(this, do_create_event(timing)); }
+
+DeviceBuffer DeviceRuntime::allocate_device(std::size_t bytes) {
+  if (bytes == 0) throw_invalid("allocate_device: zero bytes");
+  return DeviceBuffer(this, do_allocate_device(bytes), bytes);
+}
+
+// ---- factory ----
+
+std::vector<BackendInfo> list_backends() {
+  std::vector<BackendInfo> out;
+#if defined(KVOFFLOAD_HAVE_CUDA)
+  out.push_back(detail::probe_cuda());
+#else
+  out.push_back(BackendInfo{"cuda", false, 0, "not built (configure with -DKVOFFLOAD_CUDA=ON)"});
+#endif
+#if defined(KVOFFLOAD_HAVE_HIP)
+  out.push_back(detail::probe_hip());
+#else
+  out.push_back(BackendInfo{"hip", false, 0, "not built (configure with -DKVOFFLOAD_HIP=ON)"});
+#endif
+  out.push_back(detail::probe_host());
+  return out;
+}
+
+namespace {
+
+[[noreturn]] void not_built(std::string_view name) {
+  throw Error(ErrorCode::kNotAvailable,
+              "device runtime '" + std::string(name) +
+                  "' is not available: this build of kvoffload does not include it (configure with "
+                  "-DKVOFFLOAD_" + (name == "cuda" ? std::string("CUDA") : std::string("HIP")) + "=ON)");
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceRuntime> make_runtime(std::string_view name, const RuntimeOptions& options) {
+  if (name == "host") return detail::make_host_runtime(options);
+  if (name == "cuda") {
+#if defined(KVOFFLOAD_HAVE_CUDA)
+    return detail::make_cuda_runtime(options);
+#else
+    not_built(name);
+#endif
+  }
+  if (name == "hip") {
+#if defined(KVOFFLOAD_HAVE_HIP)
+    return detail::make_hip_runtime(options);
+#else
+    not_built(name);
+#endif
+  }
+  if (name == "auto") {
+    // cuda if a device is present, else hip, else host; the reason for each skip is logged.
+#if defined(KVOFFLOAD_HAVE_CUDA)
+    if (BackendInfo cuda = detail::probe_cuda(); cuda.device_count > 0) {
+      return detail::make_cuda_runtime(options);
+    } else {
+      log().info("runtime auto: cuda skipped ({})", cuda.detail);
+    }
+#endif
+#if defined(KVOFFLOAD_HAVE_HIP)
+    if (BackendInfo hip = detail::probe_hip(); hip.device_count > 0) {
+      return detail::make_hip_runtime(options);
+    } else {
+      log().info("runtime auto: hip skipped ({})", hip.detail);
+    }
+#endif
+    return detail::make_host_runtime(options);
+  }
+  throw_invalid("unknown device runtime '" + std::string(name) + "' (expected host, cuda, hip or auto)");
+}
+
+}  // namespace kvoffload
