@@ -1,15 +1,191 @@
-// Device copy kernels (written once; compiled by nvcc and hipcc). Placeholder until the transfer
-// engine lands its batch copy kernel.
+// Device copy kernels, written once against compat.hpp and compiled by nvcc (KVO_BACKEND_NS = cuda)
+// and by hipcc (KVO_BACKEND_NS = hip). The host entry points are declared in
+// include/kvoffload_kernels/copy_kernels.hpp.
+//
+// Note [Batch copy work split]
+// Descriptors are read in batches of kThreads into shared memory. Each descriptor is cut into
+// chunks of kChunk bytes (one 16-byte vector per thread), and an inclusive scan of the chunk
+// counts numbers every chunk of the batch. Chunks are taken kUnroll at a time ("groups"), and
+// group G of a batch belongs to CTA (G + rotation) % gridDim.x, where `rotation` carries the
+// group count of the previous batches so that a run of small batches does not always start at
+// CTA 0. So a 2 MiB descriptor is spread over the whole grid, 4 KiB descriptors are shared out
+// four to a group, and the work of every CTA differs by at most one group per batch. Every CTA
+// reads every descriptor (24 bytes each, a few percent of the data at the smallest piece sizes).
+//
+// Within a group each thread first issues its kUnroll independent 16-byte loads, then the
+// stores: reads of host memory over PCIe are latency-bound, so the loads in flight, not the
+// instruction count, set the bandwidth (see REFERENCE.md).
 #include "compat.hpp"
 #include "kvoffload_kernels/copy_kernels.hpp"
 
-namespace kvoffload::kernels {
+namespace kvoffload::kernels::KVO_BACKEND_NS {
+namespace detail {
 
-__global__ void copy_probe_kernel() {}
+constexpr int kThreads = kBatchCopyThreads;
+constexpr int kUnroll = kBatchCopyLoadsInFlight;
+using u64 = unsigned long long;
+constexpr u64 kChunk = kBatchCopyChunkBytes;
+static_assert(kChunk == 16ull * kThreads, "a chunk is one 16-byte vector per thread");
 
-int launch_copy_probe(void* stream) {
-  copy_probe_kernel<<<1, 1, 0, static_cast<kvo_stream_t>(stream)>>>();
+// A valid, aligned device address for the loads of lanes that have no vector to copy.
+__device__ kvo_vec16 g_idle_source;
+
+struct BatchShared {
+  const unsigned char* src[kThreads];
+  unsigned char* dst[kThreads];
+  u64 bytes[kThreads];
+  u64 chunk_end[kThreads];  // inclusive scan of the chunk counts: chunks of desc i end here
+};
+
+// Copies n (< 16, or 16 at an address that is not 16-byte aligned) bytes with the widest word
+// both addresses allow, then bytes. The slow path: aligned KV pieces only come here for the last
+// partial vector of a descriptor.
+__device__ __forceinline__ void copy_small(unsigned char* dst, const unsigned char* src,
+                                           unsigned n) {
+  const auto mis = reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst);
+  unsigned i = 0;
+  if ((mis & 7u) == 0) {
+    for (; i + 8 <= n; i += 8) {
+      *reinterpret_cast<u64*>(dst + i) = *reinterpret_cast<const u64*>(src + i);
+    }
+  } else if ((mis & 3u) == 0) {
+    for (; i + 4 <= n; i += 4) {
+      *reinterpret_cast<unsigned*>(dst + i) = *reinterpret_cast<const unsigned*>(src + i);
+    }
+  } else if ((mis & 1u) == 0) {
+    for (; i + 2 <= n; i += 2) {
+      *reinterpret_cast<unsigned short*>(dst + i) =
+          *reinterpret_cast<const unsigned short*>(src + i);
+    }
+  }
+  for (; i < n; ++i) {
+    dst[i] = src[i];
+  }
+}
+
+// Index of the descriptor that holds chunk g of the batch: the first d with chunk_end[d] > g.
+// Zero-byte descriptors own no chunk and are skipped by construction. g < chunk_end[n - 1].
+__device__ __forceinline__ int find_desc(const BatchShared& s, int n, u64 g) {
+  int lo = 0;
+  int hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (s.chunk_end[mid] > g) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    batch_copy_kernel(const CopyDesc* __restrict__ descs, std::size_t count) {
+  __shared__ BatchShared s;
+  const int tid = static_cast<int>(threadIdx.x);
+  const u64 grid = gridDim.x;
+  u64 rotation = 0;  // (groups of all previous batches) % grid
+
+  for (std::size_t base = 0; base < count; base += kThreads) {
+    const int n = static_cast<int>(count - base < kThreads ? count - base : kThreads);
+
+    // Load this batch's descriptors (coalesced, one per thread) and scan their chunk counts.
+    u64 chunks = 0;
+    if (tid < n) {
+      const CopyDesc d = descs[base + tid];
+      s.src[tid] = static_cast<const unsigned char*>(d.src);
+      s.dst[tid] = static_cast<unsigned char*>(d.dst);
+      s.bytes[tid] = d.bytes;
+      chunks = (d.bytes + kChunk - 1) / kChunk;
+    }
+    s.chunk_end[tid] = chunks;
+    __syncthreads();
+    // Hillis-Steele inclusive scan; block-wide, so it does not depend on the warp size.
+    for (int offset = 1; offset < kThreads; offset <<= 1) {
+      const u64 add = tid >= offset ? s.chunk_end[tid - offset] : 0;
+      __syncthreads();
+      s.chunk_end[tid] += add;
+      __syncthreads();
+    }
+
+    const u64 total = s.chunk_end[kThreads - 1];
+    const u64 groups = (total + kUnroll - 1) / kUnroll;
+    const u64 first = (blockIdx.x + grid - rotation) % grid;
+
+    for (u64 group = first; group < groups; group += grid) {
+      // Addresses first (shared-memory lookups), then all loads back to back, then the stores:
+      // a shared-memory read between two loads would make the compiler wait for the first load
+      // (on AMD, flat loads and LDS reads share one counter) and leave one load in flight.
+      const unsigned char* src[kUnroll];
+      unsigned char* dst[kUnroll];
+      unsigned len[kUnroll];  // bytes of this thread's piece: 0..16
+      bool fast[kUnroll];     // a whole 16-byte vector at 16-byte aligned addresses
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        src[u] = nullptr;
+        dst[u] = nullptr;
+        len[u] = 0;
+        fast[u] = false;
+        const u64 g = group * kUnroll + u;
+        if (g < total) {  // uniform across the CTA
+          const int d = find_desc(s, n, g);
+          const u64 chunk_begin = d == 0 ? 0 : s.chunk_end[d - 1];
+          const u64 off = (g - chunk_begin) * kChunk + static_cast<u64>(tid) * 16u;
+          if (off < s.bytes[d]) {
+            const u64 left = s.bytes[d] - off;
+            src[u] = s.src[d] + off;
+            dst[u] = s.dst[d] + off;
+            len[u] = static_cast<unsigned>(left < 16 ? left : 16);
+            const auto mis = reinterpret_cast<std::uintptr_t>(src[u]) |
+                             reinterpret_cast<std::uintptr_t>(dst[u]);
+            fast[u] = len[u] == 16 && (mis & 15u) == 0;
+          }
+        }
+      }
+      // The loads are unconditional (a lane with nothing to load reads g_idle_source): a load in
+      // its own branch gets a full wait for all earlier loads in front of it from LLVM's AMDGPU
+      // backend, which would again leave one load in flight.
+      kvo_vec16 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        v[u] = kvo_load_stream(fast[u] ? reinterpret_cast<const kvo_vec16*>(src[u])
+                                       : &g_idle_source);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (fast[u]) {
+          kvo_store_stream(reinterpret_cast<kvo_vec16*>(dst[u]), v[u]);
+        } else if (len[u] != 0) {
+          copy_small(dst[u], src[u], len[u]);
+        }
+      }
+    }
+
+    rotation = (rotation + groups) % grid;
+    __syncthreads();  // every thread is done with this batch's shared descriptors
+  }
+}
+
+}  // namespace detail
+
+int launch_batch_copy(const CopyDesc* device_descs, std::size_t count, int max_ctas,
+                      void* stream) {
+  if (count == 0) {
+    return static_cast<int>(kvoSuccess);
+  }
+  if (device_descs == nullptr) {
+    return static_cast<int>(kvoErrorInvalidValue);
+  }
+  // Grid bounded on purpose: the copy shares the GPU with the model (see copy_kernels.hpp).
+  constexpr int kMaxGrid = 65535;
+  const int grid = max_ctas <= 0 ? kDefaultBatchCopyCtas : (max_ctas < kMaxGrid ? max_ctas : kMaxGrid);
+  detail::batch_copy_kernel<<<grid, detail::kThreads, 0, static_cast<kvo_stream_t>(stream)>>>(
+      device_descs, count);
   return static_cast<int>(kvoGetLastError());
 }
 
-}  // namespace kvoffload::kernels
+const char* runtime_error_string(int code) noexcept {
+  return kvoGetErrorString(static_cast<kvo_error_t>(code));
+}
+
+}  // namespace kvoffload::kernels::KVO_BACKEND_NS
