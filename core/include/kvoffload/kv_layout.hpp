@@ -1,0 +1,88 @@
+#pragma once
+// KV layout: how GPU KV-cache blocks map onto the host chunks of one rank (DESIGN.md §3).
+//
+// Device side: one or more KV groups (e.g. full attention and sliding window), each a list of
+// tensors; tensor t holds num_blocks pages of page_bytes, block b at base + b·block_stride.
+// Host side: a buffer of num_chunks rows of row_stride bytes; this rank's slot of chunk c starts at
+// base + c·row_stride + slot_offset and is slot_bytes long (a Region gives all of these).
+// Packing inside a slot: group after group, tensor after tensor, each tensor's section holding
+// blocks_per_chunk pages back to back:
+//
+//   slot = | g0.t0: page[0..bpc) | g0.t1: page[0..bpc) | ... | g1.t0: page[0..bpc) | ... |
+//
+// so the slot must hold blocks_per_chunk · Σ page_bytes over every tensor of every group.
+// A job maps, for each group, a list of GPU block ids onto consecutive chunk positions starting
+// at position `skip` of the first listed chunk (a mid-chunk start): block i of a group lands at
+// chunk chunks[(skip + i) / bpc], position (skip + i) % bpc.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvoffload {
+
+class Region;
+
+struct DeviceTensor {
+  std::uint64_t base = 0;          // device address (e.g. torch tensor.data_ptr())
+  std::uint64_t num_blocks = 0;    // > 0
+  std::uint64_t page_bytes = 0;    // bytes of one block of this tensor, > 0 (any size)
+  std::uint64_t block_stride = 0;  // bytes between blocks, >= page_bytes (0 = page_bytes)
+};
+
+struct KvGroup {
+  std::vector<DeviceTensor> tensors;  // at least one
+};
+
+// Where this rank's slots live in host memory.
+struct HostSlots {
+  std::byte* base = nullptr;        // start of the buffer (the region's data)
+  std::uint64_t buffer_bytes = 0;   // >= num_chunks · row_stride
+  std::uint64_t num_chunks = 0;
+  std::uint64_t row_stride = 0;     // bytes between chunks
+  std::uint64_t slot_offset = 0;    // this rank's slot within a row
+  std::uint64_t slot_bytes = 0;
+
+  // Ranked (or replicated: every rank uses slot 0) slots of `rank` in a region.
+  static HostSlots from_region(const Region& region, std::uint32_t rank);
+  // Slots in any host buffer: chunk c of copy `copy_index` at c·row_stride + copy_index·slot_bytes.
+  // row_stride 0 means slot_bytes (a plain array of slots).
+  static HostSlots from_buffer(std::span<std::byte> buffer, std::uint64_t slot_bytes,
+                               std::uint64_t row_stride = 0, std::uint32_t copy_index = 0);
+
+  [[nodiscard]] std::byte* slot(std::uint64_t chunk) const noexcept {
+    return base + chunk * row_stride + slot_offset;
+  }
+};
+
+struct KvLayout {
+  std::vector<KvGroup> groups;        // at least one
+  std::uint32_t blocks_per_chunk = 1; // GPU blocks per host chunk, > 0
+  HostSlots host;
+
+  // Throws Error(kInvalidArgument) with a message naming the field and values when anything is
+  // inconsistent (empty groups, zero sizes, stride < page, overflow, slot too small for
+  // blocks_per_chunk · Σ page_bytes, slots outside the buffer, ...).
+  void validate() const;
+
+  // Bytes one chunk's worth of every tensor takes in a slot: blocks_per_chunk · Σ page_bytes.
+  [[nodiscard]] std::uint64_t chunk_payload_bytes() const noexcept;
+};
+
+// Direction of a job: store = device → host (D2H), load = host → device (H2D).
+enum class Direction : std::uint8_t { kStore = 0, kLoad = 1 };
+std::string_view to_string(Direction d) noexcept;  // "store" | "load"
+
+// One job's mapping. Spans are read only during submit()/plan(): callers may reuse them after.
+struct TransferSpec {
+  std::span<const std::uint64_t> chunks;   // host chunk ids, in mapping order
+  std::uint32_t skip = 0;                  // first position used in chunks[0], < blocks_per_chunk
+  // group_blocks[g]: GPU block ids of group g (one entry per layout group; may be empty), at most
+  // chunks.size()·bpc − skip of them, and every listed chunk must receive at least one block of
+  // some group.
+  std::span<const std::span<const std::uint64_t>> group_blocks;
+};
+
+}  // namespace kvoffload

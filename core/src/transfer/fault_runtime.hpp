@@ -1,0 +1,89 @@
+#pragma once
+// FaultInjectingRuntime: a DeviceRuntime decorator that forwards to another runtime and injects
+// failures on demand, so tests drive registration and copy failures without a GPU. It also counts
+// what passes through (batches per path, descriptors) for tests that check the engine's choices.
+
+#include <kvoffload/device_runtime.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <unordered_set>
+
+namespace kvoffload {
+
+struct FaultPlan {
+  // Registration: the first `fail_registrations` register_host calls fail (-1: all of them).
+  int fail_registrations = 0;
+  // Copies: the batch with this 0-based index (counting every enqueue_copies call) fails; -1: none.
+  std::int64_t fail_batch = -1;
+  // Copies: any batch with a descriptor whose host- or device-side range overlaps [begin, end)
+  // fails (a chosen job's blocks); empty range: none.
+  std::uintptr_t fail_range_begin = 0;
+  std::uintptr_t fail_range_end = 0;
+  // false: enqueue_copies throws (a launch error). true: the enqueue succeeds and the next event
+  // recorded on that stream reports the error from query/synchronize (an asynchronous fault).
+  bool async = false;
+};
+
+class FaultInjectingRuntime final : public DeviceRuntime {
+ public:
+  // `inner` must outlive this decorator.
+  explicit FaultInjectingRuntime(DeviceRuntime& inner, FaultPlan plan = {});
+
+  void set_plan(const FaultPlan& plan);
+
+  [[nodiscard]] std::uint64_t batches() const noexcept { return batches_.load(); }
+  [[nodiscard]] std::uint64_t kernel_batches() const noexcept { return kernel_batches_.load(); }
+  [[nodiscard]] std::uint64_t dma_batches() const noexcept { return dma_batches_.load(); }
+  [[nodiscard]] std::uint64_t last_batch_descriptors() const noexcept { return last_batch_descriptors_.load(); }
+  [[nodiscard]] std::uint64_t injected_copy_failures() const noexcept { return injected_copy_failures_.load(); }
+  [[nodiscard]] std::uint64_t injected_registration_failures() const noexcept { return injected_reg_failures_.load(); }
+
+  [[nodiscard]] std::string_view name() const noexcept override { return inner_.name(); }
+  [[nodiscard]] BackendInfo info() const override { return inner_.info(); }
+  [[nodiscard]] bool supports_kernel_path() const noexcept override { return inner_.supports_kernel_path(); }
+
+ protected:
+  RegistrationRecord do_register_host(void* ptr, std::size_t bytes, std::size_t align) override;
+  bool do_unregister_host(std::uintptr_t handle) noexcept override { return inner_.do_unregister_host(handle); }
+  std::uintptr_t do_create_stream() override { return inner_.do_create_stream(); }
+  void do_destroy_stream(std::uintptr_t stream) noexcept override { inner_.do_destroy_stream(stream); }
+  std::uintptr_t do_create_event(bool timing) override { return inner_.do_create_event(timing); }
+  void do_destroy_event(std::uintptr_t event) noexcept override;
+  void* do_allocate_device(std::size_t bytes) override { return inner_.do_allocate_device(bytes); }
+  void do_free_device(void* ptr) noexcept override { inner_.do_free_device(ptr); }
+  void do_enqueue_copies(std::uintptr_t stream, std::span<const CopyDescriptor> batch, CopyKind kind,
+                         CopyPath path) override;
+  void do_record_event(std::uintptr_t event, std::uintptr_t stream) override;
+  void do_wait_event(std::uintptr_t stream, std::uintptr_t event) override { inner_.do_wait_event(stream, event); }
+  bool do_query_event(std::uintptr_t event) override;
+  void do_synchronize_event(std::uintptr_t event) override;
+  void do_synchronize_stream(std::uintptr_t stream) override { inner_.do_synchronize_stream(stream); }
+  double do_elapsed_seconds(std::uintptr_t start, std::uintptr_t end) override {
+    return inner_.do_elapsed_seconds(start, end);
+  }
+  void do_launch_host_func(std::uintptr_t stream, void (*fn)(void*), void* arg) override {
+    inner_.do_launch_host_func(stream, fn, arg);
+  }
+  void do_memcpy_sync(void* dst, const void* src, std::size_t bytes) override { inner_.do_memcpy_sync(dst, src, bytes); }
+  void do_memset_sync(void* dst, int value, std::size_t bytes) override { inner_.do_memset_sync(dst, value, bytes); }
+
+ private:
+  void check_poisoned(std::uintptr_t event);
+
+  DeviceRuntime& inner_;
+  std::mutex mutex_;
+  FaultPlan plan_;
+  int registrations_seen_ = 0;
+  std::unordered_set<std::uintptr_t> faulted_streams_;   // next record on them poisons the event
+  std::unordered_set<std::uintptr_t> poisoned_events_;
+  std::atomic<std::uint64_t> batches_{0};
+  std::atomic<std::uint64_t> kernel_batches_{0};
+  std::atomic<std::uint64_t> dma_batches_{0};
+  std::atomic<std::uint64_t> last_batch_descriptors_{0};
+  std::atomic<std::uint64_t> injected_copy_failures_{0};
+  std::atomic<std::uint64_t> injected_reg_failures_{0};
+};
+
+}  // namespace kvoffload

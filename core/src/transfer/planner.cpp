@@ -1,0 +1,165 @@
+#include "transfer/planner.hpp"
+
+#include <kvoffload/error.hpp>
+
+#include <string>
+
+namespace kvoffload::detail {
+
+Planner::Planner(const KvLayout& layout) : layout_(layout) {
+  std::uint64_t host_offset = 0;
+  for (const KvGroup& g : layout.groups) {
+    Group group{static_cast<std::uint32_t>(tensors_.size()), static_cast<std::uint32_t>(g.tensors.size()),
+                ~std::uint64_t{0}};
+    for (const DeviceTensor& t : g.tensors) {
+      const std::uint64_t stride = t.block_stride == 0 ? t.page_bytes : t.block_stride;
+      tensors_.push_back(Tensor{t.base, t.page_bytes, stride, host_offset});
+      host_offset += t.page_bytes * layout.blocks_per_chunk;
+      group.num_blocks = std::min(group.num_blocks, t.num_blocks);
+    }
+    groups_.push_back(group);
+  }
+}
+
+void Planner::validate(Direction direction, const TransferSpec& spec) {
+  const std::uint64_t bpc = layout_.blocks_per_chunk;
+  if (spec.chunks.empty()) throw_invalid("transfer spec: no host chunks");
+  if (spec.skip >= bpc) {
+    throw_invalid("transfer spec: skip " + std::to_string(spec.skip) + " must be < blocks_per_chunk " +
+                  std::to_string(bpc));
+  }
+  if (spec.group_blocks.size() != groups_.size()) {
+    throw_invalid("transfer spec: " + std::to_string(spec.group_blocks.size()) + " block lists for " +
+                  std::to_string(groups_.size()) + " KV groups");
+  }
+  const std::uint64_t capacity = spec.chunks.size() * bpc - spec.skip;
+  std::uint64_t longest = 0;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto blocks = spec.group_blocks[g];
+    if (blocks.size() > capacity) {
+      throw_invalid("transfer spec: group " + std::to_string(g) + " has " + std::to_string(blocks.size()) +
+                    " blocks but " + std::to_string(spec.chunks.size()) + " chunks from position " +
+                    std::to_string(spec.skip) + " hold " + std::to_string(capacity));
+    }
+    longest = std::max<std::uint64_t>(longest, blocks.size());
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      if (blocks[i] >= groups_[g].num_blocks) {
+        throw_invalid("transfer spec: group " + std::to_string(g) + " block id " + std::to_string(blocks[i]) +
+                      " (index " + std::to_string(i) + ") is out of range: the group's tensors have " +
+                      std::to_string(groups_[g].num_blocks) + " blocks");
+      }
+    }
+  }
+  if (longest + spec.skip <= (spec.chunks.size() - 1) * bpc) {
+    throw_invalid("transfer spec: " + std::to_string(spec.chunks.size()) + " chunks listed but the blocks (" +
+                  std::to_string(longest) + " from position " + std::to_string(spec.skip) + ") fill only " +
+                  std::to_string((longest + spec.skip + bpc - 1) / bpc));
+  }
+  for (std::size_t c = 0; c < spec.chunks.size(); ++c) {
+    if (spec.chunks[c] >= layout_.host.num_chunks) {
+      throw_invalid("transfer spec: host chunk id " + std::to_string(spec.chunks[c]) + " (index " +
+                    std::to_string(c) + ") is out of range: the host has " +
+                    std::to_string(layout_.host.num_chunks) + " chunks");
+    }
+  }
+
+  // Two copies into the same destination would make the result depend on copy order: refuse
+  // duplicate destinations (chunks for a store, GPU blocks per group for a load). A bitmap member
+  // is set and then cleared again, so the check allocates nothing after warm-up.
+  auto check_unique = [&](std::span<const std::uint64_t> ids, std::uint64_t range, const char* what) {
+    const std::size_t words = static_cast<std::size_t>((range + 63) / 64);
+    if (seen_.size() < words) seen_.resize(words, 0);
+    std::size_t i = 0;
+    bool dup = false;
+    for (; i < ids.size(); ++i) {
+      const std::uint64_t bit = std::uint64_t{1} << (ids[i] % 64);
+      std::uint64_t& word = seen_[ids[i] / 64];
+      if ((word & bit) != 0) {
+        dup = true;
+        break;
+      }
+      word |= bit;
+    }
+    for (std::size_t j = 0; j < i; ++j) seen_[ids[j] / 64] = 0;
+    if (dup) throw_invalid(std::string("transfer spec: duplicate ") + what + " " + std::to_string(ids[i]));
+  };
+  if (direction == Direction::kStore) {
+    check_unique(spec.chunks, layout_.host.num_chunks, "host chunk id");
+  } else {
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      check_unique(spec.group_blocks[g], groups_[g].num_blocks, "GPU block id (load destination)");
+    }
+  }
+}
+
+Plan Planner::plan(Direction direction, const TransferSpec& spec) {
+  validate(direction, spec);
+  copies_.clear();
+  const std::uint64_t bpc = layout_.blocks_per_chunk;
+  std::uint64_t bytes = 0;
+  std::uint64_t fragments = 0;
+  const bool store = direction == Direction::kStore;
+
+  // Host order (chunk, group, tensor, position) makes host-contiguous pieces adjacent, so a
+  // single look-back merge finds every run that is contiguous on both sides in that order.
+  auto emit = [&](std::byte* host, std::uint64_t device, std::uint64_t n) {
+    auto* dev = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(device));
+    const void* src = store ? static_cast<const void*>(dev) : host;
+    void* dst = store ? static_cast<void*>(host) : dev;
+    ++fragments;
+    bytes += n;
+    if (!copies_.empty()) {
+      CopyDescriptor& last = copies_.back();
+      if (static_cast<const std::byte*>(last.src) + last.bytes == src &&
+          static_cast<std::byte*>(last.dst) + last.bytes == dst) {
+        last.bytes += n;
+        return;
+      }
+    }
+    copies_.push_back(CopyDescriptor{src, dst, n});
+  };
+
+  for (std::size_t c = 0; c < spec.chunks.size(); ++c) {
+    std::byte* slot = layout_.host.slot(spec.chunks[c]);
+    const std::uint64_t first_pos = c == 0 ? spec.skip : 0;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const auto blocks = spec.group_blocks[g];
+      // Block index i of this group sits at global position skip + i.
+      const std::uint64_t chunk_start = c * bpc;  // global position of this chunk's first slot
+      if (chunk_start + first_pos >= blocks.size() + spec.skip) continue;
+      const std::uint64_t last_pos = std::min<std::uint64_t>(bpc, blocks.size() + spec.skip - chunk_start);
+      const Group& group = groups_[g];
+      for (std::uint32_t t = group.first_tensor; t < group.first_tensor + group.tensor_count; ++t) {
+        const Tensor& tensor = tensors_[t];
+        std::byte* section = slot + tensor.host_offset;
+        for (std::uint64_t p = first_pos; p < last_pos; ++p) {
+          const std::uint64_t block = blocks[chunk_start + p - spec.skip];
+          emit(section + p * tensor.page, tensor.base + block * tensor.stride, tensor.page);
+        }
+      }
+    }
+  }
+  return Plan{std::span<CopyDescriptor>(copies_), bytes, fragments};
+}
+
+void Planner::shift_host_side(Plan& plan, Direction direction, std::ptrdiff_t delta) noexcept {
+  if (delta == 0) return;
+  for (CopyDescriptor& d : plan.copies) {
+    if (direction == Direction::kStore) {
+      d.dst = static_cast<std::byte*>(d.dst) + delta;
+    } else {
+      d.src = static_cast<const std::byte*>(d.src) + delta;
+    }
+  }
+}
+
+CopyPath choose_path(const PathPolicy& policy, const Plan& plan, bool kernel_allowed) noexcept {
+  if (!kernel_allowed || plan.copies.empty()) return CopyPath::kDma;
+  const std::uint64_t mean = plan.bytes / plan.copies.size();
+  if (plan.copies.size() >= policy.kernel_min_count && mean < policy.kernel_below_bytes) {
+    return CopyPath::kKernel;
+  }
+  return CopyPath::kDma;
+}
+
+}  // namespace kvoffload::detail

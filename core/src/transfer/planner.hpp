@@ -1,0 +1,61 @@
+#pragma once
+// Planner: expands a job (TransferSpec) into copy descriptors for one direction, validating every
+// id, coalescing copies that are contiguous on both sides, and choosing DMA or kernel for the batch.
+// Buffers are members reused across plans: after warm-up, planning allocates nothing.
+// Not thread-safe: the engine keeps one planner per direction, used under that direction's lock.
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kvoffload::detail {
+
+struct Plan {
+  std::span<CopyDescriptor> copies;   // valid until the next plan()
+  std::uint64_t bytes = 0;
+  std::uint64_t fragments = 0;        // (block, tensor) pieces before coalescing
+};
+
+class Planner {
+ public:
+  // layout must already be validated.
+  explicit Planner(const KvLayout& layout);
+
+  // Throws Error(kInvalidArgument) naming the offending id/position; nothing is planned then.
+  Plan plan(Direction direction, const TransferSpec& spec);
+
+  // Rewrites the host side of `plan` by `delta` bytes (host pointer -> registered device pointer).
+  static void shift_host_side(Plan& plan, Direction direction, std::ptrdiff_t delta) noexcept;
+
+ private:
+  struct Tensor {
+    std::uint64_t base;
+    std::uint64_t page;
+    std::uint64_t stride;
+    std::uint64_t host_offset;  // within a slot
+  };
+  struct Group {
+    std::uint32_t first_tensor;
+    std::uint32_t tensor_count;
+    std::uint64_t num_blocks;   // min over the group's tensors
+  };
+
+  void validate(Direction direction, const TransferSpec& spec);
+
+  const KvLayout& layout_;
+  std::vector<Tensor> tensors_;
+  std::vector<Group> groups_;
+  std::vector<CopyDescriptor> copies_;
+  std::vector<std::uint64_t> seen_;  // bitmap for duplicate detection, all-zero between plans
+};
+
+// Picks the path for one batch: the kernel only when allowed (registered host memory and a
+// backend kernel), for batches of at least kernel_min_count pieces whose mean size is below
+// kernel_below_bytes.
+CopyPath choose_path(const PathPolicy& policy, const Plan& plan, bool kernel_allowed) noexcept;
+
+}  // namespace kvoffload::detail

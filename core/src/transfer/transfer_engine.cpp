@@ -1,0 +1,482 @@
+// The transfer engine. See Note [Engine ordering] below for how jobs, streams and events fit.
+#include <kvoffload/transfer_engine.hpp>
+
+#include "transfer/planner.hpp"
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/region.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <unordered_set>
+
+namespace kvoffload {
+
+// Note [Engine ordering]
+// Each direction has one stream, one planner and a FIFO of in-flight jobs. submit() holds the
+// direction's submit lock while it plans, enqueues (wait -> start event -> copies -> end event)
+// and appends to the FIFO, so FIFO order is stream order. A job is finished when its end event has
+// completed; since the stream is in order, only the FIFO head needs to be queried, and a job
+// whose enqueue failed is reported (failed) when it reaches the head, keeping per-direction
+// completion order. Events come from a pool and return to it when a job is retired, so steady-state
+// submission creates no events.
+
+struct TransferEngine::Impl {
+  struct Inflight {
+    JobId id{};
+    std::uint64_t bytes = 0;
+    Event start;
+    Event end;
+    bool failed = false;
+    std::string error;
+  };
+  struct Lane {
+    Direction direction;
+    Stream stream;
+    std::optional<detail::Planner> planner;
+    PathPolicy policy;
+    std::mutex submit_mutex;         // planner, enqueue order
+    std::deque<Inflight> inflight;   // guarded by state_mutex
+  };
+
+  Impl(DeviceRuntime& rt, KvLayout l, EngineOptions o) : runtime(rt), layout(std::move(l)), options(o) {
+    layout.validate();
+    lanes[0].direction = Direction::kStore;
+    lanes[1].direction = Direction::kLoad;
+    lanes[0].policy = options.store_policy;
+    lanes[1].policy = options.load_policy;
+    for (Lane& lane : lanes) {
+      lane.planner.emplace(layout);
+      lane.stream = runtime.create_stream();
+    }
+    if (options.register_host) {
+      try {
+        registration = runtime.register_host(layout.host.base, layout.host.buffer_bytes, layout.host.row_stride);
+        log().info("transfer engine: registered {} bytes of host memory with the {} runtime",
+                   layout.host.buffer_bytes, runtime.name());
+      } catch (const Error& e) {
+        log().warn("transfer engine: host registration failed ({}); using the slower DMA-only path, "
+                   "the copy kernel is disabled", e.what());
+      }
+    }
+  }
+
+  ~Impl() { shutdown(); }
+
+  Lane& lane(Direction d) { return lanes[d == Direction::kStore ? 0 : 1]; }
+
+  [[nodiscard]] bool kernel_allowed() const noexcept {
+    return options.allow_kernel && static_cast<bool>(registration) && runtime.supports_kernel_path();
+  }
+
+  // Needs state_mutex.
+  Event take_event() {
+    if (!event_pool.empty()) {
+      Event e = std::move(event_pool.back());
+      event_pool.pop_back();
+      return e;
+    }
+    return runtime.create_event(/*timing=*/true);
+  }
+  void give_event(Event&& e) {
+    if (e) event_pool.push_back(std::move(e));
+  }
+
+  void submit(JobId id, Direction direction, const TransferSpec& spec, WaitOn wait_on) {
+    Lane& ln = lane(direction);
+    std::lock_guard submit_lock(ln.submit_mutex);
+    {
+      std::lock_guard lock(state_mutex);
+      if (closed) throw Error(ErrorCode::kState, "transfer engine: submit after shutdown");
+      if (!ids.insert(static_cast<std::uint64_t>(id)).second) {
+        throw_invalid("transfer engine: duplicate job id " + std::to_string(static_cast<std::uint64_t>(id)) +
+                      " (a job with this id is in flight or its result was not collected)");
+      }
+    }
+    detail::Plan plan;
+    try {
+      plan = ln.planner->plan(direction, spec);
+    } catch (...) {
+      std::lock_guard lock(state_mutex);
+      ids.erase(static_cast<std::uint64_t>(id));
+      throw;
+    }
+    const CopyPath path = detail::choose_path(ln.policy, plan, kernel_allowed());
+    if (path == CopyPath::kKernel) {
+      // Kernels address host memory through the registration's device pointer.
+      const std::ptrdiff_t delta = static_cast<std::byte*>(registration.device_base()) -
+                                   static_cast<std::byte*>(registration.host_base());
+      detail::Planner::shift_host_side(plan, direction, delta);
+    }
+
+    Inflight job;
+    job.id = id;
+    job.bytes = plan.bytes;
+    Event wait_event;
+    {
+      std::lock_guard lock(state_mutex);
+      job.start = take_event();
+      job.end = take_event();
+      if (wait_on.kind() == WaitOn::Kind::kStream) wait_event = take_event();
+      ++stats.jobs_submitted;
+      stats.fragments += plan.fragments;
+      stats.descriptors += plan.copies.size();
+      stats.last_descriptors = plan.copies.size();
+      ++(path == CopyPath::kKernel ? stats.kernel_batches : stats.dma_batches);
+    }
+    try {
+      const StreamView s = ln.stream.view();
+      switch (wait_on.kind()) {
+        case WaitOn::Kind::kNothing: break;
+        case WaitOn::Kind::kStream:
+          runtime.record_event(wait_event.view(), wait_on.stream_view());
+          runtime.wait_event(s, wait_event.view());
+          break;
+        case WaitOn::Kind::kEvent: runtime.wait_event(s, wait_on.event_view()); break;
+      }
+      runtime.record_event(job.start.view(), s);
+      runtime.enqueue_copies(s, plan.copies,
+                             direction == Direction::kStore ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice,
+                             path);
+      runtime.record_event(job.end.view(), s);
+    } catch (const std::exception& e) {
+      job.failed = true;
+      job.error = e.what();
+      log().error("transfer engine: {} job {} failed at submission: {}", to_string(direction),
+                  static_cast<std::uint64_t>(id), e.what());
+    }
+    std::lock_guard lock(state_mutex);
+    // The wait event may be reused as soon as the wait is enqueued: a later record starts a new
+    // generation, and the stream's wait is bound to the one recorded here.
+    give_event(std::move(wait_event));
+    if (job.failed) {
+      give_event(std::move(job.start));
+      give_event(std::move(job.end));
+    }
+    ln.inflight.push_back(std::move(job));
+  }
+
+  // Moves finished FIFO heads into `completed`. Needs state_mutex.
+  void drain() {
+    for (Lane& ln : lanes) {
+      while (!ln.inflight.empty()) {
+        Inflight& head = ln.inflight.front();
+        JobResult r;
+        r.job_id = head.id;
+        r.direction = ln.direction;
+        r.bytes = head.bytes;
+        if (head.failed) {
+          r.error = head.error;
+        } else {
+          try {
+            if (!runtime.query_event(head.end.view())) break;
+            r.success = true;
+            try {
+              r.seconds = runtime.elapsed_seconds(head.start.view(), head.end.view());
+            } catch (const Error&) {
+              r.seconds = 0.0;  // timing is informative; a missing figure never fails a job
+            }
+          } catch (const std::exception& e) {
+            r.error = e.what();
+            log().error("transfer engine: {} job {} failed: {}", to_string(ln.direction),
+                        static_cast<std::uint64_t>(head.id), e.what());
+          }
+        }
+        if (r.success) {
+          ++stats.jobs_succeeded;
+          stats.bytes_succeeded += r.bytes;
+        } else {
+          ++stats.jobs_failed;
+        }
+        give_event(std::move(head.start));
+        give_event(std::move(head.end));
+        ln.inflight.pop_front();
+        completed.push_back(std::move(r));
+      }
+    }
+  }
+
+  std::vector<JobResult> poll() {
+    std::lock_guard lock(state_mutex);
+    drain();
+    std::vector<JobResult> out = std::move(completed);
+    completed.clear();
+    for (const JobResult& r : out) ids.erase(static_cast<std::uint64_t>(r.job_id));
+    return out;
+  }
+
+  // Blocks on the first unfinished FIFO head that `pending` says to wait for. Needs `lock` held;
+  // releases it while blocking.
+  template <typename Pending>
+  void block_until(std::unique_lock<std::mutex>& lock, Pending pending) {
+    for (;;) {
+      drain();
+      if (!pending()) return;
+      EventView head{};
+      for (Lane& ln : lanes) {
+        if (!ln.inflight.empty() && !ln.inflight.front().failed) {
+          head = ln.inflight.front().end.view();
+          break;
+        }
+      }
+      if (!head.valid()) continue;  // only failed heads: drain() retires them
+      ++waiters;
+      lock.unlock();
+      try {
+        runtime.synchronize_event(head);
+      } catch (const std::exception&) {
+        // Reported through query_event in drain().
+      }
+      lock.lock();
+      if (--waiters == 0) waiters_cv.notify_all();
+    }
+  }
+
+  std::vector<JobResult> wait(std::span<const JobId> wanted) {
+    std::unique_lock lock(state_mutex);
+    for (JobId id : wanted) {
+      if (!ids.contains(static_cast<std::uint64_t>(id))) {
+        throw Error(ErrorCode::kNotFound, "transfer engine: job " + std::to_string(static_cast<std::uint64_t>(id)) +
+                                              " is not pending (never submitted or already collected)");
+      }
+    }
+    auto find_done = [&](JobId id) {
+      return std::find_if(completed.begin(), completed.end(), [&](const JobResult& r) { return r.job_id == id; });
+    };
+    block_until(lock, [&] {
+      // An id collected meanwhile by another thread's poll() is no longer waited for.
+      return std::any_of(wanted.begin(), wanted.end(), [&](JobId id) {
+        return ids.contains(static_cast<std::uint64_t>(id)) && find_done(id) == completed.end();
+      });
+    });
+    std::vector<JobResult> out;
+    out.reserve(wanted.size());
+    for (JobId id : wanted) {
+      auto it = find_done(id);
+      if (it == completed.end()) continue;  // listed twice: already moved out
+      out.push_back(std::move(*it));
+      completed.erase(it);
+      ids.erase(static_cast<std::uint64_t>(id));
+    }
+    return out;
+  }
+
+  std::vector<JobResult> wait_all() {
+    std::unique_lock lock(state_mutex);
+    block_until(lock, [&] { return !lanes[0].inflight.empty() || !lanes[1].inflight.empty(); });
+    std::vector<JobResult> out = std::move(completed);
+    completed.clear();
+    for (const JobResult& r : out) ids.erase(static_cast<std::uint64_t>(r.job_id));
+    return out;
+  }
+
+  void shutdown() noexcept {
+    // No submit is in progress once both submit locks are held; later submits see `closed`.
+    {
+      std::scoped_lock submit_locks(lanes[0].submit_mutex, lanes[1].submit_mutex);
+      std::lock_guard lock(state_mutex);
+      if (closed) return;
+      closed = true;
+    }
+    for (Lane& ln : lanes) {
+      try {
+        if (ln.stream) runtime.synchronize_stream(ln.stream.view());
+      } catch (const std::exception& e) {
+        log().error("transfer engine: draining the {} stream failed: {}", to_string(ln.direction), e.what());
+      }
+    }
+    std::unique_lock lock(state_mutex);
+    waiters_cv.wait(lock, [&] { return waiters == 0; });
+    try {
+      drain();  // every end event has completed (or failed): results stay for poll()
+    } catch (const std::exception& e) {
+      log().error("transfer engine: collecting results at shutdown failed: {}", e.what());
+    }
+    for (Lane& ln : lanes) {
+      for (Inflight& job : ln.inflight) {  // only after a failed drain: report, never complete
+        JobResult r{job.id, ln.direction, false, job.bytes, 0.0, "transfer engine shut down before the job finished"};
+        completed.push_back(std::move(r));
+      }
+      ln.inflight.clear();
+    }
+    // Release order: events, then streams, then the host registration (no copy can touch host
+    // memory any more), all before a Region unmaps.
+    event_pool.clear();
+    for (Lane& ln : lanes) ln.stream.reset();
+    if (registration && !registration.reset()) {
+      log().error("transfer engine: unregistering host memory failed (see above)");
+    }
+  }
+
+  DeviceRuntime& runtime;
+  KvLayout layout;
+  EngineOptions options;
+  HostRegistration registration;
+  Lane lanes[2];
+
+  mutable std::mutex state_mutex;
+  std::condition_variable waiters_cv;
+  int waiters = 0;
+  bool closed = false;
+  std::unordered_set<std::uint64_t> ids;  // in flight or uncollected
+  std::vector<JobResult> completed;
+  std::vector<Event> event_pool;
+  EngineStats stats;
+};
+
+// ---- calibration ----
+
+namespace {
+
+double measure(DeviceRuntime& rt, StreamView s, std::span<const CopyDescriptor> batch, CopyKind kind, CopyPath path,
+               std::uint64_t bytes) {
+  Event a = rt.create_event(true);
+  Event b = rt.create_event(true);
+  double best = 0.0;
+  for (int rep = 0; rep < 3; ++rep) {
+    rt.record_event(a.view(), s);
+    rt.enqueue_copies(s, batch, kind, path);
+    rt.record_event(b.view(), s);
+    rt.synchronize_event(b.view());
+    const double sec = rt.elapsed_seconds(a.view(), b.view());
+    if (sec > 0) best = std::max(best, static_cast<double>(bytes) / sec / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+CalibrationReport TransferEngine::calibrate() {
+  Impl& im = *impl_;
+  CalibrationReport report;
+  report.store_policy = im.lanes[0].policy;
+  report.load_policy = im.lanes[1].policy;
+  if (!im.options.allow_kernel || !im.runtime.supports_kernel_path() || !im.registration) {
+    log().info("transfer engine: calibration skipped: the kernel path is not available");
+    return report;
+  }
+  constexpr std::uint64_t kTotal = 8ULL << 20;
+  constexpr std::uint64_t kSizes[] = {4096, 8192, 16384, 32768, 65536, 131072, 262144};
+  DeviceRuntime& rt = im.runtime;
+  DeviceBuffer dev = rt.allocate_device(kTotal * 2);
+  // Scratch host memory of our own, never the slots: calibration must not touch KV data.
+  std::unique_ptr<void, decltype(&std::free)> host(std::aligned_alloc(4096, kTotal * 2), &std::free);
+  if (!host) throw Error(ErrorCode::kSystem, "calibrate: host scratch allocation failed", ENOMEM, "aligned_alloc");
+  std::memset(host.get(), 0, kTotal * 2);
+  HostRegistration reg = rt.register_host(host.get(), kTotal * 2);
+  Stream s = rt.create_stream();
+  std::vector<CopyDescriptor> dma;
+  std::vector<CopyDescriptor> ker;
+  for (Direction d : {Direction::kStore, Direction::kLoad}) {
+    std::uint64_t threshold = 0;
+    bool kernel_won_so_far = true;
+    for (std::uint64_t size : kSizes) {
+      const std::uint64_t count = kTotal / size;
+      dma.clear();
+      ker.clear();
+      for (std::uint64_t i = 0; i < count; ++i) {
+        // Every other piece, so neighbouring pieces are not contiguous (as scattered blocks).
+        auto* dp = static_cast<std::byte*>(dev.data()) + 2 * i * size;
+        auto* hp = static_cast<std::byte*>(host.get()) + 2 * i * size;
+        auto* kp = static_cast<std::byte*>(reg.device_pointer(hp));
+        if (d == Direction::kStore) {
+          dma.push_back({dp, hp, size});
+          ker.push_back({dp, kp, size});
+        } else {
+          dma.push_back({hp, dp, size});
+          ker.push_back({kp, dp, size});
+        }
+      }
+      const CopyKind kind = d == Direction::kStore ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice;
+      CalibrationPoint p{d, size, count, measure(rt, s.view(), dma, kind, CopyPath::kDma, kTotal),
+                         measure(rt, s.view(), ker, kind, CopyPath::kKernel, kTotal)};
+      report.points.push_back(p);
+      if (kernel_won_so_far && p.kernel_gbps > p.dma_gbps) {
+        threshold = size * 2;  // kernel for pieces below the next size
+      } else {
+        kernel_won_so_far = false;
+      }
+    }
+    std::lock_guard lock(im.lane(d).submit_mutex);
+    im.lane(d).policy.kernel_below_bytes = threshold;
+    log().info("transfer engine: calibrated {}: kernel for mean pieces below {} bytes", to_string(d), threshold);
+  }
+  report.store_policy = im.lanes[0].policy;
+  report.load_policy = im.lanes[1].policy;
+  report.ran = true;
+  return report;
+}
+
+// ---- public wrappers ----
+
+TransferEngine::TransferEngine(DeviceRuntime& runtime, KvLayout layout, EngineOptions options)
+    : impl_(std::make_shared<Impl>(runtime, std::move(layout), options)) {
+  if (options.calibrate) calibrate();
+}
+
+TransferEngine::TransferEngine(DeviceRuntime& runtime, Region& region, std::uint32_t rank, std::vector<KvGroup> groups,
+                               std::uint32_t blocks_per_chunk, EngineOptions options) {
+  KvLayout layout;
+  layout.groups = std::move(groups);
+  layout.blocks_per_chunk = blocks_per_chunk;
+  layout.host = HostSlots::from_region(region, rank);
+  impl_ = std::make_shared<Impl>(runtime, std::move(layout), options);
+  // The region may close before the engine is destroyed: its close() then shuts the engine down
+  // (drain, unregister) before munmap. A weak pointer: a destroyed engine needs nothing.
+  region.add_teardown_hook([weak = std::weak_ptr<Impl>(impl_)] {
+    if (auto impl = weak.lock()) impl->shutdown();
+  });
+  if (options.calibrate) calibrate();
+}
+
+TransferEngine::TransferEngine(TransferEngine&&) noexcept = default;
+TransferEngine& TransferEngine::operator=(TransferEngine&& other) noexcept {
+  if (this != &other) {
+    if (impl_) impl_->shutdown();
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+TransferEngine::~TransferEngine() {
+  if (impl_) impl_->shutdown();
+}
+
+namespace {
+TransferEngine::Impl& need(const std::shared_ptr<TransferEngine::Impl>& impl) {
+  if (!impl) throw Error(ErrorCode::kState, "transfer engine: moved-from engine");
+  return *impl;
+}
+}  // namespace
+
+void TransferEngine::submit(JobId job_id, Direction direction, const TransferSpec& spec, WaitOn wait_on) {
+  need(impl_).submit(job_id, direction, spec, wait_on);
+}
+std::vector<JobResult> TransferEngine::poll() { return need(impl_).poll(); }
+std::vector<JobResult> TransferEngine::wait(std::span<const JobId> ids) { return need(impl_).wait(ids); }
+std::vector<JobResult> TransferEngine::wait_all() { return need(impl_).wait_all(); }
+void TransferEngine::shutdown() noexcept {
+  if (impl_) impl_->shutdown();
+}
+EngineStats TransferEngine::stats() const {
+  Impl& im = need(impl_);
+  std::lock_guard lock(im.state_mutex);
+  EngineStats s = im.stats;
+  s.host_registered = static_cast<bool>(im.registration);
+  return s;
+}
+bool TransferEngine::host_registered() const { return stats().host_registered; }
+const KvLayout& TransferEngine::layout() const { return need(impl_).layout; }
+PathPolicy TransferEngine::policy(Direction direction) const {
+  Impl& im = need(impl_);
+  std::lock_guard lock(im.lane(direction).submit_mutex);
+  return im.lane(direction).policy;
+}
+
+}  // namespace kvoffload
