@@ -1,0 +1,506 @@
+// FileTier: round trip, O_DIRECT fallback, damaged records as misses, per-item batch results,
+// non-blocking contains, capacity eviction, validation and restart.
+
+#include "kvoffload/error.hpp"
+#include "kvoffload/file_tier.hpp"
+#include "tier/crc32c.hpp"
+#include "tier_test_util.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <random>
+#include <thread>
+
+namespace kvoffload {
+namespace {
+
+using test::FaultIo;
+using test::TempDir;
+
+std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = static_cast<std::byte>(rng() & 0xFF);
+  return v;
+}
+
+FileTierOptions options_for(const std::filesystem::path& root, std::uint64_t capacity = 64 << 20) {
+  FileTierOptions o;
+  o.root = root;
+  o.capacity_bytes = capacity;
+  o.io_threads = 2;
+  return o;
+}
+
+// Stores `n` keys 1..n with payloads of `bytes` bytes; returns the payloads.
+std::vector<std::vector<std::byte>> put_keys(SecondaryTier& tier, std::size_t n, std::size_t bytes) {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TierPut> puts;
+  for (std::size_t i = 0; i < n; ++i) data.push_back(pattern(bytes, static_cast<std::uint32_t>(i)));
+  for (std::size_t i = 0; i < n; ++i) puts.push_back({BlockKey::from_u64(i + 1), data[i]});
+  const auto results = tier.put(puts).wait();
+  for (const auto& r : results) EXPECT_EQ(r.status, TierItemStatus::kOk) << r.detail;
+  return data;
+}
+
+TierItemResult get_one(SecondaryTier& tier, BlockKey key, std::span<std::byte> into) {
+  const TierGet g{key, into};
+  return tier.get(std::span(&g, 1)).wait()[0];
+}
+
+void expect_round_trip(SecondaryTier& tier, const std::vector<std::vector<std::byte>>& data) {
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    std::vector<std::byte> out(data[i].size(), std::byte{0x5A});
+    const auto r = get_one(tier, BlockKey::from_u64(i + 1), out);
+    ASSERT_EQ(r.status, TierItemStatus::kOk) << r.detail;
+    EXPECT_EQ(out, data[i]) << "key " << i + 1;
+  }
+}
+
+TEST(Crc32c, KnownVectorsAndPortableAgreement) {
+  const char* text = "123456789";
+  const auto bytes = std::as_bytes(std::span(text, 9));
+  EXPECT_EQ(detail::crc32c(bytes), 0xE3069283u);
+  EXPECT_EQ(detail::crc32c_portable(bytes), 0xE3069283u);
+  std::vector<std::byte> zeros(32);
+  EXPECT_EQ(detail::crc32c(zeros), 0x8A9136AAu);  // RFC 3720 B.4
+  const auto p = pattern(100'003, 7);
+  EXPECT_EQ(detail::crc32c(p), detail::crc32c_portable(p));
+  // Incremental equals one shot.
+  const auto whole = detail::crc32c(p);
+  const auto part = detail::crc32c(std::span(p).subspan(1000), detail::crc32c(std::span(p).first(1000)));
+  EXPECT_EQ(part, whole);
+}
+
+TEST(FileTier, RoundTripAndReopenIndexesRecords) {
+  TempDir dir;
+  const auto root = dir.path() / "tier";
+  std::vector<std::vector<std::byte>> data;
+  {
+    auto tier = FileTier::open(options_for(root));
+    data = put_keys(*tier, 6, 10'000);  // not a multiple of the 4 KiB record alignment
+    for (std::size_t i = 0; i < 6; ++i) EXPECT_TRUE(tier->contains(BlockKey::from_u64(i + 1)));
+    EXPECT_FALSE(tier->contains(BlockKey::from_u64(99)));
+    expect_round_trip(*tier, data);
+    const auto st = tier->stats();
+    EXPECT_EQ(st.entries, 6u);
+    EXPECT_EQ(st.bytes, 6 * file_tier_record_bytes(10'000));
+    EXPECT_EQ(st.puts_ok, 6u);
+    EXPECT_EQ(st.gets_ok, 6u);
+    EXPECT_TRUE(std::filesystem::exists(tier->record_path(BlockKey::from_u64(3))));
+    EXPECT_TRUE(tier->close());
+    EXPECT_THROW((void)tier->put({}), Error);
+  }
+  // Only records and the lock file: no temporary file survives a completed put.
+  for (const auto& f : test::files_under(root)) {
+    EXPECT_TRUE(f.ends_with(".kvb") || f == ".kvoffload-tier.lock") << f;
+  }
+  auto again = FileTier::open(options_for(root));
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_TRUE(again->contains(BlockKey::from_u64(i + 1)));
+  expect_round_trip(*again, data);
+}
+
+TEST(FileTier, PutOfHeldKeyIsOkWithoutRewrite) {
+  TempDir dir;
+  auto tier = FileTier::open(options_for(dir.path() / "t"));
+  put_keys(*tier, 1, 100);
+  const auto other = pattern(100, 42);
+  const TierPut p{BlockKey::from_u64(1), other};
+  const auto r = tier->put(std::span(&p, 1)).wait()[0];
+  EXPECT_EQ(r.status, TierItemStatus::kOk);
+  std::vector<std::byte> out(100);
+  ASSERT_EQ(get_one(*tier, BlockKey::from_u64(1), out).status, TierItemStatus::kOk);
+  EXPECT_EQ(out, pattern(100, 0));  // the first write stands
+}
+
+TEST(FileTier, ForcedBufferedNeverUsesODirect) {
+  TempDir dir;
+  auto io = std::make_shared<FaultIo>();
+  auto o = options_for(dir.path() / "t");
+  o.direct_io = DirectIoMode::kBuffered;
+  o.io = io;
+  auto tier = FileTier::open(o);
+  EXPECT_FALSE(tier->stats().direct_io);
+  expect_round_trip(*tier, put_keys(*tier, 3, 5000));
+  for (int d : io->direct_flags_seen()) EXPECT_EQ(d, 0);
+}
+
+TEST(FileTier, FallsBackWhenOpenRefusesODirect) {
+  TempDir dir;
+  auto io = std::make_shared<FaultIo>();
+  io->set_rule([](std::string_view op, const std::string&) {
+    return op == "open" && (FaultIo::current_flags & O_DIRECT) != 0 ? EINVAL : 0;
+  });
+  auto o = options_for(dir.path() / "t");
+  o.io = io;
+  auto tier = FileTier::open(o);
+  EXPECT_TRUE(tier->stats().direct_io);  // not tried yet
+  const auto data = put_keys(*tier, 4, 9000);
+  EXPECT_FALSE(tier->stats().direct_io);
+  expect_round_trip(*tier, data);
+  // After the refusal every open is buffered.
+  const auto seen = io->direct_flags_seen();
+  std::size_t direct = 0;
+  for (int d : seen) direct += static_cast<std::size_t>(d);
+  EXPECT_GE(direct, 1u);
+  EXPECT_LE(direct, 2u);  // at most one refused try per I/O thread racing the first
+  for (const auto& f : test::files_under(dir.path() / "t")) EXPECT_FALSE(f.ends_with(".tmp")) << f;
+}
+
+TEST(FileTier, FallsBackWhenFirstWriteRefusesODirect) {
+  TempDir dir;
+  auto io = std::make_shared<FaultIo>();
+  io->set_rule([](std::string_view op, const std::string&) {
+    return (op == "pwrite" || op == "pread") && (FaultIo::current_flags & O_DIRECT) != 0 ? EINVAL
+                                                                                         : 0;
+  });
+  auto o = options_for(dir.path() / "t");
+  o.io = io;
+  auto tier = FileTier::open(o);
+  const auto data = put_keys(*tier, 4, 9000);
+  EXPECT_FALSE(tier->stats().direct_io);
+  expect_round_trip(*tier, data);
+}
+
+// The real filesystems here: whatever mode each one accepts, the bytes come back.
+TEST(FileTier, RoundTripOnTmpAndShm) {
+  for (const char* base : {"/tmp", "/dev/shm"}) {
+    if (!std::filesystem::is_directory(base)) continue;
+    TempDir dir(base);
+    auto tier = FileTier::open(options_for(dir.path() / "t"));
+    expect_round_trip(*tier, put_keys(*tier, 3, 70'000));
+    RecordProperty(std::string("direct_io_") + (base[1] == 't' ? "tmp" : "shm"),
+                   tier->stats().direct_io ? "yes" : "no");
+  }
+}
+
+class DamagedRecord : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tier_ = FileTier::open(options_for(dir_.path() / "t"));
+    data_ = put_keys(*tier_, 3, 20'000);
+    path_ = tier_->record_path(BlockKey::from_u64(2));
+    ASSERT_TRUE(std::filesystem::exists(path_));
+  }
+  void flip_byte(std::uint64_t offset) {
+    const int fd = ::open(path_.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    unsigned char b = 0;
+    ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(offset)), 1);
+    b ^= 0x01;
+    ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(offset)), 1);
+    ::close(fd);
+  }
+  // Key 2 reads as a miss, its destination untouched, it is forgotten; keys 1 and 3 still read.
+  void expect_key2_miss() {
+    std::vector<std::byte> out(20'000, std::byte{0x77});
+    const auto r = get_one(*tier_, BlockKey::from_u64(2), out);
+    EXPECT_EQ(r.status, TierItemStatus::kMiss) << r.detail;
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x77}; }));
+    tier_->drain();
+    EXPECT_FALSE(tier_->contains(BlockKey::from_u64(2)));
+    EXPECT_FALSE(std::filesystem::exists(path_));
+    std::vector<std::byte> ok(20'000);
+    EXPECT_EQ(get_one(*tier_, BlockKey::from_u64(1), ok).status, TierItemStatus::kOk);
+    EXPECT_EQ(ok, data_[0]);
+    EXPECT_EQ(get_one(*tier_, BlockKey::from_u64(3), ok).status, TierItemStatus::kOk);
+    EXPECT_EQ(ok, data_[2]);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<FileTier> tier_;
+  std::vector<std::vector<std::byte>> data_;
+  std::filesystem::path path_;
+};
+
+TEST_F(DamagedRecord, FlippedPayloadByteIsMiss) {
+  flip_byte(64 + 12'345);
+  expect_key2_miss();
+  EXPECT_EQ(tier_->stats().corrupt, 1u);
+}
+
+TEST_F(DamagedRecord, FlippedHeaderByteIsMiss) {
+  flip_byte(16);  // payload length
+  expect_key2_miss();
+}
+
+TEST_F(DamagedRecord, TruncatedFileIsMiss) {
+  std::filesystem::resize_file(path_, 4096);
+  expect_key2_miss();
+}
+
+TEST_F(DamagedRecord, UnalignedTruncationIsMiss) {
+  std::filesystem::resize_file(path_, 20'000);
+  expect_key2_miss();
+}
+
+TEST_F(DamagedRecord, MissingFileIsMiss) {
+  std::filesystem::remove(path_);
+  EXPECT_TRUE(tier_->contains(BlockKey::from_u64(2)));  // the index has not seen it yet
+  expect_key2_miss();
+}
+
+TEST_F(DamagedRecord, RecordOfAnotherKeyIsMiss) {
+  std::filesystem::copy_file(tier_->record_path(BlockKey::from_u64(1)), path_,
+                             std::filesystem::copy_options::overwrite_existing);
+  expect_key2_miss();
+}
+
+TEST_F(DamagedRecord, WrongLengthIsMissAndKeepsNothingTorn) {
+  std::vector<std::byte> out(10'000, std::byte{0x77});
+  const auto r = get_one(*tier_, BlockKey::from_u64(2), out);
+  EXPECT_EQ(r.status, TierItemStatus::kMiss);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x77}; }));
+}
+
+TEST(FileTier, PartialReadFailureIsReportedPerItem) {
+  TempDir dir;
+  auto io = std::make_shared<FaultIo>();
+  auto o = options_for(dir.path() / "t");
+  o.io = io;
+  auto tier = FileTier::open(o);
+  const auto data = put_keys(*tier, 4, 8192);
+  const std::string bad = tier->record_path(BlockKey::from_u64(3)).string();
+  io->set_rule([bad](std::string_view op, const std::string& path) {
+    return op == "pread" && path == bad ? EIO : 0;
+  });
+  std::vector<std::vector<std::byte>> out(5, std::vector<std::byte>(8192));
+  std::vector<TierGet> gets;
+  for (std::size_t i = 0; i < 5; ++i) gets.push_back({BlockKey::from_u64(i + 1), out[i]});
+  const auto results = tier->get(gets).wait();
+  ASSERT_EQ(results.size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(results[i].key, BlockKey::from_u64(i + 1));
+    if (i == 2) {
+      EXPECT_EQ(results[i].status, TierItemStatus::kFailed);
+      EXPECT_EQ(results[i].sys_errno, EIO);
+      EXPECT_NE(results[i].detail.find("pread"), std::string::npos) << results[i].detail;
+    } else if (i == 4) {
+      EXPECT_EQ(results[i].status, TierItemStatus::kMiss);  // never stored
+    } else {
+      EXPECT_EQ(results[i].status, TierItemStatus::kOk) << results[i].detail;
+      EXPECT_EQ(out[i], data[i]);
+    }
+  }
+  // An I/O error is not proof of damage: the record stays.
+  EXPECT_TRUE(tier->contains(BlockKey::from_u64(3)));
+  EXPECT_EQ(tier->stats().gets_failed, 1u);
+}
+
+TEST(FileTier, PartialWriteFailureIsReportedPerItemAndLeavesNoTemp) {
+  TempDir dir;
+  auto io = std::make_shared<FaultIo>();
+  auto o = options_for(dir.path() / "t");
+  o.io = io;
+  auto tier = FileTier::open(o);
+  const std::string bad_hex = BlockKey::from_u64(2).to_hex();
+  io->set_rule([bad_hex](std::string_view op, const std::string& path) {
+    return op == "pwrite" && path.find(bad_hex) != std::string::npos ? ENOSPC : 0;
+  });
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TierPut> puts;
+  for (std::uint32_t i = 0; i < 3; ++i) data.push_back(pattern(6000, i));
+  for (std::uint32_t i = 0; i < 3; ++i) puts.push_back({BlockKey::from_u64(i + 1), data[i]});
+  const auto results = tier->put(puts).wait();
+  EXPECT_EQ(results[0].status, TierItemStatus::kOk);
+  EXPECT_EQ(results[1].status, TierItemStatus::kFailed);
+  EXPECT_EQ(results[1].sys_errno, ENOSPC);
+  EXPECT_EQ(results[2].status, TierItemStatus::kOk);
+  tier->drain();
+  EXPECT_TRUE(tier->contains(BlockKey::from_u64(1)));
+  EXPECT_FALSE(tier->contains(BlockKey::from_u64(2)));
+  EXPECT_TRUE(tier->contains(BlockKey::from_u64(3)));
+  for (const auto& f : test::files_under(dir.path() / "t")) EXPECT_FALSE(f.ends_with(".tmp")) << f;
+  const auto st = tier->stats();
+  EXPECT_EQ(st.puts_failed, 1u);
+  EXPECT_EQ(st.entries, 2u);
+  EXPECT_EQ(st.bytes, 2 * file_tier_record_bytes(6000));
+  // The key can be stored again once the fault is gone.
+  io->set_rule(nullptr);
+  EXPECT_EQ(tier->put(std::span(&puts[1], 1)).wait()[0].status, TierItemStatus::kOk);
+  expect_round_trip(*tier, data);
+}
+
+TEST(FileTier, RenameFailureIsReportedAndLeavesNoTemp) {
+  TempDir dir;
+  auto io = std::make_shared<FaultIo>();
+  io->set_rule([](std::string_view op, const std::string&) { return op == "rename" ? EXDEV : 0; });
+  auto o = options_for(dir.path() / "t");
+  o.io = io;
+  auto tier = FileTier::open(o);
+  const auto d = pattern(100, 1);
+  const TierPut p{BlockKey::from_u64(1), d};
+  const auto r = tier->put(std::span(&p, 1)).wait()[0];
+  EXPECT_EQ(r.status, TierItemStatus::kFailed);
+  EXPECT_EQ(r.sys_errno, EXDEV);
+  tier->drain();
+  EXPECT_FALSE(tier->contains(BlockKey::from_u64(1)));
+  EXPECT_EQ(test::files_under(dir.path() / "t"), std::set<std::string>{".kvoffload-tier.lock"});
+}
+
+TEST(FileTier, ContainsDoesNotWaitForDiskIo) {
+  TempDir dir;
+  auto io = std::make_shared<FaultIo>();
+  auto o = options_for(dir.path() / "t");
+  o.io = io;
+  o.io_threads = 1;
+  auto tier = FileTier::open(o);
+  put_keys(*tier, 2, 100);
+
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> entered;
+  std::atomic<bool> entered_once{false};
+  io->set_rule([&](std::string_view op, const std::string&) {
+    if (op == "pwrite") {
+      if (!entered_once.exchange(true)) entered.set_value();
+      released.wait();  // the disk is stuck until the test says otherwise
+    }
+    return 0;
+  });
+  const auto d = pattern(100, 9);
+  const TierPut p{BlockKey::from_u64(50), d};
+  TierBatch stuck = tier->put(std::span(&p, 1));
+  entered.get_future().wait();  // the only I/O thread is inside pwrite now
+  auto answers = std::async(std::launch::async, [&] {
+    return std::array<bool, 3>{tier->contains(BlockKey::from_u64(1)),
+                               tier->contains(BlockKey::from_u64(50)),
+                               tier->contains(BlockKey::from_u64(77))};
+  });
+  const bool answered = answers.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  EXPECT_TRUE(answered) << "contains() waited for the stuck write";
+  EXPECT_FALSE(stuck.ready());
+  release.set_value();
+  ASSERT_EQ(stuck.wait()[0].status, TierItemStatus::kOk);
+  const auto a = answers.get();
+  EXPECT_TRUE(a[0]);
+  EXPECT_FALSE(a[1]);  // not held until its write completed
+  EXPECT_FALSE(a[2]);
+  EXPECT_TRUE(tier->contains(BlockKey::from_u64(50)));
+}
+
+TEST(FileTier, RemoveForgetsAndDeletes) {
+  TempDir dir;
+  auto tier = FileTier::open(options_for(dir.path() / "t"));
+  put_keys(*tier, 3, 100);
+  const auto path = tier->record_path(BlockKey::from_u64(2));
+  const std::array<BlockKey, 2> keys{BlockKey::from_u64(2), BlockKey::from_u64(9)};
+  EXPECT_EQ(tier->remove(keys).ok_count(), 2u);
+  EXPECT_FALSE(tier->contains(BlockKey::from_u64(2)));
+  EXPECT_FALSE(std::filesystem::exists(path));
+  std::vector<std::byte> out(100);
+  EXPECT_EQ(get_one(*tier, BlockKey::from_u64(2), out).status, TierItemStatus::kMiss);
+  EXPECT_EQ(get_one(*tier, BlockKey::from_u64(3), out).status, TierItemStatus::kOk);
+}
+
+TEST(FileTier, CapacityEvictsOldestFirst) {
+  TempDir dir;
+  const std::uint64_t rec = file_tier_record_bytes(5000);
+  auto tier = FileTier::open(options_for(dir.path() / "t", 3 * rec));
+  put_keys(*tier, 2, 5000);
+  std::vector<std::byte> out(5000);
+  ASSERT_EQ(get_one(*tier, BlockKey::from_u64(1), out).status, TierItemStatus::kOk);  // 1 is now newer than 2
+  const auto d3 = pattern(5000, 3), d4 = pattern(5000, 4);
+  const std::array<TierPut, 2> more{TierPut{BlockKey::from_u64(3), d3}, TierPut{BlockKey::from_u64(4), d4}};
+  EXPECT_EQ(tier->put(more).ok_count(), 2u);
+  tier->drain();
+  EXPECT_FALSE(tier->contains(BlockKey::from_u64(2)));
+  EXPECT_TRUE(tier->contains(BlockKey::from_u64(1)));
+  EXPECT_TRUE(tier->contains(BlockKey::from_u64(3)));
+  EXPECT_TRUE(tier->contains(BlockKey::from_u64(4)));
+  EXPECT_FALSE(std::filesystem::exists(tier->record_path(BlockKey::from_u64(2))));
+  const auto st = tier->stats();
+  EXPECT_EQ(st.entries, 3u);
+  EXPECT_EQ(st.evictions, 1u);
+  EXPECT_LE(st.bytes, st.capacity_bytes);
+  // A record larger than the whole capacity fails on its own.
+  const auto big = pattern(4 * rec, 5);
+  const TierPut p{BlockKey::from_u64(5), big};
+  const auto r = tier->put(std::span(&p, 1)).wait()[0];
+  EXPECT_EQ(r.status, TierItemStatus::kFailed);
+  EXPECT_EQ(r.sys_errno, ENOSPC);
+}
+
+TEST(FileTier, SecondOwnerOfRootIsRefused) {
+  TempDir dir;
+  auto first = FileTier::open(options_for(dir.path() / "t"));
+  try {
+    (void)FileTier::open(options_for(dir.path() / "t"));
+    FAIL() << "second open succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kState);
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  first->close();
+  EXPECT_NO_THROW((void)FileTier::open(options_for(dir.path() / "t")));
+}
+
+TEST(FileTier, StaleTempFilesAreRemovedAndForeignFilesIgnored) {
+  TempDir dir;
+  const auto root = dir.path() / "t";
+  { auto tier = FileTier::open(options_for(root)); put_keys(*tier, 1, 100); }
+  const auto fan = root / "01";
+  std::ofstream(fan / ("." + BlockKey::from_u64(1).to_hex() + ".7.tmp")) << "partial";
+  std::ofstream(fan / "notes.txt") << "not ours";
+  std::ofstream(fan / (BlockKey::from_u64(2).to_hex() + ".kvb")) << "short";  // implausible size
+  auto tier = FileTier::open(options_for(root));
+  EXPECT_FALSE(std::filesystem::exists(fan / ("." + BlockKey::from_u64(1).to_hex() + ".7.tmp")));
+  EXPECT_TRUE(std::filesystem::exists(fan / "notes.txt"));
+  EXPECT_TRUE(tier->contains(BlockKey::from_u64(1)));
+  EXPECT_FALSE(tier->contains(BlockKey::from_u64(2)));
+  EXPECT_EQ(tier->stats().entries, 1u);
+}
+
+TEST(FileTier, ValidationRefusesBadOptionsAndTouchesNothing) {
+  TempDir dir;
+  const auto file = dir.path() / "plain-file";
+  std::ofstream(file) << "x";
+  const auto before = test::files_under(dir.path());
+  auto expect_invalid = [](FileTierOptions o, std::string_view needle) {
+    try {
+      (void)FileTier::open(o);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_invalid(options_for(""), "empty");
+  expect_invalid(options_for("relative/dir"), "not absolute");
+  expect_invalid(options_for(dir.path() / "t", 0), "capacity_bytes");
+  expect_invalid(options_for(file), "not a directory");
+  expect_invalid(options_for(dir.path() / "no" / "such" / "dir"), "parent");
+  auto o = options_for(dir.path() / "t");
+  o.io_threads = 0;
+  expect_invalid(o, "io_threads");
+  EXPECT_EQ(test::files_under(dir.path()), before);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "t"));
+}
+
+TEST(FileTier, FailedOpenLeavesNothingBehind) {
+  TempDir dir;
+  auto io = std::make_shared<FaultIo>();
+  io->set_rule([](std::string_view op, const std::string&) { return op == "flock" ? ENOLCK : 0; });
+  auto o = options_for(dir.path() / "t");
+  o.io = io;
+  const auto fds = test::fd_snapshot();
+  try {
+    (void)FileTier::open(o);
+    FAIL() << "open succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.sys_errno(), ENOLCK);
+    EXPECT_EQ(e.call(), "flock");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "t"));
+  EXPECT_EQ(test::fd_snapshot(), fds);
+}
+
+}  // namespace
+}  // namespace kvoffload
