@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
@@ -28,27 +29,40 @@ constexpr std::uint64_t kDefaultSplitMinBytes = 1ULL << 20;  // smaller batches:
 constexpr std::uint64_t kMinPartBytes = 256ULL << 10;        // no part smaller than this
 constexpr std::size_t kDeviceAlign = 4096;
 
-struct HostEvent {
+// One record of an event. A wait binds to the record it saw (as cudaStreamWaitEvent does), so a
+// later re-record of the same event never releases or delays an earlier wait.
+struct Marker {
   std::mutex mutex;
   std::condition_variable cv;
-  std::uint64_t recorded = 0;    // generation of the latest record
-  std::uint64_t completed = 0;   // highest generation the stream has passed
-  Clock::time_point stamp{};     // when `completed` was reached
-  bool timing = false;
+  bool done = false;
+  Clock::time_point stamp{};
 
-  void complete(std::uint64_t gen) {
+  void complete() {
     {
       std::lock_guard lock(mutex);
-      if (gen > completed) {
-        completed = gen;
-        stamp = Clock::now();
-      }
+      done = true;
+      stamp = Clock::now();
     }
     cv.notify_all();
   }
-  void wait_for(std::uint64_t gen) {
+  void wait() {
     std::unique_lock lock(mutex);
-    cv.wait(lock, [&] { return completed >= gen; });
+    cv.wait(lock, [&] { return done; });
+  }
+  bool is_done() {
+    std::lock_guard lock(mutex);
+    return done;
+  }
+};
+
+struct HostEvent {
+  std::mutex mutex;
+  std::shared_ptr<Marker> latest;  // null: never recorded (complete)
+  bool timing = false;
+
+  std::shared_ptr<Marker> current() {
+    std::lock_guard lock(mutex);
+    return latest;
   }
 };
 
@@ -153,8 +167,7 @@ struct Task {
   Kind kind = Kind::kCopy;
   CopyPath path = CopyPath::kDma;
   std::vector<CopyDescriptor> descs;
-  HostEvent* event = nullptr;
-  std::uint64_t gen = 0;
+  std::shared_ptr<Marker> marker;
   void (*fn)(void*) = nullptr;
   void* arg = nullptr;
 };
@@ -328,54 +341,41 @@ class HostRuntime final : public DeviceRuntime {
 
   void do_record_event(std::uintptr_t event, std::uintptr_t stream) override {
     auto* ev = event_of(event);
-    std::uint64_t gen = 0;
+    auto marker = std::make_shared<Marker>();
     {
       std::lock_guard lock(ev->mutex);
-      gen = ++ev->recorded;
+      ev->latest = marker;
     }
     if (stream == 0) {
-      ev->complete(gen);
+      marker->complete();
       return;
     }
     Task task;
     task.kind = Task::Kind::kRecord;
-    task.event = ev;
-    task.gen = gen;
+    task.marker = std::move(marker);
     reinterpret_cast<HostStream*>(stream)->push(std::move(task));
   }
 
   void do_wait_event(std::uintptr_t stream, std::uintptr_t event) override {
-    auto* ev = event_of(event);
-    std::uint64_t gen = 0;
-    {
-      std::lock_guard lock(ev->mutex);
-      gen = ev->recorded;
-    }
+    std::shared_ptr<Marker> marker = event_of(event)->current();
+    if (!marker) return;  // never recorded: nothing to wait for
     if (stream == 0) {
-      ev->wait_for(gen);
+      marker->wait();
       return;
     }
     Task task;
     task.kind = Task::Kind::kWait;
-    task.event = ev;
-    task.gen = gen;
+    task.marker = std::move(marker);
     reinterpret_cast<HostStream*>(stream)->push(std::move(task));
   }
 
   bool do_query_event(std::uintptr_t event) override {
-    auto* ev = event_of(event);
-    std::lock_guard lock(ev->mutex);
-    return ev->completed >= ev->recorded;
+    std::shared_ptr<Marker> marker = event_of(event)->current();
+    return !marker || marker->is_done();
   }
 
   void do_synchronize_event(std::uintptr_t event) override {
-    auto* ev = event_of(event);
-    std::uint64_t gen = 0;
-    {
-      std::lock_guard lock(ev->mutex);
-      gen = ev->recorded;
-    }
-    ev->wait_for(gen);
+    if (std::shared_ptr<Marker> marker = event_of(event)->current()) marker->wait();
   }
 
   void do_synchronize_stream(std::uintptr_t stream) override {
@@ -385,22 +385,21 @@ class HostRuntime final : public DeviceRuntime {
   double do_elapsed_seconds(std::uintptr_t start, std::uintptr_t end) override {
     auto* a = event_of(start);
     auto* b = event_of(end);
-    Clock::time_point ta;
-    Clock::time_point tb;
-    bool ok = a->timing && b->timing;
-    {
-      std::lock_guard lock(a->mutex);
-      ok = ok && a->recorded > 0 && a->completed >= a->recorded;
-      ta = a->stamp;
-    }
-    {
-      std::lock_guard lock(b->mutex);
-      ok = ok && b->recorded > 0 && b->completed >= b->recorded;
-      tb = b->stamp;
-    }
-    if (!ok) {
+    const std::shared_ptr<Marker> ma = a->current();
+    const std::shared_ptr<Marker> mb = b->current();
+    if (!a->timing || !b->timing || !ma || !mb || !ma->is_done() || !mb->is_done()) {
       throw Error(ErrorCode::kInvalidArgument,
                   "host runtime: elapsed_seconds needs two completed timing events", 0, "elapsed_seconds");
+    }
+    Clock::time_point ta;
+    Clock::time_point tb;
+    {
+      std::lock_guard lock(ma->mutex);
+      ta = ma->stamp;
+    }
+    {
+      std::lock_guard lock(mb->mutex);
+      tb = mb->stamp;
     }
     return std::chrono::duration<double>(tb - ta).count();
   }
@@ -482,8 +481,8 @@ void HostStream::run() {
     lock.unlock();
     switch (task.kind) {
       case Task::Kind::kCopy: runtime_.execute(task.descs, task.path, ends_); break;
-      case Task::Kind::kRecord: task.event->complete(task.gen); break;
-      case Task::Kind::kWait: task.event->wait_for(task.gen); break;
+      case Task::Kind::kRecord: task.marker->complete(); break;
+      case Task::Kind::kWait: task.marker->wait(); break;
       case Task::Kind::kFunc: task.fn(task.arg); break;
     }
     lock.lock();

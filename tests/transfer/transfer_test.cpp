@@ -1,0 +1,682 @@
+// Transfer engine suites, parameterised over the backend name. Built twice: with
+// KVOFFLOAD_TEST_BACKENDS="host" (label cpu) and "cuda,hip" (label gpu; a backend that is not built
+// or has no device skips). Device caches are allocated through the runtime, so the same checks run
+// on real device memory on GPUs.
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/error.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include "transfer/fault_runtime.hpp"
+#include "transfer/planner.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef KVOFFLOAD_TEST_BACKENDS
+#define KVOFFLOAD_TEST_BACKENDS "host"
+#endif
+
+namespace kvoffload {
+namespace {
+
+std::vector<std::string> backends() {
+  std::vector<std::string> out;
+  std::string s = KVOFFLOAD_TEST_BACKENDS;
+  std::size_t pos = 0;
+  while (pos <= s.size()) {
+    const std::size_t comma = s.find(',', pos);
+    out.push_back(s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// Host memory the tests own (page aligned: registration works on any alignment, but row strides
+// of a region are page-aligned and tests should look like that).
+struct HostBuffer {
+  explicit HostBuffer(std::size_t n) : bytes(n), ptr(static_cast<std::byte*>(std::aligned_alloc(4096, round(n)))) {}
+  static std::size_t round(std::size_t n) { return (n + 4095) / 4096 * 4096; }
+  std::span<std::byte> span() const { return {ptr.get(), bytes}; }
+  std::size_t bytes;
+  struct Free {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> ptr;
+};
+
+void fill_random(std::span<std::byte> s, std::mt19937_64& rng) {
+  for (auto& b : s) b = static_cast<std::byte>(rng() & 0xff);
+}
+
+struct TensorShape {
+  std::uint64_t num_blocks;
+  std::uint64_t page_bytes;
+  std::uint64_t block_stride;  // 0 = page
+};
+
+// A KV cache made of device tensors (allocated through the runtime) and host slots in a plain
+// buffer, with a reference model of where each byte must go.
+class Cache {
+ public:
+  Cache(DeviceRuntime& rt, std::vector<std::vector<TensorShape>> shapes, std::uint32_t bpc, std::uint64_t chunks,
+        std::uint32_t copies, std::uint32_t copy_index, std::uint64_t extra_slot_bytes = 0)
+      : rt_(rt), shapes_(std::move(shapes)) {
+    layout.blocks_per_chunk = bpc;
+    std::uint64_t page_sum = 0;
+    for (const auto& group : shapes_) {
+      KvGroup g;
+      for (const TensorShape& t : group) {
+        const std::uint64_t stride = t.block_stride == 0 ? t.page_bytes : t.block_stride;
+        device_.push_back(rt.allocate_device(t.num_blocks * stride));
+        g.tensors.push_back(DeviceTensor{reinterpret_cast<std::uintptr_t>(device_.back().data()), t.num_blocks,
+                                         t.page_bytes, t.block_stride});
+        page_sum += t.page_bytes;
+      }
+      layout.groups.push_back(std::move(g));
+    }
+    slot_bytes = page_sum * bpc + extra_slot_bytes;
+    row_stride = (slot_bytes * copies + 4095) / 4096 * 4096;
+    host = std::make_unique<HostBuffer>(row_stride * chunks);
+    layout.host = HostSlots::from_buffer(host->span(), slot_bytes, row_stride, copy_index);
+  }
+
+  // Random bytes everywhere (device tensors and the whole host buffer), mirrored in images.
+  void randomize(std::mt19937_64& rng) {
+    dev_image.clear();
+    for (DeviceBuffer& d : device_) {
+      std::vector<std::byte> img(d.bytes());
+      fill_random(img, rng);
+      rt_.memcpy_sync(d.data(), img.data(), img.size());
+      dev_image.push_back(std::move(img));
+    }
+    fill_random(host->span(), rng);
+    host_image.assign(host->span().begin(), host->span().end());
+  }
+
+  // Applies a job to the images with the simplest possible loops (the reference model).
+  void model(Direction dir, const std::vector<std::uint64_t>& chunks, std::uint32_t skip,
+             const std::vector<std::vector<std::uint64_t>>& blocks) {
+    const std::uint64_t bpc = layout.blocks_per_chunk;
+    std::size_t tensor_index = 0;
+    std::uint64_t section = 0;
+    for (std::size_t g = 0; g < shapes_.size(); ++g) {
+      for (const TensorShape& t : shapes_[g]) {
+        const std::uint64_t stride = t.block_stride == 0 ? t.page_bytes : t.block_stride;
+        for (std::size_t i = 0; i < blocks[g].size(); ++i) {
+          const std::uint64_t pos = skip + i;
+          const std::uint64_t host_off = chunks[pos / bpc] * row_stride + layout.host.slot_offset + section +
+                                         (pos % bpc) * t.page_bytes;
+          const std::uint64_t dev_off = blocks[g][i] * stride;
+          auto& dimg = dev_image[tensor_index];
+          if (dir == Direction::kStore) {
+            std::memcpy(host_image.data() + host_off, dimg.data() + dev_off, t.page_bytes);
+          } else {
+            std::memcpy(dimg.data() + dev_off, host_image.data() + host_off, t.page_bytes);
+          }
+        }
+        section += t.page_bytes * bpc;
+        ++tensor_index;
+      }
+    }
+  }
+
+  // Every byte of every device tensor and of the whole host buffer equals the model.
+  void expect_matches_model() {
+    for (std::size_t i = 0; i < device_.size(); ++i) {
+      std::vector<std::byte> got(device_[i].bytes());
+      rt_.memcpy_sync(got.data(), device_[i].data(), got.size());
+      ASSERT_TRUE(got == dev_image[i]) << "device tensor " << i << " differs from the model";
+    }
+    ASSERT_TRUE(std::equal(host_image.begin(), host_image.end(), host->span().begin()))
+        << "host buffer differs from the model";
+  }
+
+  DeviceBuffer& device(std::size_t i) { return device_[i]; }
+
+  KvLayout layout;
+  std::uint64_t slot_bytes = 0;
+  std::uint64_t row_stride = 0;
+  std::unique_ptr<HostBuffer> host;
+  std::vector<std::vector<std::byte>> dev_image;
+  std::vector<std::byte> host_image;
+
+ private:
+  DeviceRuntime& rt_;
+  std::vector<std::vector<TensorShape>> shapes_;
+  std::vector<DeviceBuffer> device_;
+};
+
+// Owns the spans a TransferSpec points at.
+struct Job {
+  std::vector<std::uint64_t> chunks;
+  std::uint32_t skip = 0;
+  std::vector<std::vector<std::uint64_t>> blocks;
+  std::vector<std::span<const std::uint64_t>> views;
+  TransferSpec spec() {
+    views.assign(blocks.begin(), blocks.end());
+    return TransferSpec{chunks, skip, views};
+  }
+};
+
+std::vector<std::uint64_t> pick_distinct(std::uint64_t range, std::size_t n, std::mt19937_64& rng) {
+  std::vector<std::uint64_t> all(range);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(n);
+  return all;
+}
+
+// A job of `nblocks` blocks per group (group g may get fewer: min with its size) at random ids.
+Job random_job(const Cache& cache, std::uint64_t num_chunks, std::uint64_t nblocks, std::uint32_t skip,
+               std::mt19937_64& rng, std::uint64_t group_blocks_limit) {
+  Job job;
+  job.skip = skip;
+  const std::uint64_t bpc = cache.layout.blocks_per_chunk;
+  const std::uint64_t nchunks = (skip + nblocks + bpc - 1) / bpc;
+  job.chunks = pick_distinct(num_chunks, nchunks, rng);
+  for (std::size_t g = 0; g < cache.layout.groups.size(); ++g) {
+    job.blocks.push_back(pick_distinct(group_blocks_limit, nblocks, rng));
+  }
+  return job;
+}
+
+class TransferTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    try {
+      runtime_ = make_runtime(GetParam());
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kNotAvailable) GTEST_SKIP() << e.what();
+      throw;
+    }
+  }
+  DeviceRuntime& rt() { return *runtime_; }
+  std::unique_ptr<DeviceRuntime> runtime_;
+};
+
+// Shapes: several tensors with different page sizes, some not multiples of 16, one strided.
+std::vector<std::vector<TensorShape>> mixed_shapes(std::uint64_t blocks) {
+  return {{{blocks, 4096, 0}, {blocks, 1000, 0}, {blocks, 24, 40}}, {{blocks, 528, 0}}};
+}
+
+void round_trip(DeviceRuntime& rt, std::uint32_t bpc, std::uint32_t copies, std::uint32_t copy_index,
+                bool force_kernel, std::uint64_t seed) {
+  constexpr std::uint64_t kBlocks = 64;
+  constexpr std::uint64_t kChunks = 24;
+  std::mt19937_64 rng(seed);
+  Cache cache(rt, mixed_shapes(kBlocks), bpc, kChunks, copies, copy_index, /*extra_slot_bytes=*/8);
+  EngineOptions opts;
+  if (force_kernel) {
+    opts.store_policy = opts.load_policy = PathPolicy{~0ULL, 1};
+  }
+  TransferEngine engine(rt, cache.layout, opts);
+  cache.randomize(rng);
+  std::uint64_t id = 0;
+  for (int round = 0; round < 4; ++round) {
+    const std::uint32_t skip = static_cast<std::uint32_t>(rng() % bpc);
+    const std::uint64_t n = 1 + rng() % 13;
+    Job store = random_job(cache, kChunks, n, skip, rng, kBlocks);
+    engine.submit(JobId{++id}, Direction::kStore, store.spec());
+    cache.model(Direction::kStore, store.chunks, store.skip, store.blocks);
+    auto r = engine.wait_all();
+    ASSERT_EQ(r.size(), 1u);
+    ASSERT_TRUE(r[0].success) << r[0].error;
+    cache.expect_matches_model();
+
+    // Load the same chunks back into other random blocks.
+    Job load = store;
+    for (auto& b : load.blocks) b = pick_distinct(kBlocks, b.size(), rng);
+    engine.submit(JobId{++id}, Direction::kLoad, load.spec());
+    cache.model(Direction::kLoad, load.chunks, load.skip, load.blocks);
+    r = engine.wait_all();
+    ASSERT_EQ(r.size(), 1u);
+    ASSERT_TRUE(r[0].success) << r[0].error;
+    EXPECT_GT(r[0].bytes, 0u);
+    cache.expect_matches_model();
+  }
+  if (force_kernel && rt.supports_kernel_path()) {
+    EXPECT_GT(engine.stats().kernel_batches, 0u);
+  }
+}
+
+TEST_P(TransferTest, RoundTripOneBlockPerChunk) { round_trip(rt(), 1, 1, 0, false, 1); }
+TEST_P(TransferTest, RoundTripThreeBlocksPerChunkMidChunkStart) { round_trip(rt(), 3, 1, 0, false, 2); }
+TEST_P(TransferTest, RoundTripRankedSlots) { round_trip(rt(), 3, 4, 2, false, 3); }
+TEST_P(TransferTest, RoundTripReplicatedSlot) { round_trip(rt(), 2, 1, 0, false, 4); }
+TEST_P(TransferTest, RoundTripKernelPath) { round_trip(rt(), 3, 2, 1, true, 5); }
+
+TEST_P(TransferTest, GroupsOfDifferentLengthsAndEmptyGroup) {
+  std::mt19937_64 rng(7);
+  Cache cache(rt(), mixed_shapes(32), 3, 8, 1, 0);
+  TransferEngine engine(rt(), cache.layout);
+  cache.randomize(rng);
+  Job job;
+  job.chunks = {5, 2};
+  job.skip = 1;
+  job.blocks = {{3, 9, 1, 30, 7}, {}};  // group 1 contributes nothing
+  engine.submit(JobId{1}, Direction::kStore, job.spec());
+  cache.model(Direction::kStore, job.chunks, job.skip, job.blocks);
+  auto r = engine.wait_all();
+  ASSERT_TRUE(r.at(0).success) << r[0].error;
+  cache.expect_matches_model();
+  job.blocks = {{2}, {11, 12, 13}};
+  job.chunks = {4, 6};
+  engine.submit(JobId{2}, Direction::kLoad, job.spec());
+  cache.model(Direction::kLoad, job.chunks, job.skip, job.blocks);
+  r = engine.wait_all();
+  ASSERT_TRUE(r.at(0).success) << r[0].error;
+  cache.expect_matches_model();
+}
+
+TEST_P(TransferTest, CoalescesRunsContiguousOnBothSides) {
+  std::mt19937_64 rng(8);
+  // One tensor, stride == page, slots == rows: consecutive blocks into consecutive chunks form one
+  // contiguous run on both sides.
+  Cache cache(rt(), {{{32, 4096, 0}}}, 3, 8, 1, 0);
+  ASSERT_EQ(cache.row_stride, cache.slot_bytes);
+  FaultInjectingRuntime counting(rt());
+  TransferEngine engine(counting, cache.layout);
+  cache.randomize(rng);
+  Job job;
+  job.chunks = {2, 3};
+  job.blocks = {{10, 11, 12, 13, 14, 15}};
+  engine.submit(JobId{1}, Direction::kStore, job.spec());
+  cache.model(Direction::kStore, job.chunks, 0, job.blocks);
+  ASSERT_TRUE(engine.wait_all().at(0).success);
+  EXPECT_EQ(engine.stats().last_descriptors, 1u);
+  EXPECT_EQ(engine.stats().fragments, 6u);
+  EXPECT_EQ(counting.last_batch_descriptors(), 1u);
+
+  job.chunks = {3, 2};  // chunk order breaks host contiguity between the chunks
+  engine.submit(JobId{2}, Direction::kStore, job.spec());
+  cache.model(Direction::kStore, job.chunks, 0, job.blocks);
+  ASSERT_TRUE(engine.wait_all().at(0).success);
+  EXPECT_EQ(engine.stats().last_descriptors, 2u);
+
+  job.chunks = {2, 3};
+  job.blocks = {{10, 12, 11, 13, 14, 20}};  // runs: 10 | 12 | 11 | 13,14 | 20
+  engine.submit(JobId{3}, Direction::kLoad, job.spec());
+  cache.model(Direction::kLoad, job.chunks, 0, job.blocks);
+  ASSERT_TRUE(engine.wait_all().at(0).success);
+  EXPECT_EQ(engine.stats().last_descriptors, 5u);
+  cache.expect_matches_model();
+}
+
+TEST(TransferPlanner, CoalescesAcrossTensorsWhenBlocksAreCrossLayer) {
+  // Cross-layer device layout: block b of layer l at base + b*stride + l*page, so with one block
+  // per chunk a block's pages are contiguous on both sides and collapse into one copy.
+  constexpr std::uint64_t kPage = 1000;
+  constexpr std::uint64_t kLayers = 4;
+  std::vector<std::byte> device(16 * kLayers * kPage);
+  std::vector<std::byte> host(8 * kLayers * kPage);
+  KvLayout layout;
+  layout.blocks_per_chunk = 1;
+  KvGroup g;
+  for (std::uint64_t l = 0; l < kLayers; ++l) {
+    g.tensors.push_back({reinterpret_cast<std::uintptr_t>(device.data()) + l * kPage, 16, kPage, kLayers * kPage});
+  }
+  layout.groups.push_back(g);
+  layout.host = HostSlots::from_buffer(host, kLayers * kPage);
+  layout.validate();
+  detail::Planner planner(layout);
+  std::vector<std::uint64_t> chunks{0, 1, 5};
+  std::vector<std::uint64_t> blocks{3, 4, 9};
+  std::span<const std::uint64_t> groups[] = {blocks};
+  const detail::Plan plan = planner.plan(Direction::kStore, TransferSpec{chunks, 0, groups});
+  EXPECT_EQ(plan.fragments, 12u);
+  EXPECT_EQ(plan.copies.size(), 2u);  // blocks 3,4 -> chunks 0,1 contiguous; 9 -> 5 alone
+  EXPECT_EQ(plan.bytes, 12 * kPage);
+  EXPECT_EQ(plan.copies[0].bytes, 2 * kLayers * kPage);
+}
+
+TEST(TransferPlanner, PathChoice) {
+  detail::Plan plan;
+  std::vector<CopyDescriptor> d(20, CopyDescriptor{nullptr, nullptr, 4096});
+  plan.copies = d;
+  plan.bytes = 20 * 4096;
+  const PathPolicy policy{32 * 1024, 16};
+  EXPECT_EQ(detail::choose_path(policy, plan, true), CopyPath::kKernel);
+  EXPECT_EQ(detail::choose_path(policy, plan, false), CopyPath::kDma);  // never without registration
+  plan.copies = std::span(d).first(8);
+  plan.bytes = 8 * 4096;
+  EXPECT_EQ(detail::choose_path(policy, plan, true), CopyPath::kDma);  // too few pieces
+  plan.copies = d;
+  plan.bytes = 20 * 65536;
+  EXPECT_EQ(detail::choose_path(policy, plan, true), CopyPath::kDma);  // large pieces
+}
+
+TEST_P(TransferTest, ValidationErrorsAreClearAndConsumeNothing) {
+  Cache cache(rt(), {{{8, 256, 0}}}, 2, 4, 1, 0);
+  TransferEngine engine(rt(), cache.layout);
+  auto expect_invalid = [&](Job job, Direction d, const std::string& needle) {
+    try {
+      engine.submit(JobId{1}, d, job.spec());
+      ADD_FAILURE() << "accepted a bad spec (" << needle << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_invalid(Job{{0}, 0, {{8}}, {}}, Direction::kStore, "block id 8");
+  expect_invalid(Job{{4}, 0, {{1}}, {}}, Direction::kStore, "chunk id 4");
+  expect_invalid(Job{{0}, 2, {{1}}, {}}, Direction::kStore, "skip 2");
+  expect_invalid(Job{{0}, 1, {{1, 2}}, {}}, Direction::kStore, "hold 1");
+  expect_invalid(Job{{0, 0}, 0, {{1, 2, 3}}, {}}, Direction::kStore, "duplicate host chunk id 0");
+  expect_invalid(Job{{0, 1}, 0, {{1, 1, 3}}, {}}, Direction::kLoad, "duplicate GPU block id (load destination) 1");
+  expect_invalid(Job{{0, 1, 2}, 0, {{1, 2}}, {}}, Direction::kStore, "fill only 1");
+  expect_invalid(Job{{}, 0, {{}}, {}}, Direction::kStore, "no host chunks");
+  // The id was never consumed: a good job with it works.
+  engine.submit(JobId{1}, Direction::kStore, Job{{0}, 0, {{1, 2}}, {}}.spec());
+  EXPECT_TRUE(engine.wait_all().at(0).success);
+
+  KvLayout small = cache.layout;
+  small.host.slot_bytes = 511;
+  try {
+    small.validate();
+    ADD_FAILURE() << "slot too small accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too small"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(TransferTest, DuplicateIdsRefusedUntilCollected) {
+  std::mt19937_64 rng(9);
+  Cache cache(rt(), {{{8, 4096, 0}}}, 1, 4, 1, 0);
+  TransferEngine engine(rt(), cache.layout);
+  cache.randomize(rng);
+  engine.submit(JobId{5}, Direction::kStore, Job{{0}, 0, {{1}}, {}}.spec());
+  EXPECT_THROW(engine.submit(JobId{5}, Direction::kLoad, Job{{1}, 0, {{2}}, {}}.spec()), Error);
+  const JobId five[] = {JobId{5}};
+  auto r = engine.wait(five);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(r[0].success);
+  engine.submit(JobId{5}, Direction::kLoad, Job{{0}, 0, {{2}}, {}}.spec());  // reusable now
+  EXPECT_TRUE(engine.wait(five).at(0).success);
+}
+
+TEST_P(TransferTest, PollAndWaitSemantics) {
+  std::mt19937_64 rng(10);
+  Cache cache(rt(), {{{16, 4096, 0}}}, 1, 16, 1, 0);
+  TransferEngine engine(rt(), cache.layout);
+  cache.randomize(rng);
+  EXPECT_TRUE(engine.poll().empty());
+  const JobId unknown[] = {JobId{99}};
+  EXPECT_THROW(engine.wait(unknown), Error);
+  for (std::uint64_t i = 0; i < 6; ++i) {
+    engine.submit(JobId{i}, i % 2 == 0 ? Direction::kStore : Direction::kLoad, Job{{i}, 0, {{i}}, {}}.spec());
+  }
+  const JobId some[] = {JobId{4}, JobId{1}};
+  auto r = engine.wait(some);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].job_id, JobId{4});
+  EXPECT_EQ(r[1].job_id, JobId{1});
+  EXPECT_EQ(r[0].direction, Direction::kStore);
+  EXPECT_EQ(r[1].direction, Direction::kLoad);
+  EXPECT_EQ(r[0].bytes, 4096u);
+  EXPECT_GE(r[0].seconds, 0.0);
+  // Store jobs complete in order: waiting for 4 finished 0 and 2 as well.
+  std::vector<JobResult> rest;
+  for (int tries = 0; tries < 2000 && rest.size() < 4; ++tries) {
+    for (auto& x : engine.poll()) rest.push_back(std::move(x));
+    if (rest.size() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(rest.size(), 4u);
+  std::vector<std::uint64_t> stores;
+  for (const auto& x : rest) {
+    EXPECT_TRUE(x.success);
+    EXPECT_NE(x.job_id, JobId{4});
+    EXPECT_NE(x.job_id, JobId{1});
+    if (x.direction == Direction::kStore) stores.push_back(static_cast<std::uint64_t>(x.job_id));
+  }
+  EXPECT_EQ(stores, (std::vector<std::uint64_t>{0, 2}));
+  EXPECT_THROW(engine.wait(some), Error);  // already collected
+  EXPECT_TRUE(engine.poll().empty());
+}
+
+struct Gate {
+  std::atomic<bool> open{false};
+  std::atomic<int> delay_ms{0};
+  static void run(void* self) {
+    auto* g = static_cast<Gate*>(self);
+    if (g->delay_ms.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(g->delay_ms.load()));
+    while (!g->open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+};
+
+TEST_P(TransferTest, WaitsForPendingWriteOnComputeStream) {
+  std::mt19937_64 rng(11);
+  Cache cache(rt(), {{{8, 8192, 0}}}, 1, 4, 1, 0);
+  TransferEngine engine(rt(), cache.layout);
+  cache.randomize(rng);
+  Stream compute = rt().create_stream();
+  // Host memory the compute stream copies from must stay alive until it ran.
+  std::vector<std::byte> fresh(8192);
+  fill_random(fresh, rng);
+  auto* block3 = static_cast<std::byte*>(cache.device(0).data()) + 3 * 8192;
+
+  // Store: compute writes block 3 late; the store must see the written bytes.
+  Gate gate;
+  gate.delay_ms = 100;
+  gate.open = true;
+  rt().launch_host_func(compute.view(), &Gate::run, &gate);
+  const CopyDescriptor write{fresh.data(), block3, fresh.size()};
+  rt().enqueue_copies(compute.view(), std::span(&write, 1), CopyKind::kHostToDevice, CopyPath::kDma);
+  std::memcpy(cache.dev_image[0].data() + 3 * 8192, fresh.data(), fresh.size());
+  engine.submit(JobId{1}, Direction::kStore, Job{{2}, 0, {{3}}, {}}.spec(), WaitOn::stream(compute.view()));
+  cache.model(Direction::kStore, {2}, 0, {{3}});
+  ASSERT_TRUE(engine.wait_all().at(0).success);
+  cache.expect_matches_model();
+
+  // Load: compute writes garbage into block 5 late; the load must land after it (event form).
+  std::vector<std::byte> garbage(8192, std::byte{0xEE});
+  Event ready = rt().create_event();
+  rt().launch_host_func(compute.view(), &Gate::run, &gate);
+  const CopyDescriptor scribble{garbage.data(), static_cast<std::byte*>(cache.device(0).data()) + 5 * 8192, 8192};
+  rt().enqueue_copies(compute.view(), std::span(&scribble, 1), CopyKind::kHostToDevice, CopyPath::kDma);
+  rt().record_event(ready.view(), compute.view());
+  engine.submit(JobId{2}, Direction::kLoad, Job{{1}, 0, {{5}}, {}}.spec(), WaitOn::event(ready.view()));
+  cache.model(Direction::kLoad, {1}, 0, {{5}});
+  ASSERT_TRUE(engine.wait_all().at(0).success);
+  rt().synchronize_stream(compute.view());
+  cache.expect_matches_model();
+}
+
+TEST_P(TransferTest, StoresAndLoadsRunIndependently) {
+  std::mt19937_64 rng(12);
+  Cache cache(rt(), {{{8, 4096, 0}}}, 1, 4, 1, 0);
+  TransferEngine engine(rt(), cache.layout);
+  cache.randomize(rng);
+  Stream compute = rt().create_stream();
+  Gate gate;  // closed: the store cannot start until we open it
+  rt().launch_host_func(compute.view(), &Gate::run, &gate);
+  engine.submit(JobId{1}, Direction::kStore, Job{{0}, 0, {{1}}, {}}.spec(), WaitOn::stream(compute.view()));
+  engine.submit(JobId{2}, Direction::kLoad, Job{{1}, 0, {{2}}, {}}.spec());
+  const JobId load[] = {JobId{2}};
+  auto r = engine.wait(load);  // returns although the store is still blocked
+  EXPECT_TRUE(r.at(0).success);
+  EXPECT_TRUE(engine.poll().empty());
+  gate.open = true;
+  const JobId store[] = {JobId{1}};
+  EXPECT_TRUE(engine.wait(store).at(0).success);
+  rt().synchronize_stream(compute.view());
+}
+
+TEST_P(TransferTest, RegistrationFailureFallsBackToDmaAndStaysCorrect) {
+  FaultInjectingRuntime faulty(rt(), FaultPlan{.fail_registrations = -1});
+  std::mt19937_64 rng(13);
+  Cache cache(faulty, mixed_shapes(32), 3, 8, 1, 0);
+  EngineOptions opts;
+  opts.store_policy = opts.load_policy = PathPolicy{~0ULL, 1};  // would always pick the kernel
+  TransferEngine engine(faulty, cache.layout, opts);
+  EXPECT_FALSE(engine.host_registered());
+  EXPECT_EQ(faulty.injected_registration_failures(), 1u);
+  cache.randomize(rng);
+  Job job = random_job(cache, 8, 10, 2, rng, 32);
+  engine.submit(JobId{1}, Direction::kStore, job.spec());
+  cache.model(Direction::kStore, job.chunks, job.skip, job.blocks);
+  for (auto& b : job.blocks) b = pick_distinct(32, b.size(), rng);
+  engine.submit(JobId{2}, Direction::kLoad, job.spec());
+  cache.model(Direction::kLoad, job.chunks, job.skip, job.blocks);
+  for (const auto& r : engine.wait_all()) EXPECT_TRUE(r.success) << r.error;
+  cache.expect_matches_model();
+  EXPECT_EQ(faulty.kernel_batches(), 0u);
+  EXPECT_EQ(faulty.dma_batches(), 2u);
+  EXPECT_FALSE(engine.calibrate().ran);
+}
+
+void copy_failure(DeviceRuntime& rt, bool async) {
+  FaultInjectingRuntime faulty(rt);
+  std::mt19937_64 rng(14);
+  Cache cache(faulty, {{{8, 4096, 0}}}, 1, 8, 1, 0);
+  TransferEngine engine(faulty, cache.layout);
+  cache.randomize(rng);
+  // Fail the next batch (job 1), then a chosen job by the memory it touches (job 3: block 6).
+  FaultPlan plan;
+  plan.fail_batch = static_cast<std::int64_t>(faulty.batches());
+  plan.async = async;
+  faulty.set_plan(plan);
+  engine.submit(JobId{1}, Direction::kStore, Job{{0}, 0, {{1}}, {}}.spec());
+  engine.submit(JobId{2}, Direction::kStore, Job{{1}, 0, {{2}}, {}}.spec());
+  cache.model(Direction::kStore, {1}, 0, {{2}});
+  auto r = engine.wait_all();
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].job_id, JobId{1});
+  EXPECT_FALSE(r[0].success);
+  EXPECT_NE(r[0].error.find("injected fault"), std::string::npos) << r[0].error;
+  EXPECT_EQ(r[1].job_id, JobId{2});
+  EXPECT_TRUE(r[1].success) << r[1].error;
+
+  plan = FaultPlan{};
+  plan.async = async;
+  auto* block6 = static_cast<std::byte*>(cache.device(0).data()) + 6 * 4096;
+  plan.fail_range_begin = reinterpret_cast<std::uintptr_t>(block6);
+  plan.fail_range_end = plan.fail_range_begin + 4096;
+  faulty.set_plan(plan);
+  engine.submit(JobId{3}, Direction::kLoad, Job{{1}, 0, {{6}}, {}}.spec());
+  engine.submit(JobId{4}, Direction::kLoad, Job{{1}, 0, {{7}}, {}}.spec());
+  cache.model(Direction::kLoad, {1}, 0, {{7}});
+  const JobId ids[] = {JobId{3}, JobId{4}};
+  r = engine.wait(ids);
+  EXPECT_FALSE(r.at(0).success);
+  EXPECT_TRUE(r.at(1).success) << r[1].error;
+  // Job 1's and 3's targets were not written: the model (without them) still matches.
+  cache.expect_matches_model();
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.jobs_failed, 2u);
+  EXPECT_EQ(s.jobs_succeeded, 2u);
+}
+
+TEST_P(TransferTest, CopyFailureAtLaunchFailsOnlyThatJob) { copy_failure(rt(), false); }
+TEST_P(TransferTest, AsynchronousCopyFailureFailsOnlyThatJob) { copy_failure(rt(), true); }
+
+TEST_P(TransferTest, ShutdownDrainsJobsInFlight) {
+  std::mt19937_64 rng(15);
+  Cache cache(rt(), {{{16, 16384, 0}}}, 1, 16, 1, 0);
+  auto engine = std::make_unique<TransferEngine>(rt(), cache.layout);
+  cache.randomize(rng);
+  Stream compute = rt().create_stream();
+  Gate gate;
+  gate.delay_ms = 50;
+  gate.open = true;
+  rt().launch_host_func(compute.view(), &Gate::run, &gate);
+  for (std::uint64_t i = 0; i < 8; ++i) {
+    engine->submit(JobId{i}, Direction::kStore, Job{{i}, 0, {{i}}, {}}.spec(), WaitOn::stream(compute.view()));
+    cache.model(Direction::kStore, {i}, 0, {{i}});
+  }
+  engine->shutdown();
+  EXPECT_THROW(engine->submit(JobId{100}, Direction::kStore, Job{{9}, 0, {{9}}, {}}.spec()), Error);
+  auto r = engine->poll();
+  ASSERT_EQ(r.size(), 8u);
+  for (const auto& x : r) EXPECT_TRUE(x.success) << x.error;
+  cache.expect_matches_model();
+  engine.reset();  // destructor after shutdown: nothing left to do
+
+  // Destroying with jobs in flight (no explicit shutdown) must also drain safely.
+  auto engine2 = std::make_unique<TransferEngine>(rt(), cache.layout);
+  rt().launch_host_func(compute.view(), &Gate::run, &gate);
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    engine2->submit(JobId{i}, Direction::kLoad, Job{{i}, 0, {{i + 8}}, {}}.spec(), WaitOn::stream(compute.view()));
+    cache.model(Direction::kLoad, {i}, 0, {{i + 8}});
+  }
+  engine2.reset();
+  rt().synchronize_stream(compute.view());
+  cache.expect_matches_model();
+}
+
+TEST_P(TransferTest, CalibrationSetsThresholds) {
+  Cache cache(rt(), {{{8, 4096, 0}}}, 1, 4, 1, 0);
+  TransferEngine engine(rt(), cache.layout);
+  if (!rt().supports_kernel_path()) GTEST_SKIP() << "no kernel path";
+  const CalibrationReport rep = engine.calibrate();
+  EXPECT_TRUE(rep.ran);
+  EXPECT_EQ(rep.points.size(), 14u);
+  for (const auto& p : rep.points) {
+    EXPECT_GT(p.dma_gbps, 0.0);
+    EXPECT_GT(p.kernel_gbps, 0.0);
+  }
+  EXPECT_EQ(engine.policy(Direction::kStore).kernel_below_bytes, rep.store_policy.kernel_below_bytes);
+}
+
+TEST_P(TransferTest, RuntimeEventsAndStreams) {
+  Stream s = rt().create_stream();
+  Event e = rt().create_event(true);
+  Event f = rt().create_event(true);
+  EXPECT_TRUE(rt().query_event(e.view()));  // never recorded: complete
+  Gate gate;
+  rt().record_event(e.view(), s.view());
+  rt().launch_host_func(s.view(), &Gate::run, &gate);
+  rt().record_event(f.view(), s.view());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(rt().query_event(f.view()));
+  gate.open = true;
+  rt().synchronize_event(f.view());
+  EXPECT_TRUE(rt().query_event(f.view()));
+  EXPECT_GE(rt().elapsed_seconds(e.view(), f.view()), 0.0);
+  Stream moved = std::move(s);
+  EXPECT_FALSE(static_cast<bool>(s));  // NOLINT(bugprone-use-after-move): checking the moved-from state
+  EXPECT_TRUE(static_cast<bool>(moved));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TransferTest, ::testing::ValuesIn(backends()),
+                         [](const auto& param_info) { return param_info.param; });
+
+TEST(TransferFactory, ListsBackendsAndRefusesUnknown) {
+  const auto list = list_backends();
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[2].name, "host");
+  EXPECT_TRUE(list[2].built);
+  EXPECT_EQ(list[2].device_count, 1);
+  try {
+    (void)make_runtime("tpu");
+    ADD_FAILURE() << "unknown backend accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
+  for (const BackendInfo& b : list) {
+    if (b.built) continue;
+    try {
+      (void)make_runtime(b.name);
+      ADD_FAILURE() << b.name << " not built but created";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kNotAvailable);
+      EXPECT_NE(std::string(e.what()).find(b.name), std::string::npos);
+    }
+  }
+  EXPECT_NE(make_runtime("auto"), nullptr);
+}
+
+}  // namespace
+}  // namespace kvoffload
