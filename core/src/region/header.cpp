@@ -1,0 +1,92 @@
+#include "region/header.hpp"
+
+#include <cstddef>
+#include <algorithm>
+#include <cstring>
+
+#include "kvoffload/error.hpp"
+#include "region/sys.hpp"
+
+namespace kvoffload::detail {
+
+std::string_view state_name(std::uint32_t state) noexcept {
+  switch (static_cast<RegionState>(state)) {
+    case RegionState::kCreating: return "creating";
+    case RegionState::kReady: return "ready";
+  }
+  return "unknown";
+}
+
+std::uint64_t data_offset_for(std::size_t page_size) noexcept {
+  const std::uint64_t page = page_size;
+  return (sizeof(RegionHeader) + page - 1) / page * page;
+}
+
+RegionHeader make_header(const RegionGeometry& g, std::string_view engine_id) {
+  RegionHeader h{};
+  std::memcpy(h.magic, kRegionMagic, sizeof h.magic);
+  h.version = kRegionVersion;
+  h.state = static_cast<std::uint32_t>(RegionState::kCreating);
+  h.data_offset = data_offset_for(g.page_size());
+  h.num_chunks = g.num_chunks();
+  h.slot_bytes = g.slot_bytes();
+  h.world_size = g.world_size();
+  h.replicated = g.replicated() ? 1U : 0U;
+  h.row_stride = g.row_stride();
+  h.data_bytes = g.data_bytes();
+  h.page_size = g.page_size();
+  const std::size_t n = std::min(engine_id.size(), sizeof h.engine_id - 1);
+  std::memcpy(h.engine_id, engine_id.data(), n);
+  return h;
+}
+
+std::optional<RegionLayout> header_layout(const RegionHeader& h) noexcept {
+  if (std::memcmp(h.magic, kRegionMagic, sizeof h.magic) != 0 || h.version != kRegionVersion) {
+    return std::nullopt;
+  }
+  return RegionLayout{.num_chunks = h.num_chunks, .slot_bytes = h.slot_bytes,
+                      .world_size = h.world_size, .replicated = h.replicated != 0};
+}
+
+namespace {
+
+void pwrite_all(const Syscalls& sys, int fd, const void* buf, std::size_t len, off_t off,
+                const std::string& what) {
+  const auto* p = static_cast<const std::byte*>(buf);
+  while (len > 0) {
+    const ssize_t n = retry_eintr([&] { return sys.pwrite(sys.context, fd, p, len, off); });
+    if (n < 0) throw_system_error("pwrite", errno, what);
+    if (n == 0) throw_system_error("pwrite", EIO, what + " (wrote 0 bytes)");
+    p += n;
+    len -= static_cast<std::size_t>(n);
+    off += n;
+  }
+}
+
+}  // namespace
+
+bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::string& path) {
+  auto* p = reinterpret_cast<std::byte*>(&out);
+  std::size_t got = 0;
+  while (got < sizeof out) {
+    const ssize_t n = retry_eintr([&] {
+      return sys.pread(sys.context, fd, p + got, sizeof out - got, static_cast<off_t>(got));
+    });
+    if (n < 0) throw_system_error("pread", errno, "of the header of " + path);
+    if (n == 0) return false;
+    got += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+void write_header(const Syscalls& sys, int fd, const RegionHeader& header, const std::string& path) {
+  pwrite_all(sys, fd, &header, sizeof header, 0, "of the header of " + path);
+}
+
+void write_state(const Syscalls& sys, int fd, RegionState state, const std::string& path) {
+  const auto value = static_cast<std::uint32_t>(state);
+  pwrite_all(sys, fd, &value, sizeof value, offsetof(RegionHeader, state),
+             "of the state of " + path);
+}
+
+}  // namespace kvoffload::detail

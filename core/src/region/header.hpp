@@ -1,0 +1,60 @@
+#pragma once
+// The region file's header: one page before the data holding magic, version, geometry and state.
+// Joiners read it with pread (never through a mapping of a file that may still be growing).
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kvoffload/geometry.hpp"
+#include "kvoffload/syscalls.hpp"
+
+namespace kvoffload::detail {
+
+inline constexpr char kRegionMagic[8] = {'K', 'V', 'O', 'F', 'F', 'R', 'G', 'N'};
+inline constexpr std::uint32_t kRegionVersion = 1;
+
+enum class RegionState : std::uint32_t { kCreating = 1, kReady = 2 };
+
+std::string_view state_name(std::uint32_t state) noexcept;  // "creating" | "ready" | "unknown(N)"
+
+struct RegionHeader {
+  char magic[8];
+  std::uint32_t version;
+  std::uint32_t state;          // RegionState; the only field written after publication
+  std::uint64_t data_offset;    // bytes before the data (a multiple of the page size)
+  std::uint64_t num_chunks;
+  std::uint64_t slot_bytes;
+  std::uint32_t world_size;
+  std::uint32_t replicated;
+  std::uint64_t row_stride;
+  std::uint64_t data_bytes;
+  std::uint64_t page_size;
+  char engine_id[136];          // NUL-terminated, for `region list`
+};
+static_assert(sizeof(RegionHeader) <= 4096);
+
+// The header's byte range, locked (OFD write lock) by the creator until the region is ready: a
+// joiner that finds it unlocked while the state says "creating" knows the creator died.
+inline constexpr off_t kCreatorLockStart = 0;
+inline constexpr off_t kCreatorLockLen = sizeof(RegionHeader);
+
+// Bytes before the data: the header rounded up to a page.
+std::uint64_t data_offset_for(std::size_t page_size) noexcept;
+
+RegionHeader make_header(const RegionGeometry& geometry, std::string_view engine_id);
+
+// Layout recorded in the header; nullopt when the magic or version is not ours.
+std::optional<RegionLayout> header_layout(const RegionHeader& header) noexcept;
+
+// pread of the whole header. Returns false when the file is shorter than a header; throws
+// Error(kSystem) when pread fails.
+bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::string& path);
+
+// pwrite of the whole header / of the state field; throws Error(kSystem) naming the path.
+void write_header(const Syscalls& sys, int fd, const RegionHeader& header, const std::string& path);
+void write_state(const Syscalls& sys, int fd, RegionState state, const std::string& path);
+
+}  // namespace kvoffload::detail

@@ -1,0 +1,56 @@
+#pragma once
+// Pre-faulting a mapped region (DESIGN §2 point 8): probe MADV_POPULATE_WRITE once; on EINVAL
+// (kernels before 5.14) fall back to touching one byte per page without changing it; any other
+// errno is an error naming the errno and the range. A ranked mapper populates only its own slots,
+// row by row, in page-aligned ranges; an unranked mapper the whole data.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "kvoffload/geometry.hpp"
+#include "kvoffload/region.hpp"
+#include "kvoffload/syscalls.hpp"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older libc headers lack it
+#endif
+
+namespace kvoffload::detail {
+
+struct ByteRange {
+  std::byte* begin = nullptr;
+  std::size_t size = 0;
+};
+
+// The page-aligned ranges one mapper populates, computed on demand (a region may have millions
+// of rows; no per-row allocation).
+class PopulatePlan {
+ public:
+  PopulatePlan(const RegionGeometry& geometry, std::byte* data, std::optional<std::uint32_t> rank);
+
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  [[nodiscard]] ByteRange range(std::size_t i) const noexcept;
+  [[nodiscard]] std::uint64_t total_bytes() const noexcept { return total_bytes_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::uint64_t data_bytes_ = 0;
+  std::uint64_t stride_ = 0;   // distance between consecutive ranges
+  std::uint64_t first_ = 0;    // offset of range 0 from data
+  std::uint64_t length_ = 0;   // length of every range (the last unranked one may be shorter)
+  std::size_t count_ = 0;
+  std::uint64_t total_bytes_ = 0;
+};
+
+// Touches every page of `range` with an atomic `|= 0` so no byte changes, even under concurrent
+// writers from other ranks, and the compiler cannot drop the write.
+void touch_pages_preserving(ByteRange range, std::size_t page_size) noexcept;
+
+// Populates every range of `plan` with `threads` workers (>= 1). `what` names the region in
+// errors. Throws Error(kSystem) naming errno and the range on a madvise failure other than EINVAL.
+PopulateReport populate(const Syscalls& sys, const PopulatePlan& plan, std::size_t page_size,
+                        unsigned threads, const std::string& what);
+
+}  // namespace kvoffload::detail

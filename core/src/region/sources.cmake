@@ -1,0 +1,10 @@
+# The shared host region and the platform layer under it (DESIGN.md §2).
+target_sources(kvoffload PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/syscalls.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/platform.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/geometry.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/header.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/proc_locks.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/populate.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/region.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/listing.cpp)
