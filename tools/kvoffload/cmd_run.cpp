@@ -1,0 +1,62 @@
+// `kvoffload run`: the main job, an end-to-end offload cycle (see run/scheduler.hpp), and the
+// hidden `run-worker` subcommand its rank processes run.
+#include "cli.hpp"
+#include "run/run_config.hpp"
+#include "run/scheduler.hpp"
+#include "run/worker.hpp"
+
+#include <kvoffload/region.hpp>
+
+#include <unistd.h>
+
+#include <memory>
+
+namespace kvoffload::cli {
+namespace {
+
+const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
+  auto* app = top.add_subcommand(
+      "run",
+      "End-to-end offload cycle: a scheduler and W rank processes share one region; requests with "
+      "shared prefixes are stored, evicted under pressure and loaded back into other device blocks, "
+      "and every byte that comes back is verified");
+  auto config = std::make_shared<run::RunConfig>();
+  app->add_option("--world-size", config->world_size, "Rank processes (1..64)")->capture_default_str();
+  app->add_option("--layers", config->layers, "KV tensors per rank (one per layer)")->capture_default_str();
+  add_size_option(*app, "--block-bytes", config->block_bytes,
+                  "Bytes of one GPU block of one layer on one rank (default 16K)");
+  app->add_option("--blocks-per-chunk", config->blocks_per_chunk, "GPU blocks per host chunk")->capture_default_str();
+  app->add_option("--gpu-blocks", config->gpu_blocks, "Device cache blocks per layer per rank")->capture_default_str();
+  add_size_option(*app, "--host-pool", config->host_pool_bytes, "Host region size (default 64M)");
+  app->add_option("--backend", config->backend, "host, cuda, hip or auto")->capture_default_str();
+  app->add_option("--duration", config->duration_seconds, "Seconds to run (0: use --requests)")->capture_default_str();
+  app->add_option("--requests", config->requests, "Requests to run (0: until --duration)")->capture_default_str();
+  app->add_option("--prefixes", config->prefixes, "Distinct shared prefixes")->capture_default_str();
+  app->add_option("--prefix-chunks", config->prefix_chunks, "Longest shared prefix in chunks")->capture_default_str();
+  app->add_option("--unique-chunks", config->unique_chunks, "Chunks unique to each request")->capture_default_str();
+  app->add_option("--seed", config->seed, "Workload seed")->capture_default_str();
+  app->add_option("--engine-id", config->engine_id, "Engine id (default run-<pid>)");
+  app->add_option("--shm-dir", config->shm_dir, "Directory of the region (default $KVOFFLOAD_SHM_DIR or /dev/shm)");
+  app->add_option("--file-tier", config->file_tier, "Directory of a secondary file tier (off by default)");
+  app->add_option("--threads", config->populate_threads, "Populate threads")->capture_default_str();
+  app->add_flag("--json", config->json, "Print one JSON object");
+  return Command{app, [config] {
+    if (config->engine_id.empty()) config->engine_id = "run-" + std::to_string(::getpid());
+    if (config->shm_dir.empty()) config->shm_dir = default_shm_dir().string();
+    config->finalize();
+    const run::RunOutcome outcome = run::run_scheduler(*config);
+    emit(config->json, outcome.report, run::format_report(outcome.report));
+    return outcome.exit_code;
+  }};
+});
+
+const CommandRegistrar kRegisterWorker("run-worker", [](CLI::App& top) {
+  auto* app = top.add_subcommand("run-worker", "A rank process of `kvoffload run` (internal)");
+  app->group("");  // hidden from --help
+  auto fd = std::make_shared<int>(-1);
+  app->add_option("--fd", *fd, "Channel to the scheduler")->required();
+  return Command{app, [fd] { return run::run_worker(*fd); }};
+});
+
+}  // namespace
+}  // namespace kvoffload::cli

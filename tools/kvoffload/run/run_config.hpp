@@ -1,0 +1,47 @@
+#pragma once
+// Configuration of `kvoffload run`, the end-to-end offload cycle (README: "The main job").
+// The scheduler validates it, derives the geometry, and sends it to every worker as JSON.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace kvoffload::run {
+
+struct RunConfig {
+  std::string engine_id;            // default run-<pid>
+  std::string shm_dir;              // empty: default_shm_dir()
+  std::string backend = "auto";     // host | cuda | hip | auto
+  std::uint32_t world_size = 2;     // rank processes
+  std::uint32_t layers = 8;         // KV tensors per rank (one per layer, K and V packed)
+  std::uint64_t block_bytes = 16 * 1024;  // bytes of one GPU block of one layer on one rank
+  std::uint32_t blocks_per_chunk = 4;
+  std::uint64_t gpu_blocks = 512;   // device cache blocks per layer per rank
+  std::uint64_t host_pool_bytes = 64ULL << 20;
+  double duration_seconds = 5.0;    // 0: no time limit (then requests must be > 0)
+  std::uint64_t requests = 0;       // 0: until duration
+  std::uint32_t prefixes = 16;      // distinct shared prefixes in the workload
+  std::uint32_t prefix_chunks = 8;  // longest shared prefix, in chunks
+  std::uint32_t unique_chunks = 2;  // chunks unique to each request
+  std::uint64_t seed = 1;
+  std::string file_tier;            // non-empty: a secondary file tier under this directory
+  unsigned populate_threads = 1;
+  bool json = false;
+
+  // Derived (computed by finalize()).
+  std::uint64_t slot_bytes = 0;     // layers · block_bytes · blocks_per_chunk
+  std::uint64_t num_chunks = 0;     // host_pool_bytes / row_stride
+
+  // Validates every field (kInvalidArgument naming the flag, the value and what is allowed) and
+  // computes slot_bytes and num_chunks from the page size.
+  void finalize();
+  [[nodiscard]] std::uint64_t max_request_chunks() const noexcept {
+    return static_cast<std::uint64_t>(prefix_chunks) + unique_chunks;
+  }
+};
+
+void to_json(nlohmann::json& j, const RunConfig& c);
+void from_json(const nlohmann::json& j, RunConfig& c);
+
+}  // namespace kvoffload::run

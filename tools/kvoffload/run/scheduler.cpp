@@ -1,0 +1,397 @@
+#include "scheduler.hpp"
+
+#include "channel.hpp"
+#include "progress.hpp"
+#include "workload.hpp"
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/offload_stack.hpp>
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace kvoffload::run {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int /*signal*/) { g_interrupted.store(true); }
+
+// Restores the previous handlers on scope exit.
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    struct sigaction sa {};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~InterruptGuard() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+struct RankProcess {
+  pid_t pid = -1;
+  std::unique_ptr<Channel> channel;
+};
+
+// Starts `kvoffload run-worker --fd N` for each rank over a socketpair. The child execs at once,
+// so fork() in a process that already has threads (tier I/O) is safe.
+std::vector<RankProcess> spawn_ranks(std::uint32_t world_size) {
+  std::vector<RankProcess> ranks;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  for (std::uint32_t r = 0; r < world_size; ++r) {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+      throw_system_error("socketpair", errno, "for rank " + std::to_string(r));
+    }
+    const std::string fd_text = std::to_string(fds[1]);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const int err = errno;
+      ::close(fds[0]);
+      ::close(fds[1]);
+      throw_system_error("fork", err, "for rank " + std::to_string(r));
+    }
+    if (pid == 0) {
+      ::fcntl(fds[1], F_SETFD, 0);  // the one descriptor the rank inherits
+      ::execl(self.c_str(), "kvoffload", "run-worker", "--fd", fd_text.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    ranks.push_back({pid, std::make_unique<Channel>(fds[0])});
+  }
+  return ranks;
+}
+
+void stop_ranks(std::vector<RankProcess>& ranks, bool graceful) {
+  for (auto& r : ranks) {
+    if (graceful && r.channel) {
+      try {
+        r.channel->send({{"op", "exit"}});
+        (void)r.channel->receive(std::chrono::seconds(30));
+      } catch (const std::exception&) {
+        // already gone; waitpid below collects it
+      }
+    }
+    if (r.channel) r.channel->close();  // EOF ends a rank that did not get "exit"
+  }
+  for (auto& r : ranks) {
+    if (r.pid <= 0) continue;
+    int status = 0;
+    for (int i = 0; i < 300; ++i) {  // up to 30 s, then SIGKILL
+      const pid_t done = ::waitpid(r.pid, &status, WNOHANG);
+      if (done == r.pid || done < 0) break;
+      if (i == 299) {
+        ::kill(r.pid, SIGKILL);
+        ::waitpid(r.pid, &status, 0);
+      }
+      ::usleep(100'000);
+    }
+    r.pid = -1;
+  }
+}
+
+nlohmann::json receive_from(RankProcess& rank, std::uint32_t index, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (auto m = rank.channel->receive(std::chrono::milliseconds(200))) {
+      if (m->value("op", "") == "error") {
+        throw Error(ErrorCode::kState, "rank " + std::to_string(index) + " failed to start: " +
+                                           m->value("message", std::string("unknown error")));
+      }
+      return *m;
+    }
+  }
+  throw Error(ErrorCode::kTimeout, "rank " + std::to_string(index) + " did not answer within " +
+                                       std::to_string(timeout.count()) + " s");
+}
+
+nlohmann::json keys_json(std::span<const BlockKey> keys) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const BlockKey& k : keys) out.push_back({k.hi(), k.lo()});
+  return out;
+}
+
+template <typename Slots>
+nlohmann::json job_json(std::uint64_t job, const Slots& slots, std::span<const std::uint64_t> blocks,
+                        std::span<const BlockKey> keys) {
+  nlohmann::json chunks = nlohmann::json::array();
+  for (auto s : slots) chunks.push_back(static_cast<std::uint64_t>(s));
+  return {{"job", job}, {"chunks", chunks}, {"blocks", blocks}, {"keys", keys_json(keys)}};
+}
+
+struct Totals {
+  std::uint64_t requests = 0, chunks_looked_up = 0, hits = 0, promoted = 0;
+  std::uint64_t store_bytes = 0, load_bytes = 0;
+  double store_seconds = 0, load_seconds = 0;  // per job: the slowest rank's copy time
+  std::uint64_t verified_bytes = 0, mismatched_bytes = 0, failed_jobs = 0, cannot_store = 0;
+  std::vector<std::string> errors;  // first few failure messages
+
+  void note_error(const std::string& e) {
+    if (errors.size() < 5) errors.push_back(e);
+  }
+};
+
+double gbps(std::uint64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0.0; }
+
+}  // namespace
+
+RunOutcome run_scheduler(const RunConfig& config) {
+  InterruptGuard interrupt_guard;
+  g_interrupted.store(false);
+  const auto started = Clock::now();
+
+  StackConfig stack_config;
+  stack_config.region.engine_id = config.engine_id;
+  stack_config.region.layout = {.num_chunks = config.num_chunks, .slot_bytes = config.slot_bytes,
+                                .world_size = config.world_size};
+  if (!config.shm_dir.empty()) stack_config.region.shm_dir = config.shm_dir;
+  stack_config.region.populate_threads = config.populate_threads;
+  stack_config.manager.num_chunks = config.num_chunks;
+  stack_config.manager.policy = PolicyKind::kArc;
+  stack_config.manager.record_events = false;
+  if (!config.file_tier.empty()) {
+    FileTierOptions tier;
+    tier.root = config.file_tier;
+    stack_config.file_tiers.push_back(tier);
+  }
+  std::unique_ptr<OffloadStack> stack = OffloadStack::build(stack_config);
+  const std::filesystem::path region_path = stack->region().path();
+  const PopulateReport scheduler_populate = stack->region().populate_report();
+
+  std::vector<RankProcess> ranks;
+  Totals t;
+  nlohmann::json rank_reports = nlohmann::json::array();
+  bool graceful = true;
+  try {
+    ranks = spawn_ranks(config.world_size);
+    for (std::uint32_t r = 0; r < config.world_size; ++r) {
+      ranks[r].channel->send({{"op", "config"}, {"rank", r}, {"config", config}});
+    }
+    for (std::uint32_t r = 0; r < config.world_size; ++r) {
+      rank_reports.push_back(receive_from(ranks[r], r, std::chrono::seconds(120)));
+    }
+
+    Manager& manager = stack->manager();
+    TieredStore& store = stack->store();
+    Workload workload(config.seed, config.prefixes, config.prefix_chunks, config.unique_chunks);
+    std::mt19937_64 rng(config.seed * 7919 + 1);
+    std::vector<std::uint64_t> device_blocks(config.gpu_blocks);
+    std::vector<SlotIndex> load_slots;
+    std::vector<BlockKey> store_keys;
+    std::vector<SlotIndex> store_slots;
+    std::uint64_t next_job = 1;
+    Progress progress(config.duration_seconds, config.requests);
+    const std::uint32_t bpc = config.blocks_per_chunk;
+
+    while (!g_interrupted.load()) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
+      if (config.requests != 0 && t.requests >= config.requests) break;
+      if (config.duration_seconds > 0 && elapsed >= config.duration_seconds) break;
+
+      const std::vector<BlockKey>& keys = workload.next();
+      ++t.requests;
+      t.chunks_looked_up += keys.size();
+
+      // Bring back what a secondary tier holds beyond the primary prefix, then look again.
+      const TieredLookup found = store.lookup(keys);
+      manager.touch(keys);
+      if (found.available_prefix > found.primary_prefix) {
+        const auto missing = std::span(keys).subspan(found.primary_prefix,
+                                                      found.available_prefix - found.primary_prefix);
+        const PromoteTicket ticket = store.promote(missing, std::span(keys).first(found.primary_prefix));
+        if (ticket.id != 0) {
+          for (const PromoteCompletion& c : store.drain()) t.promoted += c.promoted.size();
+        }
+      }
+      std::size_t hit = 0;
+      while (hit < keys.size() && manager.state_of(keys[hit]) == LookupResult::kHit) ++hit;
+      t.hits += hit;
+
+      // Distinct device blocks for this request: the load's first, then the store's.
+      const std::size_t need = keys.size() * bpc;
+      std::iota(device_blocks.begin(), device_blocks.end(), 0);
+      for (std::size_t i = 0; i < need; ++i) {
+        std::uniform_int_distribution<std::size_t> pick(i, device_blocks.size() - 1);
+        std::swap(device_blocks[i], device_blocks[pick(rng)]);
+      }
+      const std::span<const std::uint64_t> all_blocks(device_blocks);
+
+      nlohmann::json request{{"op", "request"}, {"id", t.requests}};
+      const auto hit_keys = std::span(keys).first(hit);
+      if (hit > 0) {
+        const auto slots = manager.prepare_load(hit_keys);
+        load_slots.assign(slots.begin(), slots.end());
+        request["load"] = job_json(next_job++, load_slots, all_blocks.first(hit * bpc), hit_keys);
+      }
+      const StorePlan plan = manager.prepare_store(std::span(keys).subspan(hit), hit_keys);
+      store_keys.assign(plan.keys.begin(), plan.keys.end());
+      store_slots.assign(plan.slots.begin(), plan.slots.end());
+      if (!plan.ok()) ++t.cannot_store;
+      if (!store_keys.empty()) {
+        request["store"] = job_json(next_job++, store_slots,
+                                    all_blocks.subspan(hit * bpc, store_keys.size() * bpc), store_keys);
+      }
+      if (!request.contains("load") && !request.contains("store")) continue;
+
+      for (auto& r : ranks) r.channel->send(request);
+      bool load_ok = true;
+      bool store_ok = true;
+      double load_s = 0, store_s = 0;
+      for (std::uint32_t r = 0; r < config.world_size; ++r) {
+        const nlohmann::json done = receive_from(ranks[r], r, std::chrono::seconds(300));
+        if (done.contains("load")) {
+          const auto& l = done["load"];
+          const bool ok = l.at("success").get<bool>() && l.at("mismatched_bytes").get<std::uint64_t>() == 0;
+          if (!l.at("success").get<bool>()) t.note_error("rank " + std::to_string(r) + " load: " + l.value("error", ""));
+          load_ok = load_ok && ok;
+          t.load_bytes += l.at("bytes").get<std::uint64_t>();
+          t.verified_bytes += l.at("verified_bytes").get<std::uint64_t>();
+          t.mismatched_bytes += l.at("mismatched_bytes").get<std::uint64_t>();
+          load_s = std::max(load_s, l.at("seconds").get<double>());
+        }
+        if (done.contains("store")) {
+          const auto& s = done["store"];
+          const bool ok = s.at("success").get<bool>();
+          if (!ok) t.note_error("rank " + std::to_string(r) + " store: " + s.value("error", ""));
+          store_ok = store_ok && ok;
+          t.store_bytes += s.at("bytes").get<std::uint64_t>();
+          store_s = std::max(store_s, s.at("seconds").get<double>());
+        }
+      }
+      t.load_seconds += load_s;
+      t.store_seconds += store_s;
+      if (hit > 0) {
+        manager.complete_load(hit_keys);
+        if (!load_ok) ++t.failed_jobs;
+      }
+      if (!store_keys.empty()) {
+        // A store that failed on any rank is not stored at all: its slots are freed.
+        store.complete_store(store_keys, store_ok);
+        if (!store_ok) ++t.failed_jobs;
+      }
+      (void)store.poll();
+      const ManagerStats ms = manager.stats();
+      progress.update(t.requests, elapsed,
+                      t.chunks_looked_up ? double(t.hits) / double(t.chunks_looked_up) : 0.0,
+                      gbps(t.store_bytes, t.store_seconds), gbps(t.load_bytes, t.load_seconds),
+                      ms.evictions);
+    }
+    progress.finish();
+    (void)store.drain();
+  } catch (...) {
+    graceful = false;
+    stop_ranks(ranks, false);
+    stack->close();
+    throw;
+  }
+
+  stop_ranks(ranks, graceful);
+  const ManagerStats ms = stack->manager().stats();
+  const TieredStats ts = stack->store().stats();
+  const bool closed = stack->close();
+  stack.reset();
+  std::error_code ec;
+  const bool region_removed = !std::filesystem::exists(region_path, ec);
+
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  const bool all_verified = t.mismatched_bytes == 0 && t.failed_jobs == 0 && t.verified_bytes == t.load_bytes;
+  nlohmann::json report{
+      {"engine_id", config.engine_id},
+      {"backend", rank_reports.empty() ? config.backend : rank_reports[0].value("backend", config.backend)},
+      {"world_size", config.world_size},
+      {"layers", config.layers},
+      {"block_bytes", config.block_bytes},
+      {"blocks_per_chunk", config.blocks_per_chunk},
+      {"chunks", config.num_chunks},
+      {"slot_bytes", config.slot_bytes},
+      {"region_path", region_path.string()},
+      {"requests", t.requests},
+      {"chunks_looked_up", t.chunks_looked_up},
+      {"hits", t.hits},
+      {"misses", t.chunks_looked_up - t.hits},
+      {"hit_rate", t.chunks_looked_up ? double(t.hits) / double(t.chunks_looked_up) : 0.0},
+      {"evictions", ms.evictions},
+      {"cannot_store", t.cannot_store},
+      {"promoted", t.promoted},
+      {"tier_offloads", ts.offload_ok},
+      {"store_bytes", t.store_bytes},
+      {"load_bytes", t.load_bytes},
+      {"store_gbps", gbps(t.store_bytes, t.store_seconds)},
+      {"load_gbps", gbps(t.load_bytes, t.load_seconds)},
+      {"verified_bytes", t.verified_bytes},
+      {"mismatched_bytes", t.mismatched_bytes},
+      {"failed_jobs", t.failed_jobs},
+      {"all_verified", all_verified},
+      {"populate", {{"method", std::string(to_string(scheduler_populate.method))},
+                    {"bytes", scheduler_populate.bytes},
+                    {"seconds", scheduler_populate.seconds}}},
+      {"ranks", rank_reports},
+      {"interrupted", g_interrupted.load()},
+      {"region_removed", region_removed && closed},
+      {"errors", t.errors},
+      {"seconds", seconds}};
+  double registration = 0;
+  for (const auto& r : rank_reports) registration = std::max(registration, r.value("registration_seconds", 0.0));
+  report["registration_seconds"] = registration;
+  int code = all_verified && region_removed ? 0 : 1;
+  if (g_interrupted.load()) code = 130;
+  return {report, code};
+}
+
+std::string format_report(const nlohmann::json& r) {
+  std::ostringstream out;
+  auto gb = [](double v) {
+    std::ostringstream s;
+    s.setf(std::ios::fixed);
+    s.precision(2);
+    s << v;
+    return s.str();
+  };
+  out << "kvoffload run: engine " << r["engine_id"].get<std::string>() << ", backend "
+      << r["backend"].get<std::string>() << ", " << r["world_size"] << " ranks, " << r["chunks"]
+      << " chunks of " << r["slot_bytes"] << " bytes per rank\n";
+  out << "  requests        " << r["requests"] << " (" << r["chunks_looked_up"] << " chunks looked up)\n";
+  out << "  hit rate        " << gb(100.0 * r["hit_rate"].get<double>()) << " % (" << r["hits"]
+      << " hits, " << r["misses"] << " misses), " << r["evictions"] << " evictions, "
+      << r["promoted"] << " promoted from the file tier\n";
+  out << "  stored          " << r["store_bytes"] << " bytes at " << gb(r["store_gbps"].get<double>()) << " GB/s\n";
+  out << "  loaded          " << r["load_bytes"] << " bytes at " << gb(r["load_gbps"].get<double>()) << " GB/s\n";
+  out << "  populate        " << r["populate"]["method"].get<std::string>() << ", "
+      << gb(r["populate"]["seconds"].get<double>()) << " s; registration "
+      << gb(r["registration_seconds"].get<double>()) << " s\n";
+  out << "  verified        " << r["verified_bytes"] << " bytes, " << r["mismatched_bytes"]
+      << " mismatched, " << r["failed_jobs"] << " failed jobs\n";
+  for (const auto& e : r["errors"]) out << "  error           " << e.get<std::string>() << "\n";
+  out << (r["all_verified"].get<bool>() ? "  every byte verified" : "  NOT all bytes verified")
+      << (r["region_removed"].get<bool>() ? "; region removed" : "; region NOT removed")
+      << (r["interrupted"].get<bool>() ? " (interrupted)" : "") << "\n";
+  return out.str();
+}
+
+}  // namespace kvoffload::run
