@@ -1,0 +1,159 @@
+// `kvoffload simulate` end to end: runs the built binary from $KVOFFLOAD_TEST_BIN_DIR on small
+// traces whose results were computed by hand (see the comments), and checks usage errors.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+class Simulate : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* dir = std::getenv("KVOFFLOAD_TEST_BIN_DIR");
+    if (dir == nullptr) GTEST_SKIP() << "KVOFFLOAD_TEST_BIN_DIR is not set (run through ctest)";
+    binary_ = fs::path(dir) / "kvoffload";
+    ASSERT_TRUE(fs::exists(binary_)) << binary_;
+    tmp_ = fs::temp_directory_path() / ("kvoffload_simulate_test_" + std::to_string(::getpid()));
+    fs::create_directories(tmp_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!tmp_.empty()) fs::remove_all(tmp_, ec);
+  }
+
+  fs::path write(const std::string& name, const std::string& text) {
+    const fs::path p = tmp_ / name;
+    std::ofstream(p) << text;
+    return p;
+  }
+
+  RunResult run(const std::string& args) {
+    const fs::path err_file = tmp_ / "stderr.txt";
+    const std::string cmd = binary_.string() + " " + args + " 2>" + err_file.string();
+    RunResult r;
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    if (pipe == nullptr) return r;
+    std::array<char, 4096> buf{};
+    std::size_t n = 0;
+    while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+    const int status = ::pclose(pipe);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream in(err_file);
+    r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    return r;
+  }
+
+  fs::path binary_;
+  fs::path tmp_;
+};
+
+// Four chunk slots. Hand-computed (MRU first):
+//   LRU: r1 stores 1 2 3 -> [1 2 3]. r2 hits 1 2, stores 4 -> [4 1 2 3]. r3 evicts 3, 2 for 5 6
+//        -> [5 6 4 1]. r4 hits 1 (2 is gone), touch -> [1 5 6 4], stores 2 3 evicting 4, 6.
+//        hits 0+2+0+1 = 3 of 11, evictions 4.
+//   ARC: r2's touch promotes 1 2 to T2; r3 evicts T1's 3 then 4 (|T1| > p = 0) into B1;
+//        r4 hits 1 2 (T2), stores 3 evicting T1's LRU 6; 3 is a B1 ghost hit.
+//        hits 0+2+0+2 = 4 of 11, evictions 3.
+constexpr const char* kTrace =
+    "# hand-computed trace\n"
+    "1 2 3\n"
+    "\n"
+    "  1 2\t4\n"
+    "5 6\n"
+    "# another comment\n"
+    "0000000000000000000000000000001 2 00003\n";
+
+TEST_F(Simulate, LruHandComputed) {
+  const fs::path trace = write("t.trace", kTrace);
+  const RunResult r = run("simulate --trace " + trace.string() + " --policy lru --chunks 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("requests"), 4);
+  EXPECT_EQ(j.at("chunks_looked_up"), 11);
+  EXPECT_EQ(j.at("hits"), 3);
+  EXPECT_EQ(j.at("misses"), 8);
+  EXPECT_DOUBLE_EQ(j.at("hit_rate").get<double>(), 3.0 / 11.0);
+  EXPECT_EQ(j.at("evictions"), 4);
+  EXPECT_GT(j.at("ops_per_second").get<double>(), 0.0);
+}
+
+TEST_F(Simulate, ArcHandComputed) {
+  const fs::path trace = write("t.trace", kTrace);
+  const RunResult r = run("simulate --trace " + trace.string() + " --policy arc --chunks 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("requests"), 4);
+  EXPECT_EQ(j.at("chunks_looked_up"), 11);
+  EXPECT_EQ(j.at("hits"), 4);
+  EXPECT_EQ(j.at("misses"), 7);
+  EXPECT_EQ(j.at("evictions"), 3);
+}
+
+TEST_F(Simulate, StoreThreshold) {
+  // Threshold 2: a chunk is stored on its second lookup. r1 stores nothing; r2 stores 1 2;
+  // r3 hits 1 2 and stores 3.
+  const fs::path trace = write("t.trace", "1 2 3\n1 2\n1 2 3\n");
+  const RunResult r =
+      run("simulate --trace " + trace.string() + " --policy lru --chunks 8 --store-threshold 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("hits"), 2);
+  EXPECT_EQ(j.at("stored"), 3);
+}
+
+TEST_F(Simulate, HumanOutput) {
+  const fs::path trace = write("t.trace", kTrace);
+  const RunResult r = run("simulate --trace " + trace.string() + " --chunks 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("hits 3, misses 8"), std::string::npos) << r.out;
+}
+
+TEST_F(Simulate, BadTraceNamesLineAndToken) {
+  const fs::path trace = write("bad.trace", "# ok\n1 2\n3 xyz 4\n");
+  const RunResult r = run("simulate --trace " + trace.string() + " --policy lru --chunks 4 --json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("line 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'xyz'"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+  const fs::path long_key = write("long.trace", "1\n" + std::string(33, 'a') + "\n");
+  const RunResult r2 = run("simulate --trace " + long_key.string() + " --chunks 4");
+  EXPECT_EQ(r2.exit_code, 2);
+  EXPECT_NE(r2.err.find("line 2"), std::string::npos) << r2.err;
+}
+
+TEST_F(Simulate, UsageErrors) {
+  const fs::path trace = write("t.trace", kTrace);
+  RunResult r = run("simulate --policy lru --chunks 4");  // no --trace
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--trace"), std::string::npos) << r.err;
+  r = run("simulate --trace " + trace.string() + " --policy lfu --chunks 4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("lfu"), std::string::npos) << r.err;
+  r = run("simulate --trace " + trace.string() + " --chunks 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--chunks"), std::string::npos) << r.err;
+  r = run("simulate --trace " + trace.string() + " --chunks many");
+  EXPECT_EQ(r.exit_code, 2);
+  r = run("simulate --trace " + (tmp_ / "missing.trace").string() + " --chunks 4");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("missing.trace"), std::string::npos) << r.err;
+}
+
+}  // namespace
