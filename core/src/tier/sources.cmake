@@ -4,3 +4,6 @@ target_sources(kvoffload PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/io_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tier.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file_tier.cpp)
+target_sources(kvoffload PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/tiered_store.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/offload_stack.cpp)

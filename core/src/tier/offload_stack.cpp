@@ -1,0 +1,210 @@
+#include "kvoffload/offload_stack.hpp"
+
+#include "kvoffload/error.hpp"
+#include "kvoffload/log.hpp"
+
+#include <unistd.h>
+
+#include <set>
+#include <utility>
+
+namespace kvoffload {
+
+std::string_view to_string(InitStep step) noexcept {
+  switch (step) {
+    case InitStep::kRegion: return "region";
+    case InitStep::kPrimary: return "primary";
+    case InitStep::kSecondary: return "secondary";
+    case InitStep::kTieredStore: return "tiered_store";
+    case InitStep::kRuntime: return "runtime";
+    case InitStep::kTransferEngine: return "transfer_engine";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr std::uint64_t kMaxChunks = 0xFFFFFFFEull;  // the Manager's limit (kNoSlot is reserved)
+
+// The region options as Region::create_or_join checks them, without touching a file.
+RegionGeometry validate_region(const RegionOptions& o) {
+  const std::filesystem::path shm_dir = o.shm_dir.empty() ? default_shm_dir() : o.shm_dir;
+  (void)region_path(shm_dir, o.engine_id);  // validates the engine id
+  if (o.populate_threads == 0) throw_invalid("region: populate_threads is 0; it must be at least 1");
+  if (o.join_timeout.count() < 0) {
+    throw_invalid("region: join_timeout is " + std::to_string(o.join_timeout.count()) +
+                  " ms; it must be >= 0");
+  }
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const RegionGeometry g =
+      RegionGeometry::compute(o.layout, page > 0 ? static_cast<std::size_t>(page) : 4096);
+  if (o.rank) (void)g.copy_index(*o.rank);
+  return g;
+}
+
+void run_hook(const InitHooks& hooks, InitStep step, std::size_t index) {
+  if (hooks.before_step) hooks.before_step(step, index);
+}
+
+Region make_region(const InitHooks& hooks, const RegionOptions& o) {
+  run_hook(hooks, InitStep::kRegion, 0);
+  return hooks.make_region ? hooks.make_region(o) : Region::create_or_join(o);
+}
+
+}  // namespace
+
+void validate(const StackConfig& config) {
+  const RegionGeometry g = validate_region(config.region);
+  const ManagerConfig& m = config.manager;
+  if (m.num_chunks != 0 && m.num_chunks != g.num_chunks()) {
+    throw_invalid("manager: num_chunks " + std::to_string(m.num_chunks) +
+                  " differs from the region's " + std::to_string(g.num_chunks()) +
+                  " chunks (0 takes the region's)");
+  }
+  if (g.num_chunks() > kMaxChunks) {
+    throw_invalid("manager: the region's " + std::to_string(g.num_chunks()) +
+                  " chunks exceed the manager's limit of " + std::to_string(kMaxChunks));
+  }
+  if (m.policy != PolicyKind::kLru && m.policy != PolicyKind::kArc) {
+    throw_invalid("manager: policy " + std::to_string(static_cast<int>(m.policy)) + " is unknown");
+  }
+  if (m.store_threshold > 0 && m.threshold_tracker_capacity > kMaxChunks) {
+    throw_invalid("manager: threshold_tracker_capacity " +
+                  std::to_string(m.threshold_tracker_capacity) + " is out of range 1.." +
+                  std::to_string(kMaxChunks));
+  }
+  if (m.store_threshold == 0 && m.threshold_tracker_capacity != 0) {
+    throw_invalid("manager: threshold_tracker_capacity " +
+                  std::to_string(m.threshold_tracker_capacity) +
+                  " is set but store_threshold is 0 (no tracker is kept)");
+  }
+  const std::uint64_t record = file_tier_record_bytes(g.copies() * g.slot_bytes());
+  std::set<std::filesystem::path> roots;
+  for (std::size_t i = 0; i < config.file_tiers.size(); ++i) {
+    const FileTierOptions& t = config.file_tiers[i];
+    FileTier::validate(t);
+    if (t.capacity_bytes < record) {
+      throw_invalid("file tier '" + t.name + "': capacity_bytes " + std::to_string(t.capacity_bytes) +
+                    " cannot hold one chunk row (" + std::to_string(record) + " bytes on disk)");
+    }
+    if (!roots.insert(t.root.lexically_normal()).second) {
+      throw_invalid("file tier '" + t.name + "': root " + t.root.string() +
+                    " is used by another tier of this configuration");
+    }
+  }
+}
+
+void validate(const WorkerConfig& config) {
+  validate_region(config.region);
+  if (!config.region.rank) throw_invalid("worker: region.rank is required (the worker's rank)");
+  if (config.blocks_per_chunk == 0) throw_invalid("worker: blocks_per_chunk is 0");
+  if (config.groups.empty()) throw_invalid("worker: no KV groups");
+  if (config.backend.empty()) throw_invalid("worker: backend name is empty");
+}
+
+// ---- OffloadStack -------------------------------------------------------------------------------
+
+std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config, const InitHooks& hooks) {
+  validate(config);  // before any resource exists
+  std::unique_ptr<OffloadStack> s(new OffloadStack());
+  try {
+    s->region_.emplace(make_region(hooks, config.region));
+
+    run_hook(hooks, InitStep::kPrimary, 0);
+    ManagerConfig mc = config.manager;
+    mc.num_chunks = s->region_->geometry().num_chunks();
+    s->manager_ = std::make_unique<Manager>(mc);
+
+    for (std::size_t i = 0; i < config.file_tiers.size(); ++i) {
+      run_hook(hooks, InitStep::kSecondary, i);
+      s->tiers_.push_back(hooks.make_file_tier ? hooks.make_file_tier(config.file_tiers[i])
+                                               : FileTier::open(config.file_tiers[i]));
+      if (!s->tiers_.back()) {
+        throw Error(ErrorCode::kInternal, "file tier factory returned null for tier " +
+                                              std::to_string(i));
+      }
+    }
+
+    run_hook(hooks, InitStep::kTieredStore, 0);
+    std::vector<SecondaryTier*> raw;
+    for (auto& t : s->tiers_) raw.push_back(t.get());
+    s->store_ = std::make_unique<TieredStore>(*s->manager_, PrimaryRows::of(*s->region_),
+                                              std::move(raw));
+  } catch (const std::exception& e) {
+    log().debug("offload stack: initialisation failed ({}); releasing what was built", e.what());
+    s->close();  // logs its own failures; the original exception propagates
+    throw;
+  }
+  log().info("offload stack: region {} ({} chunks), {} secondary tier(s)",
+             s->region_->path().string(), s->manager_->num_chunks(), s->tiers_.size());
+  return s;
+}
+
+OffloadStack::~OffloadStack() { close(); }
+
+bool OffloadStack::close() noexcept {
+  bool ok = true;
+  if (store_) {
+    try {
+      store_->drain();
+    } catch (const std::exception& e) {
+      ok = false;
+      log().error("offload stack: draining the tiered store: {}", e.what());
+    }
+    store_.reset();  // its destructor drains again (nothing left) and never throws
+  }
+  for (auto it = tiers_.rbegin(); it != tiers_.rend(); ++it) {
+    if (*it && !(*it)->close()) ok = false;
+  }
+  tiers_.clear();
+  manager_.reset();
+  if (region_) {
+    if (!region_->close()) ok = false;
+    region_.reset();
+  }
+  return ok;
+}
+
+// ---- OffloadWorker ------------------------------------------------------------------------------
+
+std::unique_ptr<OffloadWorker> OffloadWorker::build(const WorkerConfig& config,
+                                                    const InitHooks& hooks) {
+  validate(config);
+  std::unique_ptr<OffloadWorker> w(new OffloadWorker());
+  try {
+    w->region_.emplace(make_region(hooks, config.region));
+
+    run_hook(hooks, InitStep::kRuntime, 0);
+    w->runtime_ = hooks.make_runtime ? hooks.make_runtime(config.backend, config.runtime)
+                                     : make_runtime(config.backend, config.runtime);
+    if (!w->runtime_) throw Error(ErrorCode::kInternal, "runtime factory returned null");
+
+    run_hook(hooks, InitStep::kTransferEngine, 0);
+    w->engine_ = std::make_unique<TransferEngine>(*w->runtime_, *w->region_, *config.region.rank,
+                                                  config.groups, config.blocks_per_chunk,
+                                                  config.engine);
+  } catch (const std::exception& e) {
+    log().debug("offload worker: initialisation failed ({}); releasing what was built", e.what());
+    w->close();
+    throw;
+  }
+  return w;
+}
+
+OffloadWorker::~OffloadWorker() { close(); }
+
+bool OffloadWorker::close() noexcept {
+  bool ok = true;
+  if (engine_) {
+    engine_->shutdown();  // drains and unregisters the host memory (before munmap)
+    engine_.reset();
+  }
+  runtime_.reset();
+  if (region_) {
+    if (!region_->close()) ok = false;
+    region_.reset();
+  }
+  return ok;
+}
+
+}  // namespace kvoffload

@@ -1,0 +1,231 @@
+#include "kvoffload/tiered_store.hpp"
+
+#include "kvoffload/error.hpp"
+#include "kvoffload/log.hpp"
+#include "kvoffload/region.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+#include <utility>
+
+namespace kvoffload {
+
+PrimaryRows PrimaryRows::of(const Region& region) {
+  const RegionGeometry& g = region.geometry();
+  return PrimaryRows{.base = region.data(),
+                     .row_stride = g.row_stride(),
+                     .row_bytes = static_cast<std::uint64_t>(g.copies()) * g.slot_bytes(),
+                     .num_rows = g.num_chunks()};
+}
+
+std::span<std::byte> PrimaryRows::row(SlotIndex slot) const {
+  if (slot >= num_rows) {
+    throw_invalid("primary row " + std::to_string(slot) + " is out of range (" +
+                  std::to_string(num_rows) + " rows)");
+  }
+  return {base + static_cast<std::uint64_t>(slot) * row_stride, row_bytes};
+}
+
+TieredStore::TieredStore(Manager& primary, PrimaryRows rows, std::vector<SecondaryTier*> tiers)
+    : primary_(primary), rows_(rows), tiers_(std::move(tiers)) {
+  if (rows_.base == nullptr || rows_.row_bytes == 0 || rows_.row_bytes > rows_.row_stride) {
+    throw_invalid("tiered store: primary rows are empty or row_bytes exceeds row_stride");
+  }
+  if (rows_.num_rows != primary_.num_chunks()) {
+    throw_invalid("tiered store: the region has " + std::to_string(rows_.num_rows) +
+                  " rows but the manager " + std::to_string(primary_.num_chunks()) + " chunks");
+  }
+  for (auto* t : tiers_) {
+    if (t == nullptr) throw_invalid("tiered store: a secondary tier is null");
+  }
+}
+
+TieredStore::~TieredStore() {
+  try {
+    drain();
+  } catch (const std::exception& e) {
+    log().error("tiered store: draining at destruction failed: {}", e.what());
+  }
+}
+
+TieredLookup TieredStore::lookup(std::span<const BlockKey> keys, std::span<TierLocation> out) {
+  if (!out.empty() && out.size() < keys.size()) {
+    throw_invalid("tiered lookup: out holds " + std::to_string(out.size()) + " entries for " +
+                  std::to_string(keys.size()) + " keys");
+  }
+  if (lookup_scratch_.size() < keys.size()) lookup_scratch_.resize(keys.size());
+  const std::span<LookupResult> results(lookup_scratch_.data(), keys.size());
+  TieredLookup r;
+  r.primary_prefix = primary_.lookup(keys, results);
+  bool available = true;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    TierLocation loc = TierLocation::kMiss;
+    switch (results[i]) {
+      case LookupResult::kHit: loc = TierLocation::kPrimary; break;
+      case LookupResult::kHitPending: loc = TierLocation::kPrimaryPending; break;
+      case LookupResult::kMiss:
+        for (auto* t : tiers_) {
+          if (t->contains(keys[i])) {
+            loc = TierLocation::kSecondary;
+            break;
+          }
+        }
+        break;
+    }
+    if (available && (loc == TierLocation::kPrimary || loc == TierLocation::kSecondary)) {
+      ++r.available_prefix;
+    } else {
+      available = false;
+    }
+    if (!out.empty()) out[i] = loc;
+  }
+  return r;
+}
+
+void TieredStore::complete_store(std::span<const BlockKey> keys, bool success) {
+  primary_.complete_store(keys, success);
+  if (!success || tiers_.empty() || keys.empty()) return;
+  std::vector<TierPut> puts(keys.size());
+  for (auto* tier : tiers_) {
+    // Note [Offload pins]: the pin keeps the slot's bytes stable until the tier has read them;
+    // without it a later prepare_store could evict the key and reuse the slot mid-write.
+    const std::span<const SlotIndex> slots = primary_.prepare_load(keys);
+    for (std::size_t i = 0; i < keys.size(); ++i) puts[i] = TierPut{keys[i], rows_.row(slots[i])};
+    TierBatch batch;
+    try {
+      batch = tier->put(puts);
+    } catch (...) {
+      primary_.complete_load(keys);
+      throw;
+    }
+    offloads_.push_back(Offload{std::move(batch), std::vector<BlockKey>(keys.begin(), keys.end())});
+    stats_.offload_keys += keys.size();
+  }
+}
+
+PromoteTicket TieredStore::promote(std::span<const BlockKey> keys,
+                                   std::span<const BlockKey> protected_keys) {
+  PromoteTicket ticket;
+  std::vector<BlockKey> candidates;
+  std::unordered_map<BlockKey, std::size_t, BlockKeyHash> source;  // key -> tier index
+  for (const auto& key : keys) {
+    if (primary_.state_of(key) != LookupResult::kMiss || source.contains(key)) continue;
+    for (std::size_t t = 0; t < tiers_.size(); ++t) {
+      if (tiers_[t]->contains(key)) {
+        source.emplace(key, t);
+        candidates.push_back(key);
+        break;
+      }
+    }
+  }
+  if (candidates.empty()) return ticket;
+  std::vector<BlockKey> guard(keys.begin(), keys.end());
+  guard.insert(guard.end(), protected_keys.begin(), protected_keys.end());
+  const StorePlan plan = primary_.prepare_store(candidates, guard);
+  if (!plan.ok()) {
+    ticket.status = plan.status;
+    ticket.reason = plan.reason;
+    log().debug("tiered store: promotion refused: {}", plan.describe());
+    return ticket;
+  }
+  ticket.keys.assign(plan.keys.begin(), plan.keys.end());
+  ticket.evicted.assign(plan.evicted.begin(), plan.evicted.end());
+  if (ticket.keys.empty()) return ticket;
+
+  Promotion p;
+  p.id = next_id_++;
+  std::vector<std::vector<TierGet>> gets(tiers_.size());
+  std::vector<std::vector<BlockKey>> by_tier(tiers_.size());
+  for (std::size_t i = 0; i < plan.keys.size(); ++i) {
+    const std::size_t t = source.at(plan.keys[i]);
+    gets[t].push_back(TierGet{plan.keys[i], rows_.row(plan.slots[i])});
+    by_tier[t].push_back(plan.keys[i]);
+  }
+  std::size_t t = 0;
+  try {
+    for (; t < tiers_.size(); ++t) {
+      if (gets[t].empty()) continue;
+      p.batches.push_back(tiers_[t]->get(gets[t]));
+    }
+  } catch (...) {
+    // Keys not handed to a tier free their slots now; those handed over finish in poll().
+    std::vector<BlockKey> unsent;
+    for (; t < tiers_.size(); ++t) unsent.insert(unsent.end(), by_tier[t].begin(), by_tier[t].end());
+    if (!unsent.empty()) primary_.complete_store(unsent, false);
+    if (!p.batches.empty()) promotions_.push_back(std::move(p));
+    throw;
+  }
+  stats_.promote_keys += ticket.keys.size();
+  ticket.id = p.id;
+  promotions_.push_back(std::move(p));
+  return ticket;
+}
+
+std::vector<PromoteCompletion> TieredStore::progress(bool block) {
+  // Offloads: release the pins of finished batches.
+  for (auto it = offloads_.begin(); it != offloads_.end();) {
+    if (!block && !it->batch.ready()) {
+      ++it;
+      continue;
+    }
+    std::size_t failed = 0;
+    std::string first_failure;
+    for (const auto& r : it->batch.wait()) {
+      if (r.status == TierItemStatus::kOk) {
+        ++stats_.offload_ok;
+      } else {
+        ++stats_.offload_failed;
+        if (failed++ == 0) first_failure = r.key.to_hex() + ": " + r.detail;
+      }
+    }
+    if (failed > 0) {
+      log().warn("tiered store: {} of {} keys were not written to a secondary tier (first: {})",
+                 failed, it->keys.size(), first_failure);
+    }
+    primary_.complete_load(it->keys);
+    it = offloads_.erase(it);
+  }
+  // Promotions: complete the primary stores.
+  std::vector<PromoteCompletion> done;
+  for (auto it = promotions_.begin(); it != promotions_.end();) {
+    const bool ready = std::all_of(it->batches.begin(), it->batches.end(),
+                                   [](const TierBatch& b) { return b.ready(); });
+    if (!block && !ready) {
+      ++it;
+      continue;
+    }
+    PromoteCompletion c;
+    c.id = it->id;
+    std::vector<BlockKey> failed_keys;
+    for (const auto& b : it->batches) {
+      for (const auto& r : b.wait()) {
+        if (r.status == TierItemStatus::kOk) {
+          c.promoted.push_back(r.key);
+        } else {
+          c.failed.push_back(r);
+          failed_keys.push_back(r.key);
+        }
+      }
+    }
+    // Primary (not this->complete_store): promoted keys are already in the tier they came from.
+    if (!c.promoted.empty()) primary_.complete_store(c.promoted, true);
+    if (!failed_keys.empty()) primary_.complete_store(failed_keys, false);
+    stats_.promoted += c.promoted.size();
+    stats_.promote_failed += c.failed.size();
+    done.push_back(std::move(c));
+    it = promotions_.erase(it);
+  }
+  return done;
+}
+
+std::vector<PromoteCompletion> TieredStore::poll() { return progress(false); }
+std::vector<PromoteCompletion> TieredStore::drain() { return progress(true); }
+
+TieredStats TieredStore::stats() const noexcept {
+  TieredStats s = stats_;
+  s.offloads_in_flight = offloads_.size();
+  s.promotions_in_flight = promotions_.size();
+  return s;
+}
+
+}  // namespace kvoffload
