@@ -212,21 +212,19 @@ struct TransferEngine::Impl {
     return out;
   }
 
-  // Blocks on the first unfinished FIFO head that `pending` says to wait for. Needs `lock` held;
-  // releases it while blocking.
-  template <typename Pending>
-  void block_until(std::unique_lock<std::mutex>& lock, Pending pending) {
+  // Blocks until `lane_to_wait()` returns -1, synchronizing meanwhile on the head of the lane it
+  // names (the lane holding a job still waited for: blocking on the other lane could wait for a
+  // job that depends on something the caller has not released yet). Needs `lock` held; releases
+  // it while blocking.
+  template <typename LaneToWait>
+  void block_until(std::unique_lock<std::mutex>& lock, LaneToWait lane_to_wait) {
     for (;;) {
       drain();
-      if (!pending()) return;
-      EventView head{};
-      for (Lane& ln : lanes) {
-        if (!ln.inflight.empty() && !ln.inflight.front().failed) {
-          head = ln.inflight.front().end.view();
-          break;
-        }
-      }
-      if (!head.valid()) continue;  // only failed heads: drain() retires them
+      const int l = lane_to_wait();
+      if (l < 0) return;
+      Lane& ln = lanes[l];
+      if (ln.inflight.empty() || ln.inflight.front().failed) continue;  // drain() retires it
+      const EventView head = ln.inflight.front().end.view();
       ++waiters;
       lock.unlock();
       try {
@@ -250,11 +248,17 @@ struct TransferEngine::Impl {
     auto find_done = [&](JobId id) {
       return std::find_if(completed.begin(), completed.end(), [&](const JobResult& r) { return r.job_id == id; });
     };
-    block_until(lock, [&] {
-      // An id collected meanwhile by another thread's poll() is no longer waited for.
-      return std::any_of(wanted.begin(), wanted.end(), [&](JobId id) {
-        return ids.contains(static_cast<std::uint64_t>(id)) && find_done(id) == completed.end();
-      });
+    block_until(lock, [&]() -> int {
+      for (JobId id : wanted) {
+        // An id collected meanwhile by another thread's poll() is no longer waited for.
+        if (!ids.contains(static_cast<std::uint64_t>(id)) || find_done(id) != completed.end()) continue;
+        for (int l = 0; l < 2; ++l) {
+          for (const Inflight& job : lanes[l].inflight) {
+            if (job.id == id) return l;
+          }
+        }
+      }
+      return -1;
     });
     std::vector<JobResult> out;
     out.reserve(wanted.size());
@@ -270,7 +274,10 @@ struct TransferEngine::Impl {
 
   std::vector<JobResult> wait_all() {
     std::unique_lock lock(state_mutex);
-    block_until(lock, [&] { return !lanes[0].inflight.empty() || !lanes[1].inflight.empty(); });
+    block_until(lock, [&]() -> int {
+      if (!lanes[0].inflight.empty()) return 0;
+      return lanes[1].inflight.empty() ? -1 : 1;
+    });
     std::vector<JobResult> out = std::move(completed);
     completed.clear();
     for (const JobResult& r : out) ids.erase(static_cast<std::uint64_t>(r.job_id));
