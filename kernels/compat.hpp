@@ -23,6 +23,8 @@ using kvo_error_t = hipError_t;
 #define kvoSuccess hipSuccess
 #define kvoErrorInvalidValue hipErrorInvalidValue
 #define kvoGetErrorString hipGetErrorString
+#define kvoFuncGetAttributes hipFuncGetAttributes
+using kvo_func_attributes = hipFuncAttributes;
 
 // HIP's uint4 is a struct wrapper; __builtin_nontemporal_{load,store} want a clang vector type.
 typedef unsigned int kvo_vec16 __attribute__((ext_vector_type(4)));
@@ -46,6 +48,8 @@ using kvo_error_t = cudaError_t;
 #define kvoSuccess cudaSuccess
 #define kvoErrorInvalidValue cudaErrorInvalidValue
 #define kvoGetErrorString cudaGetErrorString
+#define kvoFuncGetAttributes cudaFuncGetAttributes
+using kvo_func_attributes = cudaFuncAttributes;
 
 using kvo_vec16 = uint4;
 

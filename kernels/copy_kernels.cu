@@ -184,6 +184,12 @@ int launch_batch_copy(const CopyDesc* device_descs, std::size_t count, int max_c
   return static_cast<int>(kvoGetLastError());
 }
 
+int check_batch_copy() noexcept {
+  kvo_func_attributes attr{};
+  return static_cast<int>(
+      kvoFuncGetAttributes(&attr, reinterpret_cast<const void*>(&detail::batch_copy_kernel)));
+}
+
 const char* runtime_error_string(int code) noexcept {
   return kvoGetErrorString(static_cast<kvo_error_t>(code));
 }

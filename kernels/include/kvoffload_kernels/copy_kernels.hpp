@@ -64,11 +64,17 @@ inline int batch_copy_ctas(std::uint64_t total_bytes, int max_ctas) noexcept {
 namespace cuda {
 int launch_batch_copy(const CopyDesc* device_descs, std::size_t count, int max_ctas, void* stream);
 const char* runtime_error_string(int code) noexcept;
+// 0 when the current device can run the batch copy kernel, else the runtime's error (e.g. no
+// kernel image for this GPU's architecture in the fat binary).
+int check_batch_copy() noexcept;
 }  // namespace cuda
 
 namespace hip {
 int launch_batch_copy(const CopyDesc* device_descs, std::size_t count, int max_ctas, void* stream);
 const char* runtime_error_string(int code) noexcept;
+// 0 when the current device can run the batch copy kernel, else the runtime's error (e.g. no
+// kernel image for this GPU's architecture in the fat binary).
+int check_batch_copy() noexcept;
 }  // namespace hip
 
 }  // namespace kvoffload::kernels
