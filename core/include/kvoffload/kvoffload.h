@@ -1,0 +1,432 @@
+/* kvoffload C API: the region, the device runtime and transfer engine, and the manager, for
+ * engines written in C or bound from other languages. C99; every symbol is prefixed kvo_.
+ *
+ * Conventions:
+ * - Objects are opaque handles created by kvo_<thing>_create*() and released by the matching
+ *   kvo_<thing>_close()/destroy(); passing NULL to a release function is a no-op.
+ * - Every fallible function returns a kvo_status (KVO_OK == 0) and writes its results through
+ *   out-parameters, which are left untouched on error. No C++ exception ever crosses this boundary.
+ * - After a non-OK status, kvo_last_error_message() (and _errno, _call, _code) describe the failure
+ *   on the calling thread, with the message of the step that failed. They stay valid until the next
+ *   failing call on the same thread; a successful call does not clear them.
+ * - A NULL pointer or a bad size gives KVO_INVALID_ARGUMENT with a message naming the argument.
+ * - Options structs start with struct_size: initialise them with kvo_*_options_init(), which sets
+ *   the defaults and struct_size, so a library built against a newer header can tell them apart.
+ *
+ * Minimal use (error handling elided):
+ *   kvo_region_options o; kvo_region_options_init(&o);
+ *   o.engine_id = "engine-0"; o.num_chunks = 1024; o.slot_bytes = 2 << 20; o.world_size = 8; o.rank = 3;
+ *   kvo_region_t* region; kvo_region_create_or_join(&o, &region);
+ *   void* slot; uint64_t bytes; kvo_region_slot(region, 17, KVO_OWN_RANK, &slot, &bytes);
+ *   kvo_region_close(region);
+ */
+#ifndef KVOFFLOAD_KVOFFLOAD_H
+#define KVOFFLOAD_KVOFFLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVO_API __attribute__((visibility("default")))
+#else
+#define KVO_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes and errors. The values equal kvoffload::ErrorCode and never change.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum kvo_status {
+  KVO_OK = 0,
+  KVO_INVALID_ARGUMENT = 1, /* bad input from the caller; nothing was touched */
+  KVO_CAPACITY = 2,         /* not enough shared memory / space */
+  KVO_SYSTEM = 3,           /* a system call failed (kvo_last_error_errno()) */
+  KVO_TIMEOUT = 4,          /* waited too long for another process */
+  KVO_MISMATCH = 5,         /* an existing object disagrees with what the caller expects */
+  KVO_PERMISSION = 6,       /* ownership or mode refused */
+  KVO_NOT_AVAILABLE = 7,    /* backend or feature not built, or no device */
+  KVO_DEVICE = 8,           /* the device runtime reported an error */
+  KVO_TRANSFER_FAILED = 9,  /* a copy job failed */
+  KVO_NOT_FOUND = 10,       /* a key, job or file that does not exist */
+  KVO_STATE = 11,           /* not valid in the object's current state */
+  KVO_INTERNAL = 12         /* a bug: an invariant did not hold */
+} kvo_status;
+
+/* Message of the last failure on this thread ("" when none). Never NULL. */
+KVO_API const char* kvo_last_error_message(void);
+/* Status of the last failure on this thread (KVO_OK when none). */
+KVO_API kvo_status kvo_last_error_code(void);
+/* errno (or device error) of the last failure on this thread, 0 when none was involved. */
+KVO_API int kvo_last_error_errno(void);
+/* Name of the failing call of the last failure ("fallocate", ...), "" when none. Never NULL. */
+KVO_API const char* kvo_last_error_call(void);
+/* Stable name of a status ("invalid_argument"); "unknown" for values outside the enum. */
+KVO_API const char* kvo_status_name(kvo_status status);
+/* Library version, "MAJOR.MINOR.PATCH". */
+KVO_API const char* kvo_version(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * The shared host region (DESIGN.md §2).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct kvo_region kvo_region_t;
+
+/* rank value of an unranked mapper (the scheduler) in kvo_region_options, and "this mapper's own
+ * rank" in kvo_region_slot(). */
+#define KVO_UNRANKED (-1)
+#define KVO_OWN_RANK (-1)
+
+typedef enum kvo_region_role { KVO_ROLE_CREATOR = 0, KVO_ROLE_JOINER = 1 } kvo_region_role;
+typedef enum kvo_populate_method {
+  KVO_POPULATE_MADVISE = 0,
+  KVO_POPULATE_FALLBACK = 1,
+  KVO_POPULATE_NONE = 2
+} kvo_populate_method;
+
+typedef struct kvo_region_options {
+  size_t struct_size;         /* sizeof(kvo_region_options), set by kvo_region_options_init */
+  const char* engine_id;      /* 1..128 of [A-Za-z0-9._-], not "." or ".."; required */
+  uint64_t num_chunks;        /* rows, > 0 */
+  uint64_t slot_bytes;        /* P: one rank's bytes per chunk, > 0 */
+  uint32_t world_size;        /* ranks of the engine, > 0 (default 1) */
+  int replicated;             /* nonzero: MLA layout, every rank shares slot 0 */
+  int32_t rank;               /* 0..world_size-1, or KVO_UNRANKED (the default) */
+  const char* shm_dir;        /* NULL or "": $KVOFFLOAD_SHM_DIR, else /dev/shm */
+  uint32_t join_timeout_ms;   /* how long a joiner waits for the creator (default 30000) */
+  uint32_t populate_threads;  /* >= 1 (default 1) */
+  int populate;               /* nonzero (default): pre-fault after mapping */
+} kvo_region_options;
+
+typedef struct kvo_region_geometry {
+  uint64_t num_chunks;
+  uint64_t slot_bytes;
+  uint32_t world_size;
+  uint32_t copies;      /* world_size, or 1 when replicated */
+  int replicated;
+  uint64_t row_stride;  /* round_up(copies * slot_bytes, page_size) */
+  uint64_t data_bytes;  /* num_chunks * row_stride */
+  uint64_t page_size;
+} kvo_region_geometry;
+
+typedef struct kvo_populate_report {
+  kvo_populate_method method;
+  uint64_t bytes;   /* bytes pre-faulted by this process */
+  double seconds;
+} kvo_populate_report;
+
+KVO_API kvo_status kvo_region_options_init(kvo_region_options* options);
+/* Creates the region, or joins it when another process created it. On error nothing is left
+ * behind (file, descriptor, mapping) and *out is untouched. */
+KVO_API kvo_status kvo_region_create_or_join(const kvo_region_options* options, kvo_region_t** out);
+KVO_API kvo_status kvo_region_geometry_get(const kvo_region_t* region, kvo_region_geometry* out);
+KVO_API kvo_status kvo_region_role_get(const kvo_region_t* region, kvo_region_role* out);
+/* The region file's path; the string lives as long as the handle. */
+KVO_API kvo_status kvo_region_path(const kvo_region_t* region, const char** out);
+KVO_API kvo_status kvo_region_engine_id(const kvo_region_t* region, const char** out);
+/* This mapper's rank, or KVO_UNRANKED. */
+KVO_API kvo_status kvo_region_rank(const kvo_region_t* region, int32_t* out);
+KVO_API kvo_status kvo_region_populate_report_get(const kvo_region_t* region,
+                                                  kvo_populate_report* out);
+/* Start of the page-aligned data and its size (data_bytes). */
+KVO_API kvo_status kvo_region_data(const kvo_region_t* region, void** out_data,
+                                   uint64_t* out_bytes);
+/* Rank `rank`'s slot of `chunk` (KVO_OWN_RANK: this mapper's; KVO_STATE for an unranked mapper). */
+KVO_API kvo_status kvo_region_slot(const kvo_region_t* region, uint64_t chunk, int32_t rank,
+                                   void** out_ptr, uint64_t* out_bytes);
+/* The whole row of `chunk` (row_stride bytes: every copy and the padding). */
+KVO_API kvo_status kvo_region_row(const kvo_region_t* region, uint64_t chunk, void** out_ptr,
+                                  uint64_t* out_bytes);
+/* Detaches and frees the handle (always, even when a teardown step failed, which gives
+ * KVO_SYSTEM). The last process out removes the file. Pointers into the region become invalid.
+ * An engine (kvo_engine_t) built on the region must be destroyed first. */
+KVO_API kvo_status kvo_region_close(kvo_region_t* region);
+/* Removes stale regions in shm_dir (NULL: the default dir), all or only engine_id's (NULL: all);
+ * a region in use is never removed. *out_removed (may be NULL) receives how many were removed. */
+KVO_API kvo_status kvo_region_clean(const char* shm_dir, const char* engine_id,
+                                    uint32_t* out_removed);
+
+/* ---------------------------------------------------------------------------------------------
+ * The device runtime and the transfer engine (DESIGN.md §3).
+ * Device pointers, and native stream and event handles, are integers (uint64_t): a cudaStream_t /
+ * hipStream_t value for cuda/hip (0 = the legacy default stream), a handle made by
+ * kvo_runtime_stream_create for host (0 = "no stream": work runs synchronously).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct kvo_runtime kvo_runtime_t;
+typedef struct kvo_registration kvo_registration_t;
+typedef struct kvo_engine kvo_engine_t;
+
+/* backend: "host" | "cuda" | "hip" | "auto" (cuda if present, else hip, else host); device: the
+ * device ordinal for cuda/hip. KVO_NOT_AVAILABLE when the backend is not built or has no device. */
+KVO_API kvo_status kvo_runtime_create(const char* backend, int device, kvo_runtime_t** out);
+/* Destroys the runtime and every stream and event made through it. Engines and registrations
+ * using it must be destroyed first. */
+KVO_API void kvo_runtime_destroy(kvo_runtime_t* runtime);
+/* "host" | "cuda" | "hip"; the string lives as long as the runtime. */
+KVO_API kvo_status kvo_runtime_name(const kvo_runtime_t* runtime, const char** out);
+/* Whether the backend has the SM copy-kernel path (nonzero) or only DMA (0). */
+KVO_API kvo_status kvo_runtime_supports_kernel_path(const kvo_runtime_t* runtime, int* out);
+
+/* Streams and events owned by the runtime, named by their native handle. */
+KVO_API kvo_status kvo_runtime_stream_create(kvo_runtime_t* runtime, uint64_t* out_stream);
+KVO_API kvo_status kvo_runtime_stream_destroy(kvo_runtime_t* runtime, uint64_t stream);
+KVO_API kvo_status kvo_runtime_stream_synchronize(kvo_runtime_t* runtime, uint64_t stream);
+KVO_API kvo_status kvo_runtime_event_create(kvo_runtime_t* runtime, uint64_t* out_event);
+KVO_API kvo_status kvo_runtime_event_destroy(kvo_runtime_t* runtime, uint64_t event);
+KVO_API kvo_status kvo_runtime_event_record(kvo_runtime_t* runtime, uint64_t event, uint64_t stream);
+/* *out_done = nonzero when the event's latest record has completed. */
+KVO_API kvo_status kvo_runtime_event_query(kvo_runtime_t* runtime, uint64_t event, int* out_done);
+KVO_API kvo_status kvo_runtime_event_synchronize(kvo_runtime_t* runtime, uint64_t event);
+
+/* Registers (pins, maps for the device) host memory; align: the unit the registration pieces are
+ * aligned to (a region's row stride; 0 = none). The registration is undone by
+ * kvo_registration_destroy. A transfer engine registers its host memory itself. */
+KVO_API kvo_status kvo_runtime_register_host(kvo_runtime_t* runtime, void* ptr, uint64_t bytes,
+                                             uint64_t align, kvo_registration_t** out);
+/* The device-side address of host_ptr (inside the registered range) for kernels. */
+KVO_API kvo_status kvo_registration_device_pointer(const kvo_registration_t* registration,
+                                                   const void* host_ptr, uint64_t* out);
+/* Unregisters and frees the handle; KVO_DEVICE when the backend reported a failure. */
+KVO_API kvo_status kvo_registration_destroy(kvo_registration_t* registration);
+
+/* Device memory (host memory on the host backend), for engines without their own allocator and
+ * for tests. */
+KVO_API kvo_status kvo_runtime_device_alloc(kvo_runtime_t* runtime, uint64_t bytes, uint64_t* out_ptr);
+KVO_API kvo_status kvo_runtime_device_free(kvo_runtime_t* runtime, uint64_t ptr);
+/* Synchronous copy / fill between any of host and device memory. */
+KVO_API kvo_status kvo_runtime_memcpy(kvo_runtime_t* runtime, uint64_t dst, uint64_t src, uint64_t bytes);
+KVO_API kvo_status kvo_runtime_memset(kvo_runtime_t* runtime, uint64_t dst, int value, uint64_t bytes);
+
+/* One device KV tensor: num_blocks pages of page_bytes, block b at base + b * block_stride. */
+typedef struct kvo_device_tensor {
+  uint64_t base;         /* device address (e.g. torch tensor.data_ptr()) */
+  uint64_t num_blocks;   /* > 0 */
+  uint64_t page_bytes;   /* bytes of one block of this tensor, > 0 */
+  uint64_t block_stride; /* bytes between blocks, >= page_bytes (0 = page_bytes) */
+} kvo_device_tensor;
+
+/* One KV group (e.g. full attention, sliding window): its tensors. */
+typedef struct kvo_kv_group {
+  const kvo_device_tensor* tensors;
+  size_t num_tensors; /* >= 1 */
+} kvo_kv_group;
+
+/* Host slots in any host buffer (kvo_engine_create); a region gives these itself. */
+typedef struct kvo_host_slots {
+  void* base;            /* start of the buffer */
+  uint64_t buffer_bytes; /* >= num_chunks * row_stride */
+  uint64_t num_chunks;
+  uint64_t row_stride;   /* bytes between chunks */
+  uint64_t slot_offset;  /* this rank's slot within a row */
+  uint64_t slot_bytes;
+} kvo_host_slots;
+
+typedef struct kvo_engine_options {
+  size_t struct_size;  /* set by kvo_engine_options_init */
+  int register_host;   /* nonzero (default): register the host buffer (needed for kernels) */
+  int allow_kernel;    /* nonzero (default): the SM copy-kernel path may be chosen */
+  /* Path choice: the kernel when at least *_kernel_min_count pieces of mean size below
+   * *_kernel_below_bytes (defaults 32 KiB and 16). */
+  uint64_t store_kernel_below_bytes, store_kernel_min_count;
+  uint64_t load_kernel_below_bytes, load_kernel_min_count;
+  int calibrate;       /* nonzero: measure both paths at creation and set the thresholds */
+} kvo_engine_options;
+
+typedef enum kvo_direction { KVO_STORE = 0, KVO_LOAD = 1 } kvo_direction; /* D2H, H2D */
+
+/* The blocks of one KV group in a job. */
+typedef struct kvo_block_list {
+  const uint64_t* blocks;
+  size_t count;
+} kvo_block_list;
+
+/* One job: group g's blocks land at consecutive chunk positions starting at position `skip` of
+ * chunks[0]: block i at chunk chunks[(skip + i) / bpc], position (skip + i) % bpc. */
+typedef struct kvo_transfer_spec {
+  const uint64_t* chunks;
+  size_t num_chunks;
+  uint32_t skip;                /* < blocks_per_chunk */
+  const kvo_block_list* groups; /* one per layout group (count 0 for a group not moved) */
+  size_t num_groups;
+} kvo_transfer_spec;
+
+typedef enum kvo_wait_kind {
+  KVO_WAIT_NOTHING = 0,
+  KVO_WAIT_STREAM = 1, /* everything enqueued on the stream so far (the compute stream) */
+  KVO_WAIT_EVENT = 2
+} kvo_wait_kind;
+
+typedef struct kvo_wait_on {
+  kvo_wait_kind kind;
+  uint64_t handle; /* the native stream or event */
+} kvo_wait_on;
+
+typedef struct kvo_job_result {
+  uint64_t job_id;
+  kvo_direction direction;
+  int success;         /* a failed copy is never reported as a success */
+  uint64_t bytes;      /* bytes the job copies (also set for failed jobs) */
+  double seconds;      /* copy time on the stream, 0 when failed */
+  const char* error;   /* "" on success; valid until the next poll/wait call on this thread */
+} kvo_job_result;
+
+typedef struct kvo_engine_stats {
+  uint64_t jobs_submitted, jobs_succeeded, jobs_failed, bytes_succeeded;
+  uint64_t dma_batches, kernel_batches, fragments, descriptors, last_descriptors;
+  int host_registered;
+} kvo_engine_stats;
+
+KVO_API kvo_status kvo_engine_options_init(kvo_engine_options* options);
+/* An engine over this rank's slots of a region (ranked, or replicated). Registers the whole region
+ * data; closing the region shuts the engine down first (unregister before munmap), but destroy the
+ * engine before kvo_region_close. options may be NULL (defaults). The runtime must outlive it. */
+KVO_API kvo_status kvo_engine_create_for_region(kvo_runtime_t* runtime, kvo_region_t* region,
+                                                uint32_t rank, const kvo_kv_group* groups,
+                                                size_t num_groups, uint32_t blocks_per_chunk,
+                                                const kvo_engine_options* options,
+                                                kvo_engine_t** out);
+/* An engine over slots in any host buffer. */
+KVO_API kvo_status kvo_engine_create(kvo_runtime_t* runtime, const kvo_host_slots* host,
+                                     const kvo_kv_group* groups, size_t num_groups,
+                                     uint32_t blocks_per_chunk, const kvo_engine_options* options,
+                                     kvo_engine_t** out);
+/* Shuts down (drains both streams) and frees the handle. */
+KVO_API void kvo_engine_destroy(kvo_engine_t* engine);
+/* Refuses new jobs and drains both streams; results stay available to poll/wait. Idempotent. */
+KVO_API kvo_status kvo_engine_shutdown(kvo_engine_t* engine);
+/* Plans and enqueues a job after `wait_on`, returns at once. KVO_INVALID_ARGUMENT for a bad spec
+ * or an id still in flight (nothing enqueued), KVO_STATE after shutdown. */
+KVO_API kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_direction direction,
+                                     const kvo_transfer_spec* spec, kvo_wait_on wait_on);
+/* Results of finished jobs, at most `capacity` (the rest stay for the next call). */
+KVO_API kvo_status kvo_engine_poll(kvo_engine_t* engine, kvo_job_result* out, size_t capacity,
+                                   size_t* out_count);
+/* Blocks until every listed job finished; out[i] is job_ids[i]'s result (out has `count`
+ * entries). KVO_NOT_FOUND for an id not pending (never submitted, or already collected). */
+KVO_API kvo_status kvo_engine_wait(kvo_engine_t* engine, const uint64_t* job_ids, size_t count,
+                                   kvo_job_result* out);
+/* Blocks until every submitted job finished; returns up to `capacity` uncollected results (the
+ * rest stay for poll). */
+KVO_API kvo_status kvo_engine_wait_all(kvo_engine_t* engine, kvo_job_result* out, size_t capacity,
+                                       size_t* out_count);
+KVO_API kvo_status kvo_engine_stats_get(const kvo_engine_t* engine, kvo_engine_stats* out);
+
+/* ---------------------------------------------------------------------------------------------
+ * The manager (DESIGN.md §4): which KV chunks live in the region's chunk slots. The scheduler side
+ * of an engine uses it. A kvo_manager_t may be shared between threads: calls are serialised.
+ * Arrays of keys are (pointer, count); a NULL pointer is allowed only with count 0. Output arrays
+ * have room for at least `count` elements (for the keys given).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct kvo_manager kvo_manager_t;
+
+/* A 128-bit block key (an engine's block hash): hi is the most significant half. */
+typedef struct kvo_block_key {
+  uint64_t hi;
+  uint64_t lo;
+} kvo_block_key;
+
+#define KVO_NO_SLOT UINT32_MAX
+
+typedef enum kvo_policy { KVO_POLICY_LRU = 0, KVO_POLICY_ARC = 1 } kvo_policy;
+typedef enum kvo_lookup_result { KVO_MISS = 0, KVO_HIT = 1, KVO_HIT_PENDING = 2 } kvo_lookup_result;
+typedef enum kvo_cannot_store_reason {
+  KVO_STORE_REASON_NONE = 0,
+  KVO_STORE_REASON_NO_EVICTABLE_SPACE = 1, /* the rest are pinned, pending or protected */
+  KVO_STORE_REASON_TOO_MANY_KEYS = 2       /* more new keys than the region has slots */
+} kvo_cannot_store_reason;
+typedef enum kvo_event_kind { KVO_EVENT_STORED = 0, KVO_EVENT_REMOVED = 1 } kvo_event_kind;
+
+typedef struct kvo_manager_options {
+  size_t struct_size;                  /* set by kvo_manager_options_init */
+  uint64_t num_chunks;                 /* slots in the region, 1 .. 2^32-2; required */
+  kvo_policy policy;                   /* default KVO_POLICY_LRU */
+  uint32_t store_threshold;            /* 0 (default): store every key; N: only after N lookups */
+  uint64_t threshold_tracker_capacity; /* 0: max(num_chunks, 1024) */
+  int record_events;                   /* nonzero (default): keep events for take_events */
+} kvo_manager_options;
+
+/* What kvo_manager_prepare_store did. ok == 0: nothing allocated, nothing evicted (reason). */
+typedef struct kvo_store_plan {
+  int ok;
+  kvo_cannot_store_reason reason;
+  size_t num_keys;            /* keys_out[0..num_keys) go to slots_out[0..num_keys) */
+  size_t num_evicted;         /* evicted_out[0..num_evicted) */
+  uint64_t skipped_present;   /* already stored or pending (or repeated in the call) */
+  uint64_t skipped_threshold; /* looked up fewer than store_threshold times */
+  uint64_t slots_needed;
+  uint64_t slots_available;
+} kvo_store_plan;
+
+typedef struct kvo_manager_event {
+  kvo_event_kind kind;
+  const kvo_block_key* keys;
+  size_t num_keys;
+} kvo_manager_event;
+
+typedef struct kvo_manager_stats {
+  uint64_t num_chunks, used, write_pending, pinned, evictable;
+  double usage, write_pending_fraction, pinned_fraction;
+  uint64_t lookup_keys, hits, hits_pending, misses;
+  uint64_t stores_prepared, stores_completed, stores_failed, stores_skipped_threshold;
+  uint64_t allocation_failures, evictions, loads_prepared, loads_completed;
+  /* The eviction policy's counters (ARC names; LRU reports residents as recent). */
+  uint64_t policy_resident, policy_evictable, policy_recent, policy_frequent;
+  uint64_t policy_ghost_recent, policy_ghost_frequent, policy_recent_target;
+} kvo_manager_stats;
+
+/* Parses 1..32 hex digits (most significant first) into a key. */
+KVO_API kvo_status kvo_block_key_parse_hex(const char* text, kvo_block_key* out);
+/* Writes 32 lower-case hex digits and a NUL to out (at least 33 bytes: out_size). */
+KVO_API kvo_status kvo_block_key_to_hex(kvo_block_key key, char* out, size_t out_size);
+
+KVO_API kvo_status kvo_manager_options_init(kvo_manager_options* options);
+KVO_API kvo_status kvo_manager_create(const kvo_manager_options* options, kvo_manager_t** out);
+KVO_API void kvo_manager_destroy(kvo_manager_t* manager);
+
+/* Per-key results into results (NULL to skip) and the hit prefix: how many leading keys are
+ * KVO_HIT. Counts toward the store threshold and the statistics; no recency change. */
+KVO_API kvo_status kvo_manager_lookup(kvo_manager_t* manager, const kvo_block_key* keys,
+                                      size_t count, kvo_lookup_result* results,
+                                      size_t* out_hit_prefix);
+/* Allocates write-pending slots for the keys not present, evicting as needed (never a key of this
+ * call, of protected_keys, nor a pinned or pending chunk), all or nothing. keys_out and slots_out
+ * receive plan->num_keys entries; evicted_out (NULL: evicted keys are reported only as `removed`
+ * events) receives plan->num_evicted. Running out of room is not an error: plan->ok == 0. */
+KVO_API kvo_status kvo_manager_prepare_store(kvo_manager_t* manager, const kvo_block_key* keys,
+                                             size_t count, const kvo_block_key* protected_keys,
+                                             size_t protected_count, kvo_block_key* keys_out,
+                                             uint32_t* slots_out, kvo_block_key* evicted_out,
+                                             kvo_store_plan* plan);
+/* Ends stores (each key write-pending): success makes them ready, failure frees the slots. */
+KVO_API kvo_status kvo_manager_complete_store(kvo_manager_t* manager, const kvo_block_key* keys,
+                                              size_t count, int success);
+/* Pins each (ready) key for one reader and writes its slot to slots_out. */
+KVO_API kvo_status kvo_manager_prepare_load(kvo_manager_t* manager, const kvo_block_key* keys,
+                                            size_t count, uint32_t* slots_out);
+/* Releases one pin per key occurrence. */
+KVO_API kvo_status kvo_manager_complete_load(kvo_manager_t* manager, const kvo_block_key* keys,
+                                             size_t count);
+/* Marks keys as used now in prefix order (keys[0] ends most recent); absent keys are ignored. */
+KVO_API kvo_status kvo_manager_touch(kvo_manager_t* manager, const kvo_block_key* keys,
+                                     size_t count);
+/* Drops every key (a `removed` event). KVO_STATE while a store is pending or a chunk pinned. */
+KVO_API kvo_status kvo_manager_reset(kvo_manager_t* manager);
+/* One key's state, slot (KVO_NO_SLOT when absent) and pin count; any out may be NULL. */
+KVO_API kvo_status kvo_manager_query(kvo_manager_t* manager, kvo_block_key key,
+                                     kvo_lookup_result* out_state, uint32_t* out_slot,
+                                     uint32_t* out_pins);
+/* Events since the previous call, oldest first (removed before stored within one operation).
+ * The array and the key arrays it points to are owned by the manager and stay valid until the
+ * next kvo_manager_take_events on it or kvo_manager_destroy. */
+KVO_API kvo_status kvo_manager_take_events(kvo_manager_t* manager,
+                                           const kvo_manager_event** out_events,
+                                           size_t* out_count);
+KVO_API kvo_status kvo_manager_stats_get(kvo_manager_t* manager, kvo_manager_stats* out);
+KVO_API kvo_status kvo_manager_reset_stats(kvo_manager_t* manager);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVOFFLOAD_KVOFFLOAD_H */

@@ -1,0 +1,51 @@
+#pragma once
+// Shared plumbing of the C API: the thread-local last error and the guard that turns every C++
+// exception into a kvo_status, so no exception crosses the C boundary.
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/kvoffload.h>
+
+#include <string>
+
+namespace kvoffload::capi {
+
+// Records an error for kvo_last_error_*(); never throws (falls back to a static message when the
+// copy cannot be allocated). Returns the status to hand to the caller.
+kvo_status set_last_error(kvo_status code, const char* message, int sys_errno = 0,
+                          const char* call = "") noexcept;
+kvo_status set_last_error(const Error& error) noexcept;
+
+// Throws kInvalidArgument "<function>: argument '<name>' is NULL" when ptr is null.
+inline void require_arg(const void* ptr, const char* function, const char* name) {
+  if (ptr == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(function) + ": argument '" + name + "' is NULL");
+  }
+}
+[[noreturn]] inline void invalid_arg(const char* function, const char* name, const std::string& why) {
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string(function) + ": argument '" + name + "' " + why);
+}
+
+// Runs `body`, mapping exceptions to a status. kvoffload::Error keeps its code, errno and call;
+// std::bad_alloc becomes KVO_SYSTEM/ENOMEM; anything else is KVO_INTERNAL.
+template <class Body>
+kvo_status guarded(const char* function, Body&& body) noexcept {
+  try {
+    body();
+    return KVO_OK;
+  } catch (const Error& e) {
+    return set_last_error(e);
+  } catch (const std::bad_alloc&) {
+    return set_last_error(KVO_SYSTEM, "out of memory", ENOMEM, function);
+  } catch (const std::exception& e) {
+    return set_last_error(KVO_INTERNAL, e.what(), 0, function);
+  } catch (...) {
+    return set_last_error(KVO_INTERNAL, "unknown exception", 0, function);
+  }
+}
+
+}  // namespace kvoffload::capi
+
+// KVO_ARG(p): the NULL check with the calling function's name and the argument's spelling.
+#define KVO_ARG(p) ::kvoffload::capi::require_arg((p), __func__, #p)

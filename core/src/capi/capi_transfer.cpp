@@ -1,0 +1,478 @@
+// C API over DeviceRuntime and TransferEngine.
+#include "capi/capi_handles.hpp"
+#include "capi/capi_internal.hpp"
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+using kvoffload::Error;
+using kvoffload::ErrorCode;
+using kvoffload::capi::guarded;
+using kvoffload::capi::invalid_arg;
+
+namespace {
+
+kvo_runtime& runtime_of(kvo_runtime_t* rt, const char* function) {
+  kvoffload::capi::require_arg(rt, function, "runtime");
+  return *rt;
+}
+kvo_engine& engine_of(kvo_engine_t* e, const char* function) {
+  kvoffload::capi::require_arg(e, function, "engine");
+  return *e;
+}
+
+// Error strings of the results handed out by the latest poll/wait on this thread (a deque, so
+// c_str() pointers stay valid while it grows).
+std::deque<std::string>& result_errors() {
+  thread_local std::deque<std::string> errors;
+  return errors;
+}
+
+kvo_job_result to_c(const kvoffload::JobResult& r) {
+  const char* error = "";
+  if (!r.error.empty()) error = result_errors().emplace_back(r.error).c_str();
+  return kvo_job_result{static_cast<uint64_t>(r.job_id),
+                        r.direction == kvoffload::Direction::kStore ? KVO_STORE : KVO_LOAD,
+                        r.success ? 1 : 0, r.bytes, r.seconds, error};
+}
+
+std::vector<kvoffload::KvGroup> groups_of(const kvo_kv_group* groups, size_t num_groups,
+                                          const char* function) {
+  if (num_groups == 0) invalid_arg(function, "num_groups", "is 0; a layout has at least one group");
+  kvoffload::capi::require_arg(groups, function, "groups");
+  std::vector<kvoffload::KvGroup> out(num_groups);
+  for (size_t g = 0; g < num_groups; ++g) {
+    if (groups[g].num_tensors != 0 && groups[g].tensors == nullptr) {
+      invalid_arg(function, ("groups[" + std::to_string(g) + "].tensors").c_str(),
+                  "is NULL with num_tensors " + std::to_string(groups[g].num_tensors));
+    }
+    for (size_t t = 0; t < groups[g].num_tensors; ++t) {
+      const kvo_device_tensor& d = groups[g].tensors[t];
+      out[g].tensors.push_back({d.base, d.num_blocks, d.page_bytes, d.block_stride});
+    }
+  }
+  return out;
+}
+
+kvoffload::EngineOptions options_of(const kvo_engine_options* o, const char* function) {
+  kvoffload::EngineOptions opts;
+  if (o == nullptr) return opts;
+  if (o->struct_size != sizeof(kvo_engine_options)) {
+    invalid_arg(function, "options",
+                "has struct_size " + std::to_string(o->struct_size) + ", expected " +
+                    std::to_string(sizeof(kvo_engine_options)) +
+                    " (initialise it with kvo_engine_options_init)");
+  }
+  opts.register_host = o->register_host != 0;
+  opts.allow_kernel = o->allow_kernel != 0;
+  opts.store_policy = {o->store_kernel_below_bytes, o->store_kernel_min_count};
+  opts.load_policy = {o->load_kernel_below_bytes, o->load_kernel_min_count};
+  opts.calibrate = o->calibrate != 0;
+  return opts;
+}
+
+kvo_status status_of(bool ok) { return ok ? KVO_OK : KVO_DEVICE; }
+
+}  // namespace
+
+extern "C" {
+
+// ---- runtime -----------------------------------------------------------------------------------
+
+kvo_status kvo_runtime_create(const char* backend, int device, kvo_runtime_t** out) {
+  return guarded(__func__, [&] {
+    KVO_ARG(backend);
+    KVO_ARG(out);
+    if (device < 0) invalid_arg(__func__, "device", "is " + std::to_string(device) + "; must be >= 0");
+    kvoffload::RuntimeOptions opts;
+    opts.device = device;
+    *out = std::make_unique<kvo_runtime>(kvoffload::make_runtime(backend, opts)).release();
+  });
+}
+
+void kvo_runtime_destroy(kvo_runtime_t* runtime) { delete runtime; }
+
+kvo_status kvo_runtime_name(const kvo_runtime_t* runtime, const char** out) {
+  return guarded(__func__, [&] {
+    KVO_ARG(runtime);
+    KVO_ARG(out);
+    *out = runtime->name.c_str();
+  });
+}
+
+kvo_status kvo_runtime_supports_kernel_path(const kvo_runtime_t* runtime, int* out) {
+  return guarded(__func__, [&] {
+    KVO_ARG(runtime);
+    KVO_ARG(out);
+    *out = runtime->runtime->supports_kernel_path() ? 1 : 0;
+  });
+}
+
+kvo_status kvo_runtime_stream_create(kvo_runtime_t* runtime, uint64_t* out_stream) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    KVO_ARG(out_stream);
+    kvoffload::Stream s = rt.runtime->create_stream();
+    const uint64_t handle = s.native();
+    std::lock_guard lock(rt.mutex);
+    rt.streams.emplace(handle, std::move(s));
+    *out_stream = handle;
+  });
+}
+
+kvo_status kvo_runtime_stream_destroy(kvo_runtime_t* runtime, uint64_t stream) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    kvoffload::Stream victim;
+    {
+      std::lock_guard lock(rt.mutex);
+      auto it = rt.streams.find(stream);
+      if (it == rt.streams.end()) {
+        throw Error(ErrorCode::kNotFound, std::string(__func__) + ": stream " + std::to_string(stream) +
+                                              " was not made by kvo_runtime_stream_create on this runtime");
+      }
+      victim = std::move(it->second);
+      rt.streams.erase(it);
+    }
+    victim.reset();  // outside the lock: finishing pending work may take a while
+  });
+}
+
+kvo_status kvo_runtime_stream_synchronize(kvo_runtime_t* runtime, uint64_t stream) {
+  return guarded(__func__, [&] {
+    runtime_of(runtime, __func__).runtime->synchronize_stream(kvoffload::StreamView::from_native(stream));
+  });
+}
+
+kvo_status kvo_runtime_event_create(kvo_runtime_t* runtime, uint64_t* out_event) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    KVO_ARG(out_event);
+    kvoffload::Event e = rt.runtime->create_event();
+    const uint64_t handle = e.native();
+    std::lock_guard lock(rt.mutex);
+    rt.events.emplace(handle, std::move(e));
+    *out_event = handle;
+  });
+}
+
+kvo_status kvo_runtime_event_destroy(kvo_runtime_t* runtime, uint64_t event) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    std::lock_guard lock(rt.mutex);
+    if (rt.events.erase(event) == 0) {
+      throw Error(ErrorCode::kNotFound, std::string(__func__) + ": event " + std::to_string(event) +
+                                            " was not made by kvo_runtime_event_create on this runtime");
+    }
+  });
+}
+
+kvo_status kvo_runtime_event_record(kvo_runtime_t* runtime, uint64_t event, uint64_t stream) {
+  return guarded(__func__, [&] {
+    if (event == 0) invalid_arg(__func__, "event", "is 0 (not an event)");
+    runtime_of(runtime, __func__)
+        .runtime->record_event(kvoffload::EventView::from_native(event),
+                               kvoffload::StreamView::from_native(stream));
+  });
+}
+
+kvo_status kvo_runtime_event_query(kvo_runtime_t* runtime, uint64_t event, int* out_done) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    KVO_ARG(out_done);
+    if (event == 0) invalid_arg(__func__, "event", "is 0 (not an event)");
+    *out_done = rt.runtime->query_event(kvoffload::EventView::from_native(event)) ? 1 : 0;
+  });
+}
+
+kvo_status kvo_runtime_event_synchronize(kvo_runtime_t* runtime, uint64_t event) {
+  return guarded(__func__, [&] {
+    if (event == 0) invalid_arg(__func__, "event", "is 0 (not an event)");
+    runtime_of(runtime, __func__).runtime->synchronize_event(kvoffload::EventView::from_native(event));
+  });
+}
+
+kvo_status kvo_runtime_register_host(kvo_runtime_t* runtime, void* ptr, uint64_t bytes,
+                                     uint64_t align, kvo_registration_t** out) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    KVO_ARG(ptr);
+    KVO_ARG(out);
+    if (bytes == 0) invalid_arg(__func__, "bytes", "is 0");
+    auto reg = std::make_unique<kvo_registration>();
+    reg->registration = rt.runtime->register_host(ptr, bytes, align);
+    *out = reg.release();
+  });
+}
+
+kvo_status kvo_registration_device_pointer(const kvo_registration_t* registration,
+                                           const void* host_ptr, uint64_t* out) {
+  return guarded(__func__, [&] {
+    KVO_ARG(registration);
+    KVO_ARG(out);
+    *out = reinterpret_cast<uint64_t>(registration->registration.device_pointer(host_ptr));
+  });
+}
+
+kvo_status kvo_registration_destroy(kvo_registration_t* registration) {
+  if (registration == nullptr) return KVO_OK;
+  const bool ok = registration->registration.reset();
+  delete registration;
+  if (!ok) {
+    return kvoffload::capi::set_last_error(
+        KVO_DEVICE, "kvo_registration_destroy: the backend failed to unregister (the log names "
+                    "the error); the handle is freed");
+  }
+  return status_of(ok);
+}
+
+kvo_status kvo_runtime_device_alloc(kvo_runtime_t* runtime, uint64_t bytes, uint64_t* out_ptr) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    KVO_ARG(out_ptr);
+    if (bytes == 0) invalid_arg(__func__, "bytes", "is 0");
+    kvoffload::DeviceBuffer b = rt.runtime->allocate_device(bytes);
+    const auto address = reinterpret_cast<uint64_t>(b.data());
+    std::lock_guard lock(rt.mutex);
+    rt.buffers.emplace(address, std::move(b));
+    *out_ptr = address;
+  });
+}
+
+kvo_status kvo_runtime_device_free(kvo_runtime_t* runtime, uint64_t ptr) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    std::lock_guard lock(rt.mutex);
+    if (rt.buffers.erase(ptr) == 0) {
+      throw Error(ErrorCode::kNotFound, std::string(__func__) + ": 0x" + std::to_string(ptr) +
+                                            " was not allocated by kvo_runtime_device_alloc on this runtime");
+    }
+  });
+}
+
+kvo_status kvo_runtime_memcpy(kvo_runtime_t* runtime, uint64_t dst, uint64_t src, uint64_t bytes) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    if (bytes != 0 && dst == 0) invalid_arg(__func__, "dst", "is NULL");
+    if (bytes != 0 && src == 0) invalid_arg(__func__, "src", "is NULL");
+    rt.runtime->memcpy_sync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  });
+}
+
+kvo_status kvo_runtime_memset(kvo_runtime_t* runtime, uint64_t dst, int value, uint64_t bytes) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    if (bytes != 0 && dst == 0) invalid_arg(__func__, "dst", "is NULL");
+    rt.runtime->memset_sync(reinterpret_cast<void*>(dst), value, bytes);
+  });
+}
+
+// ---- engine ------------------------------------------------------------------------------------
+
+kvo_status kvo_engine_options_init(kvo_engine_options* options) {
+  return guarded(__func__, [&] {
+    KVO_ARG(options);
+    const kvoffload::EngineOptions d;
+    *options = kvo_engine_options{sizeof(kvo_engine_options),
+                                  d.register_host ? 1 : 0,
+                                  d.allow_kernel ? 1 : 0,
+                                  d.store_policy.kernel_below_bytes,
+                                  d.store_policy.kernel_min_count,
+                                  d.load_policy.kernel_below_bytes,
+                                  d.load_policy.kernel_min_count,
+                                  d.calibrate ? 1 : 0};
+  });
+}
+
+kvo_status kvo_engine_create_for_region(kvo_runtime_t* runtime, kvo_region_t* region, uint32_t rank,
+                                        const kvo_kv_group* groups, size_t num_groups,
+                                        uint32_t blocks_per_chunk, const kvo_engine_options* options,
+                                        kvo_engine_t** out) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    KVO_ARG(region);
+    KVO_ARG(out);
+    auto g = groups_of(groups, num_groups, __func__);
+    auto opts = options_of(options, __func__);
+    if (!region->region.is_open()) throw Error(ErrorCode::kState, std::string(__func__) + ": the region is closed");
+    *out = std::make_unique<kvo_engine>(kvoffload::TransferEngine(*rt.runtime, region->region, rank,
+                                                                  std::move(g), blocks_per_chunk, opts))
+               .release();
+  });
+}
+
+kvo_status kvo_engine_create(kvo_runtime_t* runtime, const kvo_host_slots* host,
+                             const kvo_kv_group* groups, size_t num_groups, uint32_t blocks_per_chunk,
+                             const kvo_engine_options* options, kvo_engine_t** out) {
+  return guarded(__func__, [&] {
+    auto& rt = runtime_of(runtime, __func__);
+    KVO_ARG(host);
+    KVO_ARG(out);
+    if (host->base == nullptr) invalid_arg(__func__, "host->base", "is NULL");
+    kvoffload::KvLayout layout;
+    layout.groups = groups_of(groups, num_groups, __func__);
+    layout.blocks_per_chunk = blocks_per_chunk;
+    layout.host = kvoffload::HostSlots{static_cast<std::byte*>(host->base), host->buffer_bytes,
+                                       host->num_chunks,  host->row_stride,
+                                       host->slot_offset, host->slot_bytes};
+    auto opts = options_of(options, __func__);
+    *out = std::make_unique<kvo_engine>(kvoffload::TransferEngine(*rt.runtime, std::move(layout), opts))
+               .release();
+  });
+}
+
+void kvo_engine_destroy(kvo_engine_t* engine) {
+  if (engine == nullptr) return;
+  engine->engine.shutdown();  // noexcept; the destructor would do it too, this states the order
+  delete engine;
+}
+
+kvo_status kvo_engine_shutdown(kvo_engine_t* engine) {
+  return guarded(__func__, [&] { engine_of(engine, __func__).engine.shutdown(); });
+}
+
+kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_direction direction,
+                             const kvo_transfer_spec* spec, kvo_wait_on wait_on) {
+  return guarded(__func__, [&] {
+    auto& e = engine_of(engine, __func__);
+    KVO_ARG(spec);
+    if (direction != KVO_STORE && direction != KVO_LOAD) {
+      invalid_arg(__func__, "direction", "is " + std::to_string(static_cast<int>(direction)) +
+                                             "; use KVO_STORE or KVO_LOAD");
+    }
+    if (spec->num_chunks != 0 && spec->chunks == nullptr) {
+      invalid_arg(__func__, "spec->chunks", "is NULL with num_chunks " + std::to_string(spec->num_chunks));
+    }
+    if (spec->num_groups != 0 && spec->groups == nullptr) {
+      invalid_arg(__func__, "spec->groups", "is NULL with num_groups " + std::to_string(spec->num_groups));
+    }
+    // Small per-call vector of spans (one per KV group, usually 1-2): the blocks are not copied.
+    std::vector<std::span<const std::uint64_t>> groups(spec->num_groups);
+    for (size_t g = 0; g < spec->num_groups; ++g) {
+      const kvo_block_list& l = spec->groups[g];
+      if (l.count != 0 && l.blocks == nullptr) {
+        invalid_arg(__func__, ("spec->groups[" + std::to_string(g) + "].blocks").c_str(),
+                    "is NULL with count " + std::to_string(l.count));
+      }
+      groups[g] = {l.blocks, l.count};
+    }
+    kvoffload::TransferSpec s;
+    s.chunks = {spec->chunks, spec->num_chunks};
+    s.skip = spec->skip;
+    s.group_blocks = groups;
+    kvoffload::WaitOn w;
+    switch (wait_on.kind) {
+      case KVO_WAIT_NOTHING: break;
+      case KVO_WAIT_STREAM: w = kvoffload::WaitOn::stream(kvoffload::StreamView::from_native(wait_on.handle)); break;
+      case KVO_WAIT_EVENT:
+        if (wait_on.handle == 0) invalid_arg(__func__, "wait_on.handle", "is 0 with KVO_WAIT_EVENT");
+        w = kvoffload::WaitOn::event(kvoffload::EventView::from_native(wait_on.handle));
+        break;
+      default:
+        invalid_arg(__func__, "wait_on.kind", "is " + std::to_string(static_cast<int>(wait_on.kind)));
+    }
+    e.engine.submit(kvoffload::JobId{job_id}, direction == KVO_STORE ? kvoffload::Direction::kStore
+                                                                      : kvoffload::Direction::kLoad,
+                    s, w);
+  });
+}
+
+kvo_status kvo_engine_poll(kvo_engine_t* engine, kvo_job_result* out, size_t capacity,
+                           size_t* out_count) {
+  return guarded(__func__, [&] {
+    auto& e = engine_of(engine, __func__);
+    KVO_ARG(out_count);
+    if (capacity != 0) KVO_ARG(out);
+    result_errors().clear();
+    std::lock_guard lock(e.mutex);
+    for (auto& r : e.engine.poll()) e.undelivered.push_back(std::move(r));
+    const size_t n = std::min(capacity, e.undelivered.size());
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = to_c(e.undelivered.front());
+      e.undelivered.pop_front();
+    }
+    *out_count = n;
+  });
+}
+
+kvo_status kvo_engine_wait(kvo_engine_t* engine, const uint64_t* job_ids, size_t count,
+                           kvo_job_result* out) {
+  return guarded(__func__, [&] {
+    auto& e = engine_of(engine, __func__);
+    if (count == 0) return;
+    KVO_ARG(job_ids);
+    KVO_ARG(out);
+    result_errors().clear();
+    // Results already collected by a poll that had no room for them are answered from there;
+    // the engine only knows about the rest.
+    std::vector<kvoffload::JobResult> found(count);
+    std::vector<bool> have(count, false);
+    std::vector<kvoffload::JobId> rest;
+    {
+      std::lock_guard lock(e.mutex);
+      for (size_t i = 0; i < count; ++i) {
+        auto it = std::find_if(e.undelivered.begin(), e.undelivered.end(),
+                               [&](const kvoffload::JobResult& r) { return static_cast<uint64_t>(r.job_id) == job_ids[i]; });
+        if (it != e.undelivered.end()) {
+          found[i] = std::move(*it);
+          have[i] = true;
+          e.undelivered.erase(it);
+        } else {
+          rest.push_back(kvoffload::JobId{job_ids[i]});
+        }
+      }
+    }
+    std::vector<kvoffload::JobResult> waited;
+    try {
+      waited = e.engine.wait(rest);
+    } catch (...) {
+      // Put back what we took so a failed wait (unknown id) loses no result.
+      std::lock_guard lock(e.mutex);
+      for (size_t i = 0; i < count; ++i) {
+        if (have[i]) e.undelivered.push_back(std::move(found[i]));
+      }
+      throw;
+    }
+    for (size_t i = 0, w = 0; i < count; ++i) out[i] = to_c(have[i] ? found[i] : waited[w++]);
+  });
+}
+
+kvo_status kvo_engine_wait_all(kvo_engine_t* engine, kvo_job_result* out, size_t capacity,
+                               size_t* out_count) {
+  return guarded(__func__, [&] {
+    auto& e = engine_of(engine, __func__);
+    KVO_ARG(out_count);
+    if (capacity != 0) KVO_ARG(out);
+    result_errors().clear();
+    auto results = e.engine.wait_all();
+    std::lock_guard lock(e.mutex);
+    for (auto& r : results) e.undelivered.push_back(std::move(r));
+    const size_t n = std::min(capacity, e.undelivered.size());
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = to_c(e.undelivered.front());
+      e.undelivered.pop_front();
+    }
+    *out_count = n;
+  });
+}
+
+kvo_status kvo_engine_stats_get(const kvo_engine_t* engine, kvo_engine_stats* out) {
+  return guarded(__func__, [&] {
+    KVO_ARG(engine);
+    KVO_ARG(out);
+    const kvoffload::EngineStats s = engine->engine.stats();
+    *out = kvo_engine_stats{s.jobs_submitted, s.jobs_succeeded,  s.jobs_failed,
+                            s.bytes_succeeded, s.dma_batches,    s.kernel_batches,
+                            s.fragments,       s.descriptors,    s.last_descriptors,
+                            s.host_registered ? 1 : 0};
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,6 @@
+# The C API (core/include/kvoffload/kvoffload.h): thin extern "C" wrappers over the C++ API.
+target_sources(kvoffload PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/capi_error.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/capi_region.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/capi_manager.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/capi_transfer.cpp)

@@ -1,0 +1,13 @@
+#pragma once
+// One bind_* function per part of the API; module.cpp calls them in order (errors first, so the
+// exception translator is in place before anything else is bound).
+#include <pybind11/pybind11.h>
+
+namespace kvoffload::python {
+
+void bind_errors(pybind11::module_& m);
+void bind_region(pybind11::module_& m);
+void bind_runtime(pybind11::module_& m);
+void bind_manager(pybind11::module_& m);
+
+}  // namespace kvoffload::python

@@ -1,0 +1,69 @@
+// kvoffload.Error and kvoffload.ErrorCode.
+#include "bindings.hpp"
+
+#include <kvoffload/error.hpp>
+
+#include <pybind11/eval.h>
+
+namespace py = pybind11;
+
+namespace kvoffload::python {
+
+void bind_errors(py::module_& m) {
+  // py::arithmetic: codes compare and convert like ints (they equal the C API's kvo_status values).
+  py::enum_<ErrorCode>(m, "ErrorCode", py::arithmetic(), "Stable error codes (the C API's kvo_status)")
+      .value("OK", ErrorCode::kOk)
+      .value("INVALID_ARGUMENT", ErrorCode::kInvalidArgument)
+      .value("CAPACITY", ErrorCode::kCapacity)
+      .value("SYSTEM", ErrorCode::kSystem)
+      .value("TIMEOUT", ErrorCode::kTimeout)
+      .value("MISMATCH", ErrorCode::kMismatch)
+      .value("PERMISSION", ErrorCode::kPermission)
+      .value("NOT_AVAILABLE", ErrorCode::kNotAvailable)
+      .value("DEVICE", ErrorCode::kDevice)
+      .value("TRANSFER_FAILED", ErrorCode::kTransferFailed)
+      .value("NOT_FOUND", ErrorCode::kNotFound)
+      .value("STATE", ErrorCode::kState)
+      .value("INTERNAL", ErrorCode::kInternal);
+
+  // Error(message, code=ErrorCode.INTERNAL, errno=0, call="") is defined in Python so it is an
+  // ordinary class users can subclass and construct; the translator fills its attributes.
+  py::dict scope;
+  scope["ErrorCode"] = m.attr("ErrorCode");
+  py::exec(R"(
+class Error(RuntimeError):
+    """A kvoffload failure. str(e) is the message of the step that failed; .code is a
+    kvoffload.ErrorCode, .errno the errno or device error (0 when none), .call the failing call."""
+
+    def __init__(self, message, code=ErrorCode.INTERNAL, errno=0, call=""):
+        super().__init__(message)
+        self.message = message
+        self.code = ErrorCode(int(code))
+        self.errno = errno
+        self.call = call
+
+    @property
+    def code_name(self):
+        return self.code.name.lower()
+)",
+           scope);
+  py::object error_type = scope["Error"];
+  error_type.attr("__module__") = "kvoffload";
+  m.attr("Error") = error_type;
+
+  // Kept alive for the process: the translator runs until interpreter shutdown.
+  static py::object* error_class = new py::object(error_type);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      py::object exc = (*error_class)(e.what(), e.code(), e.sys_errno(), e.call());
+      PyErr_SetObject(error_class->ptr(), exc.ptr());
+    }
+  });
+
+  m.def("error_code_name", [](ErrorCode c) { return std::string(error_code_name(c)); },
+        "Stable name of an error code, e.g. 'invalid_argument'");
+}
+
+}  // namespace kvoffload::python

@@ -1,0 +1,21 @@
+// The pybind11 extension kvoffload._kvoffload (re-exported by the package kvoffload).
+//
+// Binds the C++ API directly (richer than going through the C API, and the same library).
+// Pointers cross as Python ints, so an engine passes torch's tensor.data_ptr() straight in.
+// Errors: every kvoffload::Error becomes kvoffload.Error, whose str() is the C++ message and which
+// carries .code (kvoffload.ErrorCode), .errno and .call.
+#include "bindings.hpp"
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/version.hpp>
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_kvoffload, m) {
+  m.doc() = "kvoffload: KV-cache offload to a shared pinned host pool (C++ extension)";
+  m.attr("__version__") = KVOFFLOAD_VERSION_STRING;
+  kvoffload::python::bind_errors(m);
+  kvoffload::python::bind_region(m);
+  kvoffload::python::bind_runtime(m);
+  kvoffload::python::bind_manager(m);
+}

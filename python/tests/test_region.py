@@ -1,0 +1,132 @@
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvoffload
+
+
+def make(shm_dir, rank=0, engine_id="py-region", **kw):
+    args = dict(engine_id=engine_id, num_chunks=4, slot_bytes=3000, world_size=2, rank=rank,
+                shm_dir=shm_dir, join_timeout=5.0)
+    args.update(kw)
+    return kvoffload.Region.create_or_join(**args)
+
+
+def test_create_then_join_share_memory(shm_dir):
+    creator = make(shm_dir, rank=0)
+    joiner = make(shm_dir, rank=1)
+    assert creator.role == "creator" and joiner.role == "joiner"
+    assert creator.path == joiner.path and os.path.exists(creator.path)
+    assert str(creator.path).startswith(shm_dir)
+    g = creator.geometry
+    assert (g.num_chunks, g.slot_bytes, g.world_size, g.copies) == (4, 3000, 2, 2)
+    assert g.row_stride % g.page_size == 0 and g.data_bytes == 4 * g.row_stride
+    assert g == joiner.geometry
+    assert creator.rank == 0 and joiner.rank == 1 and creator.engine_id == "py-region"
+    assert creator.populate_report.method in ("madvise", "fallback")
+
+    # Rank 1 writes its own slot; rank 0 sees it through its mapping of rank 1's slot.
+    np.asarray(joiner.slot(2))[:] = 0x5A
+    seen = np.asarray(creator.slot(2, rank=1))
+    assert seen.shape == (3000,) and seen.dtype == np.uint8 and (seen == 0x5A).all()
+    assert not np.asarray(creator.slot(2)).any()
+    assert creator.slot_address(2, rank=1) == creator.address + 2 * g.row_stride + 3000
+    assert len(creator.row(3)) == g.row_stride
+    assert creator.data().nbytes == g.data_bytes
+    del seen
+    path = creator.path
+    assert joiner.close() and not joiner.is_open
+    assert os.path.exists(path)
+    assert creator.close()
+    assert not os.path.exists(path)
+    assert creator.close()  # idempotent
+
+
+def test_slot_is_a_zero_copy_view(shm_dir):
+    with make(shm_dir, world_size=1, slot_bytes=4096) as region:
+        view = np.asarray(region.slot(1))
+        view[:4] = [1, 2, 3, 4]
+        addr = view.__array_interface__["data"][0]
+        assert addr == region.slot_address(1)
+        assert bytes(memoryview(region.slot(1))[:4]) == b"\x01\x02\x03\x04"
+        # A typed view over the same bytes.
+        as_f32 = np.frombuffer(region.slot(1), dtype=np.float32)
+        assert as_f32.size == 1024
+        del view, as_f32
+        gc.collect()
+
+
+def test_views_keep_the_region_mapped(shm_dir):
+    region = make(shm_dir, world_size=1, slot_bytes=4096)
+    path = region.path
+    view = np.asarray(region.slot(0))
+    assert region.live_views == 1
+    # Closing while a view exists would leave it dangling: refused, naming the views.
+    with pytest.raises(kvoffload.Error) as e:
+        region.close()
+    assert e.value.code == kvoffload.ErrorCode.STATE and "view" in str(e.value)
+    # Dropping the Region object keeps the mapping alive for the view.
+    del region
+    gc.collect()
+    view[:] = 7
+    assert (view == 7).all() and os.path.exists(path)
+    del view
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_unranked_mapper_and_listing(shm_dir):
+    with make(shm_dir, rank=0) as r0, make(shm_dir, rank=None) as sched:
+        assert sched.rank is None and sched.role == "joiner"
+        with pytest.raises(kvoffload.Error) as e:
+            sched.slot(0)
+        assert e.value.code == kvoffload.ErrorCode.STATE
+        infos = kvoffload.list_regions(shm_dir)
+        assert [i.engine_id for i in infos] == ["py-region"]
+        assert infos[0].attached >= 1 and not infos[0].stale
+        removed, kept = kvoffload.clean_regions(shm_dir)
+        assert removed == [] and len(kept) == 1
+        assert str(kvoffload.region_path(shm_dir, "py-region")) == str(r0.path)
+
+
+def test_errors_carry_code_and_message(shm_dir):
+    with pytest.raises(kvoffload.Error) as e:
+        make(shm_dir, engine_id="bad/id")
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
+    assert e.value.code_name == "invalid_argument" and "bad/id" in str(e.value)
+    assert isinstance(e.value, RuntimeError)
+
+    with pytest.raises(kvoffload.Error) as e:
+        make("/nonexistent/kvoffload-py")
+    assert "/nonexistent/kvoffload-py" in str(e.value)
+
+    with make(shm_dir, rank=0):
+        with pytest.raises(kvoffload.Error) as e:
+            make(shm_dir, rank=1, slot_bytes=4096)
+        assert e.value.code == kvoffload.ErrorCode.MISMATCH and "4096" in str(e.value)
+
+    with make(shm_dir, rank=0, engine_id="other") as r:
+        with pytest.raises(kvoffload.Error) as e:
+            r.slot(4)
+        assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
+    with pytest.raises(kvoffload.Error) as e:
+        r.geometry
+    assert e.value.code == kvoffload.ErrorCode.STATE
+
+
+def test_join_from_another_process(shm_dir):
+    # The scheduler's mapper in another interpreter sees what this rank wrote.
+    with make(shm_dir, rank=0, world_size=1, slot_bytes=4096) as region:
+        np.asarray(region.slot(3))[:] = 0xA7
+        code = (
+            "import numpy as np, kvoffload\n"
+            f"r = kvoffload.Region.create_or_join(engine_id='py-region', num_chunks=4, slot_bytes=4096,"
+            f" world_size=1, rank=None, shm_dir={shm_dir!r})\n"
+            "assert r.role == 'joiner'\n"
+            "assert (np.asarray(r.slot(3, rank=0)) == 0xA7).all()\n"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
