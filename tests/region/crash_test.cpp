@@ -1,0 +1,210 @@
+// Creators that die (SIGKILL) or stall at chosen points of creation and population, joiners that
+// wait for them, and a real small tmpfs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <future>
+#include <thread>
+
+#include "fault_syscalls.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/region.hpp"
+#include "region_helpers.hpp"
+#include "test_env.hpp"
+
+namespace kvoffload {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::expect_error;
+using testing::FaultSyscalls;
+using testing::Op;
+using testing::small_options;
+using testing::TempDir;
+
+struct KillPoint {
+  const char* name;
+  Op op;
+  int nth;
+  bool before;        // before or after the real call
+  bool leaves_file;   // whether a (stale) file is expected afterwards
+};
+
+class CreatorKilled : public ::testing::TestWithParam<KillPoint> {};
+
+void run_creator_killed_at(const KillPoint& k, const RegionOptions& opts) {
+  const pid_t pid = testing::fork_child([&] {
+    FaultSyscalls sys;
+    auto hook = [] { ::raise(SIGKILL); };
+    if (k.before) {
+      sys.before(k.op, k.nth, hook);
+    } else {
+      sys.after(k.op, k.nth, hook);
+    }
+    auto o = opts;
+    o.syscalls = sys.get();
+    Region r = Region::create_or_join(o);
+    return 50;  // the kill point was never reached
+  });
+  const int status = testing::wait_child(pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+}
+
+TEST_P(CreatorKilled, CleanRemovesTheLeftoverAndALaterCreateSucceeds) {
+  const KillPoint k = GetParam();
+  const TempDir dir;
+  auto opts = small_options(dir.path(), "killed", 0);
+  opts.layout.num_chunks = 6;
+
+  // 1. Killed; `clean` removes what is left.
+  run_creator_killed_at(k, opts);
+  EXPECT_EQ(dir.entries().size(), k.leaves_file ? 1U : 0U);
+  if (k.leaves_file) {
+    const auto listed = list_regions(dir.path());
+    ASSERT_EQ(listed.size(), 1U);
+    EXPECT_TRUE(listed[0].stale);
+    const auto cleaned = clean_regions(dir.path());
+    EXPECT_EQ(cleaned.removed.size(), 1U);
+    EXPECT_TRUE(dir.entries().empty());
+  }
+
+  // 2. Killed again; the next create with the same id reclaims and succeeds.
+  run_creator_killed_at(k, opts);
+  auto joiner_opts = opts;
+  joiner_opts.rank = 1;
+  Region r = Region::create_or_join(joiner_opts);
+  EXPECT_EQ(r.role(), RegionRole::kCreator);
+  r.slot(5)[0] = std::byte{1};
+  r.close();
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Points, CreatorKilled,
+    ::testing::Values(KillPoint{"unnamed_file_built", Op::kLinkat, 1, true, false},
+                      KillPoint{"just_published", Op::kLinkat, 1, false, true},
+                      KillPoint{"during_fallocate", Op::kFallocate, 1, false, true},
+                      KillPoint{"before_ready", Op::kPwrite, 2, true, true},
+                      KillPoint{"populate_probe", Op::kMadvise, 1, true, true},
+                      KillPoint{"populate_rows", Op::kMadvise, 4, true, true},
+                      KillPoint{"before_teardown", Op::kMunmap, 1, true, true}),
+    [](const auto& param_info) { return std::string(param_info.param.name); });
+
+// A child creator that stops just before allocating; the parent decides what happens to it.
+struct StalledCreator {
+  pid_t pid = -1;
+  explicit StalledCreator(const RegionOptions& opts) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
+    pid = testing::fork_child([&] {
+      ::close(fds[0]);
+      FaultSyscalls sys;
+      sys.before(Op::kFallocate, 1, [&] {
+        const char c = 'x';
+        (void)!::write(fds[1], &c, 1);
+        for (;;) ::pause();
+      });
+      auto o = opts;
+      o.syscalls = sys.get();
+      Region r = Region::create_or_join(o);
+      return 0;
+    });
+    ::close(fds[1]);
+    char c = 0;
+    const bool stalled = ::read(fds[0], &c, 1) == 1;
+    ::close(fds[0]);
+    if (!stalled) throw std::runtime_error("creator did not reach fallocate");
+  }
+  void kill() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      testing::wait_child(pid);
+      pid = -1;
+    }
+  }
+  ~StalledCreator() { kill(); }
+};
+
+TEST(JoinerWait, TimesOutNamingPathStateAndSeconds) {
+  const TempDir dir;
+  auto opts = small_options(dir.path(), "slow");
+  StalledCreator creator(opts);
+  auto joiner = opts;
+  joiner.rank = 1;
+  joiner.join_timeout = std::chrono::milliseconds(150);
+  const auto fds = testing::fd_snapshot();
+  const auto maps = testing::maps_snapshot();
+  const Error e = expect_error([&] { (void)Region::create_or_join(joiner); });
+  EXPECT_EQ(e.code(), ErrorCode::kTimeout);
+  EXPECT_THAT(e.what(), AllOf(HasSubstr((dir.path() / "kvoffload_slow.region").string()), HasSubstr("'ready'"),
+                              HasSubstr("'creating'"), HasSubstr(" s ")));
+  EXPECT_EQ(testing::fd_snapshot(), fds);
+  EXPECT_EQ(testing::maps_snapshot(), maps);
+  // The stalled stub is in use: clean keeps it.
+  EXPECT_EQ(clean_regions(dir.path()).kept.size(), 1U);
+  creator.kill();
+  Region r = Region::create_or_join(joiner);
+  EXPECT_EQ(r.role(), RegionRole::kCreator);
+}
+
+TEST(JoinerWait, DeadCreatorIsDetectedAndTheJoinerTakesOver) {
+  const TempDir dir;
+  auto opts = small_options(dir.path(), "dies");
+  StalledCreator creator(opts);
+  auto joiner = opts;
+  joiner.rank = 1;
+  joiner.join_timeout = std::chrono::seconds(120);  // far longer than the test's own timeout
+  auto result = std::async(std::launch::async, [&] { return Region::create_or_join(joiner); });
+  EXPECT_EQ(result.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);  // waiting
+  creator.kill();
+  Region r = result.get();
+  EXPECT_EQ(r.role(), RegionRole::kCreator);
+}
+
+// A real tmpfs of 4 MiB in a private mount namespace (needs CAP_SYS_ADMIN; skipped otherwise).
+TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
+  constexpr int kSkip = 77;
+  const pid_t pid = testing::fork_child([] {
+    if (::unshare(CLONE_NEWNS) != 0) return kSkip;
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return kSkip;
+    const TempDir dir("/tmp");
+    if (::mount("tmpfs", dir.path().c_str(), "tmpfs", 0, "size=4m,mode=0700") != 0) return kSkip;
+    auto opts = small_options(dir.path(), "big", 0);
+    opts.layout = {.num_chunks = 256, .slot_bytes = 16384, .world_size = 2};  // 8 MiB
+    try {
+      (void)Region::create_or_join(opts);
+      return 1;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      if (e.code() != ErrorCode::kCapacity) return 2;
+      for (const char* s : {"--shm-size", "--ipc=host", "smaller region", "num_chunks=256", "slot_bytes=16384",
+                            "world_size", "free space of", "kvoffload_big.region"}) {
+        if (msg.find(s) == std::string::npos) {
+          std::fprintf(stderr, "missing '%s' in: %s\n", s, msg.c_str());
+          return 3;
+        }
+      }
+    }
+    if (!dir.entries().empty()) return 4;
+    // One that fits is created.
+    opts.layout.num_chunks = 16;
+    Region ok = Region::create_or_join(opts);
+    if (ok.role() != RegionRole::kCreator) return 5;
+    ok.close();
+    if (!dir.entries().empty()) return 6;
+    (void)::umount(dir.path().c_str());
+    return 0;
+  });
+  const int status = testing::wait_child(pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  if (WEXITSTATUS(status) == kSkip) GTEST_SKIP() << "no permission for a private mount namespace";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace kvoffload

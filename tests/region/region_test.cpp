@@ -1,0 +1,290 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "fault_syscalls.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/platform.hpp"
+#include "kvoffload/region.hpp"
+#include "region_helpers.hpp"
+#include "test_env.hpp"
+
+namespace kvoffload {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::expect_error;
+using testing::FaultSyscalls;
+using testing::Op;
+using testing::small_options;
+using testing::TempDir;
+
+TEST(Region, CreatorAndJoinerShareOneMapping) {
+  const TempDir dir;
+  Region a = Region::create_or_join(small_options(dir.path(), "eng", 0));
+  Region b = Region::create_or_join(small_options(dir.path(), "eng", 1));
+  EXPECT_EQ(a.role(), RegionRole::kCreator);
+  EXPECT_EQ(b.role(), RegionRole::kJoiner);
+  EXPECT_EQ(a.path(), dir.path() / "kvoffload_eng.region");
+  EXPECT_EQ(a.geometry(), b.geometry());
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.data()) % platform::page_size(), 0U);
+
+  std::memset(a.slot(2).data(), 0x11, a.slot(2).size());
+  std::memset(b.slot(2).data(), 0x22, b.slot(2).size());
+  EXPECT_EQ(b.slot(2, 0)[2999], std::byte{0x11});
+  EXPECT_EQ(a.slot(2, 1)[0], std::byte{0x22});
+  EXPECT_EQ(a.row(2).size(), a.geometry().row_stride());
+  EXPECT_EQ(a.row(2).data() + 3000, a.slot(2, 1).data());
+
+  struct stat st {};
+  ASSERT_EQ(::stat(a.path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600U);
+  EXPECT_EQ(static_cast<std::uint64_t>(st.st_size), platform::page_size() + a.geometry().data_bytes());
+  EXPECT_GE(static_cast<std::uint64_t>(st.st_blocks) * 512, a.geometry().data_bytes());  // allocated
+
+  const auto listed = list_regions(dir.path());
+  ASSERT_EQ(listed.size(), 1U);
+  EXPECT_EQ(listed[0].engine_id, "eng");
+  EXPECT_EQ(listed[0].attached, 2U);
+  EXPECT_FALSE(listed[0].stale);
+  EXPECT_TRUE(listed[0].complete);
+  ASSERT_TRUE(listed[0].geometry.has_value());
+  EXPECT_EQ(*listed[0].geometry, a.geometry());
+
+  EXPECT_TRUE(a.close());
+  EXPECT_EQ(dir.entries().size(), 1U);  // b is still attached: the file stays
+  EXPECT_EQ(b.slot(2, 0)[0], std::byte{0x11});
+  EXPECT_TRUE(b.close());
+  EXPECT_TRUE(dir.entries().empty());  // the last one out unlinks
+  EXPECT_TRUE(b.close());              // idempotent
+  EXPECT_FALSE(b.is_open());
+  EXPECT_EQ(b.data(), nullptr);
+}
+
+TEST(Region, PopulateReportNamesMethodAndBytes) {
+  const TempDir dir;
+  auto opts = small_options(dir.path(), "pop", 1);
+  opts.layout = {.num_chunks = 8, .slot_bytes = 3 * platform::page_size(), .world_size = 2};
+  opts.populate_threads = 3;
+  Region ranked = Region::create_or_join(opts);
+  EXPECT_EQ(ranked.populate_report().method, PopulateMethod::kMadvise);
+  EXPECT_EQ(ranked.populate_report().bytes, 8U * 3U * platform::page_size());
+  EXPECT_EQ(to_string(ranked.populate_report().method), "madvise");
+
+  auto unranked_opts = opts;
+  unranked_opts.rank = std::nullopt;
+  FaultSyscalls sys;
+  sys.fail(Op::kMadvise, 1, EINVAL);
+  unranked_opts.syscalls = sys.get();
+  // The peer's bytes survive the fallback touch of a joiner.
+  std::memset(ranked.slot(5).data(), 0x7E, ranked.slot(5).size());
+  Region unranked = Region::create_or_join(unranked_opts);
+  EXPECT_EQ(unranked.populate_report().method, PopulateMethod::kFallback);
+  EXPECT_EQ(unranked.populate_report().bytes, unranked.geometry().data_bytes());
+  for (const std::byte b : unranked.slot(5, 1)) ASSERT_EQ(b, std::byte{0x7E});
+  EXPECT_THAT(expect_error([&] { (void)unranked.slot(0); }).code(), ErrorCode::kState);
+
+  opts.populate = false;
+  Region none = Region::create_or_join(opts);
+  EXPECT_EQ(none.populate_report().method, PopulateMethod::kNone);
+}
+
+TEST(Region, InvalidInputIsRefusedBeforeAnySyscall) {
+  const TempDir dir;
+  FaultSyscalls sys;
+  auto opts = small_options(dir.path(), "ok");
+  opts.syscalls = sys.get();
+  for (const std::string& bad : std::vector<std::string>{"", ".", "..", "a/b", "a b", "x\n", std::string(129, 'a')}) {
+    opts.engine_id = bad;
+    EXPECT_EQ(expect_error([&] { (void)Region::create_or_join(opts); }).code(), ErrorCode::kInvalidArgument)
+        << bad;
+  }
+  opts.engine_id = std::string(128, 'a');
+  opts.rank = 2;  // world_size is 2
+  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(opts); }).what(), HasSubstr("rank 2"));
+  opts.rank = 0;
+  opts.layout.slot_bytes = 0;
+  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(opts); }).what(), HasSubstr("slot_bytes is 0"));
+  opts.layout.slot_bytes = 1;
+  opts.populate_threads = 0;
+  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(opts); }).what(), HasSubstr("populate_threads"));
+  EXPECT_TRUE(sys.calls().empty());
+  EXPECT_TRUE(dir.entries().empty());
+  EXPECT_THAT(expect_error([] { (void)region_path("/dev/shm", "a/../b"); }).what(), HasSubstr("'/'"));
+}
+
+TEST(Region, ShmDirMustBeADirectory) {
+  const TempDir dir;
+  { std::ofstream(dir.path() / "file") << "x"; }
+  const Error e = expect_error([&] { (void)Region::create_or_join(small_options(dir.path() / "file", "e")); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("is not a directory"));
+  EXPECT_EQ(expect_error([&] { (void)Region::create_or_join(small_options(dir.path() / "nope", "e")); }).code(),
+            ErrorCode::kInvalidArgument);
+}
+
+TEST(Region, DefaultShmDirComesFromTheEnvironment) {
+  const TempDir dir;
+  ::setenv("KVOFFLOAD_SHM_DIR", dir.path().c_str(), 1);
+  EXPECT_EQ(default_shm_dir(), dir.path());
+  auto opts = small_options({}, "envdir");
+  Region r = Region::create_or_join(opts);
+  EXPECT_EQ(r.path().parent_path(), dir.path());
+  ::unsetenv("KVOFFLOAD_SHM_DIR");
+  EXPECT_EQ(default_shm_dir(), "/dev/shm");
+}
+
+TEST(Region, GeometryMismatchNamesBothValues) {
+  const TempDir dir;
+  Region a = Region::create_or_join(small_options(dir.path(), "geo"));
+  auto other = small_options(dir.path(), "geo", 1);
+  other.layout.slot_bytes = 4000;
+  const auto before_fds = testing::fd_snapshot();
+  const Error e = expect_error([&] { (void)Region::create_or_join(other); });
+  EXPECT_EQ(e.code(), ErrorCode::kMismatch);
+  EXPECT_THAT(e.what(), AllOf(HasSubstr("slot_bytes=3000"), HasSubstr("slot_bytes=4000"), HasSubstr(a.path().string())));
+  EXPECT_EQ(testing::fd_snapshot(), before_fds);
+  other.layout.slot_bytes = 3000;
+  other.layout.replicated = true;
+  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(other); }).what(), HasSubstr("replicated=true"));
+}
+
+TEST(Region, StaleRegionIsReclaimedOnCreate) {
+  const TempDir dir;
+  const auto opts = small_options(dir.path(), "stale");
+  testing::make_stale_region(opts);
+  auto listed = list_regions(dir.path());
+  ASSERT_EQ(listed.size(), 1U);
+  EXPECT_TRUE(listed[0].stale);
+  EXPECT_EQ(listed[0].attached, 0U);
+  Region r = Region::create_or_join(opts);
+  EXPECT_EQ(r.role(), RegionRole::kCreator);
+  r.close();
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+TEST(Region, CleanRemovesOnlyStaleRegions) {
+  const TempDir dir;
+  testing::make_stale_region(small_options(dir.path(), "dead1"));
+  testing::make_stale_region(small_options(dir.path(), "dead2"));
+  Region live = Region::create_or_join(small_options(dir.path(), "live"));
+  { std::ofstream(dir.path() / "unrelated.txt") << "x"; }
+
+  FaultSyscalls sys;
+  (void)list_regions(dir.path(), sys.get());
+  EXPECT_EQ(sys.count(Op::kFlock), 0);  // list never locks
+
+  auto one = clean_regions(dir.path(), std::string("dead2"));
+  EXPECT_THAT(one.removed, ElementsAre(dir.path() / "kvoffload_dead2.region"));
+  auto all = clean_regions(dir.path());
+  EXPECT_THAT(all.removed, ElementsAre(dir.path() / "kvoffload_dead1.region"));
+  EXPECT_THAT(all.kept, ElementsAre(live.path()));
+  EXPECT_THAT(dir.entries(), ElementsAre("kvoffload_live.region", "unrelated.txt"));
+  EXPECT_THAT(live.slot(0).size(), 3000U);
+}
+
+TEST(Region, CleanNeverRemovesANewerFileAtThePath) {
+  const TempDir dir;
+  const auto opts = small_options(dir.path(), "swap");
+  testing::make_stale_region(opts);
+  const auto path = dir.path() / "kvoffload_swap.region";
+  FaultSyscalls sys;
+  // Between clean's open and its lock, the stale file is replaced by a newer one.
+  sys.before(Op::kFlock, 1, [&] {
+    const auto tmp = dir.path() / "newer";
+    { std::ofstream(tmp) << "newer"; }
+    ::chmod(tmp.c_str(), 0600);
+    std::filesystem::rename(tmp, path);
+  });
+  const auto result = clean_regions(dir.path(), std::nullopt, sys.get());
+  EXPECT_TRUE(result.removed.empty());
+  std::ifstream in(path);
+  std::string content;
+  in >> content;
+  EXPECT_EQ(content, "newer");
+}
+
+TEST(Region, SymlinkAtThePathIsRefused) {
+  const TempDir dir;
+  { std::ofstream(dir.path() / "target") << "keep"; }
+  std::filesystem::create_symlink(dir.path() / "target", dir.path() / "kvoffload_sym.region");
+  const Error e = expect_error([&] { (void)Region::create_or_join(small_options(dir.path(), "sym")); });
+  EXPECT_EQ(e.code(), ErrorCode::kPermission);
+  EXPECT_THAT(e.what(), HasSubstr("symbolic link"));
+  EXPECT_TRUE(std::filesystem::is_symlink(dir.path() / "kvoffload_sym.region"));
+  EXPECT_EQ(std::filesystem::file_size(dir.path() / "target"), 4U);
+  EXPECT_TRUE(clean_regions(dir.path()).removed.empty());
+}
+
+TEST(Region, WiderPermissionsAreRefused) {
+  const TempDir dir;
+  Region a = Region::create_or_join(small_options(dir.path(), "mode"));
+  ASSERT_EQ(::chmod(a.path().c_str(), 0644), 0);
+  const Error e = expect_error([&] { (void)Region::create_or_join(small_options(dir.path(), "mode", 1)); });
+  EXPECT_EQ(e.code(), ErrorCode::kPermission);
+  EXPECT_THAT(e.what(), AllOf(HasSubstr("mode 0644"), HasSubstr("0600")));
+}
+
+TEST(Region, AnotherUsersRegionIsRefusedAndNeverReclaimed) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown a file to another uid";
+  const TempDir dir;
+  const auto opts = small_options(dir.path(), "other");
+  testing::make_stale_region(opts);  // stale: root would reclaim it if it skipped the owner check
+  const auto path = dir.path() / "kvoffload_other.region";
+  ASSERT_EQ(::chown(path.c_str(), 12345, 12345), 0);
+  const Error e = expect_error([&] { (void)Region::create_or_join(opts); });
+  EXPECT_EQ(e.code(), ErrorCode::kPermission);
+  EXPECT_THAT(e.what(), AllOf(HasSubstr("uid 12345"), HasSubstr(path.string())));
+  const auto cleaned = clean_regions(dir.path());
+  EXPECT_TRUE(cleaned.removed.empty());
+  EXPECT_THAT(cleaned.kept, ElementsAre(path));
+  EXPECT_TRUE(std::filesystem::exists(path));
+}
+
+TEST(Region, TeardownHooksRunInReverseBeforeMunmap) {
+  const TempDir dir;
+  FaultSyscalls sys;
+  auto opts = small_options(dir.path(), "hooks");
+  opts.syscalls = sys.get();
+  Region r = Region::create_or_join(opts);
+  std::vector<std::string> order;
+  std::byte* data = r.data();
+  r.add_teardown_hook([&] {
+    order.push_back("first-registered");
+    EXPECT_EQ(sys.count(Op::kMunmap), 0);
+  });
+  r.add_teardown_hook([&] {
+    order.push_back("second-registered");
+    data[0] = std::byte{1};  // still mapped
+    throw std::runtime_error("hook failure");  // must not stop the teardown
+  });
+  EXPECT_FALSE(r.close());
+  EXPECT_THAT(order, ElementsAre("second-registered", "first-registered"));
+  EXPECT_EQ(sys.count(Op::kMunmap), 1);
+  EXPECT_TRUE(dir.entries().empty());
+  EXPECT_EQ(expect_error([&] { r.add_teardown_hook([] {}); }).code(), ErrorCode::kState);
+}
+
+TEST(Region, MovedRegionKeepsItsMapping) {
+  const TempDir dir;
+  Region a = Region::create_or_join(small_options(dir.path(), "move"));
+  std::byte* data = a.data();
+  Region b = std::move(a);
+  EXPECT_FALSE(a.is_open());  // NOLINT(bugprone-use-after-move): checking the moved-from state
+  EXPECT_EQ(b.data(), data);
+  Region c = Region::create_or_join(small_options(dir.path(), "move2"));
+  c = std::move(b);  // closes move2
+  EXPECT_THAT(dir.entries(), ElementsAre("kvoffload_move.region"));
+}
+
+}  // namespace
+}  // namespace kvoffload
