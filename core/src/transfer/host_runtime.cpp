@@ -25,8 +25,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr std::uint64_t kDefaultSplitMinBytes = 1ULL << 20;  // smaller batches: one thread
-constexpr std::uint64_t kMinPartBytes = 256ULL << 10;        // no part smaller than this
+// Splitting costs a wake-up of each helper (microseconds idle, a time slice on a loaded machine),
+// so only batches that take a millisecond or more on one thread are split.
+constexpr std::uint64_t kDefaultSplitMinBytes = 8ULL << 20;
+constexpr std::uint64_t kMinPartBytes = 2ULL << 20;  // no part smaller than this
 constexpr std::size_t kDeviceAlign = 4096;
 
 // One record of an event. A wait binds to the record it saw (as cudaStreamWaitEvent does), so a
@@ -432,7 +434,9 @@ class HostRuntime final : public DeviceRuntime {
 
   static unsigned helpers_for(const RuntimeOptions& options) {
     unsigned threads = options.host_copy_threads;
-    if (threads == 0) threads = std::clamp(std::thread::hardware_concurrency(), 1U, 4U);
+    // Half the hardware threads (the engine's own threads need the rest), at most 4: a few
+    // threads saturate a socket's memory bandwidth with memcpy.
+    if (threads == 0) threads = std::clamp(std::thread::hardware_concurrency() / 2, 1U, 4U);
     return threads - 1;
   }
 
