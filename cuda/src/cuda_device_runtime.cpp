@@ -143,6 +143,7 @@ CudaRuntime::CudaRuntime(const RuntimeOptions& options) : options_(options), dev
 }
 
 CudaRuntime::~CudaRuntime() {
+  RelaxedCaptureMode relaxed;  // cudaFreeHost and cudaHostUnregister below
   // Teardown keeps going: every step is attempted and failures are only logged. Errors such as
   // cudaErrorCudartUnloading at process exit are expected and harmless.
   if (std::any_of(slots_.begin(), slots_.end(), [](const DescSlot& s) { return s.retired; })) {
@@ -162,8 +163,12 @@ CudaRuntime::~CudaRuntime() {
   }
   slots_.clear();
   for (auto& [handle, reg] : registrations_) {
-    log().warn("cuda: runtime destroyed with {} still registered; unregistering it",
-               range_string(reg->base, reg->bytes));
+    try {
+      log().warn("cuda: runtime destroyed with {} still registered; unregistering it",
+                 range_string(reg->base, reg->bytes));
+    } catch (...) {
+      // logging must not stop the teardown
+    }
     (void)unregister_pieces(*reg);
   }
   registrations_.clear();

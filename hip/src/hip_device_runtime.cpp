@@ -153,6 +153,7 @@ HipRuntime::HipRuntime(const RuntimeOptions& options) : options_(options), devic
 }
 
 HipRuntime::~HipRuntime() {
+  RelaxedCaptureMode relaxed;  // hipHostFree and hipHostUnregister below
   // Teardown keeps going: every step is attempted and failures are only logged. Errors such as
   // hipErrorDeinitialized at process exit are expected and harmless.
   if (std::any_of(slots_.begin(), slots_.end(), [](const DescSlot& s) { return s.retired; })) {
@@ -172,8 +173,12 @@ HipRuntime::~HipRuntime() {
   }
   slots_.clear();
   for (auto& [handle, reg] : registrations_) {
-    log().warn("hip: runtime destroyed with {} still registered; unregistering it",
-               range_string(reg->base, reg->bytes));
+    try {
+      log().warn("hip: runtime destroyed with {} still registered; unregistering it",
+                 range_string(reg->base, reg->bytes));
+    } catch (...) {
+      // logging must not stop the teardown
+    }
     (void)unregister_pieces(*reg);
   }
   registrations_.clear();
