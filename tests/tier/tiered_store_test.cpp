@@ -245,7 +245,9 @@ TEST_F(TieredFixture, FailureAtEachStackStepSurfacesOriginalErrorAndLeaksNothing
     }
     EXPECT_EQ(seen.back(), c.step);
     // The check below means something: past the region step its file did exist.
-    if (c.step != InitStep::kRegion) EXPECT_TRUE(region_existed);
+    if (c.step != InitStep::kRegion) {
+      EXPECT_TRUE(region_existed);
+    }
     EXPECT_TRUE(test::files_under(shm_.path()).empty());
     for (const char* root : {"tier0", "tier1"}) {
       for (const auto& f : test::files_under(disk_.path() / root)) {
