@@ -1,0 +1,490 @@
+// The `kvoffload` program as operators and scripts use it (DESIGN.md §5): every test execs the real
+// binary ($KVOFFLOAD_TEST_BIN_DIR/kvoffload) with a per-test temporary --shm-dir, and checks exit
+// codes, JSON keys and values, and what is left in the directory.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+
+constexpr int kExitOk = 0;
+constexpr int kExitError = 1;
+constexpr int kExitUsage = 2;
+
+std::string binary() {
+  const char* dir = std::getenv("KVOFFLOAD_TEST_BIN_DIR");
+  return std::string(dir != nullptr ? dir : ".") + "/kvoffload";
+}
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+struct Result {
+  int exit_code = -1;  // -1: killed by a signal
+  std::string out;
+  std::string err;
+};
+
+// Forks and execs the program. stdout goes to `stdout_fd` when >= 0 (a pipe for holders), else to
+// a file; stderr always goes to a file. Extra environment variables are set in the child only.
+pid_t spawn(const std::vector<std::string>& args, int stdout_fd, const fs::path& out_file,
+            const fs::path& err_file, const std::map<std::string, std::string>& env) {
+  const std::string bin = binary();
+  std::vector<std::string> argv_storage{bin};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int out = stdout_fd >= 0 ? stdout_fd : ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (out < 0 || err < 0 || dup2(out, STDOUT_FILENO) < 0 || dup2(err, STDERR_FILENO) < 0) _exit(126);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits for `pid` at most `timeout`; kills it when the time is up (the test then fails).
+std::optional<int> wait_exit(pid_t pid, std::chrono::seconds timeout = std::chrono::seconds(120)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      return -1;
+    }
+    if (r < 0 && errno != EINTR) return std::nullopt;
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      ADD_FAILURE() << "process " << pid << " did not exit in time";
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// A background `kvoffload region create ... --hold` whose first stdout line is its result.
+struct Holder {
+  pid_t pid = -1;
+  int out_fd = -1;
+  fs::path err_file;
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "kvoffload_cli_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
+    dir_ = tmpl;
+    shm_ = dir_ / "shm";
+    logs_ = dir_ / "logs";
+    fs::create_directory(shm_);
+    fs::create_directory(logs_);
+  }
+
+  void TearDown() override {
+    for (Holder& h : holders_) {
+      if (h.pid > 0) {
+        kill(h.pid, SIGKILL);
+        waitpid(h.pid, nullptr, 0);
+      }
+      if (h.out_fd >= 0) ::close(h.out_fd);
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  Result run(std::vector<std::string> args, const std::map<std::string, std::string>& env = {}) {
+    const fs::path out = logs_ / ("out" + std::to_string(counter_));
+    const fs::path err = logs_ / ("err" + std::to_string(counter_++));
+    const pid_t pid = spawn(args, -1, out, err, env);
+    Result r;
+    const auto code = wait_exit(pid);
+    r.exit_code = code.value_or(-2);
+    r.out = read_file(out);
+    r.err = read_file(err);
+    return r;
+  }
+
+  // Runs and parses stdout as one JSON object; fails the test on a non-zero exit.
+  json run_json(std::vector<std::string> args, const std::map<std::string, std::string>& env = {}) {
+    args.push_back("--json");
+    const Result r = run(args, env);
+    EXPECT_EQ(r.exit_code, kExitOk) << "stderr: " << r.err;
+    try {
+      return json::parse(r.out);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "stdout is not one JSON object: " << e.what() << "\n" << r.out;
+      return json::object();
+    }
+  }
+
+  std::vector<std::string> create_args(const std::string& engine, std::vector<std::string> more = {}) {
+    // Defaults: 16 chunks of 24 KiB slots for 2 ranks; a flag in `more` replaces its default.
+    std::vector<std::string> args{"region", "create", "--engine-id", engine, "--shm-dir", shm_.string()};
+    for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+             {"--chunks", "16"}, {"--slot-bytes", "24K"}, {"--world-size", "2"}}) {
+      if (std::find(more.begin(), more.end(), flag) == more.end()) args.insert(args.end(), {flag, value});
+    }
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  }
+
+  // Starts a holder and waits for its result line (printed after populate and fill).
+  json start_holder(std::vector<std::string> args, Holder* out = nullptr) {
+    args.insert(args.end(), {"--hold", "120", "--json"});
+    int fds[2];
+    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    Holder h;
+    h.err_file = logs_ / ("holder_err" + std::to_string(counter_++));
+    h.pid = spawn(args, fds[1], {}, h.err_file, {});
+    ::close(fds[1]);
+    h.out_fd = fds[0];
+    holders_.push_back(h);
+    if (out != nullptr) *out = h;
+
+    std::string line;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (line.find('\n') == std::string::npos) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        ADD_FAILURE() << "holder printed no result line in time; stderr: " << read_file(h.err_file);
+        return json::object();
+      }
+      pollfd p{h.out_fd, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(h.out_fd, buf, sizeof(buf));
+      if (n <= 0) {
+        ADD_FAILURE() << "holder exited before its result line; stderr: " << read_file(h.err_file);
+        return json::object();
+      }
+      line.append(buf, static_cast<std::size_t>(n));
+    }
+    return json::parse(line.substr(0, line.find('\n')));
+  }
+
+  // Ends a holder with `sig` and returns its exit code (-1 when killed by the signal).
+  std::optional<int> stop_holder(pid_t pid, int sig) {
+    kill(pid, sig);
+    const auto code = wait_exit(pid);
+    for (Holder& h : holders_) {
+      if (h.pid == pid) h.pid = -1;
+    }
+    return code;
+  }
+
+  fs::path region_file(const std::string& engine) const { return shm_ / ("kvoffload_" + engine + ".region"); }
+
+  bool shm_is_empty() const { return fs::is_empty(shm_); }
+
+  fs::path dir_;
+  fs::path shm_;
+  fs::path logs_;
+  std::vector<Holder> holders_;
+  int counter_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// probe
+
+TEST_F(CliTest, ProbeJsonHasEveryKey) {
+  const json j = run_json({"probe", "--shm-dir", shm_.string()});
+  for (const char* key : {"shm_dir", "shm_free_bytes", "shm_total_bytes", "page_size",
+                          "madv_populate_write", "cgroup_memory_limit", "cgroup_memory_available",
+                          "numa_nodes", "backends"}) {
+    EXPECT_TRUE(j.contains(key)) << key << " missing from " << j.dump();
+  }
+  EXPECT_EQ(j.value("shm_dir", ""), shm_.string());
+  EXPECT_EQ(j.value("page_size", 0UL), static_cast<unsigned long>(sysconf(_SC_PAGESIZE)));
+  EXPECT_GT(j.value("shm_total_bytes", 0ULL), 0ULL);
+  EXPECT_LE(j.value("shm_free_bytes", 0ULL), j.value("shm_total_bytes", 0ULL));
+  EXPECT_TRUE(j["madv_populate_write"].is_boolean());
+  EXPECT_TRUE(j["cgroup_memory_limit"].is_null() || j["cgroup_memory_limit"].is_number_unsigned());
+  EXPECT_TRUE(j["numa_nodes"].is_array());
+  ASSERT_TRUE(j["backends"].is_array());
+  bool host_seen = false;
+  for (const json& b : j["backends"]) {
+    EXPECT_TRUE(b.contains("name") && b.contains("built") && b.contains("device_count")) << b.dump();
+    if (b.value("name", "") == "host") host_seen = b.value("built", false);
+  }
+  EXPECT_TRUE(host_seen) << "the host backend is always built: " << j["backends"].dump();
+}
+
+TEST_F(CliTest, ProbeUsesShmDirFromEnvironment) {
+  const json j = run_json({"probe"}, {{"KVOFFLOAD_SHM_DIR", shm_.string()}});
+  EXPECT_EQ(j.value("shm_dir", ""), shm_.string());
+}
+
+TEST_F(CliTest, ProbeHumanText) {
+  const Result r = run({"probe", "--shm-dir", shm_.string()});
+  EXPECT_EQ(r.exit_code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(shm_.string()));
+  EXPECT_THAT(r.out, HasSubstr("page size"));
+  EXPECT_FALSE(json::accept(r.out)) << "human output should not be JSON";
+}
+
+TEST_F(CliTest, ProbeOfMissingDirectoryFails) {
+  const Result r = run({"probe", "--shm-dir", (dir_ / "does-not-exist").string()});
+  EXPECT_NE(r.exit_code, kExitOk);
+  EXPECT_THAT(r.err, HasSubstr("does-not-exist"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// region create
+
+TEST_F(CliTest, CreateReportsGeometryAndReleases) {
+  const std::uint64_t page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  const json j = run_json(create_args("geo", {"--slot-bytes", "6000", "--world-size", "3", "--rank", "1",
+                                              "--chunks", "8"}));
+  EXPECT_EQ(j.value("path", ""), region_file("geo").string());
+  EXPECT_EQ(j.value("role", ""), "creator");
+  EXPECT_EQ(j.value("rank", 99), 1);
+  EXPECT_EQ(j.value("world_size", 0), 3);
+  EXPECT_EQ(j.value("chunks", 0), 8);
+  EXPECT_EQ(j.value("slot_bytes", 0), 6000);
+  const std::uint64_t row = round_up(3 * 6000, page);
+  EXPECT_EQ(j.value("row_stride", 0ULL), row);
+  EXPECT_EQ(j.value("data_bytes", 0ULL), 8 * row);
+  EXPECT_THAT(j.value("populate", ""), ::testing::AnyOf("madvise", "fallback"));
+  EXPECT_GT(j.value("populate_bytes", 0ULL), 0ULL);
+  EXPECT_LE(j.value("populate_bytes", 0ULL), 8 * row);
+  EXPECT_GE(j.value("seconds", -1.0), 0.0);
+  // The only process attached left: the file goes with it.
+  EXPECT_TRUE(shm_is_empty());
+}
+
+TEST_F(CliTest, CreateReplicatedAndUnranked) {
+  const std::uint64_t page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  const json rep = run_json(create_args("rep", {"--replicated", "--world-size", "4", "--rank", "3"}));
+  EXPECT_EQ(rep.value("copies", 0), 1);
+  EXPECT_EQ(rep.value("row_stride", 0ULL), round_up(24 * 1024, page));
+  const json unr = run_json(create_args("unr", {"--unranked", "--threads", "2"}));
+  EXPECT_TRUE(unr["rank"].is_null());
+  EXPECT_EQ(unr.value("data_bytes", 0ULL), 16 * round_up(2 * 24 * 1024, page));
+  // An unranked mapper populates the whole region.
+  EXPECT_EQ(unr.value("populate_bytes", 0ULL), unr.value("data_bytes", 1ULL));
+}
+
+TEST_F(CliTest, CreateHumanText) {
+  const Result r = run(create_args("human", {"--fill", "7", "--check", "0x07"}));
+  EXPECT_EQ(r.exit_code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("creator"));
+  EXPECT_THAT(r.out, HasSubstr("check 0x07: ok"));
+}
+
+TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
+  Holder creator;
+  const json c = start_holder(create_args("fill", {"--rank", "0", "--fill", "0xA5"}), &creator);
+  EXPECT_EQ(c.value("role", ""), "creator");
+  EXPECT_EQ(c.value("filled_bytes", 0ULL), 16ULL * 24 * 1024);
+
+  // Rank 0's slots hold the byte, in hex or decimal.
+  const json j = run_json(create_args("fill", {"--rank", "0", "--check", "0xa5"}));
+  EXPECT_EQ(j.value("role", ""), "joiner");
+  EXPECT_EQ(j.value("path", ""), c.value("path", "?"));
+  EXPECT_EQ(j.value("checked_bytes", 0ULL), 16ULL * 24 * 1024);
+  EXPECT_EQ(run_json(create_args("fill", {"--rank", "0", "--check", "165", "--threads", "3"}))
+                .value("role", ""),
+            "joiner");
+  // Rank 1's slots were not touched by rank 0's fill.
+  EXPECT_EQ(run_json(create_args("fill", {"--rank", "1", "--check", "0"})).value("checked_bytes", 0ULL),
+            16ULL * 24 * 1024);
+
+  // A wrong byte fails with exit 1 and names where and what.
+  const Result bad = run(create_args("fill", {"--rank", "0", "--check", "0x5A", "--json"}));
+  EXPECT_EQ(bad.exit_code, kExitError);
+  EXPECT_THAT(bad.err, HasSubstr("chunk 0"));
+  EXPECT_THAT(bad.err, HasSubstr("0xa5"));
+  EXPECT_THAT(bad.err, HasSubstr("0x5a"));
+  EXPECT_TRUE(bad.out.empty()) << bad.out;
+
+  // SIGTERM ends the hold; the last process out removes the file.
+  EXPECT_EQ(stop_holder(creator.pid, SIGTERM), std::optional<int>(kExitOk)) << read_file(creator.err_file);
+  EXPECT_TRUE(shm_is_empty());
+}
+
+TEST_F(CliTest, CheckFindsTheFirstBadByteOfAPartlyFilledRegion) {
+  // The unranked holder fills everything; a rank-1 joiner then overwrites its slot of every chunk
+  // so an unranked check must point at rank 1's slot of chunk 0.
+  Holder creator;
+  start_holder(create_args("part", {"--unranked", "--fill", "0x11"}), &creator);
+  run_json(create_args("part", {"--rank", "1", "--fill", "0x22"}));
+  const Result bad = run(create_args("part", {"--unranked", "--check", "0x11"}));
+  EXPECT_EQ(bad.exit_code, kExitError);
+  EXPECT_THAT(bad.err, HasSubstr("chunk 0, slot 1, byte offset 0"));
+  EXPECT_THAT(bad.err, HasSubstr("holds 0x22"));
+  EXPECT_EQ(stop_holder(creator.pid, SIGINT), std::optional<int>(kExitOk));
+  EXPECT_TRUE(shm_is_empty());
+}
+
+TEST_F(CliTest, CapacityShortfallNamesRequiredAvailableAndFix) {
+  // 2^40 chunks of a 4 KiB row: 4 PiB, more than any filesystem here has free.
+  const Result r = run({"region", "create", "--engine-id", "huge", "--shm-dir", shm_.string(),
+                        "--chunks", "1099511627776", "--slot-bytes", "4K"});
+  EXPECT_EQ(r.exit_code, kExitError) << r.err;
+  EXPECT_THAT(lower(r.err), ::testing::ContainsRegex("requir|need"));
+  EXPECT_THAT(lower(r.err), HasSubstr("availab"));
+  EXPECT_THAT(r.err, HasSubstr("--shm-size"));
+  EXPECT_THAT(r.err, HasSubstr(region_file("huge").string()));
+  EXPECT_TRUE(shm_is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// region list / clean
+
+TEST_F(CliTest, ListShowsAttachedCountAndStaleFlag) {
+  EXPECT_EQ(run_json({"region", "list", "--shm-dir", shm_.string()})["regions"], json::array());
+
+  Holder a, b;
+  start_holder(create_args("listed", {"--rank", "0"}), &a);
+  start_holder(create_args("listed", {"--rank", "1"}), &b);
+  json l = run_json({"region", "list", "--shm-dir", shm_.string()});
+  ASSERT_EQ(l["regions"].size(), 1U) << l.dump();
+  json r = l["regions"][0];
+  EXPECT_EQ(r.value("path", ""), region_file("listed").string());
+  EXPECT_EQ(r.value("engine_id", ""), "listed");
+  EXPECT_EQ(r.value("attached", 0), 2);
+  EXPECT_FALSE(r.value("stale", true));
+  EXPECT_GE(r.value("bytes", 0ULL), r.value("data_bytes", ~0ULL));
+
+  // Killed without a chance to clean up: the file stays, with nobody attached.
+  stop_holder(a.pid, SIGKILL);
+  stop_holder(b.pid, SIGKILL);
+  l = run_json({"region", "list", "--shm-dir", shm_.string()});
+  ASSERT_EQ(l["regions"].size(), 1U) << l.dump();
+  r = l["regions"][0];
+  EXPECT_EQ(r.value("attached", 99), 0);
+  EXPECT_TRUE(r.value("stale", false));
+
+  const Result human = run({"region", "list", "--shm-dir", shm_.string()});
+  EXPECT_EQ(human.exit_code, kExitOk);
+  EXPECT_THAT(human.out, HasSubstr("stale"));
+}
+
+TEST_F(CliTest, CleanRemovesStaleAndKeepsInUse) {
+  Holder busy, dead;
+  start_holder(create_args("busy"), &busy);
+  start_holder(create_args("dead"), &dead);
+  stop_holder(dead.pid, SIGKILL);
+  ASSERT_TRUE(fs::exists(region_file("dead")));
+
+  // Filtered by engine id: the busy one is reported kept, nothing removed.
+  json j = run_json({"region", "clean", "--shm-dir", shm_.string(), "--engine-id", "busy"});
+  EXPECT_EQ(j["removed"], json::array());
+  EXPECT_EQ(j["kept"], json::array({region_file("busy").string()}));
+
+  j = run_json({"region", "clean", "--shm-dir", shm_.string()});
+  EXPECT_EQ(j["removed"], json::array({region_file("dead").string()}));
+  EXPECT_EQ(j["kept"], json::array({region_file("busy").string()}));
+  EXPECT_FALSE(fs::exists(region_file("dead")));
+  EXPECT_TRUE(fs::exists(region_file("busy")));
+
+  // A crashed creator's id can be used again right away (the stale file is reclaimed).
+  start_holder(create_args("dead2"), &dead);
+  stop_holder(dead.pid, SIGKILL);
+  EXPECT_EQ(run_json(create_args("dead2")).value("role", ""), "creator");
+
+  EXPECT_EQ(stop_holder(busy.pid, SIGTERM), std::optional<int>(kExitOk));
+  EXPECT_TRUE(shm_is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// usage errors: exit 2, a message naming the problem, nothing created
+
+struct UsageCase {
+  const char* name;
+  std::vector<std::string> args;  // after `region create --shm-dir DIR` unless `raw`
+  const char* message;            // a substring stderr must contain
+  bool raw = false;               // args are the whole command line (except --shm-dir)
+};
+
+class CliUsageTest : public CliTest, public ::testing::WithParamInterface<UsageCase> {};
+
+TEST_P(CliUsageTest, ExitsWithUsageError) {
+  const UsageCase& c = GetParam();
+  std::vector<std::string> args;
+  if (c.raw) {
+    args = c.args;
+    if (args.size() > 1) args.insert(args.end(), {"--shm-dir", shm_.string()});
+  } else {
+    args = {"region", "create", "--shm-dir", shm_.string()};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+  }
+  const Result r = run(args);
+  EXPECT_EQ(r.exit_code, kExitUsage) << "stderr: " << r.err << "\nstdout: " << r.out;
+  EXPECT_THAT(r.err, HasSubstr(c.message));
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_TRUE(shm_is_empty());
+}
+
+const std::vector<std::string> kOk{"--engine-id", "e", "--chunks", "4", "--slot-bytes", "4K"};
+
+std::vector<std::string> with(std::vector<std::string> more) {
+  std::vector<std::string> args = kOk;
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Flags, CliUsageTest,
+    ::testing::Values(
+        UsageCase{"bad_size_suffix", {"--engine-id", "e", "--chunks", "4", "--slot-bytes", "4X"}, "'4X'"},
+        UsageCase{"rank_not_below_world_size", with({"--world-size", "2", "--rank", "2"}), "--rank 2"},
+        UsageCase{"rank_and_unranked", with({"--rank", "1", "--unranked"}), "--unranked"},
+        UsageCase{"missing_engine_id", {"--chunks", "4", "--slot-bytes", "4K"}, "--engine-id"},
+        UsageCase{"bad_engine_id", {"--engine-id", "a/b", "--chunks", "4", "--slot-bytes", "4K"}, "a/b"},
+        UsageCase{"dotdot_engine_id", {"--engine-id", "..", "--chunks", "4", "--slot-bytes", "4K"}, ".."},
+        UsageCase{"zero_chunks", {"--engine-id", "e", "--chunks", "0", "--slot-bytes", "4K"}, "--chunks"},
+        UsageCase{"fill_too_big", with({"--fill", "256"}), "'256'"},
+        UsageCase{"check_not_hex", with({"--check", "0xZZ"}), "'0xZZ'"},
+        UsageCase{"zero_threads", with({"--threads", "0"}), "--threads"},
+        UsageCase{"negative_hold", with({"--hold", "-1"}), "--hold"},
+        UsageCase{"unknown_flag", with({"--bogus"}), "--bogus"},
+        UsageCase{"region_without_subcommand", {"region"}, "subcommand", true},
+        UsageCase{"clean_bad_engine_id", {"region", "clean", "--engine-id", "x y"}, "x y", true}),
+    [](const ::testing::TestParamInfo<UsageCase>& p) { return std::string(p.param.name); });
+
+}  // namespace

@@ -1,0 +1,498 @@
+// `kvoffload region create|list|clean` (DESIGN.md §5): drive the shared host region from a shell.
+//
+// create: create or join the region, populate it, optionally --fill this rank's slots with a byte,
+//         --check that every byte of them holds a byte (written by another process), and --hold
+//         the region attached. The result (JSON or text) is printed before the hold starts, so a
+//         script reading stdout knows the fill is done when the first line arrives.
+//         --rank defaults to 0; --unranked maps as the scheduler does (no slot of its own):
+//         --fill then writes the whole data (padding included), --check verifies every rank's slot.
+//         SIGINT, SIGTERM or SIGHUP during --hold end the hold early: the region is released
+//         normally (the last process out unlinks the file) and the command exits 0.
+// list:   the regions in the shm dir with size, attached process count and stale flag.
+// clean:  removes stale regions only; a region in use is never removed.
+#include "cli.hpp"
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace kvoffload::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string hex_byte(unsigned value) {
+  char buf[8];
+  std::snprintf(buf, sizeof(buf), "0x%02x", value & 0xffU);
+  return buf;
+}
+
+std::string fixed(double value, int digits) {
+  std::ostringstream out;
+  out.setf(std::ios::fixed);
+  out.precision(digits);
+  out << value;
+  return out.str();
+}
+
+std::string rate(std::uint64_t bytes, double seconds) {
+  if (seconds <= 0.0) return "-";
+  return human_bytes(static_cast<std::uint64_t>(static_cast<double>(bytes) / seconds)) + "/s";
+}
+
+// A BYTE value: decimal or 0x-prefixed hex, 0..255. Anything else is a usage error that names the
+// flag and the value (main maps kInvalidArgument thrown while parsing to exit code 2).
+std::uint8_t parse_byte(const std::string& flag, const std::string& text) {
+  auto fail = [&]() -> std::uint8_t {
+    throw_invalid(flag + " '" + text + "': expected a byte value 0..255, decimal or 0x hex (e.g. 165 or 0xA5)");
+  };
+  const bool hex = text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X');
+  const std::string digits = hex ? text.substr(2) : text;
+  if (digits.empty() || digits.size() > 3) return fail();
+  unsigned value = 0;
+  for (char ch : digits) {
+    const auto c = static_cast<unsigned char>(ch);
+    unsigned digit = 0;
+    if (c >= '0' && c <= '9') digit = c - '0';
+    else if (hex && c >= 'a' && c <= 'f') digit = c - 'a' + 10;
+    else if (hex && c >= 'A' && c <= 'F') digit = c - 'A' + 10;
+    else return fail();
+    value = value * (hex ? 16U : 10U) + digit;
+  }
+  if (value > 255) return fail();
+  return static_cast<std::uint8_t>(value);
+}
+
+CLI::Option* add_byte_option(CLI::App& app, const std::string& name, std::optional<std::uint8_t>& out,
+                             const std::string& description) {
+  return app
+      .add_option_function<std::string>(
+          name, [&out, name](const std::string& text) { out = parse_byte(name, text); }, description)
+      ->type_name("BYTE");
+}
+
+std::filesystem::path resolve_shm_dir(const std::string& given) {
+  return given.empty() ? default_shm_dir() : std::filesystem::path(given);
+}
+
+// ---------------------------------------------------------------------------------------------
+// region create
+
+struct CreateOptions {
+  std::string engine_id;
+  std::uint64_t chunks = 0;
+  std::uint64_t slot_bytes = 0;
+  std::uint32_t world_size = 1;
+  std::uint32_t rank = 0;
+  bool unranked = false;
+  bool replicated = false;
+  std::string shm_dir;
+  double join_timeout_s = 30.0;
+  unsigned threads = 1;
+  std::optional<std::uint8_t> fill;
+  std::optional<std::uint8_t> check;
+  double hold_s = 0.0;
+  bool json = false;
+};
+
+// The byte ranges one chunk contributes to --fill / --check for this mapper.
+std::vector<std::span<std::byte>> chunk_spans(const Region& region, std::uint64_t chunk,
+                                              bool whole_rows) {
+  if (region.rank()) return {region.slot(chunk)};
+  if (whole_rows) return {region.row(chunk)};
+  // Unranked check: every copy's slot; the padding at the end of a row is nobody's to write.
+  std::vector<std::span<std::byte>> spans;
+  const std::uint32_t copies = region.geometry().copies();
+  spans.reserve(copies);
+  for (std::uint32_t copy = 0; copy < copies; ++copy) spans.push_back(region.slot(chunk, copy));
+  return spans;
+}
+
+// Runs fn(begin_chunk, end_chunk, worker) over `threads` contiguous chunk ranges.
+template <class Fn>
+void for_chunk_ranges(std::uint64_t chunks, unsigned threads, Fn fn) {
+  const std::uint64_t workers = std::max<std::uint64_t>(1, std::min<std::uint64_t>(threads, chunks));
+  if (workers == 1) {
+    fn(std::uint64_t{0}, chunks, 0U);
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(workers);
+  for (std::uint64_t w = 0; w < workers; ++w) {
+    const std::uint64_t begin = chunks * w / workers;
+    const std::uint64_t end = chunks * (w + 1) / workers;
+    pool.emplace_back([&fn, begin, end, w] { fn(begin, end, static_cast<unsigned>(w)); });
+  }
+  for (auto& t : pool) t.join();
+}
+
+std::uint64_t fill_region(const Region& region, std::uint8_t value, unsigned threads) {
+  std::vector<std::uint64_t> written(threads, 0);
+  for_chunk_ranges(region.geometry().num_chunks(), threads,
+                   [&](std::uint64_t begin, std::uint64_t end, unsigned worker) {
+                     for (std::uint64_t c = begin; c < end; ++c) {
+                       for (auto span : chunk_spans(region, c, /*whole_rows=*/true)) {
+                         std::memset(span.data(), value, span.size());
+                         written[worker] += span.size();
+                       }
+                     }
+                   });
+  std::uint64_t total = 0;
+  for (auto w : written) total += w;
+  return total;
+}
+
+struct Mismatch {
+  std::uint64_t chunk = 0;
+  std::uint32_t copy = 0;        // slot index within the row (the rank, or 0 when replicated)
+  std::uint64_t offset = 0;      // byte offset within that slot
+  std::uint64_t data_offset = 0; // byte offset from the start of the region data
+  unsigned found = 0;
+};
+
+// First byte of `span` that differs from `value`, by memcmp against a block of the expected byte
+// (fast) and a byte scan only inside the block that differs.
+std::optional<std::uint64_t> first_difference(std::span<const std::byte> span,
+                                              const std::vector<std::byte>& reference) {
+  for (std::uint64_t pos = 0; pos < span.size(); pos += reference.size()) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(reference.size(), span.size() - pos));
+    if (std::memcmp(span.data() + pos, reference.data(), n) == 0) continue;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (span[pos + i] != reference[0]) return pos + i;
+    }
+  }
+  return std::nullopt;
+}
+
+// Verifies the bytes; returns the number checked or throws kMismatch naming the first difference.
+std::uint64_t check_region(const Region& region, std::uint8_t value, unsigned threads) {
+  std::vector<std::optional<Mismatch>> first(threads);
+  std::vector<std::uint64_t> checked(threads, 0);
+  const std::vector<std::byte> reference(std::size_t{64} << 10, std::byte{value});
+  const RegionGeometry& geo = region.geometry();
+  for_chunk_ranges(geo.num_chunks(), threads,
+                   [&](std::uint64_t begin, std::uint64_t end, unsigned worker) {
+                     for (std::uint64_t c = begin; c < end; ++c) {
+                       const auto spans = chunk_spans(region, c, /*whole_rows=*/false);
+                       for (std::size_t s = 0; s < spans.size(); ++s) {
+                         if (auto pos = first_difference(spans[s], reference)) {
+                           Mismatch m;
+                           m.chunk = c;
+                           m.copy = region.rank() ? geo.copy_index(*region.rank())
+                                                  : static_cast<std::uint32_t>(s);
+                           m.offset = *pos;
+                           m.data_offset = static_cast<std::uint64_t>(spans[s].data() - region.data()) + *pos;
+                           m.found = static_cast<unsigned>(spans[s][*pos]);
+                           first[worker] = m;
+                           return;  // ranges are in chunk order: this worker's first is enough
+                         }
+                         checked[worker] += spans[s].size();
+                       }
+                     }
+                   });
+  std::optional<Mismatch> earliest;
+  std::uint64_t total = 0;
+  for (unsigned w = 0; w < threads; ++w) {
+    total += checked[w];
+    if (first[w] && (!earliest || first[w]->data_offset < earliest->data_offset)) earliest = first[w];
+  }
+  if (earliest) {
+    throw Error(ErrorCode::kMismatch,
+                "check of " + region.path().string() + " failed: chunk " + std::to_string(earliest->chunk) +
+                    ", slot " + std::to_string(earliest->copy) + ", byte offset " +
+                    std::to_string(earliest->offset) + " (data offset " +
+                    std::to_string(earliest->data_offset) + ") holds " + hex_byte(earliest->found) +
+                    ", expected " + hex_byte(value) +
+                    ". The process that fills the region may not have written it yet, or wrote "
+                    "another value.");
+  }
+  return total;
+}
+
+// Keeps the region attached for `seconds`, or until SIGINT/SIGTERM/SIGHUP. The signals are
+// blocked and taken synchronously with sigtimedwait rather than by a handler, so nothing
+// async-signal-unsafe runs and the Region destructor releases the region on the normal path.
+// They stay blocked afterwards: a second Ctrl-C must not kill us half-way through the release.
+// Returns the signal that ended the hold, or 0 when it ran its course.
+int hold_attached(double seconds) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  if (const int rc = pthread_sigmask(SIG_BLOCK, &set, nullptr); rc != 0) {
+    throw_system_error("pthread_sigmask", rc, "blocking SIGINT/SIGTERM for --hold");
+  }
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(seconds));
+  for (;;) {
+    const auto left = deadline - Clock::now();
+    if (left <= Clock::duration::zero()) return 0;
+    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(left);
+    timespec ts{};
+    ts.tv_sec = static_cast<time_t>(secs.count());
+    ts.tv_nsec = static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - secs).count());
+    const int sig = sigtimedwait(&set, nullptr, &ts);
+    if (sig > 0) return sig;
+    if (errno == EAGAIN || errno == EINTR) continue;  // the loop re-checks the deadline
+    throw_system_error("sigtimedwait", errno, "while holding the region");
+  }
+}
+
+int run_create(const CreateOptions& o) {
+  const std::filesystem::path shm_dir = resolve_shm_dir(o.shm_dir);
+  // Validates the engine id before anything else (kInvalidArgument: a usage error).
+  const std::filesystem::path path = region_path(shm_dir, o.engine_id);
+  if (!o.unranked && o.rank >= o.world_size) {
+    throw_invalid("--rank " + std::to_string(o.rank) + " must be less than --world-size " +
+                  std::to_string(o.world_size) + " (ranks are 0.." + std::to_string(o.world_size - 1) +
+                  "); use --unranked to map the region without a slot of its own");
+  }
+
+  RegionOptions ropts;
+  ropts.engine_id = o.engine_id;
+  ropts.layout = RegionLayout{.num_chunks = o.chunks,
+                              .slot_bytes = o.slot_bytes,
+                              .world_size = o.world_size,
+                              .replicated = o.replicated};
+  if (!o.unranked) ropts.rank = o.rank;
+  ropts.shm_dir = shm_dir;
+  ropts.join_timeout = std::chrono::milliseconds(std::llround(o.join_timeout_s * 1000.0));
+  ropts.populate_threads = o.threads;
+
+  const auto start = Clock::now();
+  Region region = Region::create_or_join(ropts);
+  const double attach_seconds = seconds_since(start);
+
+  const RegionGeometry& geo = region.geometry();
+  const PopulateReport& pop = region.populate_report();
+  nlohmann::json out{
+      {"path", region.path().string()},
+      {"engine_id", region.engine_id()},
+      {"role", std::string(to_string(region.role()))},
+      {"rank", region.rank() ? nlohmann::json(*region.rank()) : nlohmann::json()},
+      {"world_size", geo.world_size()},
+      {"replicated", geo.replicated()},
+      {"chunks", geo.num_chunks()},
+      {"slot_bytes", geo.slot_bytes()},
+      {"copies", geo.copies()},
+      {"row_stride", geo.row_stride()},
+      {"data_bytes", geo.data_bytes()},
+      {"populate", std::string(to_string(pop.method))},
+      {"populate_bytes", pop.bytes},
+      {"populate_seconds", pop.seconds},
+      {"threads", o.threads},
+  };
+
+  std::ostringstream text;
+  text << "region " << region.path().string() << ": " << to_string(region.role()) << ", "
+       << (region.rank() ? "rank " + std::to_string(*region.rank()) + " of " + std::to_string(geo.world_size())
+                         : std::string("unranked"))
+       << (geo.replicated() ? " (replicated layout)" : "") << "\n"
+       << "  geometry: " << geo.num_chunks() << " chunks x row " << human_bytes(geo.row_stride())
+       << " (slot " << human_bytes(geo.slot_bytes()) << " x " << geo.copies() << " cop"
+       << (geo.copies() == 1 ? "y" : "ies") << ") = " << human_bytes(geo.data_bytes()) << "\n"
+       << "  populate: " << to_string(pop.method) << ", " << human_bytes(pop.bytes) << " in "
+       << fixed(pop.seconds, 3) << " s (" << rate(pop.bytes, pop.seconds) << ") with " << o.threads
+       << " thread" << (o.threads == 1 ? "" : "s") << "\n";
+
+  if (o.fill) {
+    const auto t0 = Clock::now();
+    const std::uint64_t bytes = fill_region(region, *o.fill, o.threads);
+    const double s = seconds_since(t0);
+    out["fill"] = *o.fill;
+    out["filled_bytes"] = bytes;
+    out["fill_seconds"] = s;
+    text << "  fill " << hex_byte(*o.fill) << ": " << human_bytes(bytes) << " in " << fixed(s, 3)
+         << " s (" << rate(bytes, s) << ")\n";
+  }
+  if (o.check) {
+    const auto t0 = Clock::now();
+    const std::uint64_t bytes = check_region(region, *o.check, o.threads);
+    const double s = seconds_since(t0);
+    out["check"] = *o.check;
+    out["checked_bytes"] = bytes;
+    out["check_seconds"] = s;
+    text << "  check " << hex_byte(*o.check) << ": ok, " << human_bytes(bytes) << " in "
+         << fixed(s, 3) << " s\n";
+  }
+  const double total_seconds = seconds_since(start);
+  out["attach_seconds"] = attach_seconds;
+  out["seconds"] = total_seconds;
+  out["hold_seconds"] = o.hold_s;
+  text << "  took " << fixed(total_seconds, 3) << " s (create/join + populate "
+       << fixed(attach_seconds, 3) << " s)\n";
+  if (o.hold_s > 0) {
+    text << "holding for " << fixed(o.hold_s, 1) << " s (Ctrl-C or SIGTERM releases it early)\n";
+  }
+  emit(o.json, out, text.str());
+
+  if (o.hold_s > 0) {
+    const int sig = hold_attached(o.hold_s);
+    if (!o.json) {
+      std::cout << (sig != 0 ? std::string("hold ended by SIG") + sigabbrev_np(sig) : std::string("hold ended"))
+                << "; releasing the region" << std::endl;
+    }
+  }
+  if (!region.close()) {
+    throw Error(ErrorCode::kSystem, "releasing " + path.string() +
+                                        " failed at some step (the log above names it); the file "
+                                        "may remain and `kvoffload region clean` removes it once stale");
+  }
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// region list / clean
+
+struct ListOptions {
+  std::string shm_dir;
+  bool json = false;
+};
+
+int run_list(const ListOptions& o) {
+  const std::filesystem::path shm_dir = resolve_shm_dir(o.shm_dir);
+  const std::vector<RegionInfo> regions = list_regions(shm_dir);
+  nlohmann::json items = nlohmann::json::array();
+  std::ostringstream text;
+  if (regions.empty()) text << "no regions in " << shm_dir.string() << "\n";
+  for (const RegionInfo& r : regions) {
+    nlohmann::json item{
+        {"path", r.path.string()},   {"engine_id", r.engine_id}, {"bytes", r.file_bytes},
+        {"attached", r.attached},    {"stale", r.stale},         {"complete", r.complete},
+    };
+    if (r.geometry) {
+      item["chunks"] = r.geometry->num_chunks();
+      item["slot_bytes"] = r.geometry->slot_bytes();
+      item["world_size"] = r.geometry->world_size();
+      item["replicated"] = r.geometry->replicated();
+      item["row_stride"] = r.geometry->row_stride();
+      item["data_bytes"] = r.geometry->data_bytes();
+    }
+    items.push_back(std::move(item));
+    text << r.engine_id << "  " << human_bytes(r.file_bytes) << "  " << r.attached << " attached  "
+         << (r.stale ? "stale" : "in use") << (r.complete ? "" : ", incomplete");
+    if (r.geometry) {
+      text << "  (" << r.geometry->num_chunks() << " chunks x " << human_bytes(r.geometry->slot_bytes())
+           << " x " << r.geometry->copies() << ")";
+    }
+    text << "  " << r.path.string() << "\n";
+  }
+  emit(o.json, nlohmann::json{{"shm_dir", shm_dir.string()}, {"regions", items}}, text.str());
+  return kExitOk;
+}
+
+struct CleanOptions {
+  std::string shm_dir;
+  std::optional<std::string> engine_id;
+  bool json = false;
+};
+
+int run_clean(const CleanOptions& o) {
+  const std::filesystem::path shm_dir = resolve_shm_dir(o.shm_dir);
+  if (o.engine_id) (void)region_path(shm_dir, *o.engine_id);  // validates the id (usage error)
+  const CleanResult result = clean_regions(shm_dir, o.engine_id);
+  nlohmann::json removed = nlohmann::json::array();
+  nlohmann::json kept = nlohmann::json::array();
+  std::ostringstream text;
+  for (const auto& p : result.removed) {
+    removed.push_back(p.string());
+    text << "removed " << p.string() << " (stale)\n";
+  }
+  for (const auto& p : result.kept) {
+    kept.push_back(p.string());
+    text << "kept    " << p.string() << " (in use)\n";
+  }
+  if (result.removed.empty() && result.kept.empty()) {
+    text << "no regions" << (o.engine_id ? " of engine " + *o.engine_id : std::string()) << " in "
+         << shm_dir.string() << "\n";
+  }
+  emit(o.json, nlohmann::json{{"removed", removed}, {"kept", kept}}, text.str());
+  return kExitOk;
+}
+
+const std::string kShmDirHelp = "Directory of the region files (default $KVOFFLOAD_SHM_DIR, else /dev/shm)";
+
+const CommandRegistrar kRegister("region", [](CLI::App& top) {
+  auto* app = top.add_subcommand("region", "Create, join, list and clean shared host regions");
+  app->require_subcommand(1);
+
+  auto* create = app->add_subcommand(
+      "create", "Create or join a region, populate it, optionally fill/check this rank's slots and hold it");
+  auto c = std::make_shared<CreateOptions>();
+  create->add_option("--engine-id", c->engine_id, "Engine id: 1..128 of [A-Za-z0-9._-]")
+      ->required()
+      ->type_name("ID");
+  create->add_option("--chunks", c->chunks, "Number of chunks (rows)")
+      ->required()
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  add_size_option(*create, "--slot-bytes", c->slot_bytes, "Bytes of one rank's slot per chunk (K/M/G)")
+      ->required();
+  create->add_option("--world-size", c->world_size, "Ranks sharing the region (default 1)")
+      ->type_name("C")
+      ->check(CLI::PositiveNumber);
+  auto* rank = create->add_option("--rank", c->rank, "This process's rank (default 0)")->type_name("R");
+  auto* unranked =
+      create->add_flag("--unranked", c->unranked, "Map without a rank (as the scheduler does)");
+  rank->excludes(unranked);
+  create->add_flag("--replicated", c->replicated, "Replicated (MLA) layout: all ranks share slot 0");
+  create->add_option("--shm-dir", c->shm_dir, kShmDirHelp)->type_name("DIR");
+  create->add_option("--join-timeout", c->join_timeout_s,
+                     "Seconds a joiner waits for the creator to finish (default 30)")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.0, 1e9));
+  create->add_option("--threads", c->threads, "Threads for populate, fill and check (default 1)")
+      ->type_name("T")
+      ->check(CLI::Range(1U, 1024U));
+  add_byte_option(*create, "--fill", c->fill, "Write BYTE over this rank's slots (unranked: all data)");
+  add_byte_option(*create, "--check", c->check,
+                  "Verify every byte of this rank's slots (unranked: every slot) equals BYTE");
+  create->add_option("--hold", c->hold_s, "Stay attached this many seconds (SIGINT/SIGTERM end it)")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.0, 1e9));
+  create->add_flag("--json", c->json, "Print one JSON object");
+
+  auto* list = app->add_subcommand("list", "List regions with size, attached processes and stale flag");
+  auto l = std::make_shared<ListOptions>();
+  list->add_option("--shm-dir", l->shm_dir, kShmDirHelp)->type_name("DIR");
+  list->add_flag("--json", l->json, "Print one JSON object");
+
+  auto* clean = app->add_subcommand("clean", "Remove stale regions (never one in use)");
+  auto k = std::make_shared<CleanOptions>();
+  clean->add_option("--shm-dir", k->shm_dir, kShmDirHelp)->type_name("DIR");
+  clean->add_option("--engine-id", k->engine_id, "Only this engine's region")->type_name("ID");
+  clean->add_flag("--json", k->json, "Print one JSON object");
+
+  return Command{app, [=] {
+    if (create->parsed()) return run_create(*c);
+    if (list->parsed()) return run_list(*l);
+    if (clean->parsed()) return run_clean(*k);
+    throw_invalid("region: expected a subcommand: create, list or clean");
+  }};
+});
+
+}  // namespace
+}  // namespace kvoffload::cli
