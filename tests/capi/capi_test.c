@@ -441,7 +441,7 @@ static void test_runtime_and_engine(void) {
     CHECK_OK(kvo_runtime_register_host(rt, host_mem, sizeof host_mem, 0, &reg));
     CHECK_OK(kvo_registration_device_pointer(reg, host_mem + 100, &dp));
     CHECK(dp != 0);
-    CHECK_ERR(kvo_registration_device_pointer(reg, host_mem + 100000, &dp), KVO_INVALID_ARGUMENT, "");
+    CHECK_ERR(kvo_registration_device_pointer(reg, (const unsigned char*)&dp, &dp), KVO_INVALID_ARGUMENT, "");
     CHECK_ERR(kvo_registration_device_pointer(NULL, host_mem, &dp), KVO_INVALID_ARGUMENT, "'registration'");
     CHECK_OK(kvo_registration_destroy(reg));
     CHECK_OK(kvo_registration_destroy(NULL));

@@ -48,4 +48,6 @@ kvo_status guarded(const char* function, Body&& body) noexcept {
 }  // namespace kvoffload::capi
 
 // KVO_ARG(p): the NULL check with the calling function's name and the argument's spelling.
-#define KVO_ARG(p) ::kvoffload::capi::require_arg((p), __func__, #p)
+// Used inside guarded() lambdas, which capture the C function's name as `fn` (in a lambda,
+// __func__ would be "operator()").
+#define KVO_ARG(p) ::kvoffload::capi::require_arg((p), fn, #p)

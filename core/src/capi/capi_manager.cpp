@@ -48,7 +48,7 @@ kvo_manager& handle(kvo_manager_t* manager, const char* function) {
 extern "C" {
 
 kvo_status kvo_block_key_parse_hex(const char* text, kvo_block_key* out) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(text);
     KVO_ARG(out);
     *out = to_c(BlockKey::parse_hex(text));
@@ -56,10 +56,10 @@ kvo_status kvo_block_key_parse_hex(const char* text, kvo_block_key* out) {
 }
 
 kvo_status kvo_block_key_to_hex(kvo_block_key key, char* out, size_t out_size) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(out);
     if (out_size < BlockKey::kHexDigits + 1) {
-      invalid_arg(__func__, "out_size",
+      invalid_arg(fn, "out_size",
                   "is " + std::to_string(out_size) + "; at least 33 bytes are needed");
     }
     to_key(key).to_hex(out);
@@ -68,7 +68,7 @@ kvo_status kvo_block_key_to_hex(kvo_block_key key, char* out, size_t out_size) {
 }
 
 kvo_status kvo_manager_options_init(kvo_manager_options* options) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(options);
     *options = kvo_manager_options{};
     options->struct_size = sizeof(kvo_manager_options);
@@ -78,11 +78,11 @@ kvo_status kvo_manager_options_init(kvo_manager_options* options) {
 }
 
 kvo_status kvo_manager_create(const kvo_manager_options* options, kvo_manager_t** out) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(options);
     KVO_ARG(out);
     if (options->struct_size != sizeof(kvo_manager_options)) {
-      invalid_arg(__func__, "options",
+      invalid_arg(fn, "options",
                   "has struct_size " + std::to_string(options->struct_size) + ", expected " +
                       std::to_string(sizeof(kvo_manager_options)) +
                       " (initialise it with kvo_manager_options_init)");
@@ -93,7 +93,7 @@ kvo_status kvo_manager_create(const kvo_manager_options* options, kvo_manager_t*
       case KVO_POLICY_LRU: config.policy = kvoffload::PolicyKind::kLru; break;
       case KVO_POLICY_ARC: config.policy = kvoffload::PolicyKind::kArc; break;
       default:
-        invalid_arg(__func__, "options->policy",
+        invalid_arg(fn, "options->policy",
                     "is " + std::to_string(static_cast<int>(options->policy)) +
                         "; use KVO_POLICY_LRU or KVO_POLICY_ARC");
     }
@@ -108,10 +108,10 @@ void kvo_manager_destroy(kvo_manager_t* manager) { delete manager; }
 
 kvo_status kvo_manager_lookup(kvo_manager_t* manager, const kvo_block_key* keys, size_t count,
                               kvo_lookup_result* results, size_t* out_hit_prefix) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
-    auto k = keys_of(h.keys, keys, count, __func__, "keys");
+    auto k = keys_of(h.keys, keys, count, fn, "keys");
     std::span<kvoffload::LookupResult> r;
     if (results != nullptr) {
       h.results.resize(count);
@@ -130,14 +130,14 @@ kvo_status kvo_manager_prepare_store(kvo_manager_t* manager, const kvo_block_key
                                      size_t protected_count, kvo_block_key* keys_out,
                                      uint32_t* slots_out, kvo_block_key* evicted_out,
                                      kvo_store_plan* plan) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
     KVO_ARG(plan);
-    require_out(keys_out, count, __func__, "keys_out");
-    require_out(slots_out, count, __func__, "slots_out");
+    require_out(keys_out, count, fn, "keys_out");
+    require_out(slots_out, count, fn, "slots_out");
     std::lock_guard lock(h.mutex);
-    auto k = keys_of(h.keys, keys, count, __func__, "keys");
-    auto p = keys_of(h.protected_keys, protected_keys, protected_count, __func__, "protected_keys");
+    auto k = keys_of(h.keys, keys, count, fn, "keys");
+    auto p = keys_of(h.protected_keys, protected_keys, protected_count, fn, "protected_keys");
     const kvoffload::StorePlan sp = h.manager.prepare_store(k, p);
     // The plan's arrays hold at most one entry per key given, so `count` bounds them.
     for (size_t i = 0; i < sp.keys.size(); ++i) {
@@ -160,44 +160,44 @@ kvo_status kvo_manager_prepare_store(kvo_manager_t* manager, const kvo_block_key
 
 kvo_status kvo_manager_complete_store(kvo_manager_t* manager, const kvo_block_key* keys,
                                       size_t count, int success) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
-    h.manager.complete_store(keys_of(h.keys, keys, count, __func__, "keys"), success != 0);
+    h.manager.complete_store(keys_of(h.keys, keys, count, fn, "keys"), success != 0);
   });
 }
 
 kvo_status kvo_manager_prepare_load(kvo_manager_t* manager, const kvo_block_key* keys,
                                     size_t count, uint32_t* slots_out) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
-    require_out(slots_out, count, __func__, "slots_out");
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
+    require_out(slots_out, count, fn, "slots_out");
     std::lock_guard lock(h.mutex);
-    auto k = keys_of(h.keys, keys, count, __func__, "keys");
+    auto k = keys_of(h.keys, keys, count, fn, "keys");
     h.manager.prepare_load(k, std::span<kvoffload::SlotIndex>(slots_out, count));
   });
 }
 
 kvo_status kvo_manager_complete_load(kvo_manager_t* manager, const kvo_block_key* keys,
                                      size_t count) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
-    h.manager.complete_load(keys_of(h.keys, keys, count, __func__, "keys"));
+    h.manager.complete_load(keys_of(h.keys, keys, count, fn, "keys"));
   });
 }
 
 kvo_status kvo_manager_touch(kvo_manager_t* manager, const kvo_block_key* keys, size_t count) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
-    h.manager.touch(keys_of(h.keys, keys, count, __func__, "keys"));
+    h.manager.touch(keys_of(h.keys, keys, count, fn, "keys"));
   });
 }
 
 kvo_status kvo_manager_reset(kvo_manager_t* manager) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
     h.manager.reset();
   });
@@ -205,8 +205,8 @@ kvo_status kvo_manager_reset(kvo_manager_t* manager) {
 
 kvo_status kvo_manager_query(kvo_manager_t* manager, kvo_block_key key,
                              kvo_lookup_result* out_state, uint32_t* out_slot, uint32_t* out_pins) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
     const BlockKey k = to_key(key);
     if (out_state != nullptr) *out_state = static_cast<kvo_lookup_result>(h.manager.state_of(k));
@@ -217,8 +217,8 @@ kvo_status kvo_manager_query(kvo_manager_t* manager, kvo_block_key key,
 
 kvo_status kvo_manager_take_events(kvo_manager_t* manager, const kvo_manager_event** out_events,
                                    size_t* out_count) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
     KVO_ARG(out_events);
     KVO_ARG(out_count);
     std::lock_guard lock(h.mutex);
@@ -243,8 +243,8 @@ kvo_status kvo_manager_take_events(kvo_manager_t* manager, const kvo_manager_eve
 }
 
 kvo_status kvo_manager_stats_get(kvo_manager_t* manager, kvo_manager_stats* out) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
     KVO_ARG(out);
     std::lock_guard lock(h.mutex);
     const kvoffload::ManagerStats s = h.manager.stats();
@@ -279,8 +279,8 @@ kvo_status kvo_manager_stats_get(kvo_manager_t* manager, kvo_manager_stats* out)
 }
 
 kvo_status kvo_manager_reset_stats(kvo_manager_t* manager) {
-  return guarded(__func__, [&] {
-    auto& h = handle(manager, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
     h.manager.reset_stats();
   });

@@ -30,7 +30,7 @@ const kvoffload::Region& open_region(const kvo_region_t* region, const char* fun
 extern "C" {
 
 kvo_status kvo_region_options_init(kvo_region_options* options) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(options);
     *options = kvo_region_options{};
     options->struct_size = sizeof(kvo_region_options);
@@ -43,18 +43,18 @@ kvo_status kvo_region_options_init(kvo_region_options* options) {
 }
 
 kvo_status kvo_region_create_or_join(const kvo_region_options* options, kvo_region_t** out) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(options);
     KVO_ARG(out);
     if (options->struct_size != sizeof(kvo_region_options)) {
-      invalid_arg(__func__, "options",
+      invalid_arg(fn, "options",
                   "has struct_size " + std::to_string(options->struct_size) + ", expected " +
                       std::to_string(sizeof(kvo_region_options)) +
                       " (initialise it with kvo_region_options_init)");
     }
-    if (options->engine_id == nullptr) invalid_arg(__func__, "options->engine_id", "is NULL");
+    if (options->engine_id == nullptr) invalid_arg(fn, "options->engine_id", "is NULL");
     if (options->rank < KVO_UNRANKED) {
-      invalid_arg(__func__, "options->rank",
+      invalid_arg(fn, "options->rank",
                   "is " + std::to_string(options->rank) + "; use 0..world_size-1 or KVO_UNRANKED");
     }
     kvoffload::RegionOptions opts;
@@ -75,8 +75,8 @@ kvo_status kvo_region_create_or_join(const kvo_region_options* options, kvo_regi
 }
 
 kvo_status kvo_region_geometry_get(const kvo_region_t* region, kvo_region_geometry* out) {
-  return guarded(__func__, [&] {
-    const auto& r = open_region(region, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    const auto& r = open_region(region, fn);
     KVO_ARG(out);
     const auto& g = r.geometry();
     *out = kvo_region_geometry{g.num_chunks(),  g.slot_bytes(), g.world_size(),
@@ -86,40 +86,40 @@ kvo_status kvo_region_geometry_get(const kvo_region_t* region, kvo_region_geomet
 }
 
 kvo_status kvo_region_role_get(const kvo_region_t* region, kvo_region_role* out) {
-  return guarded(__func__, [&] {
-    const auto& r = open_region(region, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    const auto& r = open_region(region, fn);
     KVO_ARG(out);
     *out = r.role() == kvoffload::RegionRole::kCreator ? KVO_ROLE_CREATOR : KVO_ROLE_JOINER;
   });
 }
 
 kvo_status kvo_region_path(const kvo_region_t* region, const char** out) {
-  return guarded(__func__, [&] {
-    open_region(region, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    open_region(region, fn);
     KVO_ARG(out);
     *out = region->path.c_str();
   });
 }
 
 kvo_status kvo_region_engine_id(const kvo_region_t* region, const char** out) {
-  return guarded(__func__, [&] {
-    const auto& r = open_region(region, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    const auto& r = open_region(region, fn);
     KVO_ARG(out);
     *out = r.engine_id().c_str();
   });
 }
 
 kvo_status kvo_region_rank(const kvo_region_t* region, int32_t* out) {
-  return guarded(__func__, [&] {
-    const auto& r = open_region(region, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    const auto& r = open_region(region, fn);
     KVO_ARG(out);
     *out = r.rank() ? static_cast<int32_t>(*r.rank()) : KVO_UNRANKED;
   });
 }
 
 kvo_status kvo_region_populate_report_get(const kvo_region_t* region, kvo_populate_report* out) {
-  return guarded(__func__, [&] {
-    const auto& r = open_region(region, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    const auto& r = open_region(region, fn);
     KVO_ARG(out);
     const auto& p = r.populate_report();
     kvo_populate_method method = KVO_POPULATE_NONE;
@@ -130,8 +130,8 @@ kvo_status kvo_region_populate_report_get(const kvo_region_t* region, kvo_popula
 }
 
 kvo_status kvo_region_data(const kvo_region_t* region, void** out_data, uint64_t* out_bytes) {
-  return guarded(__func__, [&] {
-    const auto& r = open_region(region, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    const auto& r = open_region(region, fn);
     KVO_ARG(out_data);
     KVO_ARG(out_bytes);
     *out_data = r.data();
@@ -141,12 +141,12 @@ kvo_status kvo_region_data(const kvo_region_t* region, void** out_data, uint64_t
 
 kvo_status kvo_region_slot(const kvo_region_t* region, uint64_t chunk, int32_t rank,
                            void** out_ptr, uint64_t* out_bytes) {
-  return guarded(__func__, [&] {
-    const auto& r = open_region(region, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    const auto& r = open_region(region, fn);
     KVO_ARG(out_ptr);
     KVO_ARG(out_bytes);
     if (rank < KVO_OWN_RANK) {
-      invalid_arg(__func__, "rank",
+      invalid_arg(fn, "rank",
                   "is " + std::to_string(rank) + "; use 0..world_size-1 or KVO_OWN_RANK");
     }
     auto span = rank == KVO_OWN_RANK ? r.slot(chunk) : r.slot(chunk, static_cast<uint32_t>(rank));
@@ -157,8 +157,8 @@ kvo_status kvo_region_slot(const kvo_region_t* region, uint64_t chunk, int32_t r
 
 kvo_status kvo_region_row(const kvo_region_t* region, uint64_t chunk, void** out_ptr,
                           uint64_t* out_bytes) {
-  return guarded(__func__, [&] {
-    const auto& r = open_region(region, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    const auto& r = open_region(region, fn);
     KVO_ARG(out_ptr);
     KVO_ARG(out_bytes);
     auto span = r.row(chunk);
@@ -181,7 +181,7 @@ kvo_status kvo_region_close(kvo_region_t* region) {
 }
 
 kvo_status kvo_region_clean(const char* shm_dir, const char* engine_id, uint32_t* out_removed) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     std::filesystem::path dir =
         shm_dir != nullptr && *shm_dir != '\0' ? std::filesystem::path(shm_dir)
                                                : kvoffload::default_shm_dir();

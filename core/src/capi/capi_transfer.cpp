@@ -87,10 +87,10 @@ extern "C" {
 // ---- runtime -----------------------------------------------------------------------------------
 
 kvo_status kvo_runtime_create(const char* backend, int device, kvo_runtime_t** out) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(backend);
     KVO_ARG(out);
-    if (device < 0) invalid_arg(__func__, "device", "is " + std::to_string(device) + "; must be >= 0");
+    if (device < 0) invalid_arg(fn, "device", "is " + std::to_string(device) + "; must be >= 0");
     kvoffload::RuntimeOptions opts;
     opts.device = device;
     *out = std::make_unique<kvo_runtime>(kvoffload::make_runtime(backend, opts)).release();
@@ -100,7 +100,7 @@ kvo_status kvo_runtime_create(const char* backend, int device, kvo_runtime_t** o
 void kvo_runtime_destroy(kvo_runtime_t* runtime) { delete runtime; }
 
 kvo_status kvo_runtime_name(const kvo_runtime_t* runtime, const char** out) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(runtime);
     KVO_ARG(out);
     *out = runtime->name.c_str();
@@ -108,7 +108,7 @@ kvo_status kvo_runtime_name(const kvo_runtime_t* runtime, const char** out) {
 }
 
 kvo_status kvo_runtime_supports_kernel_path(const kvo_runtime_t* runtime, int* out) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(runtime);
     KVO_ARG(out);
     *out = runtime->runtime->supports_kernel_path() ? 1 : 0;
@@ -116,8 +116,8 @@ kvo_status kvo_runtime_supports_kernel_path(const kvo_runtime_t* runtime, int* o
 }
 
 kvo_status kvo_runtime_stream_create(kvo_runtime_t* runtime, uint64_t* out_stream) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
     KVO_ARG(out_stream);
     kvoffload::Stream s = rt.runtime->create_stream();
     const uint64_t handle = s.native();
@@ -128,14 +128,14 @@ kvo_status kvo_runtime_stream_create(kvo_runtime_t* runtime, uint64_t* out_strea
 }
 
 kvo_status kvo_runtime_stream_destroy(kvo_runtime_t* runtime, uint64_t stream) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
     kvoffload::Stream victim;
     {
       std::lock_guard lock(rt.mutex);
       auto it = rt.streams.find(stream);
       if (it == rt.streams.end()) {
-        throw Error(ErrorCode::kNotFound, std::string(__func__) + ": stream " + std::to_string(stream) +
+        throw Error(ErrorCode::kNotFound, std::string(fn) + ": stream " + std::to_string(stream) +
                                               " was not made by kvo_runtime_stream_create on this runtime");
       }
       victim = std::move(it->second);
@@ -146,14 +146,14 @@ kvo_status kvo_runtime_stream_destroy(kvo_runtime_t* runtime, uint64_t stream) {
 }
 
 kvo_status kvo_runtime_stream_synchronize(kvo_runtime_t* runtime, uint64_t stream) {
-  return guarded(__func__, [&] {
-    runtime_of(runtime, __func__).runtime->synchronize_stream(kvoffload::StreamView::from_native(stream));
+  return guarded(__func__, [&, fn = __func__] {
+    runtime_of(runtime, fn).runtime->synchronize_stream(kvoffload::StreamView::from_native(stream));
   });
 }
 
 kvo_status kvo_runtime_event_create(kvo_runtime_t* runtime, uint64_t* out_event) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
     KVO_ARG(out_event);
     kvoffload::Event e = rt.runtime->create_event();
     const uint64_t handle = e.native();
@@ -164,48 +164,48 @@ kvo_status kvo_runtime_event_create(kvo_runtime_t* runtime, uint64_t* out_event)
 }
 
 kvo_status kvo_runtime_event_destroy(kvo_runtime_t* runtime, uint64_t event) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
     std::lock_guard lock(rt.mutex);
     if (rt.events.erase(event) == 0) {
-      throw Error(ErrorCode::kNotFound, std::string(__func__) + ": event " + std::to_string(event) +
+      throw Error(ErrorCode::kNotFound, std::string(fn) + ": event " + std::to_string(event) +
                                             " was not made by kvo_runtime_event_create on this runtime");
     }
   });
 }
 
 kvo_status kvo_runtime_event_record(kvo_runtime_t* runtime, uint64_t event, uint64_t stream) {
-  return guarded(__func__, [&] {
-    if (event == 0) invalid_arg(__func__, "event", "is 0 (not an event)");
-    runtime_of(runtime, __func__)
+  return guarded(__func__, [&, fn = __func__] {
+    if (event == 0) invalid_arg(fn, "event", "is 0 (not an event)");
+    runtime_of(runtime, fn)
         .runtime->record_event(kvoffload::EventView::from_native(event),
                                kvoffload::StreamView::from_native(stream));
   });
 }
 
 kvo_status kvo_runtime_event_query(kvo_runtime_t* runtime, uint64_t event, int* out_done) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
     KVO_ARG(out_done);
-    if (event == 0) invalid_arg(__func__, "event", "is 0 (not an event)");
+    if (event == 0) invalid_arg(fn, "event", "is 0 (not an event)");
     *out_done = rt.runtime->query_event(kvoffload::EventView::from_native(event)) ? 1 : 0;
   });
 }
 
 kvo_status kvo_runtime_event_synchronize(kvo_runtime_t* runtime, uint64_t event) {
-  return guarded(__func__, [&] {
-    if (event == 0) invalid_arg(__func__, "event", "is 0 (not an event)");
-    runtime_of(runtime, __func__).runtime->synchronize_event(kvoffload::EventView::from_native(event));
+  return guarded(__func__, [&, fn = __func__] {
+    if (event == 0) invalid_arg(fn, "event", "is 0 (not an event)");
+    runtime_of(runtime, fn).runtime->synchronize_event(kvoffload::EventView::from_native(event));
   });
 }
 
 kvo_status kvo_runtime_register_host(kvo_runtime_t* runtime, void* ptr, uint64_t bytes,
                                      uint64_t align, kvo_registration_t** out) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
     KVO_ARG(ptr);
     KVO_ARG(out);
-    if (bytes == 0) invalid_arg(__func__, "bytes", "is 0");
+    if (bytes == 0) invalid_arg(fn, "bytes", "is 0");
     auto reg = std::make_unique<kvo_registration>();
     reg->registration = rt.runtime->register_host(ptr, bytes, align);
     *out = reg.release();
@@ -214,7 +214,7 @@ kvo_status kvo_runtime_register_host(kvo_runtime_t* runtime, void* ptr, uint64_t
 
 kvo_status kvo_registration_device_pointer(const kvo_registration_t* registration,
                                            const void* host_ptr, uint64_t* out) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(registration);
     KVO_ARG(out);
     *out = reinterpret_cast<uint64_t>(registration->registration.device_pointer(host_ptr));
@@ -234,10 +234,10 @@ kvo_status kvo_registration_destroy(kvo_registration_t* registration) {
 }
 
 kvo_status kvo_runtime_device_alloc(kvo_runtime_t* runtime, uint64_t bytes, uint64_t* out_ptr) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
     KVO_ARG(out_ptr);
-    if (bytes == 0) invalid_arg(__func__, "bytes", "is 0");
+    if (bytes == 0) invalid_arg(fn, "bytes", "is 0");
     kvoffload::DeviceBuffer b = rt.runtime->allocate_device(bytes);
     const auto address = reinterpret_cast<uint64_t>(b.data());
     std::lock_guard lock(rt.mutex);
@@ -247,29 +247,29 @@ kvo_status kvo_runtime_device_alloc(kvo_runtime_t* runtime, uint64_t bytes, uint
 }
 
 kvo_status kvo_runtime_device_free(kvo_runtime_t* runtime, uint64_t ptr) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
     std::lock_guard lock(rt.mutex);
     if (rt.buffers.erase(ptr) == 0) {
-      throw Error(ErrorCode::kNotFound, std::string(__func__) + ": 0x" + std::to_string(ptr) +
+      throw Error(ErrorCode::kNotFound, std::string(fn) + ": 0x" + std::to_string(ptr) +
                                             " was not allocated by kvo_runtime_device_alloc on this runtime");
     }
   });
 }
 
 kvo_status kvo_runtime_memcpy(kvo_runtime_t* runtime, uint64_t dst, uint64_t src, uint64_t bytes) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
-    if (bytes != 0 && dst == 0) invalid_arg(__func__, "dst", "is NULL");
-    if (bytes != 0 && src == 0) invalid_arg(__func__, "src", "is NULL");
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
+    if (bytes != 0 && dst == 0) invalid_arg(fn, "dst", "is NULL");
+    if (bytes != 0 && src == 0) invalid_arg(fn, "src", "is NULL");
     rt.runtime->memcpy_sync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
   });
 }
 
 kvo_status kvo_runtime_memset(kvo_runtime_t* runtime, uint64_t dst, int value, uint64_t bytes) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
-    if (bytes != 0 && dst == 0) invalid_arg(__func__, "dst", "is NULL");
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
+    if (bytes != 0 && dst == 0) invalid_arg(fn, "dst", "is NULL");
     rt.runtime->memset_sync(reinterpret_cast<void*>(dst), value, bytes);
   });
 }
@@ -277,7 +277,7 @@ kvo_status kvo_runtime_memset(kvo_runtime_t* runtime, uint64_t dst, int value, u
 // ---- engine ------------------------------------------------------------------------------------
 
 kvo_status kvo_engine_options_init(kvo_engine_options* options) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(options);
     const kvoffload::EngineOptions d;
     *options = kvo_engine_options{sizeof(kvo_engine_options),
@@ -295,13 +295,13 @@ kvo_status kvo_engine_create_for_region(kvo_runtime_t* runtime, kvo_region_t* re
                                         const kvo_kv_group* groups, size_t num_groups,
                                         uint32_t blocks_per_chunk, const kvo_engine_options* options,
                                         kvo_engine_t** out) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
     KVO_ARG(region);
     KVO_ARG(out);
-    auto g = groups_of(groups, num_groups, __func__);
-    auto opts = options_of(options, __func__);
-    if (!region->region.is_open()) throw Error(ErrorCode::kState, std::string(__func__) + ": the region is closed");
+    auto g = groups_of(groups, num_groups, fn);
+    auto opts = options_of(options, fn);
+    if (!region->region.is_open()) throw Error(ErrorCode::kState, std::string(fn) + ": the region is closed");
     *out = std::make_unique<kvo_engine>(kvoffload::TransferEngine(*rt.runtime, region->region, rank,
                                                                   std::move(g), blocks_per_chunk, opts))
                .release();
@@ -311,18 +311,18 @@ kvo_status kvo_engine_create_for_region(kvo_runtime_t* runtime, kvo_region_t* re
 kvo_status kvo_engine_create(kvo_runtime_t* runtime, const kvo_host_slots* host,
                              const kvo_kv_group* groups, size_t num_groups, uint32_t blocks_per_chunk,
                              const kvo_engine_options* options, kvo_engine_t** out) {
-  return guarded(__func__, [&] {
-    auto& rt = runtime_of(runtime, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& rt = runtime_of(runtime, fn);
     KVO_ARG(host);
     KVO_ARG(out);
-    if (host->base == nullptr) invalid_arg(__func__, "host->base", "is NULL");
+    if (host->base == nullptr) invalid_arg(fn, "host->base", "is NULL");
     kvoffload::KvLayout layout;
-    layout.groups = groups_of(groups, num_groups, __func__);
+    layout.groups = groups_of(groups, num_groups, fn);
     layout.blocks_per_chunk = blocks_per_chunk;
     layout.host = kvoffload::HostSlots{static_cast<std::byte*>(host->base), host->buffer_bytes,
                                        host->num_chunks,  host->row_stride,
                                        host->slot_offset, host->slot_bytes};
-    auto opts = options_of(options, __func__);
+    auto opts = options_of(options, fn);
     *out = std::make_unique<kvo_engine>(kvoffload::TransferEngine(*rt.runtime, std::move(layout), opts))
                .release();
   });
@@ -335,30 +335,30 @@ void kvo_engine_destroy(kvo_engine_t* engine) {
 }
 
 kvo_status kvo_engine_shutdown(kvo_engine_t* engine) {
-  return guarded(__func__, [&] { engine_of(engine, __func__).engine.shutdown(); });
+  return guarded(__func__, [&, fn = __func__] { engine_of(engine, __func__).engine.shutdown(); });
 }
 
 kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_direction direction,
                              const kvo_transfer_spec* spec, kvo_wait_on wait_on) {
-  return guarded(__func__, [&] {
-    auto& e = engine_of(engine, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& e = engine_of(engine, fn);
     KVO_ARG(spec);
     if (direction != KVO_STORE && direction != KVO_LOAD) {
-      invalid_arg(__func__, "direction", "is " + std::to_string(static_cast<int>(direction)) +
+      invalid_arg(fn, "direction", "is " + std::to_string(static_cast<int>(direction)) +
                                              "; use KVO_STORE or KVO_LOAD");
     }
     if (spec->num_chunks != 0 && spec->chunks == nullptr) {
-      invalid_arg(__func__, "spec->chunks", "is NULL with num_chunks " + std::to_string(spec->num_chunks));
+      invalid_arg(fn, "spec->chunks", "is NULL with num_chunks " + std::to_string(spec->num_chunks));
     }
     if (spec->num_groups != 0 && spec->groups == nullptr) {
-      invalid_arg(__func__, "spec->groups", "is NULL with num_groups " + std::to_string(spec->num_groups));
+      invalid_arg(fn, "spec->groups", "is NULL with num_groups " + std::to_string(spec->num_groups));
     }
     // Small per-call vector of spans (one per KV group, usually 1-2): the blocks are not copied.
     std::vector<std::span<const std::uint64_t>> groups(spec->num_groups);
     for (size_t g = 0; g < spec->num_groups; ++g) {
       const kvo_block_list& l = spec->groups[g];
       if (l.count != 0 && l.blocks == nullptr) {
-        invalid_arg(__func__, ("spec->groups[" + std::to_string(g) + "].blocks").c_str(),
+        invalid_arg(fn, ("spec->groups[" + std::to_string(g) + "].blocks").c_str(),
                     "is NULL with count " + std::to_string(l.count));
       }
       groups[g] = {l.blocks, l.count};
@@ -372,11 +372,11 @@ kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_directio
       case KVO_WAIT_NOTHING: break;
       case KVO_WAIT_STREAM: w = kvoffload::WaitOn::stream(kvoffload::StreamView::from_native(wait_on.handle)); break;
       case KVO_WAIT_EVENT:
-        if (wait_on.handle == 0) invalid_arg(__func__, "wait_on.handle", "is 0 with KVO_WAIT_EVENT");
+        if (wait_on.handle == 0) invalid_arg(fn, "wait_on.handle", "is 0 with KVO_WAIT_EVENT");
         w = kvoffload::WaitOn::event(kvoffload::EventView::from_native(wait_on.handle));
         break;
       default:
-        invalid_arg(__func__, "wait_on.kind", "is " + std::to_string(static_cast<int>(wait_on.kind)));
+        invalid_arg(fn, "wait_on.kind", "is " + std::to_string(static_cast<int>(wait_on.kind)));
     }
     e.engine.submit(kvoffload::JobId{job_id}, direction == KVO_STORE ? kvoffload::Direction::kStore
                                                                       : kvoffload::Direction::kLoad,
@@ -386,8 +386,8 @@ kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_directio
 
 kvo_status kvo_engine_poll(kvo_engine_t* engine, kvo_job_result* out, size_t capacity,
                            size_t* out_count) {
-  return guarded(__func__, [&] {
-    auto& e = engine_of(engine, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& e = engine_of(engine, fn);
     KVO_ARG(out_count);
     if (capacity != 0) KVO_ARG(out);
     result_errors().clear();
@@ -404,8 +404,8 @@ kvo_status kvo_engine_poll(kvo_engine_t* engine, kvo_job_result* out, size_t cap
 
 kvo_status kvo_engine_wait(kvo_engine_t* engine, const uint64_t* job_ids, size_t count,
                            kvo_job_result* out) {
-  return guarded(__func__, [&] {
-    auto& e = engine_of(engine, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& e = engine_of(engine, fn);
     if (count == 0) return;
     KVO_ARG(job_ids);
     KVO_ARG(out);
@@ -446,8 +446,8 @@ kvo_status kvo_engine_wait(kvo_engine_t* engine, const uint64_t* job_ids, size_t
 
 kvo_status kvo_engine_wait_all(kvo_engine_t* engine, kvo_job_result* out, size_t capacity,
                                size_t* out_count) {
-  return guarded(__func__, [&] {
-    auto& e = engine_of(engine, __func__);
+  return guarded(__func__, [&, fn = __func__] {
+    auto& e = engine_of(engine, fn);
     KVO_ARG(out_count);
     if (capacity != 0) KVO_ARG(out);
     result_errors().clear();
@@ -464,7 +464,7 @@ kvo_status kvo_engine_wait_all(kvo_engine_t* engine, kvo_job_result* out, size_t
 }
 
 kvo_status kvo_engine_stats_get(const kvo_engine_t* engine, kvo_engine_stats* out) {
-  return guarded(__func__, [&] {
+  return guarded(__func__, [&, fn = __func__] {
     KVO_ARG(engine);
     KVO_ARG(out);
     const kvoffload::EngineStats s = engine->engine.stats();
