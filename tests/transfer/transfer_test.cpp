@@ -5,6 +5,7 @@
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
 #include <kvoffload/kv_layout.hpp>
+#include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
 #include "transfer/fault_runtime.hpp"
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -653,6 +655,56 @@ TEST_P(TransferTest, RuntimeEventsAndStreams) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransferTest, ::testing::ValuesIn(backends()),
                          [](const auto& param_info) { return param_info.param; });
+
+// The host backend's helper pool (threads > 1, small split threshold) on both paths: every byte
+// lands exactly once however the batch is cut into parts.
+TEST(TransferHostRuntime, SplitBatchesOverHelperThreads) {
+  RuntimeOptions opts;
+  opts.host_copy_threads = 3;
+  opts.host_split_min_bytes = 3 * 4096;
+  opts.kernel_max_blocks = 3;
+  auto rt = make_runtime("host", opts);
+  round_trip(*rt, 3, 2, 1, false, 21);
+  round_trip(*rt, 2, 1, 0, true, 22);
+}
+
+// Built on a Region: rank slots come from the region, and closing the region first shuts the
+// engine down (drain, unregister) before the memory is unmapped.
+TEST(TransferRegion, EngineOnRegionRanksAndTeardownHook) {
+  auto rt = make_runtime("host");
+  FaultInjectingRuntime counting(*rt);
+  char tmpl[] = "/dev/shm/kvo-xfer-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::filesystem::path dir = tmpl;
+  RegionOptions ro;
+  ro.engine_id = "xfer-test";
+  ro.layout = RegionLayout{.num_chunks = 8, .slot_bytes = 2 * 3 * 1000, .world_size = 2, .replicated = false};
+  ro.rank = 1;
+  ro.shm_dir = dir;
+  Region region = Region::create_or_join(ro);
+  std::vector<std::byte> device(16 * 1000);
+  std::mt19937_64 rng(23);
+  fill_random(device, rng);
+  std::vector<KvGroup> groups(1);
+  groups[0].tensors.push_back(DeviceTensor{reinterpret_cast<std::uintptr_t>(device.data()), 16, 1000, 0});
+  TransferEngine engine(counting, region, 1, groups, 3);
+  EXPECT_TRUE(engine.host_registered());
+  std::vector<std::uint64_t> blocks{4, 9, 2, 7};
+  std::vector<std::uint64_t> chunks{6, 3};
+  std::span<const std::uint64_t> views[] = {blocks};
+  engine.submit(JobId{1}, Direction::kStore, TransferSpec{chunks, 1, views});
+  ASSERT_TRUE(engine.wait_all().at(0).success);
+  // Positions 1, 2 of chunk 6 and 0, 1 of chunk 3, in rank 1's slot.
+  const std::byte* expect[] = {device.data() + 4000, device.data() + 9000, device.data() + 2000, device.data() + 7000};
+  const std::byte* got[] = {region.slot(6, 1).data() + 1000, region.slot(6, 1).data() + 2000,
+                            region.slot(3, 1).data(), region.slot(3, 1).data() + 1000};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(std::memcmp(expect[i], got[i], 1000), 0) << i;
+  EXPECT_TRUE(std::all_of(region.slot(6, 0).begin(), region.slot(6, 0).end(), [](std::byte b) { return b == std::byte{0}; }))
+      << "rank 0's slot was written";
+  EXPECT_TRUE(region.close());   // runs the hook: the engine is shut down and unregistered first
+  EXPECT_THROW(engine.submit(JobId{2}, Direction::kStore, TransferSpec{chunks, 1, views}), Error);
+  std::filesystem::remove_all(dir);
+}
 
 TEST(TransferFactory, ListsBackendsAndRefusesUnknown) {
   const auto list = list_backends();

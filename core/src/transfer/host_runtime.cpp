@@ -28,7 +28,6 @@ using Clock = std::chrono::steady_clock;
 // Splitting costs a wake-up of each helper (microseconds idle, a time slice on a loaded machine),
 // so only batches that take a millisecond or more on one thread are split.
 constexpr std::uint64_t kDefaultSplitMinBytes = 8ULL << 20;
-constexpr std::uint64_t kMinPartBytes = 2ULL << 20;  // no part smaller than this
 constexpr std::size_t kDeviceAlign = 4096;
 
 // One record of an event. A wait binds to the record it saw (as cudaStreamWaitEvent does), so a
@@ -255,7 +254,9 @@ class HostRuntime final : public DeviceRuntime {
     } else if (total >= split_min_) {
       parts = threads;
     }
-    parts = static_cast<unsigned>(std::min<std::uint64_t>(parts, std::max<std::uint64_t>(1, total / kMinPartBytes)));
+    // No part smaller than split_min / threads: a batch at the threshold uses every thread.
+    const std::uint64_t min_part = std::max<std::uint64_t>(4096, split_min_ / threads);
+    parts = static_cast<unsigned>(std::min<std::uint64_t>(parts, std::max<std::uint64_t>(1, total / min_part)));
     if (parts <= 1 || pool_.helpers() == 0) {
       for (const CopyDescriptor& d : batch) std::memcpy(d.dst, d.src, d.bytes);
       return;
