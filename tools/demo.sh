@@ -70,9 +70,13 @@ step "region list: the creator is still attached"
 "$bin" region list --shm-dir "$shm_dir"
 
 step "release: SIGTERM ends the creator's hold; the last process out removes the file"
-kill -TERM "$creator"
-wait "$creator"
+kill -TERM "$creator" 2>/dev/null || true   # it may have gone already (e.g. a Ctrl-C reached it)
+wait "$creator" && rc=0 || rc=$?
 creator=""
+if ((rc != 0)); then
+  echo "demo: the creator exited with status $rc" >&2
+  exit 1
+fi
 if [[ -e $shm_dir/kvoffload_$engine.region ]]; then
   echo "demo: $shm_dir/kvoffload_$engine.region is still there after the last process left" >&2
   exit 1
