@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <filesystem>
 #include <future>
 #include <thread>
 
@@ -166,6 +167,22 @@ TEST(JoinerWait, DeadCreatorIsDetectedAndTheJoinerTakesOver) {
   EXPECT_EQ(r.role(), RegionRole::kCreator);
 }
 
+TEST(JoinerWait, FailedCreatorProbeIsReportedAndReleasesEverything) {
+  const TempDir dir;
+  auto opts = small_options(dir.path(), "probe");
+  StalledCreator creator(opts);
+  FaultSyscalls sys;
+  sys.fail(Op::kFcntlLock, 1, ENOLCK);
+  auto joiner = opts;
+  joiner.rank = 1;
+  joiner.syscalls = sys.get();
+  const auto fds = testing::fd_snapshot();
+  const Error e = expect_error([&] { (void)Region::create_or_join(joiner); });
+  EXPECT_EQ(e.call(), "fcntl");
+  EXPECT_EQ(e.sys_errno(), ENOLCK);
+  EXPECT_EQ(testing::fd_snapshot(), fds);
+}
+
 // A real tmpfs of 4 MiB in a private mount namespace (needs CAP_SYS_ADMIN; skipped otherwise).
 TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
   constexpr int kSkip = 77;
@@ -174,6 +191,11 @@ TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
     if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return kSkip;
     const TempDir dir("/tmp");
     if (::mount("tmpfs", dir.path().c_str(), "tmpfs", 0, "size=4m,mode=0700") != 0) return kSkip;
+    // Unmounted on every way out, so that TempDir can remove the (then empty) mount point.
+    struct Unmount {
+      const std::filesystem::path& path;
+      ~Unmount() { (void)::umount(path.c_str()); }
+    } unmount{dir.path()};
     auto opts = small_options(dir.path(), "big", 0);
     opts.layout = {.num_chunks = 256, .slot_bytes = 16384, .world_size = 2};  // 8 MiB
     try {
@@ -197,7 +219,6 @@ TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
     if (ok.role() != RegionRole::kCreator) return 5;
     ok.close();
     if (!dir.entries().empty()) return 6;
-    (void)::umount(dir.path().c_str());
     return 0;
   });
   const int status = testing::wait_child(pid);

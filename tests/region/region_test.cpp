@@ -213,6 +213,23 @@ TEST(Region, CleanNeverRemovesANewerFileAtThePath) {
   EXPECT_EQ(content, "newer");
 }
 
+TEST(Region, ListAndCleanReportFailingCalls) {
+  const TempDir dir;
+  testing::make_stale_region(small_options(dir.path(), "lc"));
+  FaultSyscalls list_sys;
+  list_sys.fail(Op::kReadFile, 1, EACCES);  // /proc/locks
+  const Error le = expect_error([&] { (void)list_regions(dir.path(), list_sys.get()); });
+  EXPECT_EQ(le.call(), "read");
+  EXPECT_THAT(le.what(), HasSubstr("/proc/locks"));
+  FaultSyscalls clean_sys;
+  clean_sys.fail(Op::kFlock, 1, ENOLCK);
+  const Error ce = expect_error([&] { (void)clean_regions(dir.path(), std::nullopt, clean_sys.get()); });
+  EXPECT_EQ(ce.call(), "flock");
+  EXPECT_EQ(ce.sys_errno(), ENOLCK);
+  EXPECT_EQ(dir.entries().size(), 1U);  // nothing removed on an unanswered question
+  EXPECT_EQ(clean_regions(dir.path()).removed.size(), 1U);
+}
+
 TEST(Region, SymlinkAtThePathIsRefused) {
   const TempDir dir;
   { std::ofstream(dir.path() / "target") << "keep"; }
