@@ -38,6 +38,8 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
   app->add_option("--engine-id", config->engine_id, "Engine id (default run-<pid>)");
   app->add_option("--shm-dir", config->shm_dir, "Directory of the region (default $KVOFFLOAD_SHM_DIR or /dev/shm)");
   app->add_option("--file-tier", config->file_tier, "Directory of a secondary file tier (off by default)");
+  add_size_option(*app, "--file-tier-bytes", config->file_tier_bytes,
+                  "Capacity of the file tier (default 1G)");
   app->add_option("--threads", config->populate_threads, "Populate threads")->capture_default_str();
   app->add_flag("--json", config->json, "Print one JSON object");
   return Command{app, [config] {

@@ -26,6 +26,7 @@ struct RunConfig {
   std::uint32_t unique_chunks = 2;  // chunks unique to each request
   std::uint64_t seed = 1;
   std::string file_tier;            // non-empty: a secondary file tier under this directory
+  std::uint64_t file_tier_bytes = 1ULL << 30;  // its capacity (oldest records go beyond it)
   unsigned populate_threads = 1;
   bool json = false;
 

@@ -178,6 +178,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
   if (!config.file_tier.empty()) {
     FileTierOptions tier;
     tier.root = config.file_tier;
+    tier.capacity_bytes = config.file_tier_bytes;
     stack_config.file_tiers.push_back(tier);
   }
   std::unique_ptr<OffloadStack> stack = OffloadStack::build(stack_config);
