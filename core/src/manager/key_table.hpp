@@ -22,8 +22,11 @@ class KeyTable {
   // Sizes the table for up to max_elements entries and empties it. Reuses the storage when it is
   // already large enough (the per-call scratch set relies on this: no allocation in steady state).
   void init(std::size_t max_elements) {
+    // Indices are 32-bit, so 2^32 buckets is the most that can be needed (a region of more than
+    // 2^31 chunks then runs at a higher load; still correct while size < buckets).
+    constexpr std::size_t kMaxBuckets = std::size_t{1} << 32;
     std::size_t cap = 16;
-    while (cap < 2 * max_elements) cap <<= 1;
+    while (cap < 2 * max_elements && cap < kMaxBuckets) cap <<= 1;
     entries_.assign(cap, kEmpty);
     mask_ = cap - 1;
     home_shift_ = 32u - static_cast<unsigned>(std::countr_zero(cap));
