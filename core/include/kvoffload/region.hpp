@@ -43,7 +43,8 @@ struct RegionOptions {
   std::chrono::milliseconds join_timeout{30'000};
   unsigned populate_threads = 1;             // >= 1
   bool populate = true;                      // pre-fault after mapping
-  const Syscalls* syscalls = nullptr;        // nullptr: the real system calls
+  const Syscalls* syscalls = nullptr;        // nullptr: the real system calls; a table given
+                                             // here must outlive the Region (tests only)
 };
 
 struct PopulateReport {
@@ -52,6 +53,9 @@ struct PopulateReport {
   double seconds = 0.0;
 };
 
+// One process's attachment to the region. Move-only; not synchronised: close() and the
+// destructor must not race other calls on the same object (distinct Region objects, in one
+// process or many, are independent attachments with their own lock).
 class Region {
  public:
   // Creates the region, or joins it when another process created it (or is creating it).
