@@ -65,8 +65,9 @@ class TierBatch {
   [[nodiscard]] std::size_t size() const noexcept;
   // Non-blocking.
   [[nodiscard]] bool ready() const noexcept;
-  // Blocks until every item completed.
-  std::span<const TierItemResult> wait() const;
+  // Blocks until every item completed; a copy of the results, so `tier.put(x).wait()` on a
+  // temporary batch is safe.
+  [[nodiscard]] std::vector<TierItemResult> wait() const;
   // Waits at most `timeout`; true when ready.
   bool wait_for(std::chrono::milliseconds timeout) const;
   // Number of items whose status is kOk (waits).

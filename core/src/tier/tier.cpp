@@ -36,7 +36,7 @@ bool TierBatch::ready() const noexcept {
   return state_->remaining == 0;
 }
 
-std::span<const TierItemResult> TierBatch::wait() const {
+std::vector<TierItemResult> TierBatch::wait() const {
   if (!state_) return {};
   std::unique_lock lock(state_->mutex);
   state_->cv.wait(lock, [&] { return state_->remaining == 0; });
