@@ -420,8 +420,9 @@ void run_model(const ModelParams& prm, std::uint64_t seed, int steps) {
       const ErrorCode want = ref.prepare_load(keys);
       std::vector<SlotIndex> slots(keys.size());
       ASSERT_EQ(code_of([&] { m.prepare_load(to_keys(keys), slots); }), want) << "prepare_load";
-      if (want == ErrorCode::kOk)
+      if (want == ErrorCode::kOk) {
         for (std::size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(slots[i], m.slot_of(K(keys[i])));
+      }
     } else if (op < 86) {
       auto keys = rnd(6) == 0 ? random_keys(3) : pick([](auto& e) { return e.pins > 0; }, 3);
       if (!keys.empty() && rnd(4) == 0) keys.push_back(keys[0]);  // a repeat: valid if pinned twice
@@ -444,7 +445,9 @@ void run_model(const ModelParams& prm, std::uint64_t seed, int steps) {
                                                                          : LookupResult::kHitPending;
       ASSERT_EQ(m.state_of(K(k)), want) << "key " << k;
       ASSERT_EQ(m.pin_count(K(k)), it == ref.entries.end() ? 0u : it->second.pins) << "key " << k;
-      if (prm.threshold > 0) ASSERT_EQ(m.threshold_count(K(k)), ref.tracked(k)) << "key " << k;
+      if (prm.threshold > 0) {
+        ASSERT_EQ(m.threshold_count(K(k)), ref.tracked(k)) << "key " << k;
+      }
     }
     std::set<SlotIndex> slots;
     for (auto& [k, e] : ref.entries) {
