@@ -5,9 +5,21 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/kvoffload.h>
 
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace kvoffload::capi {
+
+// The integer a C caller stored in an enum-typed field or argument. C lets any int of the
+// underlying type through; in C++ reading an enum object whose value is outside its range is
+// undefined (UBSan flags it), so validation reads the bytes as the underlying integer first.
+template <typename Enum>
+inline auto enum_value(const Enum& value) noexcept {
+  std::underlying_type_t<Enum> raw;
+  std::memcpy(&raw, &value, sizeof raw);
+  return raw;
+}
 
 // Records an error for kvo_last_error_*(); never throws (falls back to a static message when the
 // copy cannot be allocated). Returns the status to hand to the caller.

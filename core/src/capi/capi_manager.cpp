@@ -12,6 +12,7 @@
 
 using kvoffload::BlockKey;
 using kvoffload::capi::guarded;
+using kvoffload::capi::enum_value;
 using kvoffload::capi::invalid_arg;
 
 namespace {
@@ -89,12 +90,12 @@ kvo_status kvo_manager_create(const kvo_manager_options* options, kvo_manager_t*
     }
     kvoffload::ManagerConfig config;
     config.num_chunks = options->num_chunks;
-    switch (options->policy) {
+    switch (enum_value(options->policy)) {
       case KVO_POLICY_LRU: config.policy = kvoffload::PolicyKind::kLru; break;
       case KVO_POLICY_ARC: config.policy = kvoffload::PolicyKind::kArc; break;
       default:
         invalid_arg(fn, "options->policy",
-                    "is " + std::to_string(static_cast<int>(options->policy)) +
+                    "is " + std::to_string(enum_value(options->policy)) +
                         "; use KVO_POLICY_LRU or KVO_POLICY_ARC");
     }
     config.store_threshold = options->store_threshold;

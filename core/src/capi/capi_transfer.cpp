@@ -15,6 +15,7 @@
 using kvoffload::Error;
 using kvoffload::ErrorCode;
 using kvoffload::capi::guarded;
+using kvoffload::capi::enum_value;
 using kvoffload::capi::invalid_arg;
 
 namespace {
@@ -343,8 +344,8 @@ kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_directio
   return guarded(__func__, [&, fn = __func__] {
     auto& e = engine_of(engine, fn);
     KVO_ARG(spec);
-    if (direction != KVO_STORE && direction != KVO_LOAD) {
-      invalid_arg(fn, "direction", "is " + std::to_string(static_cast<int>(direction)) +
+    if (enum_value(direction) != KVO_STORE && enum_value(direction) != KVO_LOAD) {
+      invalid_arg(fn, "direction", "is " + std::to_string(enum_value(direction)) +
                                              "; use KVO_STORE or KVO_LOAD");
     }
     if (spec->num_chunks != 0 && spec->chunks == nullptr) {
@@ -368,7 +369,7 @@ kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_directio
     s.skip = spec->skip;
     s.group_blocks = groups;
     kvoffload::WaitOn w;
-    switch (wait_on.kind) {
+    switch (enum_value(wait_on.kind)) {
       case KVO_WAIT_NOTHING: break;
       case KVO_WAIT_STREAM: w = kvoffload::WaitOn::stream(kvoffload::StreamView::from_native(wait_on.handle)); break;
       case KVO_WAIT_EVENT:
@@ -376,7 +377,7 @@ kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_directio
         w = kvoffload::WaitOn::event(kvoffload::EventView::from_native(wait_on.handle));
         break;
       default:
-        invalid_arg(fn, "wait_on.kind", "is " + std::to_string(static_cast<int>(wait_on.kind)));
+        invalid_arg(fn, "wait_on.kind", "is " + std::to_string(enum_value(wait_on.kind)));
     }
     e.engine.submit(kvoffload::JobId{job_id}, direction == KVO_STORE ? kvoffload::Direction::kStore
                                                                       : kvoffload::Direction::kLoad,
