@@ -142,6 +142,9 @@ class Manager {
  public:
   // Validates the configuration (kInvalidArgument naming the field) before allocating anything.
   explicit Manager(const ManagerConfig& config);
+  // Checks a configuration the way the constructor does (kInvalidArgument naming the field),
+  // without allocating: builders validate everything before creating any resource.
+  static void validate(const ManagerConfig& config);
   // With a policy of the caller's (capacity must equal num_chunks; config.policy is ignored).
   Manager(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> policy);
   ~Manager();

@@ -526,6 +526,8 @@ ManagerConfig validated(ManagerConfig config) {
 
 }  // namespace
 
+void Manager::validate(const ManagerConfig& config) { (void)validated(config); }
+
 Manager::Manager(const ManagerConfig& config) : Manager(config, nullptr) {}
 
 Manager::Manager(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> policy) {

@@ -24,7 +24,6 @@ std::string_view to_string(InitStep step) noexcept {
 
 namespace {
 
-constexpr std::uint64_t kMaxChunks = 0xFFFFFFFEull;  // the Manager's limit (kNoSlot is reserved)
 
 // The region options as Region::create_or_join checks them, without touching a file.
 RegionGeometry validate_region(const RegionOptions& o) {
@@ -61,18 +60,10 @@ void validate(const StackConfig& config) {
                   " differs from the region's " + std::to_string(g.num_chunks()) +
                   " chunks (0 takes the region's)");
   }
-  if (g.num_chunks() > kMaxChunks) {
-    throw_invalid("manager: the region's " + std::to_string(g.num_chunks()) +
-                  " chunks exceed the manager's limit of " + std::to_string(kMaxChunks));
-  }
-  if (m.policy != PolicyKind::kLru && m.policy != PolicyKind::kArc) {
-    throw_invalid("manager: policy " + std::to_string(static_cast<int>(m.policy)) + " is unknown");
-  }
-  if (m.store_threshold > 0 && m.threshold_tracker_capacity > kMaxChunks) {
-    throw_invalid("manager: threshold_tracker_capacity " +
-                  std::to_string(m.threshold_tracker_capacity) + " is out of range 1.." +
-                  std::to_string(kMaxChunks));
-  }
+  // The Manager's own rules, with the chunk count the stack will give it (the region's).
+  ManagerConfig as_built = m;
+  as_built.num_chunks = g.num_chunks();
+  Manager::validate(as_built);
   if (m.store_threshold == 0 && m.threshold_tracker_capacity != 0) {
     throw_invalid("manager: threshold_tracker_capacity " +
                   std::to_string(m.threshold_tracker_capacity) +
