@@ -24,7 +24,6 @@ std::string_view to_string(InitStep step) noexcept {
 
 namespace {
 
-
 // The region options as Region::create_or_join checks them, without touching a file.
 RegionGeometry validate_region(const RegionOptions& o) {
   const std::filesystem::path shm_dir = o.shm_dir.empty() ? default_shm_dir() : o.shm_dir;
