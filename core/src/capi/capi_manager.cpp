@@ -49,7 +49,8 @@ kvo_manager& handle(kvo_manager_t* manager, const char* function) {
 extern "C" {
 
 kvo_status kvo_block_key_parse_hex(const char* text, kvo_block_key* out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(text);
     KVO_ARG(out);
     *out = to_c(BlockKey::parse_hex(text));
@@ -57,7 +58,8 @@ kvo_status kvo_block_key_parse_hex(const char* text, kvo_block_key* out) {
 }
 
 kvo_status kvo_block_key_to_hex(kvo_block_key key, char* out, size_t out_size) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(out);
     if (out_size < BlockKey::kHexDigits + 1) {
       invalid_arg(fn, "out_size",
@@ -69,7 +71,8 @@ kvo_status kvo_block_key_to_hex(kvo_block_key key, char* out, size_t out_size) {
 }
 
 kvo_status kvo_manager_options_init(kvo_manager_options* options) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(options);
     *options = kvo_manager_options{};
     options->struct_size = sizeof(kvo_manager_options);
@@ -79,7 +82,8 @@ kvo_status kvo_manager_options_init(kvo_manager_options* options) {
 }
 
 kvo_status kvo_manager_create(const kvo_manager_options* options, kvo_manager_t** out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(options);
     KVO_ARG(out);
     if (options->struct_size != sizeof(kvo_manager_options)) {
@@ -109,7 +113,8 @@ void kvo_manager_destroy(kvo_manager_t* manager) { delete manager; }
 
 kvo_status kvo_manager_lookup(kvo_manager_t* manager, const kvo_block_key* keys, size_t count,
                               kvo_lookup_result* results, size_t* out_hit_prefix) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
     auto k = keys_of(h.keys, keys, count, fn, "keys");
@@ -131,7 +136,8 @@ kvo_status kvo_manager_prepare_store(kvo_manager_t* manager, const kvo_block_key
                                      size_t protected_count, kvo_block_key* keys_out,
                                      uint32_t* slots_out, kvo_block_key* evicted_out,
                                      kvo_store_plan* plan) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     KVO_ARG(plan);
     require_out(keys_out, count, fn, "keys_out");
@@ -161,7 +167,8 @@ kvo_status kvo_manager_prepare_store(kvo_manager_t* manager, const kvo_block_key
 
 kvo_status kvo_manager_complete_store(kvo_manager_t* manager, const kvo_block_key* keys,
                                       size_t count, int success) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
     h.manager.complete_store(keys_of(h.keys, keys, count, fn, "keys"), success != 0);
@@ -170,7 +177,8 @@ kvo_status kvo_manager_complete_store(kvo_manager_t* manager, const kvo_block_ke
 
 kvo_status kvo_manager_prepare_load(kvo_manager_t* manager, const kvo_block_key* keys,
                                     size_t count, uint32_t* slots_out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     require_out(slots_out, count, fn, "slots_out");
     std::lock_guard lock(h.mutex);
@@ -181,7 +189,8 @@ kvo_status kvo_manager_prepare_load(kvo_manager_t* manager, const kvo_block_key*
 
 kvo_status kvo_manager_complete_load(kvo_manager_t* manager, const kvo_block_key* keys,
                                      size_t count) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
     h.manager.complete_load(keys_of(h.keys, keys, count, fn, "keys"));
@@ -189,7 +198,8 @@ kvo_status kvo_manager_complete_load(kvo_manager_t* manager, const kvo_block_key
 }
 
 kvo_status kvo_manager_touch(kvo_manager_t* manager, const kvo_block_key* keys, size_t count) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
     h.manager.touch(keys_of(h.keys, keys, count, fn, "keys"));
@@ -197,7 +207,8 @@ kvo_status kvo_manager_touch(kvo_manager_t* manager, const kvo_block_key* keys, 
 }
 
 kvo_status kvo_manager_reset(kvo_manager_t* manager) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
     h.manager.reset();
@@ -206,7 +217,8 @@ kvo_status kvo_manager_reset(kvo_manager_t* manager) {
 
 kvo_status kvo_manager_query(kvo_manager_t* manager, kvo_block_key key,
                              kvo_lookup_result* out_state, uint32_t* out_slot, uint32_t* out_pins) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
     const BlockKey k = to_key(key);
@@ -218,7 +230,8 @@ kvo_status kvo_manager_query(kvo_manager_t* manager, kvo_block_key key,
 
 kvo_status kvo_manager_take_events(kvo_manager_t* manager, const kvo_manager_event** out_events,
                                    size_t* out_count) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     KVO_ARG(out_events);
     KVO_ARG(out_count);
@@ -244,7 +257,8 @@ kvo_status kvo_manager_take_events(kvo_manager_t* manager, const kvo_manager_eve
 }
 
 kvo_status kvo_manager_stats_get(kvo_manager_t* manager, kvo_manager_stats* out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     KVO_ARG(out);
     std::lock_guard lock(h.mutex);
@@ -280,7 +294,8 @@ kvo_status kvo_manager_stats_get(kvo_manager_t* manager, kvo_manager_stats* out)
 }
 
 kvo_status kvo_manager_reset_stats(kvo_manager_t* manager) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& h = handle(manager, fn);
     std::lock_guard lock(h.mutex);
     h.manager.reset_stats();

@@ -30,7 +30,8 @@ const kvoffload::Region& open_region(const kvo_region_t* region, const char* fun
 extern "C" {
 
 kvo_status kvo_region_options_init(kvo_region_options* options) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(options);
     *options = kvo_region_options{};
     options->struct_size = sizeof(kvo_region_options);
@@ -43,7 +44,8 @@ kvo_status kvo_region_options_init(kvo_region_options* options) {
 }
 
 kvo_status kvo_region_create_or_join(const kvo_region_options* options, kvo_region_t** out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(options);
     KVO_ARG(out);
     if (options->struct_size != sizeof(kvo_region_options)) {
@@ -75,7 +77,8 @@ kvo_status kvo_region_create_or_join(const kvo_region_options* options, kvo_regi
 }
 
 kvo_status kvo_region_geometry_get(const kvo_region_t* region, kvo_region_geometry* out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     const auto& r = open_region(region, fn);
     KVO_ARG(out);
     const auto& g = r.geometry();
@@ -86,7 +89,8 @@ kvo_status kvo_region_geometry_get(const kvo_region_t* region, kvo_region_geomet
 }
 
 kvo_status kvo_region_role_get(const kvo_region_t* region, kvo_region_role* out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     const auto& r = open_region(region, fn);
     KVO_ARG(out);
     *out = r.role() == kvoffload::RegionRole::kCreator ? KVO_ROLE_CREATOR : KVO_ROLE_JOINER;
@@ -94,7 +98,8 @@ kvo_status kvo_region_role_get(const kvo_region_t* region, kvo_region_role* out)
 }
 
 kvo_status kvo_region_path(const kvo_region_t* region, const char** out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     open_region(region, fn);
     KVO_ARG(out);
     *out = region->path.c_str();
@@ -102,7 +107,8 @@ kvo_status kvo_region_path(const kvo_region_t* region, const char** out) {
 }
 
 kvo_status kvo_region_engine_id(const kvo_region_t* region, const char** out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     const auto& r = open_region(region, fn);
     KVO_ARG(out);
     *out = r.engine_id().c_str();
@@ -110,7 +116,8 @@ kvo_status kvo_region_engine_id(const kvo_region_t* region, const char** out) {
 }
 
 kvo_status kvo_region_rank(const kvo_region_t* region, int32_t* out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     const auto& r = open_region(region, fn);
     KVO_ARG(out);
     *out = r.rank() ? static_cast<int32_t>(*r.rank()) : KVO_UNRANKED;
@@ -118,7 +125,8 @@ kvo_status kvo_region_rank(const kvo_region_t* region, int32_t* out) {
 }
 
 kvo_status kvo_region_populate_report_get(const kvo_region_t* region, kvo_populate_report* out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     const auto& r = open_region(region, fn);
     KVO_ARG(out);
     const auto& p = r.populate_report();
@@ -130,7 +138,8 @@ kvo_status kvo_region_populate_report_get(const kvo_region_t* region, kvo_popula
 }
 
 kvo_status kvo_region_data(const kvo_region_t* region, void** out_data, uint64_t* out_bytes) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     const auto& r = open_region(region, fn);
     KVO_ARG(out_data);
     KVO_ARG(out_bytes);
@@ -141,7 +150,8 @@ kvo_status kvo_region_data(const kvo_region_t* region, void** out_data, uint64_t
 
 kvo_status kvo_region_slot(const kvo_region_t* region, uint64_t chunk, int32_t rank,
                            void** out_ptr, uint64_t* out_bytes) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     const auto& r = open_region(region, fn);
     KVO_ARG(out_ptr);
     KVO_ARG(out_bytes);
@@ -157,7 +167,8 @@ kvo_status kvo_region_slot(const kvo_region_t* region, uint64_t chunk, int32_t r
 
 kvo_status kvo_region_row(const kvo_region_t* region, uint64_t chunk, void** out_ptr,
                           uint64_t* out_bytes) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     const auto& r = open_region(region, fn);
     KVO_ARG(out_ptr);
     KVO_ARG(out_bytes);
@@ -181,7 +192,8 @@ kvo_status kvo_region_close(kvo_region_t* region) {
 }
 
 kvo_status kvo_region_clean(const char* shm_dir, const char* engine_id, uint32_t* out_removed) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     std::filesystem::path dir =
         shm_dir != nullptr && *shm_dir != '\0' ? std::filesystem::path(shm_dir)
                                                : kvoffload::default_shm_dir();

@@ -88,7 +88,8 @@ extern "C" {
 // ---- runtime -----------------------------------------------------------------------------------
 
 kvo_status kvo_runtime_create(const char* backend, int device, kvo_runtime_t** out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(backend);
     KVO_ARG(out);
     if (device < 0) invalid_arg(fn, "device", "is " + std::to_string(device) + "; must be >= 0");
@@ -101,7 +102,8 @@ kvo_status kvo_runtime_create(const char* backend, int device, kvo_runtime_t** o
 void kvo_runtime_destroy(kvo_runtime_t* runtime) { delete runtime; }
 
 kvo_status kvo_runtime_name(const kvo_runtime_t* runtime, const char** out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(runtime);
     KVO_ARG(out);
     *out = runtime->name.c_str();
@@ -109,7 +111,8 @@ kvo_status kvo_runtime_name(const kvo_runtime_t* runtime, const char** out) {
 }
 
 kvo_status kvo_runtime_supports_kernel_path(const kvo_runtime_t* runtime, int* out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(runtime);
     KVO_ARG(out);
     *out = runtime->runtime->supports_kernel_path() ? 1 : 0;
@@ -117,7 +120,8 @@ kvo_status kvo_runtime_supports_kernel_path(const kvo_runtime_t* runtime, int* o
 }
 
 kvo_status kvo_runtime_stream_create(kvo_runtime_t* runtime, uint64_t* out_stream) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     KVO_ARG(out_stream);
     kvoffload::Stream s = rt.runtime->create_stream();
@@ -129,7 +133,8 @@ kvo_status kvo_runtime_stream_create(kvo_runtime_t* runtime, uint64_t* out_strea
 }
 
 kvo_status kvo_runtime_stream_destroy(kvo_runtime_t* runtime, uint64_t stream) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     kvoffload::Stream victim;
     {
@@ -147,13 +152,15 @@ kvo_status kvo_runtime_stream_destroy(kvo_runtime_t* runtime, uint64_t stream) {
 }
 
 kvo_status kvo_runtime_stream_synchronize(kvo_runtime_t* runtime, uint64_t stream) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     runtime_of(runtime, fn).runtime->synchronize_stream(kvoffload::StreamView::from_native(stream));
   });
 }
 
 kvo_status kvo_runtime_event_create(kvo_runtime_t* runtime, uint64_t* out_event) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     KVO_ARG(out_event);
     kvoffload::Event e = rt.runtime->create_event();
@@ -165,7 +172,8 @@ kvo_status kvo_runtime_event_create(kvo_runtime_t* runtime, uint64_t* out_event)
 }
 
 kvo_status kvo_runtime_event_destroy(kvo_runtime_t* runtime, uint64_t event) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     std::lock_guard lock(rt.mutex);
     if (rt.events.erase(event) == 0) {
@@ -176,7 +184,8 @@ kvo_status kvo_runtime_event_destroy(kvo_runtime_t* runtime, uint64_t event) {
 }
 
 kvo_status kvo_runtime_event_record(kvo_runtime_t* runtime, uint64_t event, uint64_t stream) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     if (event == 0) invalid_arg(fn, "event", "is 0 (not an event)");
     runtime_of(runtime, fn)
         .runtime->record_event(kvoffload::EventView::from_native(event),
@@ -185,7 +194,8 @@ kvo_status kvo_runtime_event_record(kvo_runtime_t* runtime, uint64_t event, uint
 }
 
 kvo_status kvo_runtime_event_query(kvo_runtime_t* runtime, uint64_t event, int* out_done) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     KVO_ARG(out_done);
     if (event == 0) invalid_arg(fn, "event", "is 0 (not an event)");
@@ -194,7 +204,8 @@ kvo_status kvo_runtime_event_query(kvo_runtime_t* runtime, uint64_t event, int* 
 }
 
 kvo_status kvo_runtime_event_synchronize(kvo_runtime_t* runtime, uint64_t event) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     if (event == 0) invalid_arg(fn, "event", "is 0 (not an event)");
     runtime_of(runtime, fn).runtime->synchronize_event(kvoffload::EventView::from_native(event));
   });
@@ -202,7 +213,8 @@ kvo_status kvo_runtime_event_synchronize(kvo_runtime_t* runtime, uint64_t event)
 
 kvo_status kvo_runtime_register_host(kvo_runtime_t* runtime, void* ptr, uint64_t bytes,
                                      uint64_t align, kvo_registration_t** out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     KVO_ARG(ptr);
     KVO_ARG(out);
@@ -215,7 +227,8 @@ kvo_status kvo_runtime_register_host(kvo_runtime_t* runtime, void* ptr, uint64_t
 
 kvo_status kvo_registration_device_pointer(const kvo_registration_t* registration,
                                            const void* host_ptr, uint64_t* out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(registration);
     KVO_ARG(out);
     *out = reinterpret_cast<uint64_t>(registration->registration.device_pointer(host_ptr));
@@ -235,7 +248,8 @@ kvo_status kvo_registration_destroy(kvo_registration_t* registration) {
 }
 
 kvo_status kvo_runtime_device_alloc(kvo_runtime_t* runtime, uint64_t bytes, uint64_t* out_ptr) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     KVO_ARG(out_ptr);
     if (bytes == 0) invalid_arg(fn, "bytes", "is 0");
@@ -248,7 +262,8 @@ kvo_status kvo_runtime_device_alloc(kvo_runtime_t* runtime, uint64_t bytes, uint
 }
 
 kvo_status kvo_runtime_device_free(kvo_runtime_t* runtime, uint64_t ptr) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     std::lock_guard lock(rt.mutex);
     if (rt.buffers.erase(ptr) == 0) {
@@ -259,7 +274,8 @@ kvo_status kvo_runtime_device_free(kvo_runtime_t* runtime, uint64_t ptr) {
 }
 
 kvo_status kvo_runtime_memcpy(kvo_runtime_t* runtime, uint64_t dst, uint64_t src, uint64_t bytes) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     if (bytes != 0 && dst == 0) invalid_arg(fn, "dst", "is NULL");
     if (bytes != 0 && src == 0) invalid_arg(fn, "src", "is NULL");
@@ -268,7 +284,8 @@ kvo_status kvo_runtime_memcpy(kvo_runtime_t* runtime, uint64_t dst, uint64_t src
 }
 
 kvo_status kvo_runtime_memset(kvo_runtime_t* runtime, uint64_t dst, int value, uint64_t bytes) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     if (bytes != 0 && dst == 0) invalid_arg(fn, "dst", "is NULL");
     rt.runtime->memset_sync(reinterpret_cast<void*>(dst), value, bytes);
@@ -278,7 +295,8 @@ kvo_status kvo_runtime_memset(kvo_runtime_t* runtime, uint64_t dst, int value, u
 // ---- engine ------------------------------------------------------------------------------------
 
 kvo_status kvo_engine_options_init(kvo_engine_options* options) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(options);
     const kvoffload::EngineOptions d;
     *options = kvo_engine_options{sizeof(kvo_engine_options),
@@ -296,7 +314,8 @@ kvo_status kvo_engine_create_for_region(kvo_runtime_t* runtime, kvo_region_t* re
                                         const kvo_kv_group* groups, size_t num_groups,
                                         uint32_t blocks_per_chunk, const kvo_engine_options* options,
                                         kvo_engine_t** out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     KVO_ARG(region);
     KVO_ARG(out);
@@ -312,7 +331,8 @@ kvo_status kvo_engine_create_for_region(kvo_runtime_t* runtime, kvo_region_t* re
 kvo_status kvo_engine_create(kvo_runtime_t* runtime, const kvo_host_slots* host,
                              const kvo_kv_group* groups, size_t num_groups, uint32_t blocks_per_chunk,
                              const kvo_engine_options* options, kvo_engine_t** out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     KVO_ARG(host);
     KVO_ARG(out);
@@ -336,12 +356,14 @@ void kvo_engine_destroy(kvo_engine_t* engine) {
 }
 
 kvo_status kvo_engine_shutdown(kvo_engine_t* engine) {
-  return guarded(__func__, [&, fn = __func__] { engine_of(engine, __func__).engine.shutdown(); });
+  const char* const fn = __func__;
+  return guarded(fn, [&] { engine_of(engine, __func__).engine.shutdown(); });
 }
 
 kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_direction direction,
                              const kvo_transfer_spec* spec, kvo_wait_on wait_on) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& e = engine_of(engine, fn);
     KVO_ARG(spec);
     if (enum_value(direction) != KVO_STORE && enum_value(direction) != KVO_LOAD) {
@@ -387,7 +409,8 @@ kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_directio
 
 kvo_status kvo_engine_poll(kvo_engine_t* engine, kvo_job_result* out, size_t capacity,
                            size_t* out_count) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& e = engine_of(engine, fn);
     KVO_ARG(out_count);
     if (capacity != 0) KVO_ARG(out);
@@ -405,7 +428,8 @@ kvo_status kvo_engine_poll(kvo_engine_t* engine, kvo_job_result* out, size_t cap
 
 kvo_status kvo_engine_wait(kvo_engine_t* engine, const uint64_t* job_ids, size_t count,
                            kvo_job_result* out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& e = engine_of(engine, fn);
     if (count == 0) return;
     KVO_ARG(job_ids);
@@ -447,7 +471,8 @@ kvo_status kvo_engine_wait(kvo_engine_t* engine, const uint64_t* job_ids, size_t
 
 kvo_status kvo_engine_wait_all(kvo_engine_t* engine, kvo_job_result* out, size_t capacity,
                                size_t* out_count) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     auto& e = engine_of(engine, fn);
     KVO_ARG(out_count);
     if (capacity != 0) KVO_ARG(out);
@@ -465,7 +490,8 @@ kvo_status kvo_engine_wait_all(kvo_engine_t* engine, kvo_job_result* out, size_t
 }
 
 kvo_status kvo_engine_stats_get(const kvo_engine_t* engine, kvo_engine_stats* out) {
-  return guarded(__func__, [&, fn = __func__] {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
     KVO_ARG(engine);
     KVO_ARG(out);
     const kvoffload::EngineStats s = engine->engine.stats();

@@ -25,20 +25,21 @@ void Progress::update(std::uint64_t requests, double elapsed, double hit_rate, d
     const int filled = static_cast<int>(fraction * kWidth);
     std::string bar(static_cast<std::size_t>(filled), '#');
     bar.append(static_cast<std::size_t>(kWidth - filled), '-');
-    std::fprintf(stderr, "\r[%s] %3.0f%%  %llu requests  hit %.1f%%  store %.2f GB/s  load %.2f GB/s  %llu evictions ",
+    // Progress is best effort: a failed write to stderr must not stop the run.
+    (void)std::fprintf(stderr, "\r[%s] %3.0f%%  %llu requests  hit %.1f%%  store %.2f GB/s  load %.2f GB/s  %llu evictions ",
                  bar.c_str(), fraction * 100, static_cast<unsigned long long>(requests), hit_rate * 100,
                  store_gbps, load_gbps, static_cast<unsigned long long>(evictions));
     drew_ = true;
   } else {
-    std::fprintf(stderr, "run: %3.0f%% %llu requests, hit rate %.1f%%, store %.2f GB/s, load %.2f GB/s, %llu evictions\n",
+    (void)std::fprintf(stderr, "run: %3.0f%% %llu requests, hit rate %.1f%%, store %.2f GB/s, load %.2f GB/s, %llu evictions\n",
                  fraction * 100, static_cast<unsigned long long>(requests), hit_rate * 100, store_gbps,
                  load_gbps, static_cast<unsigned long long>(evictions));
   }
-  std::fflush(stderr);
+  (void)std::fflush(stderr);
 }
 
 void Progress::finish() {
-  if (tty_ && drew_) std::fputc('\n', stderr);
+  if (tty_ && drew_) (void)std::fputc('\n', stderr);
 }
 
 }  // namespace kvoffload::run

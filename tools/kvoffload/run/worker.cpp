@@ -193,7 +193,7 @@ int run_worker(int fd) {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
-  std::signal(SIGINT, SIG_IGN);
+  (void)std::signal(SIGINT, SIG_IGN);
 
   Channel channel(fd);
   std::optional<RankState> state;
