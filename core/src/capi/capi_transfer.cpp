@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 using kvoffload::Error;
@@ -24,6 +25,34 @@ kvo_runtime& runtime_of(kvo_runtime_t* rt, const char* function) {
   kvoffload::capi::require_arg(rt, function, "runtime");
   return *rt;
 }
+// Streams and events made through the C API live in the runtime handle's maps, named by their
+// native handle. adopt() files a new owner; release() takes one out under the lock and destroys it
+// after (finishing a stream's pending work may take a while).
+template <typename Owner>
+std::uint64_t adopt(kvo_runtime& rt, std::unordered_map<std::uint64_t, Owner>& map, Owner owner) {
+  const std::uint64_t handle = owner.native();
+  std::lock_guard lock(rt.mutex);
+  map.emplace(handle, std::move(owner));
+  return handle;
+}
+
+template <typename Owner>
+void release(kvo_runtime& rt, std::unordered_map<std::uint64_t, Owner>& map, std::uint64_t handle,
+             const char* fn, const char* what, const char* creator) {
+  Owner victim;
+  {
+    std::lock_guard lock(rt.mutex);
+    auto it = map.find(handle);
+    if (it == map.end()) {
+      throw Error(ErrorCode::kNotFound, std::string(fn) + ": " + what + " " + std::to_string(handle) +
+                                            " was not made by " + creator + " on this runtime");
+    }
+    victim = std::move(it->second);
+    map.erase(it);
+  }
+  victim.reset();
+}
+
 kvo_engine& engine_of(kvo_engine_t* e, const char* function) {
   kvoffload::capi::require_arg(e, function, "engine");
   return *e;
@@ -124,11 +153,7 @@ kvo_status kvo_runtime_stream_create(kvo_runtime_t* runtime, uint64_t* out_strea
   return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     KVO_ARG(out_stream);
-    kvoffload::Stream s = rt.runtime->create_stream();
-    const uint64_t handle = s.native();
-    std::lock_guard lock(rt.mutex);
-    rt.streams.emplace(handle, std::move(s));
-    *out_stream = handle;
+    *out_stream = adopt(rt, rt.streams, rt.runtime->create_stream());
   });
 }
 
@@ -136,18 +161,7 @@ kvo_status kvo_runtime_stream_destroy(kvo_runtime_t* runtime, uint64_t stream) {
   const char* const fn = __func__;
   return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
-    kvoffload::Stream victim;
-    {
-      std::lock_guard lock(rt.mutex);
-      auto it = rt.streams.find(stream);
-      if (it == rt.streams.end()) {
-        throw Error(ErrorCode::kNotFound, std::string(fn) + ": stream " + std::to_string(stream) +
-                                              " was not made by kvo_runtime_stream_create on this runtime");
-      }
-      victim = std::move(it->second);
-      rt.streams.erase(it);
-    }
-    victim.reset();  // outside the lock: finishing pending work may take a while
+    release(rt, rt.streams, stream, fn, "stream", "kvo_runtime_stream_create");
   });
 }
 
@@ -163,11 +177,7 @@ kvo_status kvo_runtime_event_create(kvo_runtime_t* runtime, uint64_t* out_event)
   return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
     KVO_ARG(out_event);
-    kvoffload::Event e = rt.runtime->create_event();
-    const uint64_t handle = e.native();
-    std::lock_guard lock(rt.mutex);
-    rt.events.emplace(handle, std::move(e));
-    *out_event = handle;
+    *out_event = adopt(rt, rt.events, rt.runtime->create_event());
   });
 }
 
@@ -175,11 +185,7 @@ kvo_status kvo_runtime_event_destroy(kvo_runtime_t* runtime, uint64_t event) {
   const char* const fn = __func__;
   return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
-    std::lock_guard lock(rt.mutex);
-    if (rt.events.erase(event) == 0) {
-      throw Error(ErrorCode::kNotFound, std::string(fn) + ": event " + std::to_string(event) +
-                                            " was not made by kvo_runtime_event_create on this runtime");
-    }
+    release(rt, rt.events, event, fn, "event", "kvo_runtime_event_create");
   });
 }
 

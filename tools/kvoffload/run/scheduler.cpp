@@ -203,6 +203,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
     Workload workload(config.seed, config.prefixes, config.prefix_chunks, config.unique_chunks);
     std::mt19937_64 rng(config.seed * 7919 + 1);
     std::vector<std::uint64_t> device_blocks(config.gpu_blocks);
+    std::iota(device_blocks.begin(), device_blocks.end(), 0);
     std::vector<SlotIndex> load_slots;
     std::vector<BlockKey> store_keys;
     std::vector<SlotIndex> store_slots;
@@ -235,8 +236,8 @@ RunOutcome run_scheduler(const RunConfig& config) {
       t.hits += hit;
 
       // Distinct device blocks for this request: the load's first, then the store's.
+      // A partial Fisher-Yates shuffle: any permutation stays one, so no reset per request.
       const std::size_t need = keys.size() * bpc;
-      std::iota(device_blocks.begin(), device_blocks.end(), 0);
       for (std::size_t i = 0; i < need; ++i) {
         std::uniform_int_distribution<std::size_t> pick(i, device_blocks.size() - 1);
         std::swap(device_blocks[i], device_blocks[pick(rng)]);
