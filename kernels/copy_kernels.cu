@@ -1,5 +1,6 @@
-// Device copy kernels, written once against compat.hpp and compiled by nvcc (KVO_BACKEND_NS = cuda)
-// and by hipcc (KVO_BACKEND_NS = hip). The host entry points are declared in
+// Device copy kernels, written once against compat.hpp and compiled by nvcc (KVO_BACKEND_NS = cuda),
+// by hipcc (KVO_BACKEND_NS = hip) and by the host compiler for the simulated device
+// (KVO_BACKEND_NS = sim, core/src/gpu/sim/sim_kernel.cpp). The host entry points are declared in
 // include/kvoffload_kernels/copy_kernels.hpp.
 //
 // Note [Batch copy work split]
@@ -10,7 +11,9 @@
 // group count of the previous batches so that a run of small batches does not always start at
 // CTA 0. So a 2 MiB descriptor is spread over the whole grid, 4 KiB descriptors are shared out
 // four to a group, and the work of every CTA differs by at most one group per batch. Every CTA
-// reads every descriptor (24 bytes each, a few percent of the data at the smallest piece sizes).
+// reads every descriptor (24 bytes each), so the GPU runtime stages them in device memory with one
+// copy before the launch (Note [Descriptor rings] in core/src/gpu/gpu_runtime.cpp): the CTAs
+// then read them from L2, not each over PCIe.
 //
 // Within a group each thread first issues its kUnroll independent 16-byte loads, then the
 // stores: reads of host memory over PCIe are latency-bound, so the loads in flight, not the
@@ -30,11 +33,14 @@ static_assert(kChunk == 16ull * kThreads, "a chunk is one 16-byte vector per thr
 // A valid, aligned device address for the loads of lanes that have no vector to copy.
 __device__ kvo_vec16 g_idle_source;
 
+using BlockScan = kvo_block_scan<kThreads>;
+
 struct BatchShared {
   const unsigned char* src[kThreads];
   unsigned char* dst[kThreads];
   u64 bytes[kThreads];
   u64 chunk_end[kThreads];  // inclusive scan of the chunk counts: chunks of desc i end here
+  typename BlockScan::storage scan;
 };
 
 // Copies n (< 16, or 16 at an address that is not 16-byte aligned) bytes with the widest word
@@ -81,7 +87,7 @@ __device__ __forceinline__ int find_desc(const BatchShared& s, int n, u64 g) {
 
 __global__ void __launch_bounds__(kThreads)
     batch_copy_kernel(const CopyDesc* __restrict__ descs, std::size_t count) {
-  __shared__ BatchShared s;
+  KVO_SHARED(BatchShared, s);
   const int tid = static_cast<int>(threadIdx.x);
   const u64 grid = gridDim.x;
   u64 rotation = 0;  // (groups of all previous batches) % grid
@@ -98,15 +104,10 @@ __global__ void __launch_bounds__(kThreads)
       s.bytes[tid] = d.bytes;
       chunks = (d.bytes + kChunk - 1) / kChunk;
     }
-    s.chunk_end[tid] = chunks;
+    // Block-wide inclusive scan from the vendor library (compat.hpp): independent of the warp
+    // size, and the library's scan beats a hand-written Hillis-Steele one.
+    s.chunk_end[tid] = BlockScan::inclusive_sum(chunks, s.scan);
     __syncthreads();
-    // Hillis-Steele inclusive scan; block-wide, so it does not depend on the warp size.
-    for (int offset = 1; offset < kThreads; offset <<= 1) {
-      const u64 add = tid >= offset ? s.chunk_end[tid - offset] : 0;
-      __syncthreads();
-      s.chunk_end[tid] += add;
-      __syncthreads();
-    }
 
     const u64 total = s.chunk_end[kThreads - 1];
     const u64 groups = (total + kUnroll - 1) / kUnroll;
@@ -168,6 +169,16 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace detail
 
+#if defined(KVOFFLOAD_KERNELS_SIM)
+
+// One CTA of the kernel on the calling host thread (the simulated device's executor sets the
+// thread's indices, shared arena and barrier first).
+void run_batch_copy_thread(const CopyDesc* descs, std::size_t count) {
+  detail::batch_copy_kernel(descs, count);
+}
+
+#else
+
 int launch_batch_copy(const CopyDesc* device_descs, std::size_t count, int max_ctas,
                       void* stream) {
   if (count == 0) {
@@ -179,9 +190,13 @@ int launch_batch_copy(const CopyDesc* device_descs, std::size_t count, int max_c
   // Grid bounded on purpose: the copy shares the GPU with the model (see copy_kernels.hpp).
   constexpr int kMaxGrid = 65535;
   const int grid = max_ctas <= 0 ? kDefaultBatchCopyCtas : (max_ctas < kMaxGrid ? max_ctas : kMaxGrid);
-  detail::batch_copy_kernel<<<grid, detail::kThreads, 0, static_cast<kvo_stream_t>(stream)>>>(
-      device_descs, count);
-  return static_cast<int>(kvoGetLastError());
+  // The launch API returns this launch's own status: a `<<<>>>` launch followed by
+  // GetLastError would also report any earlier error left on the thread (by torch, say), and
+  // a good launch would look failed (Note [Descriptor rings]).
+  void* args[] = {const_cast<CopyDesc**>(&device_descs), &count};
+  return static_cast<int>(kvoLaunchKernel(reinterpret_cast<const void*>(&detail::batch_copy_kernel),
+                                          dim3(grid), dim3(detail::kThreads), args, 0,
+                                          static_cast<kvo_stream_t>(stream)));
 }
 
 int check_batch_copy() noexcept {
@@ -193,5 +208,7 @@ int check_batch_copy() noexcept {
 const char* runtime_error_string(int code) noexcept {
   return kvoGetErrorString(static_cast<kvo_error_t>(code));
 }
+
+#endif
 
 }  // namespace kvoffload::kernels::KVO_BACKEND_NS

@@ -1,6 +1,6 @@
 // Transfer engine suites, parameterised over the backend name. Built twice: with
-// KVOFFLOAD_TEST_BACKENDS="host" (label cpu) and "cuda,hip" (label gpu; a backend that is not built
-// or has no device skips). Device caches are allocated through the runtime, so the same checks run
+// KVOFFLOAD_TEST_BACKENDS="host,sim" (label cpu: the GPU runtime runs on the simulated device) and
+// "cuda,hip" (label gpu; a backend that is not built or has no device skips). Device caches are allocated through the runtime, so the same checks run
 // on real device memory on GPUs.
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
@@ -27,7 +27,7 @@
 #include <vector>
 
 #ifndef KVOFFLOAD_TEST_BACKENDS
-#define KVOFFLOAD_TEST_BACKENDS "host"
+#define KVOFFLOAD_TEST_BACKENDS "host,sim"
 #endif
 
 namespace kvoffload {
@@ -451,14 +451,33 @@ TEST_P(TransferTest, PollAndWaitSemantics) {
   EXPECT_TRUE(engine.poll().empty());
 }
 
-struct Gate {
-  std::atomic<bool> open{false};
-  std::atomic<int> delay_ms{0};
-  static void run(void* self) {
-    auto* g = static_cast<Gate*>(self);
-    if (g->delay_ms.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(g->delay_ms.load()));
-    while (!g->open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+// Holds streams until opened: each held stream waits for a 32-bit flag in registered host memory
+// (DeviceRuntime::wait_host_flag, cuStreamWaitValue32). Never a host function that blocks: CUDA
+// forbids host functions that wait for other GPU work, and one may deadlock on ROCm. One use.
+class FlagGate {
+ public:
+  explicit FlagGate(DeviceRuntime& rt)
+      : page_(4096), reg_(rt.register_host(page_.ptr.get(), 4096)), rt_(rt) {
+    std::memset(page_.ptr.get(), 0, 4096);
   }
+  ~FlagGate() { open(); }  // never leave a stream held
+  FlagGate(const FlagGate&) = delete;
+  FlagGate& operator=(const FlagGate&) = delete;
+  void hold(StreamView s) { rt_.wait_host_flag(s, flag(), 1); }
+  void open() { std::atomic_ref<std::uint32_t>(*flag()).store(1, std::memory_order_release); }
+  // Opens after `ms` from another thread (for calls that block until the stream is free).
+  std::thread open_later(int ms) {
+    return std::thread([this, ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      open();
+    });
+  }
+
+ private:
+  std::uint32_t* flag() const { return reinterpret_cast<std::uint32_t*>(page_.ptr.get()); }
+  HostBuffer page_;
+  HostRegistration reg_;
+  DeviceRuntime& rt_;
 };
 
 TEST_P(TransferTest, WaitsForPendingWriteOnComputeStream) {
@@ -474,16 +493,16 @@ TEST_P(TransferTest, WaitsForPendingWriteOnComputeStream) {
   HostRegistration fresh_pin = rt().register_host(fresh.data(), fresh.size());
   auto* block3 = static_cast<std::byte*>(cache.device(0).data()) + 3 * 8192;
 
-  // Store: compute writes block 3 late; the store must see the written bytes.
-  Gate gate;
-  gate.delay_ms = 100;
-  gate.open = true;
-  rt().launch_host_func(compute.view(), &Gate::run, &gate);
+  // Store: compute writes block 3 only once the gate opens, after the submit; the store must see
+  // the written bytes.
+  FlagGate gate(rt());
+  gate.hold(compute.view());
   const CopyDescriptor write{fresh.data(), block3, fresh.size()};
   rt().enqueue_copies(compute.view(), std::span(&write, 1), CopyKind::kHostToDevice, CopyPath::kDma);
   std::memcpy(cache.dev_image[0].data() + 3 * 8192, fresh.data(), fresh.size());
   engine.submit(JobId{1}, Direction::kStore, Job{{2}, 0, {{3}}, {}}.spec(), WaitOn::stream(compute.view()));
   cache.model(Direction::kStore, {2}, 0, {{3}});
+  gate.open();
   ASSERT_TRUE(engine.wait_all().at(0).success);
   cache.expect_matches_model();
 
@@ -491,12 +510,14 @@ TEST_P(TransferTest, WaitsForPendingWriteOnComputeStream) {
   std::vector<std::byte> garbage(8192, std::byte{0xEE});
   HostRegistration garbage_pin = rt().register_host(garbage.data(), garbage.size());
   Event ready = rt().create_event();
-  rt().launch_host_func(compute.view(), &Gate::run, &gate);
+  FlagGate gate2(rt());
+  gate2.hold(compute.view());
   const CopyDescriptor scribble{garbage.data(), static_cast<std::byte*>(cache.device(0).data()) + 5 * 8192, 8192};
   rt().enqueue_copies(compute.view(), std::span(&scribble, 1), CopyKind::kHostToDevice, CopyPath::kDma);
   rt().record_event(ready.view(), compute.view());
   engine.submit(JobId{2}, Direction::kLoad, Job{{1}, 0, {{5}}, {}}.spec(), WaitOn::event(ready.view()));
   cache.model(Direction::kLoad, {1}, 0, {{5}});
+  gate2.open();
   ASSERT_TRUE(engine.wait_all().at(0).success);
   rt().synchronize_stream(compute.view());
   cache.expect_matches_model();
@@ -508,15 +529,15 @@ TEST_P(TransferTest, StoresAndLoadsRunIndependently) {
   TransferEngine engine(rt(), cache.layout);
   cache.randomize(rng);
   Stream compute = rt().create_stream();
-  Gate gate;  // closed: the store cannot start until we open it
-  rt().launch_host_func(compute.view(), &Gate::run, &gate);
+  FlagGate gate(rt());  // closed: the store cannot start until we open it
+  gate.hold(compute.view());
   engine.submit(JobId{1}, Direction::kStore, Job{{0}, 0, {{1}}, {}}.spec(), WaitOn::stream(compute.view()));
   engine.submit(JobId{2}, Direction::kLoad, Job{{1}, 0, {{2}}, {}}.spec());
   const JobId load[] = {JobId{2}};
   auto r = engine.wait(load);  // returns although the store is still blocked
   EXPECT_TRUE(r.at(0).success);
   EXPECT_TRUE(engine.poll().empty());
-  gate.open = true;
+  gate.open();
   const JobId store[] = {JobId{1}};
   EXPECT_TRUE(engine.wait(store).at(0).success);
   rt().synchronize_stream(compute.view());
@@ -597,15 +618,15 @@ TEST_P(TransferTest, ShutdownDrainsJobsInFlight) {
   auto engine = std::make_unique<TransferEngine>(rt(), cache.layout);
   cache.randomize(rng);
   Stream compute = rt().create_stream();
-  Gate gate;
-  gate.delay_ms = 50;
-  gate.open = true;
-  rt().launch_host_func(compute.view(), &Gate::run, &gate);
+  FlagGate gate(rt());
+  gate.hold(compute.view());
   for (std::uint64_t i = 0; i < 8; ++i) {
     engine->submit(JobId{i}, Direction::kStore, Job{{i}, 0, {{i}}, {}}.spec(), WaitOn::stream(compute.view()));
     cache.model(Direction::kStore, {i}, 0, {{i}});
   }
+  std::thread opener = gate.open_later(50);  // shutdown() below waits for the jobs behind it
   engine->shutdown();
+  opener.join();
   EXPECT_THROW(engine->submit(JobId{100}, Direction::kStore, Job{{9}, 0, {{9}}, {}}.spec()), Error);
   auto r = engine->poll();
   ASSERT_EQ(r.size(), 8u);
@@ -615,12 +636,15 @@ TEST_P(TransferTest, ShutdownDrainsJobsInFlight) {
 
   // Destroying with jobs in flight (no explicit shutdown) must also drain safely.
   auto engine2 = std::make_unique<TransferEngine>(rt(), cache.layout);
-  rt().launch_host_func(compute.view(), &Gate::run, &gate);
+  FlagGate gate2(rt());
+  gate2.hold(compute.view());
   for (std::uint64_t i = 0; i < 4; ++i) {
     engine2->submit(JobId{i}, Direction::kLoad, Job{{i}, 0, {{i + 8}}, {}}.spec(), WaitOn::stream(compute.view()));
     cache.model(Direction::kLoad, {i}, 0, {{i + 8}});
   }
+  std::thread opener2 = gate2.open_later(50);
   engine2.reset();
+  opener2.join();
   rt().synchronize_stream(compute.view());
   cache.expect_matches_model();
 }
@@ -644,13 +668,13 @@ TEST_P(TransferTest, RuntimeEventsAndStreams) {
   Event e = rt().create_event(true);
   Event f = rt().create_event(true);
   EXPECT_TRUE(rt().query_event(e.view()));  // never recorded: complete
-  Gate gate;
+  FlagGate gate(rt());
   rt().record_event(e.view(), s.view());
-  rt().launch_host_func(s.view(), &Gate::run, &gate);
+  gate.hold(s.view());
   rt().record_event(f.view(), s.view());
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_FALSE(rt().query_event(f.view()));
-  gate.open = true;
+  gate.open();
   rt().synchronize_event(f.view());
   EXPECT_TRUE(rt().query_event(f.view()));
   EXPECT_GE(rt().elapsed_seconds(e.view(), f.view()), 0.0);
@@ -715,10 +739,15 @@ TEST(TransferRegion, EngineOnRegionRanksAndTeardownHook) {
 
 TEST(TransferFactory, ListsBackendsAndRefusesUnknown) {
   const auto list = list_backends();
-  ASSERT_EQ(list.size(), 3u);
+  ASSERT_EQ(list.size(), 4u);
+  EXPECT_EQ(list[0].name, "cuda");
+  EXPECT_EQ(list[1].name, "hip");
   EXPECT_EQ(list[2].name, "host");
   EXPECT_TRUE(list[2].built);
   EXPECT_EQ(list[2].device_count, 1);
+  EXPECT_EQ(list[3].name, "sim");
+  EXPECT_TRUE(list[3].built);
+  EXPECT_EQ(list[3].device_count, 1);
   try {
     (void)make_runtime("tpu");
     ADD_FAILURE() << "unknown backend accepted";
@@ -735,7 +764,8 @@ TEST(TransferFactory, ListsBackendsAndRefusesUnknown) {
       EXPECT_NE(std::string(e.what()).find(b.name), std::string::npos);
     }
   }
-  EXPECT_NE(make_runtime("auto"), nullptr);
+  // auto never picks sim (no GPU here: host).
+  EXPECT_NE(make_runtime("auto")->name(), "sim");
 }
 #endif  // !KVOFFLOAD_TEST_GPU
 

@@ -1,7 +1,10 @@
 #pragma once
 // DeviceRuntime: the coarse, per-batch interface the transfer engine drives (DESIGN.md §3).
 // Backends: "host" (always built; device memory is host memory, streams are ordered worker
-// threads, copies are memcpy), "cuda" (cuda/), "hip" (hip/). No CUDA or HIP type appears here.
+// threads, copies are memcpy), "sim" (always built: the GPU runtime of core/src/gpu over a
+// simulated device on the CPU, for tests and CI), "cuda" and "hip" (the same GPU runtime over
+// the vendor tables of the modules cuda/ and hip/ build, loaded on first use). No CUDA or HIP
+// type appears here.
 //
 //   auto rt = kvoffload::make_runtime("auto");            // cuda, else hip, else host
 //   kvoffload::Stream s = rt->create_stream();
@@ -201,6 +204,9 @@ class DeviceBuffer {
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
   [[nodiscard]] explicit operator bool() const noexcept { return ptr_ != nullptr; }
   void reset() noexcept;
+  // Frees in `stream` order (cudaFreeAsync): the memory is released once the work enqueued on
+  // the stream so far has finished, and unlike reset() nothing waits for the whole device.
+  void release_async(StreamView stream) noexcept;
 
  private:
   friend class DeviceRuntime;
@@ -224,20 +230,39 @@ struct RuntimeOptions {
   unsigned host_copy_threads = 0;
   std::uint64_t host_split_min_bytes = 0;  // 0 = backend default
   bool hip_mlock_registered = false;  // hip: mlock registered ranges (ROCm page migration)
-  std::uint64_t register_chunk_bytes = 0;  // cuda/hip: max bytes per register call (0 = 64 GiB)
+  std::uint64_t register_chunk_bytes = 0;  // cuda/hip/sim: max bytes per register call (0 = 64 GiB)
+  // cuda/hip/sim kernel path: descriptor ring of each stream (0 = defaults: 64 slots of 4096
+  // descriptors), and whether a launch first stages its descriptors in device memory with one
+  // copy (every CTA then reads them from device memory instead of over PCIe).
+  unsigned kernel_ring_slots = 0;
+  unsigned kernel_ring_slot_descriptors = 0;
+  bool kernel_stage_descriptors = true;
+};
+
+// What a GPU runtime did, for tests and benchmarks that must know which path ran.
+struct RuntimeCounters {
+  std::uint64_t dma_batched_calls = 0;   // batched-DMA calls (cuMemcpyBatchAsync) accepted
+  std::uint64_t dma_batch_refusals = 0;  // batched-DMA calls refused (then redone as a loop)
+  std::uint64_t dma_loop_copies = 0;     // copies enqueued one by one (memcpyAsync)
+  std::uint64_t kernel_launches = 0;     // copy-kernel launches
+  std::uint64_t kernel_descriptors = 0;  // descriptors those launches carried
+  std::uint64_t ring_waits = 0;          // launches that waited for a free descriptor slot
+  bool batched_dma_enabled = false;      // whether the batched entry point is still in use
 };
 
 struct BackendInfo {
-  std::string name;          // "host" | "cuda" | "hip"
+  std::string name;          // "host" | "sim" | "cuda" | "hip"
   bool built = false;        // compiled into this library
   int device_count = 0;      // devices visible (host: 1)
   std::string detail;        // driver/runtime version, device names, or why unavailable
 };
 
-// Every backend this library knows, built or not, in the order auto tries them (cuda, hip, host).
+// Every backend this library knows, built or not: cuda, hip, host (the order auto tries them),
+// then sim (never chosen by auto).
 std::vector<BackendInfo> list_backends();
 
-// name: "host" | "cuda" | "hip" | "auto" (cuda if built with a device, else hip, else host).
+// name: "host" | "sim" | "cuda" | "hip" | "auto" (cuda if its module loads and sees a device,
+// else hip, else host; never sim).
 // Throws kNotAvailable naming the backend and why (not built / no device), kInvalidArgument for
 // an unknown name.
 std::unique_ptr<DeviceRuntime> make_runtime(std::string_view name, const RuntimeOptions& options = {});
@@ -251,10 +276,12 @@ class DeviceRuntime {
   DeviceRuntime& operator=(const DeviceRuntime&) = delete;
   virtual ~DeviceRuntime();
 
-  [[nodiscard]] virtual std::string_view name() const noexcept = 0;   // "host" | "cuda" | "hip"
+  [[nodiscard]] virtual std::string_view name() const noexcept = 0;  // "host" | "sim" | ...
   [[nodiscard]] virtual BackendInfo info() const = 0;
   // Whether CopyPath::kKernel is implemented (false: the engine only uses DMA).
   [[nodiscard]] virtual bool supports_kernel_path() const noexcept = 0;
+  // Which paths ran so far (GPU runtimes; the host backend counts batches only).
+  [[nodiscard]] virtual RuntimeCounters counters() const noexcept { return {}; }
 
   // Host memory. Registers [ptr, ptr+bytes) (cuda/hip: in row-aligned pieces of at most
   // register_chunk_bytes, sticky errors cleared). Throws kDevice on failure, leaving nothing
@@ -288,6 +315,13 @@ class DeviceRuntime {
   void launch_host_func(StreamView stream, void (*fn)(void*), void* arg) {
     do_launch_host_func(stream.native(), fn, arg);
   }
+  // Work enqueued on `stream` after this call waits until the 32-bit word at `flag` equals
+  // `value` (cuStreamWaitValue32). `flag` must be registered or device-mapped host memory and
+  // stay valid until the wait passed. A gate that needs no host thread: tests hold a stream with
+  // it ("compute still running") where a blocking host function would be forbidden.
+  void wait_host_flag(StreamView stream, const std::uint32_t* flag, std::uint32_t value) {
+    do_wait_host_flag(stream.native(), flag, value);
+  }
   // Synchronous copy between any two of host / device memory (tests, calibration).
   void memcpy_sync(void* dst, const void* src, std::size_t bytes) { do_memcpy_sync(dst, src, bytes); }
   void memset_sync(void* dst, int value, std::size_t bytes) { do_memset_sync(dst, value, bytes); }
@@ -318,6 +352,10 @@ class DeviceRuntime {
   virtual void do_launch_host_func(std::uintptr_t stream, void (*fn)(void*), void* arg) = 0;
   virtual void do_memcpy_sync(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void do_memset_sync(void* dst, int value, std::size_t bytes) = 0;
+  virtual void do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag,
+                                 std::uint32_t value) = 0;
+  // Default: synchronize the stream, then free.
+  virtual void do_free_device_async(void* ptr, std::uintptr_t stream) noexcept;
 
  private:
   friend class Stream;

@@ -1,12 +1,15 @@
 #pragma once
-// Factory functions each backend defines; make_runtime() / list_backends() (runtime_factory.cpp)
-// call them. Only the backends that are built define theirs: core calls the cuda ones only under
-// KVOFFLOAD_HAVE_CUDA and the hip ones only under KVOFFLOAD_HAVE_HIP. No CUDA/HIP types here, so
-// cuda/ and hip/ include this header with core/src on their include path.
+// Factory functions of the backends; make_runtime() / list_backends() (device_runtime.cpp) call
+// them. No CUDA/HIP types here.
 
 #include <kvoffload/device_runtime.hpp>
 
 #include <memory>
+#include <string_view>
+
+namespace kvoffload::gpu::sim {
+class SimDevice;
+}
 
 namespace kvoffload::detail {
 
@@ -14,14 +17,17 @@ namespace kvoffload::detail {
 std::unique_ptr<DeviceRuntime> make_host_runtime(const RuntimeOptions& options);
 BackendInfo probe_host();
 
-// cuda backend: cuda/src/. make_* throws Error(kNotAvailable) when no device is usable (message
-// says why, e.g. the cudaGetDeviceCount error), Error(kDevice) for other runtime failures.
-// probe_* never throws: device_count 0 and the reason in detail when unusable; built = true.
-std::unique_ptr<DeviceRuntime> make_cuda_runtime(const RuntimeOptions& options);
-BackendInfo probe_cuda();
+// sim backend: the GPU runtime over a simulated device (core/src/gpu/sim; always built). Without
+// `device`, the process-wide default device (KVOFFLOAD_SIM_DEVICES devices, default 1).
+std::unique_ptr<DeviceRuntime> make_sim_runtime(const RuntimeOptions& options,
+                                                std::shared_ptr<gpu::sim::SimDevice> device = {});
+BackendInfo probe_sim();
 
-// hip backend: hip/src/. Same contract.
-std::unique_ptr<DeviceRuntime> make_hip_runtime(const RuntimeOptions& options);
-BackendInfo probe_hip();
+// cuda / hip: the GPU runtime over the vendor table of the module libkvoffload_<name>.so, loaded
+// on first use (core/src/gpu/backend_modules.cpp). make_* throws Error(kNotAvailable) when the
+// module is not built or cannot load (its runtime library missing), or no device is usable (the
+// message says why); Error(kDevice) for other runtime failures. probe_* never throws.
+std::unique_ptr<DeviceRuntime> make_vendor_runtime(std::string_view name, const RuntimeOptions& options);
+BackendInfo probe_vendor(std::string_view name);
 
 }  // namespace kvoffload::detail

@@ -118,9 +118,28 @@ void DeviceBuffer::reset() noexcept {
   bytes_ = 0;
 }
 
+void DeviceBuffer::release_async(StreamView stream) noexcept {
+  if (ptr_ != nullptr && runtime_ != nullptr) runtime_->do_free_device_async(ptr_, stream.native());
+  runtime_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
 // ---- DeviceRuntime ----
 
 DeviceRuntime::~DeviceRuntime() = default;
+
+void DeviceRuntime::do_free_device_async(void* ptr, std::uintptr_t stream) noexcept {
+  try {
+    do_synchronize_stream(stream);
+  } catch (const std::exception& e) {
+    try {
+      log().warn("free_device_async: synchronizing the stream failed ({}); freeing anyway", e.what());
+    } catch (...) {
+    }
+  }
+  do_free_device(ptr);
+}
 
 HostRegistration DeviceRuntime::register_host(void* ptr, std::size_t bytes, std::size_t align) {
   if (ptr == nullptr || bytes == 0) {
@@ -142,67 +161,26 @@ DeviceBuffer DeviceRuntime::allocate_device(std::size_t bytes) {
 // ---- factory ----
 
 std::vector<BackendInfo> list_backends() {
-  std::vector<BackendInfo> out;
-#if defined(KVOFFLOAD_HAVE_CUDA)
-  out.push_back(detail::probe_cuda());
-#else
-  out.push_back(BackendInfo{"cuda", false, 0, "not built (configure with -DKVOFFLOAD_CUDA=ON)"});
-#endif
-#if defined(KVOFFLOAD_HAVE_HIP)
-  out.push_back(detail::probe_hip());
-#else
-  out.push_back(BackendInfo{"hip", false, 0, "not built (configure with -DKVOFFLOAD_HIP=ON)"});
-#endif
-  out.push_back(detail::probe_host());
-  return out;
+  return {detail::probe_vendor("cuda"), detail::probe_vendor("hip"), detail::probe_host(), detail::probe_sim()};
 }
-
-namespace {
-
-[[noreturn]] void not_built(std::string_view name) {
-  throw Error(ErrorCode::kNotAvailable,
-              "device runtime '" + std::string(name) +
-                  "' is not available: this build of kvoffload does not include it (configure with "
-                  "-DKVOFFLOAD_" + (name == "cuda" ? std::string("CUDA") : std::string("HIP")) + "=ON)");
-}
-
-}  // namespace
 
 std::unique_ptr<DeviceRuntime> make_runtime(std::string_view name, const RuntimeOptions& options) {
   if (name == "host") return detail::make_host_runtime(options);
-  if (name == "cuda") {
-#if defined(KVOFFLOAD_HAVE_CUDA)
-    return detail::make_cuda_runtime(options);
-#else
-    not_built(name);
-#endif
-  }
-  if (name == "hip") {
-#if defined(KVOFFLOAD_HAVE_HIP)
-    return detail::make_hip_runtime(options);
-#else
-    not_built(name);
-#endif
-  }
+  if (name == "sim") return detail::make_sim_runtime(options);
+  if (name == "cuda" || name == "hip") return detail::make_vendor_runtime(name, options);
   if (name == "auto") {
-    // cuda if a device is present, else hip, else host; the reason for each skip is logged.
-#if defined(KVOFFLOAD_HAVE_CUDA)
-    if (BackendInfo cuda = detail::probe_cuda(); cuda.device_count > 0) {
-      return detail::make_cuda_runtime(options);
-    } else {
-      log().info("runtime auto: cuda skipped ({})", cuda.detail);
+    // cuda if its module loads and sees a device, else hip, else host (never sim); the reason
+    // for each skip is logged.
+    for (std::string_view gpu : {"cuda", "hip"}) {
+      if (BackendInfo info = detail::probe_vendor(gpu); info.device_count > 0) {
+        return detail::make_vendor_runtime(gpu, options);
+      } else {
+        log().info("runtime auto: {} skipped ({})", gpu, info.detail);
+      }
     }
-#endif
-#if defined(KVOFFLOAD_HAVE_HIP)
-    if (BackendInfo hip = detail::probe_hip(); hip.device_count > 0) {
-      return detail::make_hip_runtime(options);
-    } else {
-      log().info("runtime auto: hip skipped ({})", hip.detail);
-    }
-#endif
     return detail::make_host_runtime(options);
   }
-  throw_invalid("unknown device runtime '" + std::string(name) + "' (expected host, cuda, hip or auto)");
+  throw_invalid("unknown device runtime '" + std::string(name) + "' (expected host, sim, cuda, hip or auto)");
 }
 
 }  // namespace kvoffload

@@ -43,6 +43,7 @@ class FaultInjectingRuntime final : public DeviceRuntime {
   [[nodiscard]] std::string_view name() const noexcept override { return inner_.name(); }
   [[nodiscard]] BackendInfo info() const override { return inner_.info(); }
   [[nodiscard]] bool supports_kernel_path() const noexcept override { return inner_.supports_kernel_path(); }
+  [[nodiscard]] RuntimeCounters counters() const noexcept override { return inner_.counters(); }
 
  protected:
   RegistrationRecord do_register_host(void* ptr, std::size_t bytes, std::size_t align) override;
@@ -68,6 +69,12 @@ class FaultInjectingRuntime final : public DeviceRuntime {
   }
   void do_memcpy_sync(void* dst, const void* src, std::size_t bytes) override { inner_.do_memcpy_sync(dst, src, bytes); }
   void do_memset_sync(void* dst, int value, std::size_t bytes) override { inner_.do_memset_sync(dst, value, bytes); }
+  void do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag, std::uint32_t value) override {
+    inner_.do_wait_host_flag(stream, flag, value);
+  }
+  void do_free_device_async(void* ptr, std::uintptr_t stream) noexcept override {
+    inner_.do_free_device_async(ptr, stream);
+  }
 
  private:
   void check_poisoned(std::uintptr_t event);

@@ -9,6 +9,7 @@
 #include <kvoffload/log.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -164,14 +165,22 @@ class CopyPool {
 class HostRuntime;
 
 struct Task {
-  enum class Kind : std::uint8_t { kCopy, kRecord, kWait, kFunc };
+  enum class Kind : std::uint8_t { kCopy, kRecord, kWait, kFunc, kWaitFlag };
   Kind kind = Kind::kCopy;
   CopyPath path = CopyPath::kDma;
   std::vector<CopyDescriptor> descs;
   std::shared_ptr<Marker> marker;
   void (*fn)(void*) = nullptr;
   void* arg = nullptr;
+  const std::uint32_t* flag = nullptr;
+  std::uint32_t flag_value = 0;
 };
+
+// Blocks until *flag == value (a host flag gate, as cuStreamWaitValue32).
+void wait_flag(const std::uint32_t* flag, std::uint32_t value) {
+  std::atomic_ref<std::uint32_t> word(*const_cast<std::uint32_t*>(flag));
+  while (word.load(std::memory_order_acquire) != value) std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
 
 class HostStream {
  public:
@@ -419,6 +428,18 @@ class HostRuntime final : public DeviceRuntime {
     reinterpret_cast<HostStream*>(stream)->push(std::move(task));
   }
 
+  void do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag, std::uint32_t value) override {
+    if (stream == 0) {
+      wait_flag(flag, value);
+      return;
+    }
+    Task task;
+    task.kind = Task::Kind::kWaitFlag;
+    task.flag = flag;
+    task.flag_value = value;
+    reinterpret_cast<HostStream*>(stream)->push(std::move(task));
+  }
+
   void do_memcpy_sync(void* dst, const void* src, std::size_t bytes) override {
     if (bytes != 0) std::memcpy(dst, src, bytes);
   }
@@ -489,6 +510,7 @@ void HostStream::run() {
       case Task::Kind::kRecord: task.marker->complete(); break;
       case Task::Kind::kWait: task.marker->wait(); break;
       case Task::Kind::kFunc: task.fn(task.arg); break;
+      case Task::Kind::kWaitFlag: wait_flag(task.flag, task.flag_value); break;
     }
     lock.lock();
     if (task.kind == Task::Kind::kCopy) {

@@ -59,8 +59,9 @@ inline int batch_copy_ctas(std::uint64_t total_bytes, int max_ctas) noexcept {
 // descriptor buffers per stream for this and reuse a slot only after its event completed.
 //
 // `max_ctas` bounds the grid (kDefaultBatchCopyCtas when <= 0); see batch_copy_ctas.
-// Returns 0 on success (also for count == 0, which launches nothing), else the runtime's error
-// code of the launch (cudaError_t / hipError_t); runtime_error_string names it.
+// Returns 0 on success (also for count == 0, which launches nothing), else the error of this
+// launch (cudaError_t / hipError_t from cudaLaunchKernel / hipLaunchKernel, never an earlier error
+// left on the thread); runtime_error_string names it.
 namespace cuda {
 int launch_batch_copy(const CopyDesc* device_descs, std::size_t count, int max_ctas, void* stream);
 const char* runtime_error_string(int code) noexcept;
@@ -76,5 +77,12 @@ const char* runtime_error_string(int code) noexcept;
 // kernel image for this GPU's architecture in the fat binary).
 int check_batch_copy() noexcept;
 }  // namespace hip
+
+// The simulated device (core/src/gpu/sim): runs one GPU thread of the kernel on the calling host
+// thread, whose indices, shared arena and barrier the executor set (kernels/sim_thread.hpp).
+// `descs` are host-addressable (the simulator translated them).
+namespace sim {
+void run_batch_copy_thread(const CopyDesc* descs, std::size_t count);
+}  // namespace sim
 
 }  // namespace kvoffload::kernels

@@ -1,0 +1,146 @@
+#pragma once
+// The table of vendor calls that the one GPU runtime (gpu_runtime.cpp) is written against.
+//
+// Note [One GPU runtime over a vendor table]
+// Everything a GPU backend does that is not a vendor call — registration planning, the
+// descriptor rings, building batches, fallbacks, error handling, device guards — is written once,
+// in core, against this table. cuda/ and hip/ only fill the table with their runtime's calls (and
+// are built as modules that core dlopen()s on first use, so one build runs on a machine with
+// either runtime or neither); gpu/sim fills it with a CPU simulation that has a GPU's semantics,
+// so CI runs the same runtime code without a GPU. Differences between the vendors are data or
+// small hooks here (`caps`, `legacy_stream`, a null batch entry point), never a second copy of
+// the logic.
+//
+// Conventions: every call returns the vendor's error code as an int (0 = success in CUDA, HIP and
+// sim alike) and leaves the thread's last-error slot as the vendor does; handles are opaque
+// pointers; `ctx` is the table's own context (sim: one simulated device; cuda/hip: unused). The
+// table is plain data with C linkage types so that a module built by another compiler can fill it.
+// No CUDA or HIP type appears here.
+#include <cstddef>
+#include <cstdint>
+
+namespace kvoffload::gpu {
+
+// Bumped on any change to the layout below; a module reporting another version is refused.
+inline constexpr std::uint32_t kVendorApiVersion = 1;
+
+// Memcpy directions, with the vendors' numbering (cudaMemcpyKind / hipMemcpyKind).
+enum MemcpyKind : int {
+  kMemcpyHostToHost = 0,
+  kMemcpyHostToDevice = 1,
+  kMemcpyDeviceToHost = 2,
+  kMemcpyDeviceToDevice = 3,
+  kMemcpyDefault = 4,
+};
+
+// Capability bits.
+enum VendorCaps : std::uint32_t {
+  // Device pointer of registered host memory equals the host pointer (CUDA's UVA). Without it
+  // (ROCm may map registered memory elsewhere) pieces of one registration need not be
+  // contiguous on the device side.
+  kCapUnifiedAddressing = 1u << 0,
+  // Registered host memory may still migrate (ROCm): RuntimeOptions::hip_mlock_registered applies.
+  kCapRegistrationMayMigrate = 1u << 1,
+};
+
+// A kernel copy descriptor, identical to kernels::CopyDesc and CopyDescriptor.
+struct VendorCopyDesc {
+  const void* src;
+  void* dst;
+  std::uint64_t bytes;
+};
+
+struct VendorApi {
+  std::uint32_t version;  // kVendorApiVersion
+  const char* name;       // "cuda" | "hip" | "sim"
+  void* ctx;
+  std::uint32_t caps;     // VendorCaps
+  // Error codes the runtime tells apart.
+  int err_not_ready;              // event/stream query: work still pending
+  int err_capture_implicit;       // a blocking stream is capturing (legacy-stream capture)
+  // The stream handle that means "legacy default stream" in this API (batched copies refuse it).
+  void* legacy_stream;
+
+  // ---- errors and devices ----
+  const char* (*error_name)(void* ctx, int err);
+  const char* (*error_string)(void* ctx, int err);
+  int (*get_last_error)(void* ctx);  // returns and clears the thread's last error
+  int (*get_device_count)(void* ctx, int* count);
+  int (*get_device)(void* ctx, int* device);
+  // Makes `device` current on this thread and binds its context (cudaSetDevice).
+  int (*set_device)(void* ctx, int device);
+  // Device name and architecture ("sm_90", "gfx90a:sramecc+:xnack-").
+  int (*device_describe)(void* ctx, int device, char* name, std::size_t name_len, char* arch,
+                         std::size_t arch_len);
+  int (*driver_version)(void* ctx, int* version);
+  int (*runtime_version)(void* ctx, int* version);
+  // "12.8"-style text of a version number in this API's encoding.
+  void (*version_text)(void* ctx, int version, char* out, std::size_t out_len);
+  // cudaThreadExchangeStreamCaptureMode with `*relaxed_or_previous` = 1 for relaxed: exchanges
+  // the thread's capture mode (the value written back is opaque, handed back to restore it).
+  int (*exchange_capture_mode)(void* ctx, int* mode, int relaxed);
+  // Whether the legacy default stream is capturing (1) in the current context.
+  int (*legacy_stream_capturing)(void* ctx, int* capturing);
+
+  // ---- streams and events ----
+  int (*stream_create)(void* ctx, void** stream);  // non-blocking
+  int (*stream_destroy)(void* ctx, void* stream);
+  int (*stream_synchronize)(void* ctx, void* stream);
+  int (*stream_wait_event)(void* ctx, void* stream, void* event);
+  // Blocks `stream` until the 32-bit word at `flag` (registered or pinned host memory) equals
+  // `value` (cuStreamWaitValue32): a gate that needs no host thread.
+  int (*stream_wait_value32)(void* ctx, void* stream, std::uint32_t* flag, std::uint32_t value);
+  int (*launch_host_func)(void* ctx, void* stream, void (*fn)(void*), void* arg);
+  int (*event_create)(void* ctx, void** event, int timing);
+  int (*event_destroy)(void* ctx, void* event);
+  int (*event_record)(void* ctx, void* event, void* stream);
+  int (*event_query)(void* ctx, void* event);
+  int (*event_synchronize)(void* ctx, void* event);
+  int (*event_elapsed_ms)(void* ctx, float* ms, void* start, void* end);
+
+  // ---- memory ----
+  int (*host_register)(void* ctx, void* ptr, std::size_t bytes);  // portable | mapped
+  int (*host_unregister)(void* ctx, void* ptr);
+  int (*host_device_pointer)(void* ctx, void** device, void* host);
+  // Pinned, device-mapped host memory for the descriptor rings (coherent on HIP).
+  int (*host_alloc_mapped)(void* ctx, void** ptr, std::size_t bytes);
+  int (*host_free)(void* ctx, void* ptr);
+  int (*device_malloc)(void* ctx, void** ptr, std::size_t bytes);
+  int (*device_free)(void* ctx, void* ptr);  // synchronizes the device
+  // Stream-ordered free (cudaFreeAsync): no device-wide synchronization. Null where missing.
+  int (*device_free_async)(void* ctx, void* ptr, void* stream);
+  // 1 when ptr is device (or managed) memory.
+  int (*pointer_is_device)(void* ctx, const void* ptr, int* is_device);
+  int (*memcpy_async)(void* ctx, void* dst, const void* src, std::size_t bytes, int kind,
+                      void* stream);
+  int (*memset_async)(void* ctx, void* dst, int value, std::size_t bytes, void* stream);
+
+  // ---- batched DMA (null when this runtime has none) ----
+  // count copies dsts[i] <- srcs[i]; source_in_stream_order: 1 = STREAM (the source may be
+  // written by earlier work in the stream), 0 = ANY. Returns the batch API's own code (CUDA: a
+  // CUresult) with *fail_index the refused copy or SIZE_MAX.
+  int (*memcpy_batch_async)(void* ctx, void** dsts, const void** srcs, std::size_t* sizes,
+                            std::size_t count, int source_in_stream_order, void* stream,
+                            std::size_t* fail_index);
+  // Text of a batch code, and whether it means "never works in this process" (not supported,
+  // not permitted) rather than "not this batch" (a bad descriptor, no context on this thread).
+  const char* (*batch_error_text)(void* ctx, int code);
+  int (*batch_error_is_permanent)(void* ctx, int code);
+  const char* batch_detail;  // what the batch entry point is, or why there is none
+
+  // ---- the copy kernel (kernels/copy_kernels.cu) ----
+  // 0 when the current device can run it (an image for its architecture exists).
+  int (*kernel_check)(void* ctx);
+  // Launches the batch copy kernel over count descriptors at `descs` (device-readable) with
+  // `ctas` CTAs; returns the launch's own status (never an earlier error of the thread).
+  int (*kernel_launch)(void* ctx, const VendorCopyDesc* descs, std::size_t count, int ctas,
+                       void* stream);
+  int kernel_threads;  // threads per CTA the kernel is built for
+};
+
+// Entry point every backend module exports (C linkage, looked up with dlsym). Returns the table,
+// or null with the reason written to `why` (e.g. no driver).
+using VendorApiEntry = const VendorApi* (*)(char* why, std::size_t why_len);
+inline constexpr const char* kVendorApiEntrySymbol = "kvoffload_vendor_api_v1";
+
+}  // namespace kvoffload::gpu

@@ -1,0 +1,255 @@
+// The CUDA vendor table (core/src/gpu/vendor_api.hpp): each entry is the CUDA runtime call it
+// names, nothing more. Everything else — registration pieces, rings, fallbacks — is the one GPU
+// runtime in core. Built as the module libkvoffload_cuda.so, which core opens on first use.
+// hip/src/hip_api.cpp is its twin; the differences are CUDA's and are said where they are.
+//
+// Note [Resolving cuMemcpyBatchAsync]
+// - The symbol exists from CUDA 12.8. CUDA 12.8/12.9 take 9 arguments (a size_t* failIdx before
+//   the stream); CUDA 13 takes 8. Calling one through the other's type passes the stream in the
+//   wrong slot, so the ABI is chosen by the version we ask the driver for: the driver's own
+//   version, capped to the two signatures we know (12080 or 13000).
+// - It is resolved through cudaGetDriverEntryPointByVersion (cuGetProcAddress), not dlsym: a
+//   process can hold several copies of libcudart (torch wheels bring their own), while the driver
+//   is one.
+// - It is a driver call: it needs a current context on the calling thread, which the runtime
+//   guarantees by setting the device on every call (Note [Batched DMA refusals]).
+#include "gpu/vendor_api.hpp"
+
+#include <kvoffload_kernels/copy_kernels.hpp>
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace kvoffload::gpu::cuda_api {
+
+namespace {
+
+cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
+cudaEvent_t ev(void* e) { return static_cast<cudaEvent_t>(e); }
+int rc(cudaError_t e) { return static_cast<int>(e); }
+
+const char* error_name(void*, int err) { return cudaGetErrorName(static_cast<cudaError_t>(err)); }
+const char* error_string(void*, int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
+int get_last_error(void*) { return rc(cudaGetLastError()); }
+int get_device_count(void*, int* n) { return rc(cudaGetDeviceCount(n)); }
+int get_device(void*, int* d) { return rc(cudaGetDevice(d)); }
+int set_device(void*, int d) { return rc(cudaSetDevice(d)); }
+int device_describe(void*, int d, char* name, std::size_t name_len, char* arch, std::size_t arch_len) {
+  cudaDeviceProp prop{};
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, d); e != cudaSuccess) return rc(e);
+  std::snprintf(name, name_len, "%s", prop.name);
+  std::snprintf(arch, arch_len, "sm_%d%d", prop.major, prop.minor);
+  return 0;
+}
+int driver_version(void*, int* v) { return rc(cudaDriverGetVersion(v)); }
+int runtime_version(void*, int* v) { return rc(cudaRuntimeGetVersion(v)); }
+// CUDA_VERSION encoding: major * 1000 + minor * 10.
+void version_text(void*, int v, char* out, std::size_t len) {
+  std::snprintf(out, len, "%d.%d", v / 1000, (v % 1000) / 10);
+}
+int exchange_capture_mode(void*, int* mode, int relaxed) {
+  auto m = relaxed != 0 ? cudaStreamCaptureModeRelaxed : static_cast<cudaStreamCaptureMode>(*mode);
+  const cudaError_t e = cudaThreadExchangeStreamCaptureMode(&m);
+  *mode = static_cast<int>(m);
+  return rc(e);
+}
+int legacy_stream_capturing(void*, int* capturing) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(cudaStreamLegacy, &status);
+  *capturing = status != cudaStreamCaptureStatusNone ? 1 : 0;
+  return rc(e);
+}
+
+// Non-blocking: no implicit synchronization with the legacy default stream the engine may use.
+int stream_create(void*, void** s) {
+  return rc(cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(s), cudaStreamNonBlocking));
+}
+int stream_destroy(void*, void* s) { return rc(cudaStreamDestroy(st(s))); }
+int stream_synchronize(void*, void* s) { return rc(cudaStreamSynchronize(st(s))); }
+int stream_wait_event(void*, void* s, void* e) { return rc(cudaStreamWaitEvent(st(s), ev(e), 0)); }
+int launch_host_func(void*, void* s, void (*fn)(void*), void* arg) { return rc(cudaLaunchHostFunc(st(s), fn, arg)); }
+int event_create(void*, void** e, int timing) {
+  return rc(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e),
+                                     timing != 0 ? cudaEventDefault : cudaEventDisableTiming));
+}
+int event_destroy(void*, void* e) { return rc(cudaEventDestroy(ev(e))); }
+int event_record(void*, void* e, void* s) { return rc(cudaEventRecord(ev(e), st(s))); }
+int event_query(void*, void* e) { return rc(cudaEventQuery(ev(e))); }
+int event_synchronize(void*, void* e) { return rc(cudaEventSynchronize(ev(e))); }
+int event_elapsed_ms(void*, float* ms, void* a, void* b) { return rc(cudaEventElapsedTime(ms, ev(a), ev(b))); }
+
+int host_register(void*, void* p, std::size_t n) {
+  return rc(cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterMapped));
+}
+int host_unregister(void*, void* p) { return rc(cudaHostUnregister(p)); }
+int host_device_pointer(void*, void** d, void* h) { return rc(cudaHostGetDevicePointer(d, h, 0)); }
+int host_alloc_mapped(void*, void** p, std::size_t n) {
+  return rc(cudaHostAlloc(p, n, cudaHostAllocMapped | cudaHostAllocPortable));
+}
+int host_free(void*, void* p) { return rc(cudaFreeHost(p)); }
+int device_malloc(void*, void** p, std::size_t n) { return rc(cudaMalloc(p, n)); }
+int device_free(void*, void* p) { return rc(cudaFree(p)); }
+int device_free_async(void*, void* p, void* s) { return rc(cudaFreeAsync(p, st(s))); }
+int pointer_is_device(void*, const void* p, int* is_device) {
+  cudaPointerAttributes attr{};
+  const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+  *is_device = e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
+  return rc(e);
+}
+int memcpy_async(void*, void* d, const void* s, std::size_t n, int kind, void* stream) {
+  return rc(cudaMemcpyAsync(d, s, n, static_cast<cudaMemcpyKind>(kind), st(stream)));
+}
+int memset_async(void*, void* d, int v, std::size_t n, void* s) { return rc(cudaMemsetAsync(d, v, n, st(s))); }
+
+// cuStreamWaitValue32 through the driver entry point (no libcuda link needed).
+using WaitValueFn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+WaitValueFn g_wait_value = nullptr;
+int stream_wait_value32(void*, void* s, std::uint32_t* flag, std::uint32_t value) {
+  if (g_wait_value == nullptr) return rc(cudaErrorNotSupported);
+  void* dev = nullptr;
+  if (const cudaError_t e = cudaHostGetDevicePointer(&dev, flag, 0); e != cudaSuccess) return rc(e);
+  const CUresult r = g_wait_value(st(s), reinterpret_cast<CUdeviceptr>(dev), value, CU_STREAM_WAIT_VALUE_EQ);
+  return r == CUDA_SUCCESS ? 0 : rc(cudaErrorInvalidValue);
+}
+
+// ---- batched DMA: Note [Resolving cuMemcpyBatchAsync] ----
+using BatchFn12080 = CUresult(CUDAAPI*)(CUdeviceptr*, CUdeviceptr*, std::size_t*, std::size_t,
+                                        CUmemcpyAttributes*, std::size_t*, std::size_t, std::size_t*, CUstream);
+using BatchFn13000 = CUresult(CUDAAPI*)(CUdeviceptr*, CUdeviceptr*, std::size_t*, std::size_t,
+                                        CUmemcpyAttributes*, std::size_t*, std::size_t, CUstream);
+using GetErrorFn = CUresult(CUDAAPI*)(CUresult, const char**);
+void* g_batch = nullptr;
+bool g_batch_13000 = false;
+GetErrorFn g_error_name = nullptr;
+std::string g_batch_detail;
+
+void* entry_point(const char* symbol, unsigned version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableLegacyStream, &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+
+void resolve_driver_entries() {
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) {
+    (void)cudaGetLastError();
+    g_batch_detail = "per-copy loop: cudaDriverGetVersion failed";
+    return;
+  }
+  const unsigned version = driver >= 13000 ? 13000u : 12080u;
+  g_wait_value = reinterpret_cast<WaitValueFn>(entry_point("cuStreamWaitValue32", 12000));
+  g_error_name = reinterpret_cast<GetErrorFn>(entry_point("cuGetErrorName", 12000));
+  if (driver < 12080) {
+    g_batch_detail = "per-copy loop: driver " + std::to_string(driver) + " has no cuMemcpyBatchAsync (needs 12.8)";
+    return;
+  }
+  g_batch = entry_point("cuMemcpyBatchAsync", version);
+  g_batch_13000 = version >= 13000;
+  g_batch_detail = g_batch == nullptr ? "per-copy loop: the driver did not resolve cuMemcpyBatchAsync"
+                   : g_batch_13000    ? "cuMemcpyBatchAsync (CUDA 13 signature, 8 arguments)"
+                                      : "cuMemcpyBatchAsync (CUDA 12.8 signature, 9 arguments)";
+}
+
+int memcpy_batch_async(void*, void** dsts, const void** srcs, std::size_t* sizes, std::size_t count,
+                       int source_in_stream_order, void* stream, std::size_t* fail_index) {
+  *fail_index = SIZE_MAX;
+  CUmemcpyAttributes attr = {};  // location hints unused: neither side is managed memory
+  attr.srcAccessOrder = source_in_stream_order != 0 ? CU_MEMCPY_SRC_ACCESS_ORDER_STREAM : CU_MEMCPY_SRC_ACCESS_ORDER_ANY;
+  attr.flags = CU_MEMCPY_FLAG_DEFAULT;
+  std::size_t attr_idx = 0;  // the one attribute applies to every copy
+  static_assert(sizeof(CUdeviceptr) == sizeof(void*));
+  auto* d = reinterpret_cast<CUdeviceptr*>(dsts);
+  auto* s = reinterpret_cast<CUdeviceptr*>(const_cast<void**>(srcs));
+  const CUresult r = g_batch_13000
+                         ? reinterpret_cast<BatchFn13000>(g_batch)(d, s, sizes, count, &attr, &attr_idx, 1, st(stream))
+                         : reinterpret_cast<BatchFn12080>(g_batch)(d, s, sizes, count, &attr, &attr_idx, 1,
+                                                                    fail_index, st(stream));
+  return static_cast<int>(r);
+}
+const char* batch_error_text(void*, int code) {
+  const char* name = nullptr;
+  if (g_error_name != nullptr) (void)g_error_name(static_cast<CUresult>(code), &name);
+  return name != nullptr ? name : "CUresult";
+}
+int batch_error_is_permanent(void*, int code) {
+  return code == CUDA_ERROR_NOT_SUPPORTED || code == CUDA_ERROR_NOT_PERMITTED ? 1 : 0;
+}
+
+int kernel_check(void*) { return kernels::cuda::check_batch_copy(); }
+int kernel_launch(void*, const VendorCopyDesc* descs, std::size_t count, int ctas, void* stream) {
+  return kernels::cuda::launch_batch_copy(reinterpret_cast<const kernels::CopyDesc*>(descs), count, ctas, stream);
+}
+
+VendorApi make_table() {
+  VendorApi a{};
+  a.version = kVendorApiVersion;
+  a.name = "cuda";
+  a.caps = kCapUnifiedAddressing;
+  a.err_not_ready = cudaErrorNotReady;
+  a.err_capture_implicit = cudaErrorStreamCaptureImplicit;
+  a.legacy_stream = cudaStreamLegacy;
+  a.error_name = error_name;
+  a.error_string = error_string;
+  a.get_last_error = get_last_error;
+  a.get_device_count = get_device_count;
+  a.get_device = get_device;
+  a.set_device = set_device;
+  a.device_describe = device_describe;
+  a.driver_version = driver_version;
+  a.runtime_version = runtime_version;
+  a.version_text = version_text;
+  a.exchange_capture_mode = exchange_capture_mode;
+  a.legacy_stream_capturing = legacy_stream_capturing;
+  a.stream_create = stream_create;
+  a.stream_destroy = stream_destroy;
+  a.stream_synchronize = stream_synchronize;
+  a.stream_wait_event = stream_wait_event;
+  a.stream_wait_value32 = stream_wait_value32;
+  a.launch_host_func = launch_host_func;
+  a.event_create = event_create;
+  a.event_destroy = event_destroy;
+  a.event_record = event_record;
+  a.event_query = event_query;
+  a.event_synchronize = event_synchronize;
+  a.event_elapsed_ms = event_elapsed_ms;
+  a.host_register = host_register;
+  a.host_unregister = host_unregister;
+  a.host_device_pointer = host_device_pointer;
+  a.host_alloc_mapped = host_alloc_mapped;
+  a.host_free = host_free;
+  a.device_malloc = device_malloc;
+  a.device_free = device_free;
+  a.device_free_async = device_free_async;
+  a.pointer_is_device = pointer_is_device;
+  a.memcpy_async = memcpy_async;
+  a.memset_async = memset_async;
+  resolve_driver_entries();
+  a.memcpy_batch_async = g_batch != nullptr ? memcpy_batch_async : nullptr;
+  a.batch_error_text = batch_error_text;
+  a.batch_error_is_permanent = batch_error_is_permanent;
+  a.batch_detail = g_batch_detail.c_str();
+  a.kernel_check = kernel_check;
+  a.kernel_launch = kernel_launch;
+  a.kernel_threads = kernels::kBatchCopyThreads;
+  return a;
+}
+
+}  // namespace
+
+}  // namespace kvoffload::gpu::cuda_api
+
+extern "C" __attribute__((visibility("default"))) const kvoffload::gpu::VendorApi* kvoffload_vendor_api_v1(
+    char* /*why*/, std::size_t /*why_len*/) {
+  // The runtime loaded with this module; a missing driver or device is for probe to report.
+  static const kvoffload::gpu::VendorApi table = kvoffload::gpu::cuda_api::make_table();
+  return &table;
+}

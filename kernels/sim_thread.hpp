@@ -1,0 +1,33 @@
+#pragma once
+// What a kernel body compiled for the simulated device (compat.hpp, KVOFFLOAD_KERNELS_SIM) sees
+// of "its" GPU thread: indices, the CTA's shared arena and its barrier. Set by the CTA executor
+// in core/src/gpu/sim before each CTA; plain host C++.
+#include <barrier>
+#include <cstddef>
+
+namespace kvoffload::kernels::sim {
+
+struct Dim3 {
+  unsigned x = 0;
+  unsigned y = 0;
+  unsigned z = 0;
+};
+
+struct ThreadContext {
+  Dim3 thread_idx;
+  Dim3 block_idx;
+  Dim3 grid_dim;
+  void* shared = nullptr;                 // the CTA's shared memory
+  std::barrier<>* barrier = nullptr;      // the CTA's __syncthreads
+};
+
+ThreadContext& this_thread() noexcept;
+
+inline void sync_threads() { this_thread().barrier->arrive_and_wait(); }
+
+template <typename T>
+T& shared() noexcept {
+  return *static_cast<T*>(this_thread().shared);
+}
+
+}  // namespace kvoffload::kernels::sim
