@@ -651,7 +651,9 @@ TEST_P(TransferTest, ShutdownDrainsJobsInFlight) {
 
 TEST_P(TransferTest, CalibrationSetsThresholds) {
   Cache cache(rt(), {{{8, 4096, 0}}}, 1, 4, 1, 0);
-  TransferEngine engine(rt(), cache.layout);
+  EngineOptions small;
+  small.calibration_bytes = 1 << 20;
+  TransferEngine engine(rt(), cache.layout, small);
   if (!rt().supports_kernel_path()) GTEST_SKIP() << "no kernel path";
   const CalibrationReport rep = engine.calibrate();
   EXPECT_TRUE(rep.ran);

@@ -79,6 +79,7 @@ struct EngineOptions {
   PathPolicy store_policy{};
   PathPolicy load_policy{};
   bool calibrate = false;          // run calibrate() in the constructor
+  std::uint64_t calibration_bytes = 8ull << 20;  // bytes moved per measurement (>= 256 KiB)
 };
 
 struct EngineStats {

@@ -215,7 +215,7 @@ GpuRuntime::~GpuRuntime() {
   RelaxedCapture relaxed(api_);
   {
     std::lock_guard lock(rings_mu_);
-    for (auto& [stream, ring] : rings_) destroy_ring(*ring, stream);
+    for (auto& [stream, ring] : rings_) destroy_ring(*ring, nullptr);  // foreign streams may be gone
     rings_.clear();
   }
   for (auto& [handle, reg] : registrations_) {
@@ -414,6 +414,8 @@ void GpuRuntime::do_destroy_stream(std::uintptr_t stream) noexcept {
   if (ring) {
     RelaxedCapture relaxed(api_);
     destroy_ring(*ring, to_ptr(stream));
+    // The stream-ordered frees of the ring's device buffers run before the stream goes away.
+    if (api_.stream_synchronize(ctx_, to_ptr(stream)) != 0) (void)api_.get_last_error(ctx_);
   }
   if (api_.stream_destroy(ctx_, to_ptr(stream)) != 0) (void)api_.get_last_error(ctx_);
 }
@@ -636,16 +638,22 @@ GpuRuntime::DescSlot GpuRuntime::make_slot() {
   }
   if (err != 0) {
     (void)api_.get_last_error(ctx_);
-    free_slot(slot);
+    free_slot(slot, nullptr);
     throw_vendor(api_, err, call, "kernel descriptor buffer");
   }
   slot.host_device_view = static_cast<const VendorCopyDesc*>(view);
   return slot;
 }
 
-void GpuRuntime::free_slot(DescSlot& slot) noexcept {
+void GpuRuntime::free_slot(DescSlot& slot, void* stream) noexcept {
   if (slot.done != nullptr) (void)api_.event_destroy(ctx_, slot.done);
-  if (slot.staged != nullptr) (void)api_.device_free(ctx_, slot.staged);
+  if (slot.staged != nullptr) {
+    // In stream order where possible: a plain free waits for the whole device (the model too).
+    if (stream == nullptr || api_.device_free_async == nullptr ||
+        api_.device_free_async(ctx_, slot.staged, stream) != 0) {
+      (void)api_.device_free(ctx_, slot.staged);
+    }
+  }
   if (slot.host != nullptr) (void)api_.host_free(ctx_, slot.host);
   slot = DescSlot{};
 }
@@ -659,7 +667,7 @@ void GpuRuntime::destroy_ring(Ring& ring, void* stream) noexcept {
   }
   // No event tells when the work reading a retired slot ended; only its stream knows.
   if (retired) (void)api_.stream_synchronize(ctx_, stream);
-  for (DescSlot& slot : ring.slots) free_slot(slot);
+  for (DescSlot& slot : ring.slots) free_slot(slot, stream);
   ring.slots.clear();
 }
 

@@ -114,7 +114,8 @@ class GpuRuntime final : public DeviceRuntime {
   Ring& ring_of(void* stream);
   DescSlot& acquire_slot(Ring& ring);  // ring.mu held
   DescSlot make_slot();
-  void free_slot(DescSlot& slot) noexcept;
+  // Frees the slot's buffers; its device buffer in `stream` order when given.
+  void free_slot(DescSlot& slot, void* stream) noexcept;
   void destroy_ring(Ring& ring, void* stream) noexcept;
 
   const VendorApi& api_;

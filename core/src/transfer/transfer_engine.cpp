@@ -23,9 +23,11 @@ namespace kvoffload {
 // Each direction has one stream, one planner and a FIFO of in-flight jobs. submit() holds the
 // direction's submit lock while it plans, enqueues (wait -> start event -> copies -> end event)
 // and appends to the FIFO, so FIFO order is stream order. A job is finished when its end event has
-// completed; since the stream is in order, only the FIFO head needs to be queried, and a job
-// whose enqueue failed is reported (failed) when it reaches the head, keeping per-direction
-// completion order. Events come from a pool and return to it when a job is retired, so steady-state
+// completed; since the stream is in order, only the FIFO head needs to be queried. A job whose
+// enqueue failed part-way is failed, but it finishes only when the work already enqueued for it
+// has: its end event is still recorded behind whatever made it onto the stream (or, if even that
+// fails, submit synchronizes the stream), because a copy of a failed load still writes device
+// blocks that the caller reuses as soon as it sees the result. Events come from a pool and return to it when a job is retired, so steady-state
 // submission creates no events.
 
 struct TransferEngine::Impl {
@@ -35,6 +37,7 @@ struct TransferEngine::Impl {
     Event start;
     Event end;
     bool failed = false;
+    bool end_pending = false;  // failed, but work enqueued for it may still run until `end`
     std::string error;
   };
   struct Lane {
@@ -151,6 +154,18 @@ struct TransferEngine::Impl {
       job.error = e.what();
       log().error("transfer engine: {} job {} failed at submission: {}", to_string(direction),
                   static_cast<std::uint64_t>(id), e.what());
+      // Copies enqueued before the failure still run: the job finishes after them.
+      try {
+        runtime.record_event(job.end.view(), ln.stream.view());
+        job.end_pending = true;
+      } catch (const std::exception&) {
+        try {
+          runtime.synchronize_stream(ln.stream.view());
+        } catch (const std::exception& sync_error) {
+          log().error("transfer engine: {} stream unusable after job {} failed: {}", to_string(direction),
+                      static_cast<std::uint64_t>(id), sync_error.what());
+        }
+      }
     }
     std::lock_guard lock(state_mutex);
     // The wait event may be reused as soon as the wait is enqueued: a later record starts a new
@@ -158,7 +173,7 @@ struct TransferEngine::Impl {
     give_event(std::move(wait_event));
     if (job.failed) {
       give_event(std::move(job.start));
-      give_event(std::move(job.end));
+      if (!job.end_pending) give_event(std::move(job.end));
     }
     ln.inflight.push_back(std::move(job));
   }
@@ -173,6 +188,13 @@ struct TransferEngine::Impl {
         r.direction = ln.direction;
         r.bytes = head.bytes;
         if (head.failed) {
+          if (head.end_pending) {
+            try {
+              if (!runtime.query_event(head.end.view())) break;  // its enqueued copies still run
+            } catch (const std::exception&) {
+              // the stream failed after the job: nothing of it runs any more
+            }
+          }
           r.error = head.error;
         } else {
           try {
@@ -223,7 +245,9 @@ struct TransferEngine::Impl {
       const int l = lane_to_wait();
       if (l < 0) return;
       Lane& ln = lanes[l];
-      if (ln.inflight.empty() || ln.inflight.front().failed) continue;  // drain() retires it
+      if (ln.inflight.empty() || (ln.inflight.front().failed && !ln.inflight.front().end_pending)) {
+        continue;  // drain() retires it
+      }
       const EventView head = ln.inflight.front().end.view();
       ++waiters;
       lock.unlock();
@@ -369,7 +393,7 @@ CalibrationReport TransferEngine::calibrate() {
     log().info("transfer engine: calibration skipped: the kernel path is not available");
     return report;
   }
-  constexpr std::uint64_t kTotal = 8ULL << 20;
+  const std::uint64_t kTotal = std::max<std::uint64_t>(im.options.calibration_bytes, 256ULL << 10);
   constexpr std::uint64_t kSizes[] = {4096, 8192, 16384, 32768, 65536, 131072, 262144};
   DeviceRuntime& rt = im.runtime;
   DeviceBuffer dev = rt.allocate_device(kTotal * 2);
@@ -418,6 +442,8 @@ CalibrationReport TransferEngine::calibrate() {
   report.store_policy = im.lanes[0].policy;
   report.load_policy = im.lanes[1].policy;
   report.ran = true;
+  // In stream order: a plain free (cudaFree) would wait for the whole device, model included.
+  dev.release_async(s.view());
   return report;
 }
 

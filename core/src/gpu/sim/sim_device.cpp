@@ -705,7 +705,8 @@ int map_host(SimDevice::Impl& d, void* ptr, std::size_t bytes, bool pinned) {
   }
   HostMapping m{bytes, begin, pinned};
   if (d.window_reservation != nullptr) {
-    const std::size_t off = d.window_range.allocate(bytes);
+    // A page more than asked: mappings never abut, as ROCm gives no contiguity guarantee either.
+    const std::size_t off = d.window_range.allocate(bytes + 4096);
     if (off == SIZE_MAX) return d.fail(kOutOfMemory);
     m.device = d.window_range.base() + off;
   }
