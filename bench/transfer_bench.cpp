@@ -3,6 +3,8 @@
 //   build/<dir>/bin/transfer_bench                      # every available backend, ~1 minute
 //   build/<dir>/bin/transfer_bench --benchmark_filter=host/store
 //   KVOFFLOAD_BENCH_HOST_THREADS=2 build/<dir>/bin/transfer_bench    # host copy threads
+//   KVOFFLOAD_BENCH_BACKENDS=sim build/<dir>/bin/transfer_bench      # the simulated device: checks
+//                                                                    # bytes, measures nothing real
 //
 // Each case copies `count` fragments of `bytes`, scattered (every other fragment of a buffer twice
 // the size, so nothing coalesces), between device memory (host memory on the host backend) and a
@@ -14,7 +16,12 @@
 // stream_GBps (bytes / time between events recorded before and after the batch on the stream:
 // the copy itself, without the submission and wake-up latency that wall time includes) with
 // stream_ratio, the same ratio on stream time (the reference's own events around its memcpy).
-// Target (REFERENCE.md): host backend ratio >= 0.9 for fragments >= 64 KiB.
+// caller_memcpy_GBps exists on the host backend only: on GPUs (and sim) the "device" side is not
+// host memory, and a CPU memcpy of it would fault.
+// Every case checks its bytes after timing (every fragment, both directions, also on sim, where
+// the copies went through the simulated device and its copy kernel); a mismatch makes the program
+// exit 1. Target (REFERENCE.md): host backend ratio >= 0.9 for fragments >= 64 KiB; GPU figures
+// on the device's own targets (README).
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
 
@@ -61,9 +68,11 @@ struct Setup {
   explicit Setup(const std::string& backend) : rt(kvoffload::make_runtime(backend, options_from_env())) {
     device = rt->allocate_device(2 * kMaxTotal);
     rt->memset_sync(device.data(), 1, device.bytes());
-    host = static_cast<std::byte*>(std::aligned_alloc(4096, 2 * kMaxTotal));
-    std::memset(host, 2, 2 * kMaxTotal);  // resident before measuring
-    reg = rt->register_host(host, 2 * kMaxTotal);
+    // Two fragments' worth for the cases, then one page for the gate's flag word.
+    host = static_cast<std::byte*>(std::aligned_alloc(4096, 2 * kMaxTotal + 4096));
+    std::memset(host, 2, 2 * kMaxTotal + 4096);  // resident before measuring
+    *gate_flag() = 0;
+    reg = rt->register_host(host, 2 * kMaxTotal + 4096);
     stream = rt->create_stream();
     start = rt->create_event(true);
     done = rt->create_event(true);
@@ -77,16 +86,14 @@ struct Setup {
 
   // Holds the stream while start event, work and done event are enqueued, so that stream time
   // (start -> done) covers the work only, not a worker that went to sleep between two enqueues.
-  std::atomic<bool> gate_open{true};
-  static void gate_fn(void* self) {
-    auto* s = static_cast<Setup*>(self);
-    while (!s->gate_open.load(std::memory_order_acquire)) std::this_thread::yield();
+  // The stream waits for a flag word in registered memory (wait_host_flag, cuStreamWaitValue32):
+  // no host function that blocks.
+  std::uint32_t gate_generation = 0;
+  std::uint32_t* gate_flag() { return reinterpret_cast<std::uint32_t*>(host + 2 * kMaxTotal); }
+  void close_gate() { rt->wait_host_flag(stream.view(), gate_flag(), ++gate_generation); }
+  void open_gate() {
+    std::atomic_ref<std::uint32_t>(*gate_flag()).store(gate_generation, std::memory_order_release);
   }
-  void close_gate() {
-    gate_open.store(false, std::memory_order_release);
-    rt->launch_host_func(stream.view(), &gate_fn, this);
-  }
-  void open_gate() { gate_open.store(true, std::memory_order_release); }
 
   double run_batch(std::span<const CopyDescriptor> batch, CopyKind kind, CopyPath path) {
     const auto t0 = Clock::now();
@@ -151,6 +158,39 @@ double caller_memcpy_once(Setup& s, bool store, std::uint64_t total) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+bool g_bytes_wrong = false;
+
+// Fills every source fragment with a pattern of this case, and after the case checks that every
+// destination fragment holds it.
+std::uint8_t pattern(std::uint64_t i, std::uint64_t k, std::uint64_t salt) {
+  return static_cast<std::uint8_t>((i * 131 + k * 7 + salt) & 0xff);
+}
+void fill_sources(Setup& s, bool store, std::uint64_t bytes, std::uint64_t count, std::uint64_t salt) {
+  std::vector<std::byte> frag(bytes);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    for (std::uint64_t k = 0; k < bytes; ++k) frag[k] = static_cast<std::byte>(pattern(i, k, salt));
+    if (store) {
+      s.rt->memcpy_sync(static_cast<std::byte*>(s.device.data()) + 2 * i * bytes, frag.data(), bytes);
+    } else {
+      std::memcpy(s.host + 2 * i * bytes, frag.data(), bytes);
+    }
+  }
+}
+bool check_destinations(Setup& s, bool store, std::uint64_t bytes, std::uint64_t count, std::uint64_t salt) {
+  std::vector<std::byte> frag(bytes);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    if (store) {
+      std::memcpy(frag.data(), s.host + 2 * i * bytes, bytes);
+    } else {
+      s.rt->memcpy_sync(frag.data(), static_cast<std::byte*>(s.device.data()) + 2 * i * bytes, bytes);
+    }
+    for (std::uint64_t k = 0; k < bytes; ++k) {
+      if (frag[k] != static_cast<std::byte>(pattern(i, k, salt))) return false;
+    }
+  }
+  return true;
+}
+
 void bm_transfer(benchmark::State& state, Setup* s, bool store, CopyPath path) {
   const auto bytes = static_cast<std::uint64_t>(state.range(0));
   const auto count = static_cast<std::uint64_t>(state.range(1));
@@ -165,6 +205,8 @@ void bm_transfer(benchmark::State& state, Setup* s, bool store, CopyPath path) {
     batch.push_back(store ? CopyDescriptor{d, h, bytes} : CopyDescriptor{h, d, bytes});
   }
   const CopyKind kind = store ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice;
+  const std::uint64_t salt = bytes + count + (store ? 1 : 0) + (path == CopyPath::kKernel ? 2 : 0);
+  fill_sources(*s, store, bytes, count, salt);
   s->run_batch(batch, kind, path);  // warm-up
   (void)reference_once(*s, store, total);
   // The reference runs between iterations (untimed for the case), so both see the same machine
@@ -198,8 +240,18 @@ void bm_transfer(benchmark::State& state, Setup* s, bool store, CopyPath path) {
       state.ResumeTiming();
     }
   }
+  // The reference copies whole ranges over the case's buffers: run the case once more, then check.
+  s->run_batch(batch, kind, path);
+  if (!check_destinations(*s, store, bytes, count, salt)) {
+    g_bytes_wrong = true;
+    state.SkipWithError("bytes differ after the copy");
+    return;
+  }
+  const bool host_backend = s->rt->name() == "host";
   // Outside the loop: inside, it would warm the reference's range of the caches right before it.
-  for (int i = 0; i < 3; ++i) caller_seconds += caller_memcpy_once(*s, store, total);
+  if (host_backend) {
+    for (int i = 0; i < 3; ++i) caller_seconds += caller_memcpy_once(*s, store, total);
+  }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * total));
   const double moved = static_cast<double>(state.iterations() * total);
   state.counters["GBps"] = moved / seconds / 1e9;
@@ -208,7 +260,7 @@ void bm_transfer(benchmark::State& state, Setup* s, bool store, CopyPath path) {
   // Bandwidth on the stream (first to last byte), i.e. without the submission/wake-up latency.
   state.counters["stream_GBps"] = moved / stream_seconds / 1e9;
   state.counters["stream_ratio"] = ref_stream_seconds / stream_seconds;
-  state.counters["caller_memcpy_GBps"] = 3.0 * static_cast<double>(total) / caller_seconds / 1e9;
+  if (host_backend) state.counters["caller_memcpy_GBps"] = 3.0 * static_cast<double>(total) / caller_seconds / 1e9;
 }
 
 void register_all() {
@@ -216,8 +268,13 @@ void register_all() {
   // Two batch totals per fragment size: 2 MiB (latency-bound: fixed costs show) and 32 MiB
   // (throughput-bound: what the 90% target is about).
   const std::uint64_t totals[] = {2ULL << 20, 32ULL << 20};
+  // KVOFFLOAD_BENCH_BACKENDS=a,b picks backends; by default every available one but sim (a
+  // simulation measures nothing about a GPU; run it to check bytes).
+  const char* env = std::getenv("KVOFFLOAD_BENCH_BACKENDS");
+  const std::string wanted = env != nullptr ? "," + std::string(env) + "," : std::string();
   for (const kvoffload::BackendInfo& b : kvoffload::list_backends()) {
     if (!b.built || b.device_count == 0) continue;
+    if (wanted.empty() ? b.name == "sim" : wanted.find("," + b.name + ",") == std::string::npos) continue;
     try {
       setups().push_back(std::make_unique<Setup>(b.name));
     } catch (const kvoffload::Error& e) {
@@ -250,5 +307,9 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   setups().clear();
+  if (g_bytes_wrong) {
+    std::fprintf(stderr, "transfer_bench: some case copied wrong bytes (see the errors above)\n");
+    return 1;
+  }
   return 0;
 }

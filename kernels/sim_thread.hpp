@@ -1,8 +1,7 @@
 #pragma once
 // What a kernel body compiled for the simulated device (compat.hpp, KVOFFLOAD_KERNELS_SIM) sees
 // of "its" GPU thread: indices, the CTA's shared arena and its barrier. Set by the CTA executor
-// in core/src/gpu/sim before each CTA; plain host C++.
-#include <barrier>
+// in core/src/gpu/sim before it switches to the thread; plain host C++.
 #include <cstddef>
 
 namespace kvoffload::kernels::sim {
@@ -17,13 +16,18 @@ struct ThreadContext {
   Dim3 thread_idx;
   Dim3 block_idx;
   Dim3 grid_dim;
-  void* shared = nullptr;                 // the CTA's shared memory
-  std::barrier<>* barrier = nullptr;      // the CTA's __syncthreads
+  void* shared = nullptr;               // the CTA's shared memory
+  void (*sync)(void*) = nullptr;        // __syncthreads of the CTA
+  void* sync_arg = nullptr;
 };
 
+// The GPU thread running now on this host thread.
 ThreadContext& this_thread() noexcept;
 
-inline void sync_threads() { this_thread().barrier->arrive_and_wait(); }
+inline void sync_threads() {
+  ThreadContext& t = this_thread();
+  t.sync(t.sync_arg);
+}
 
 template <typename T>
 T& shared() noexcept {

@@ -271,8 +271,6 @@ struct SimDevice::Impl {
   std::map<std::uintptr_t, HostMapping> host_maps;  // by host address
   std::set<SimStream*> streams;
   std::unique_ptr<SimStream> default_stream;  // the legacy stream (handle nullptr)
-  std::once_flag executor_once;
-  std::unique_ptr<CtaExecutor> executor;
 };
 
 class SimStream {
@@ -318,6 +316,7 @@ class SimStream {
   std::uint64_t finished_ = 0;
   bool stop_ = false;
   std::vector<kernels::CopyDesc> rewritten_;  // worker-only: descriptors as host addresses
+  std::unique_ptr<CtaExecutor> executor_;     // worker-only: made at the first launch
   std::thread worker_;                        // last: starts after every member above exists
 };
 
@@ -404,11 +403,9 @@ void SimStream::run_kernel(const Op& op) {
     d.src = src;
     d.dst = dst;
   }
-  std::call_once(dev_.executor_once, [&] {
-    dev_.executor = std::make_unique<CtaExecutor>(static_cast<unsigned>(kernels::kBatchCopyThreads));
-  });
+  if (!executor_) executor_ = std::make_unique<CtaExecutor>(static_cast<unsigned>(kernels::kBatchCopyThreads));
   dev_.counters.kernel_ctas.fetch_add(op.ctas);
-  dev_.executor->run(rewritten_.data(), op.count, op.ctas);
+  executor_->run(rewritten_.data(), op.count, op.ctas);
 }
 
 // ---- the device ----
@@ -439,7 +436,6 @@ SimDevice::Impl::Impl(SimOptions o) : options(o) {
 
 SimDevice::Impl::~Impl() {
   default_stream.reset();
-  executor.reset();
   for (auto& [host, m] : host_maps) {
     if (m.pinned) std::free(reinterpret_cast<void*>(host));
   }

@@ -1,64 +1,164 @@
 // The copy kernel's own source compiled for the simulated device, and the CTA executor that runs
-// it (Note [Simulated device] in sim_device.hpp).
+// it (Note [Simulated device] in sim_device.hpp, Note [CTA executor] in sim_kernel.hpp).
 #include "gpu/sim/sim_kernel.hpp"
 
 #define KVOFFLOAD_KERNELS_SIM 1
 #include "copy_kernels.cu"  // NOLINT(bugprone-suspicious-include): the kernel body, written once
 
+#include <kvoffload/error.hpp>
+
+#include <sys/mman.h>
+
+#include <cerrno>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define KVO_SIM_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define KVO_SIM_TSAN 1
+#endif
+
 namespace kvoffload::kernels::sim {
-
-ThreadContext& this_thread() noexcept {
-  thread_local ThreadContext context;
-  return context;
-}
-
+namespace {
+thread_local ThreadContext* g_current = nullptr;
+}  // namespace
+ThreadContext& this_thread() noexcept { return *g_current; }
 }  // namespace kvoffload::kernels::sim
 
 namespace kvoffload::gpu::sim {
 
+struct CtaExecutor::Fiber {
+  ucontext_t context{};
+  kernels::sim::ThreadContext thread;
+  void* stack = nullptr;
+  enum class State : std::uint8_t { kRunnable, kAtBarrier, kDone } state = State::kDone;
+  void* tsan = nullptr;
+};
+
+namespace {
+thread_local CtaExecutor* g_executor = nullptr;  // the executor running on this host thread
+}  // namespace
+
 CtaExecutor::CtaExecutor(unsigned threads_per_cta)
     : threads_(threads_per_cta),
-      start_(static_cast<std::ptrdiff_t>(threads_per_cta) + 1),
-      end_(static_cast<std::ptrdiff_t>(threads_per_cta) + 1),
-      cta_(static_cast<std::ptrdiff_t>(threads_per_cta)),
+#if defined(KVO_SIM_ASAN) || defined(KVO_SIM_TSAN)
+      stack_bytes_(512 * 1024),  // sanitizer frames are larger
+#else
+      stack_bytes_(64 * 1024),
+#endif
       shared_(std::make_unique<SharedArena>()) {
-  workers_.reserve(threads_);
-  for (unsigned t = 0; t < threads_; ++t) workers_.emplace_back([this, t] { thread_main(t); });
+  stacks_ = ::mmap(nullptr, stack_bytes_ * threads_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (stacks_ == MAP_FAILED) throw_system_error("mmap", errno, "simulated CTA thread stacks");
+  for (unsigned t = 0; t < threads_; ++t) {
+    auto f = std::make_unique<Fiber>();
+    f->stack = static_cast<char*>(stacks_) + t * stack_bytes_;
+    f->thread.thread_idx = {t, 0, 0};
+    f->thread.shared = shared_->bytes;
+    f->thread.sync = &CtaExecutor::barrier;
+    f->thread.sync_arg = this;
+#if defined(KVO_SIM_TSAN)
+    f->tsan = __tsan_create_fiber(0);
+#endif
+    fibers_.push_back(std::move(f));
+  }
 }
 
 CtaExecutor::~CtaExecutor() {
-  {
-    std::lock_guard lock(run_mu_);
-    stop_ = true;
-    start_.arrive_and_wait();
-  }
-  for (auto& w : workers_) w.join();
+#if defined(KVO_SIM_TSAN)
+  for (auto& f : fibers_) __tsan_destroy_fiber(f->tsan);
+#endif
+  ::munmap(stacks_, stack_bytes_ * threads_);
+}
+
+void CtaExecutor::fiber_main() {
+  CtaExecutor* self = g_executor;
+#if defined(KVO_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &self->home_stack_, &self->home_stack_bytes_);
+#endif
+  kernels::sim::run_batch_copy_thread(self->descs_, self->count_);
+  self->current_->state = Fiber::State::kDone;
+  self->leave();  // never resumed: the next CTA makes a new context on this stack
+}
+
+void CtaExecutor::barrier(void* self) {
+  auto* ex = static_cast<CtaExecutor*>(self);
+  ex->current_->state = Fiber::State::kAtBarrier;
+  ex->leave();
+}
+
+void CtaExecutor::enter(Fiber& f) {
+  current_ = &f;
+  kernels::sim::g_current = &f.thread;
+#if defined(KVO_SIM_TSAN)
+  __tsan_switch_to_fiber(f.tsan, 0);
+#endif
+#if defined(KVO_SIM_ASAN)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack, stack_bytes_);
+#endif
+  ::swapcontext(&home_, &f.context);
+#if defined(KVO_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+
+void CtaExecutor::leave() {
+  Fiber& f = *current_;
+#if defined(KVO_SIM_TSAN)
+  __tsan_switch_to_fiber(home_tsan_, 0);
+#endif
+#if defined(KVO_SIM_ASAN)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(f.state == Fiber::State::kDone ? nullptr : &fake, home_stack_, home_stack_bytes_);
+#endif
+  ::swapcontext(&f.context, &home_);
+#if defined(KVO_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(fake, &home_stack_, &home_stack_bytes_);
+#endif
 }
 
 void CtaExecutor::run(const kernels::CopyDesc* descs, std::size_t count, unsigned grid) {
-  std::lock_guard lock(run_mu_);
+  g_executor = this;
   descs_ = descs;
   count_ = count;
-  grid_ = grid;
-  start_.arrive_and_wait();
-  end_.arrive_and_wait();
+#if defined(KVO_SIM_TSAN)
+  home_tsan_ = __tsan_get_current_fiber();
+#endif
+  for (unsigned b = 0; b < grid; ++b) run_cta(b, grid);
+  kernels::sim::g_current = nullptr;
+  g_executor = nullptr;
 }
 
-void CtaExecutor::thread_main(unsigned tid) {
-  kernels::sim::ThreadContext& ctx = kernels::sim::this_thread();
-  ctx.thread_idx = {tid, 0, 0};
-  ctx.shared = shared_->bytes;
-  ctx.barrier = &cta_;
+// Its own function: locals that live across swapcontext (which returns twice, like setjmp) in the
+// caller would be at the compiler's mercy.
+void CtaExecutor::run_cta(unsigned block, unsigned grid) {
+  for (auto& f : fibers_) {
+    f->thread.block_idx = {block, 0, 0};
+    f->thread.grid_dim = {grid, 1, 1};
+    f->state = Fiber::State::kRunnable;
+    ::getcontext(&f->context);
+    f->context.uc_stack.ss_sp = f->stack;
+    f->context.uc_stack.ss_size = stack_bytes_;
+    f->context.uc_link = nullptr;
+    ::makecontext(&f->context, &CtaExecutor::fiber_main, 0);
+  }
+  // Round robin: each thread runs to its next barrier (or its end); a barrier opens when every
+  // thread that has not finished is waiting at it.
   for (;;) {
-    start_.arrive_and_wait();
-    if (stop_) return;
-    ctx.grid_dim = {grid_, 1, 1};
-    for (unsigned b = 0; b < grid_; ++b) {
-      ctx.block_idx = {b, 0, 0};
-      kernels::sim::run_batch_copy_thread(descs_, count_);
-      cta_.arrive_and_wait();  // the next CTA reuses the shared arena
+    for (auto& f : fibers_) {
+      if (f->state == Fiber::State::kRunnable) enter(*f);
     }
-    end_.arrive_and_wait();
+    bool waiting = false;
+    for (auto& f : fibers_) {
+      if (f->state == Fiber::State::kAtBarrier) {
+        f->state = Fiber::State::kRunnable;
+        waiting = true;
+      }
+    }
+    if (!waiting) return;  // every thread of the CTA finished
   }
 }
 
