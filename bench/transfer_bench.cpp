@@ -47,9 +47,12 @@ using Clock = std::chrono::steady_clock;
 constexpr std::uint64_t kMaxTotal = 32ULL << 20;
 
 // Tuning knobs for the host backend: KVOFFLOAD_BENCH_HOST_THREADS, KVOFFLOAD_BENCH_HOST_SPLIT_MIN
-// (bytes). Unset: the runtime's defaults (what the figures in the README use).
+// (bytes); KVOFFLOAD_BENCH_KERNEL_CTAS for the copy kernel's grid. Unset: the runtime's defaults
+// (what the figures in the README use).
 kvoffload::RuntimeOptions options_from_env() {
   kvoffload::RuntimeOptions o;
+  // The kernel path's grid bound (the "at most 12 CTAs" case: =12).
+  if (const char* c = std::getenv("KVOFFLOAD_BENCH_KERNEL_CTAS")) o.kernel_max_blocks = static_cast<unsigned>(std::atoi(c));
   if (const char* t = std::getenv("KVOFFLOAD_BENCH_HOST_THREADS")) o.host_copy_threads = static_cast<unsigned>(std::atoi(t));
   if (const char* m = std::getenv("KVOFFLOAD_BENCH_HOST_SPLIT_MIN")) o.host_split_min_bytes = std::strtoull(m, nullptr, 10);
   return o;
@@ -263,6 +266,58 @@ void bm_transfer(benchmark::State& state, Setup* s, bool store, CopyPath path) {
   if (host_backend) state.counters["caller_memcpy_GBps"] = 3.0 * static_cast<double>(total) / caller_seconds / 1e9;
 }
 
+// Both directions at once: a store and a load, each of `count` fragments of `bytes`, on two
+// streams (the engine's two lanes). GBps counts the bytes of both.
+void bm_bidirectional(benchmark::State& state, Setup* s, CopyPath path) {
+  const auto bytes = static_cast<std::uint64_t>(state.range(0));
+  const auto count = static_cast<std::uint64_t>(state.range(1));
+  auto* dev = static_cast<std::byte*>(s->device.data());
+  std::vector<CopyDescriptor> stores;
+  std::vector<CopyDescriptor> loads;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::byte* h = s->host + 2 * i * bytes;
+    if (path == CopyPath::kKernel) h = static_cast<std::byte*>(s->reg.device_pointer(h));
+    stores.push_back({dev + 2 * i * bytes, h, bytes});                   // even halves
+    loads.push_back({h + bytes, dev + 2 * i * bytes + bytes, bytes});    // odd halves
+  }
+  kvoffload::Stream other = s->rt->create_stream();
+  kvoffload::Event other_done = s->rt->create_event();
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    s->rt->enqueue_copies(s->stream.view(), stores, CopyKind::kDeviceToHost, path);
+    s->rt->enqueue_copies(other.view(), loads, CopyKind::kHostToDevice, path);
+    s->rt->record_event(s->done.view(), s->stream.view());
+    s->rt->record_event(other_done.view(), other.view());
+    s->rt->synchronize_event(s->done.view());
+    s->rt->synchronize_event(other_done.view());
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    state.SetIterationTime(sec);
+    seconds += sec;
+  }
+  const double moved = 2.0 * static_cast<double>(state.iterations() * bytes * count);
+  state.SetBytesProcessed(static_cast<std::int64_t>(moved));
+  state.counters["GBps"] = moved / seconds / 1e9;
+}
+
+// Host registration rate: register and unregister 1 GiB of populated memory (GPU backends).
+void bm_register(benchmark::State& state, Setup* s) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0)) << 20;
+  std::unique_ptr<std::byte, decltype(&std::free)> mem(static_cast<std::byte*>(std::aligned_alloc(4096, bytes)),
+                                                        &std::free);
+  std::memset(mem.get(), 0, bytes);  // populated first, as a region is
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    kvoffload::HostRegistration reg = s->rt->register_host(mem.get(), bytes, 4096);
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    state.SetIterationTime(sec);
+    seconds += sec;
+    reg.reset();
+  }
+  state.counters["s_per_GB"] = seconds / static_cast<double>(state.iterations()) / (static_cast<double>(bytes) / 1e9);
+}
+
 void register_all() {
   const std::uint64_t sizes[] = {4096, 16384, 65536, 262144, 2097152};
   // Two batch totals per fragment size: 2 MiB (latency-bound: fixed costs show) and 32 MiB
@@ -294,6 +349,18 @@ void register_all() {
         }
         bm->ArgNames({"bytes", "count"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
       }
+    }
+    for (CopyPath path : {CopyPath::kDma, CopyPath::kKernel}) {
+      if (path == CopyPath::kKernel && !s->rt->supports_kernel_path()) continue;
+      const std::string name = b.name + "/bidirectional/" + std::string(kvoffload::to_string(path));
+      benchmark::RegisterBenchmark(name.c_str(), bm_bidirectional, s, path)
+          ->Args({65536, 256})
+          ->Args({2097152, 8})
+          ->ArgNames({"bytes", "count"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+    }
+    if (b.name != "host") {
+      benchmark::RegisterBenchmark((b.name + "/register").c_str(), bm_register, s)
+          ->Arg(1024)->ArgName("MiB")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
     }
   }
 }

@@ -122,7 +122,7 @@ function(kvoffload_hipcc_objects out_var)
     add_custom_command(
       OUTPUT ${obj}
       COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/hipcc
-      COMMAND ${KVOFFLOAD_HIPCC} -x hip -std=c++17 -O3 -fPIC ${arch_flags} ${include_flags}
+      COMMAND ${KVOFFLOAD_HIPCC} -x hip -std=c++17 -O3 -fPIC -fvisibility=hidden ${arch_flags} ${include_flags}
               ${define_flags} -MD -MF ${obj}.d -c ${abs} -o ${obj}
       DEPENDS ${abs}
       DEPFILE ${obj}.d

@@ -14,7 +14,7 @@
 // - The symbol exists from ROCm 7.1 with the CUDA 12.8 shape (9 arguments, failIdx before the
 //   stream); it takes no attributes, so there is no source order to choose. ROCm 5.2 lacks it.
 // - It, and hipFreeAsync, are looked up in the very libamdhip64 this module is linked to, through
-//   that library's own handle (dladdr of hipMalloc, then dlopen RTLD_NOLOAD): dlsym(RTLD_DEFAULT)
+//   that library's own handle (dladdr of hipGetDeviceCount, then dlopen RTLD_NOLOAD): dlsym(RTLD_DEFAULT)
 //   misses when Python loaded us RTLD_LOCAL.
 // - The signature is trusted only on the HIP major that published it (7.x).
 #include "gpu/vendor_api.hpp"
@@ -138,7 +138,8 @@ std::string g_batch_detail;
 
 void* runtime_symbol(const char* name) {
   Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(&hipMalloc), &info) == 0 || info.dli_fname == nullptr) return nullptr;
+  // hipGetDeviceCount: not overloaded (hipMalloc is a template too), exported by libamdhip64.
+  if (::dladdr(reinterpret_cast<void*>(&hipGetDeviceCount), &info) == 0 || info.dli_fname == nullptr) return nullptr;
   void* handle = ::dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (handle == nullptr) return nullptr;
   void* sym = ::dlsym(handle, name);

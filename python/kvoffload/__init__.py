@@ -5,7 +5,7 @@ The classes come from the C++ extension ``kvoffload._kvoffload``:
 - ``Region.create_or_join(engine_id=..., num_chunks=..., slot_bytes=..., world_size=..., rank=...)``:
   the shared host region; ``region.slot(c)`` is a HostBuffer that ``numpy.asarray`` views without
   copying (the region stays mapped while any view exists).
-- ``make_runtime("host" | "cuda" | "hip" | "auto")`` and ``TransferEngine``: device pointers are
+- ``make_runtime("host" | "sim" | "cuda" | "hip" | "auto")`` and ``TransferEngine``: device pointers are
   ints (``tensor.data_ptr()``), stores and loads are asynchronous jobs polled for completion.
 - ``Manager(num_chunks, policy="lru" | "arc")``: lookup, prepare/complete store and load, events.
 - ``Error``: every failure; ``str(e)`` is the message, ``e.code`` an ``ErrorCode``.

@@ -246,11 +246,14 @@ TEST_F(CliTest, ProbeJsonHasEveryKey) {
   EXPECT_TRUE(j["numa_nodes"].is_array());
   ASSERT_TRUE(j["backends"].is_array());
   bool host_seen = false;
+  bool sim_seen = false;
   for (const json& b : j["backends"]) {
     EXPECT_TRUE(b.contains("name") && b.contains("built") && b.contains("device_count")) << b.dump();
     if (b.value("name", "") == "host") host_seen = b.value("built", false);
+    if (b.value("name", "") == "sim") sim_seen = b.value("built", false) && b.value("device_count", 0) == 1;
   }
   EXPECT_TRUE(host_seen) << "the host backend is always built: " << j["backends"].dump();
+  EXPECT_TRUE(sim_seen) << "the simulated device is always built, with one device: " << j["backends"].dump();
 }
 
 TEST_F(CliTest, ProbeUsesShmDirFromEnvironment) {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -114,6 +115,36 @@ TEST_F(RunTest, EveryLoadedByteIsVerifiedAndTheRegionIsRemoved) {
             r["chunks_looked_up"].get<std::uint64_t>());
   ASSERT_EQ(r["ranks"].size(), 2u);
   EXPECT_EQ(r["ranks"][0]["role"], "joiner") << "the scheduler creates the region before the ranks";
+  EXPECT_TRUE(shm_empty());
+}
+
+// The main job on the simulated GPU: the GPU runtime's copy paths (batched DMA, copy kernel) with
+// every loaded byte verified, and rank r on device r mod the device count.
+TEST_F(RunTest, OnTheSimulatedGpuEveryByteVerifiesAndRanksSpreadOverDevices) {
+  std::vector<std::string> args = kSmall;
+  args[1] = "sim";
+  args[std::find(args.begin(), args.end(), "120") - args.begin()] = "40";
+  ::setenv("KVOFFLOAD_SIM_DEVICES", "2", 1);
+  const int rc = run(args);
+  ::unsetenv("KVOFFLOAD_SIM_DEVICES");
+  ASSERT_EQ(rc, 0) << err();
+  const json r = report();
+  EXPECT_EQ(r["backend"], "sim");
+  EXPECT_TRUE(r["all_verified"].get<bool>());
+  EXPECT_GT(r["load_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(r["verified_bytes"], r["load_bytes"]);
+  ASSERT_EQ(r["ranks"].size(), 2u);
+  EXPECT_EQ(r["ranks"][0]["device"], 0);
+  EXPECT_EQ(r["ranks"][1]["device"], 1);
+  EXPECT_TRUE(shm_empty());
+
+  // --devices overrides the placement; a device the backend lacks is refused clearly.
+  args.insert(args.end() - 1, {"--devices", "0"});
+  ASSERT_EQ(run(args), 0) << err();
+  EXPECT_EQ(report()["ranks"][1]["device"], 0);
+  args[args.size() - 2] = "3";
+  EXPECT_NE(run(args), 0);
+  EXPECT_THAT(err(), HasSubstr("would use device 3"));
   EXPECT_TRUE(shm_empty());
 }
 

@@ -28,7 +28,11 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
   app->add_option("--blocks-per-chunk", config->blocks_per_chunk, "GPU blocks per host chunk")->capture_default_str();
   app->add_option("--gpu-blocks", config->gpu_blocks, "Device cache blocks per layer per rank")->capture_default_str();
   add_size_option(*app, "--host-pool", config->host_pool_bytes, "Host region size (default 64M)");
-  app->add_option("--backend", config->backend, "host, cuda, hip or auto")->capture_default_str();
+  app->add_option("--backend", config->backend, "host, sim, cuda, hip or auto (auto never picks sim)")
+      ->capture_default_str();
+  app->add_option("--devices", config->devices,
+                  "Devices of the ranks, comma-separated (rank r takes entry r mod count); default: rank r "
+                  "on device r mod the device count");
   app->add_option("--duration", config->duration_seconds, "Seconds to run (0: use --requests)")->capture_default_str();
   app->add_option("--requests", config->requests, "Requests to run (0: until --duration)")->capture_default_str();
   app->add_option("--prefixes", config->prefixes, "Distinct shared prefixes")->capture_default_str();

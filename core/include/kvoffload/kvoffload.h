@@ -157,13 +157,13 @@ typedef struct kvo_runtime kvo_runtime_t;
 typedef struct kvo_registration kvo_registration_t;
 typedef struct kvo_engine kvo_engine_t;
 
-/* backend: "host" | "cuda" | "hip" | "auto" (cuda if present, else hip, else host); device: the
+/* backend: "host" | "sim" | "cuda" | "hip" | "auto" (cuda if present, else hip, else host, never sim); device: the
  * device ordinal for cuda/hip. KVO_NOT_AVAILABLE when the backend is not built or has no device. */
 KVO_API kvo_status kvo_runtime_create(const char* backend, int device, kvo_runtime_t** out);
 /* Destroys the runtime and every stream and event made through it. Engines and registrations
  * using it must be destroyed first. */
 KVO_API void kvo_runtime_destroy(kvo_runtime_t* runtime);
-/* "host" | "cuda" | "hip"; the string lives as long as the runtime. */
+/* "host" | "sim" | "cuda" | "hip"; the string lives as long as the runtime. */
 KVO_API kvo_status kvo_runtime_name(const kvo_runtime_t* runtime, const char** out);
 /* Whether the backend has the SM copy-kernel path (nonzero) or only DMA (0). */
 KVO_API kvo_status kvo_runtime_supports_kernel_path(const kvo_runtime_t* runtime, int* out);

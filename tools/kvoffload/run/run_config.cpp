@@ -4,8 +4,11 @@
 #include <kvoffload/geometry.hpp>
 #include <kvoffload/platform.hpp>
 
+#include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace kvoffload::run {
 namespace {
@@ -18,12 +21,45 @@ void require_range(const char* flag, T value, T lo, T hi) {
   }
 }
 
+// "0,1,3" as numbers; kInvalidArgument naming the entry otherwise.
+std::vector<int> parse_devices(const std::string& list) {
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string item = list.substr(pos, comma - pos);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > 1023) {
+      throw_invalid("--devices '" + list + "': '" + item +
+                    "' is not a device number; give comma-separated numbers from 0 to 1023, e.g. 0,1");
+    }
+    out.push_back(static_cast<int>(v));
+    pos = comma + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
-void RunConfig::finalize() {
-  if (backend != "host" && backend != "cuda" && backend != "hip" && backend != "auto") {
-    throw_invalid("--backend '" + backend + "' is not a backend; use host, cuda, hip or auto");
+int RunConfig::device_for_rank(std::uint32_t rank, int device_count) const {
+  if (device_count <= 0) return 0;
+  if (devices.empty()) return static_cast<int>(rank % static_cast<std::uint32_t>(device_count));
+  const std::vector<int> list = parse_devices(devices);
+  const int d = list[rank % list.size()];
+  if (d >= device_count) {
+    throw_invalid("--devices " + devices + ": rank " + std::to_string(rank) + " would use device " +
+                  std::to_string(d) + ", but the backend has " + std::to_string(device_count) +
+                  " device(s), 0 to " + std::to_string(device_count - 1));
   }
+  return d;
+}
+
+void RunConfig::finalize() {
+  if (backend != "host" && backend != "sim" && backend != "cuda" && backend != "hip" && backend != "auto") {
+    throw_invalid("--backend '" + backend + "' is not a backend; use host, sim, cuda, hip or auto");
+  }
+  if (!devices.empty()) (void)parse_devices(devices);
   require_range<std::uint32_t>("--world-size", world_size, 1, 64);
   require_range<std::uint32_t>("--layers", layers, 1, 1024);
   require_range<std::uint64_t>("--block-bytes", block_bytes, 1, 64ULL << 20);
@@ -66,7 +102,8 @@ void RunConfig::finalize() {
 
 void to_json(nlohmann::json& j, const RunConfig& c) {
   j = nlohmann::json{{"engine_id", c.engine_id},     {"shm_dir", c.shm_dir},
-                     {"backend", c.backend},         {"world_size", c.world_size},
+                     {"backend", c.backend},         {"devices", c.devices},
+                     {"world_size", c.world_size},
                      {"layers", c.layers},           {"block_bytes", c.block_bytes},
                      {"blocks_per_chunk", c.blocks_per_chunk},
                      {"gpu_blocks", c.gpu_blocks},   {"host_pool_bytes", c.host_pool_bytes},
@@ -78,6 +115,7 @@ void from_json(const nlohmann::json& j, RunConfig& c) {
   j.at("engine_id").get_to(c.engine_id);
   j.at("shm_dir").get_to(c.shm_dir);
   j.at("backend").get_to(c.backend);
+  j.at("devices").get_to(c.devices);
   j.at("world_size").get_to(c.world_size);
   j.at("layers").get_to(c.layers);
   j.at("block_bytes").get_to(c.block_bytes);

@@ -12,7 +12,10 @@ namespace kvoffload::run {
 struct RunConfig {
   std::string engine_id;            // default run-<pid>
   std::string shm_dir;              // empty: default_shm_dir()
-  std::string backend = "auto";     // host | cuda | hip | auto
+  std::string backend = "auto";     // host | sim | cuda | hip | auto
+  // Devices of the ranks, comma-separated (rank r takes entry r mod count); empty: rank r on
+  // device r mod the backend's device count.
+  std::string devices;
   std::uint32_t world_size = 2;     // rank processes
   std::uint32_t layers = 8;         // KV tensors per rank (one per layer, K and V packed)
   std::uint64_t block_bytes = 16 * 1024;  // bytes of one GPU block of one layer on one rank
@@ -37,6 +40,9 @@ struct RunConfig {
   // Validates every field (kInvalidArgument naming the flag, the value and what is allowed) and
   // computes slot_bytes and num_chunks from the page size.
   void finalize();
+  // The device rank `rank` uses on a backend with `device_count` devices (kInvalidArgument when
+  // --devices names one that does not exist).
+  [[nodiscard]] int device_for_rank(std::uint32_t rank, int device_count) const;
   [[nodiscard]] std::uint64_t max_request_chunks() const noexcept {
     return static_cast<std::uint64_t>(prefix_chunks) + unique_chunks;
   }

@@ -61,7 +61,16 @@ class RankState {
     if (!config.shm_dir.empty()) options.shm_dir = config.shm_dir;
     options.populate_threads = config.populate_threads;
     region_.emplace(Region::create_or_join(options));
+    // Rank r on device r mod the device count (or as --devices says): one GPU per rank.
     runtime_ = make_runtime(config.backend);
+    device_ = config.device_for_rank(rank, runtime_->info().device_count);
+    if (device_ != 0) {
+      RuntimeOptions ro;
+      ro.device = device_;
+      const std::string name(runtime_->name());
+      runtime_.reset();
+      runtime_ = make_runtime(name, ro);
+    }
     const std::uint64_t tensor_bytes = config.gpu_blocks * config.block_bytes;
     KvGroup group;
     for (std::uint32_t layer = 0; layer < config.layers; ++layer) {
@@ -91,6 +100,7 @@ class RankState {
     return {{"op", "ready"},
             {"rank", rank_},
             {"backend", std::string(runtime_->name())},
+            {"device", device_},
             {"role", std::string(to_string(region_->role()))},
             {"populate", {{"method", std::string(to_string(p.method))}, {"bytes", p.bytes}, {"seconds", p.seconds}}},
             {"registration_seconds", registration_seconds_},
@@ -177,6 +187,7 @@ class RankState {
   std::uint32_t rank_;
   std::optional<Region> region_;
   std::unique_ptr<DeviceRuntime> runtime_;
+  int device_ = 0;  // the device this rank uses
   std::vector<DeviceBuffer> caches_;
   Stream compute_;
   std::optional<TransferEngine> engine_;
