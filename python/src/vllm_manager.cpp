@@ -25,7 +25,9 @@ namespace py = pybind11;
 namespace kvoffload::python {
 namespace {
 
-constexpr std::uint64_t rotl(std::uint64_t x, int r) noexcept { return (x << r) | (x >> (64 - r)); }
+constexpr std::uint64_t rotl(std::uint64_t x, int r) noexcept {
+  return (x << r) | (x >> (64 - r));
+}
 constexpr std::uint64_t fmix(std::uint64_t k) noexcept {
   k ^= k >> 33;
   k *= 0xff51afd7ed558ccdULL;
@@ -89,8 +91,9 @@ BlockKey key_of_bytes(const char* data, std::size_t len) noexcept {
 }
 
 [[noreturn]] void throw_bad_key(PyObject* obj) {
-  throw Error(ErrorCode::kInvalidArgument,
-              std::string("kvoffload.vllm: an OffloadKey is a bytes object, got ") + Py_TYPE(obj)->tp_name);
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      std::string("kvoffload.vllm: an OffloadKey is a bytes object, got ") + Py_TYPE(obj)->tp_name);
 }
 
 BlockKey key_of(PyObject* obj) {
@@ -98,7 +101,8 @@ BlockKey key_of(PyObject* obj) {
     return key_of_bytes(PyBytes_AS_STRING(obj), static_cast<std::size_t>(PyBytes_GET_SIZE(obj)));
   }
   if (PyByteArray_Check(obj)) {
-    return key_of_bytes(PyByteArray_AS_STRING(obj), static_cast<std::size_t>(PyByteArray_GET_SIZE(obj)));
+    return key_of_bytes(PyByteArray_AS_STRING(obj),
+                        static_cast<std::size_t>(PyByteArray_GET_SIZE(obj)));
   }
   throw_bad_key(obj);
 }
@@ -108,9 +112,11 @@ class Items {
  public:
   explicit Items(py::handle seq) {
     if (PyBytes_Check(seq.ptr())) {
-      throw Error(ErrorCode::kInvalidArgument, "kvoffload.vllm: expected a collection of keys, got one bytes key");
+      throw Error(ErrorCode::kInvalidArgument,
+                  "kvoffload.vllm: expected a collection of keys, got one bytes key");
     }
-    fast_ = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), "expected a collection of keys"));
+    fast_ = py::reinterpret_steal<py::object>(
+        PySequence_Fast(seq.ptr(), "expected a collection of keys"));
     if (!fast_) throw py::error_already_set();
     size_ = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(fast_.ptr()));
     items_ = PySequence_Fast_ITEMS(fast_.ptr());
@@ -126,7 +132,8 @@ class Items {
 
 class VllmManagerCore {
  public:
-  explicit VllmManagerCore(const ManagerConfig& config) : manager_(config), slot_keys_(config.num_chunks, nullptr) {}
+  explicit VllmManagerCore(const ManagerConfig& config)
+      : manager_(config), slot_keys_(config.num_chunks, nullptr) {}
   ~VllmManagerCore() {
     for (PyObject* o : slot_keys_) Py_XDECREF(o);
   }
@@ -142,7 +149,9 @@ class VllmManagerCore {
   }
 
   void touch(const Items& keys) { manager_.touch(convert(keys)); }
-  std::span<const SlotIndex> prepare_load(const Items& keys) { return manager_.prepare_load(convert(keys)); }
+  std::span<const SlotIndex> prepare_load(const Items& keys) {
+    return manager_.prepare_load(convert(keys));
+  }
   void complete_load(const Items& keys) { manager_.complete_load(convert(keys)); }
   StorePlan prepare_store(const Items& keys) { return manager_.prepare_store(convert(keys)); }
   std::span<const std::uint32_t> complete_store(const Items& keys, bool success) {
@@ -200,8 +209,8 @@ class VllmManagerCore {
   // (write-pending, pinned, lookups, hits incl. pending, misses, evictions, skipped by threshold)
   py::tuple counters() const {
     const ManagerStats s = manager_.stats();
-    return py::make_tuple(s.write_pending, s.pinned, s.lookup_keys, s.hits + s.hits_pending, s.misses,
-                          s.evictions, s.stores_skipped_threshold);
+    return py::make_tuple(s.write_pending, s.pinned, s.lookup_keys, s.hits + s.hits_pending,
+                          s.misses, s.evictions, s.stores_skipped_threshold);
   }
 
   [[nodiscard]] const Manager& manager() const noexcept { return manager_; }
@@ -274,7 +283,8 @@ PyObject* guarded(FastState* st, Body&& body) noexcept {
 
 bool check_args(const char* name, Py_ssize_t nargs, Py_ssize_t want) noexcept {
   if (nargs >= 1 && nargs <= want) return true;
-  PyErr_Format(PyExc_TypeError, "%s() takes the keys and req_context, got %zd positional arguments", name, nargs);
+  PyErr_Format(PyExc_TypeError, "%s() takes the keys and req_context, got %zd positional arguments",
+               name, nargs);
   return false;
 }
 
@@ -337,10 +347,12 @@ PyObject* fast_prepare_store(PyObject* self, PyObject* const* args, Py_ssize_t n
     py::list to_store = st->core->to_store_list(items, plan);
     if (!evicted.empty() && !st->events.is_none()) {
       py::object event = py::reinterpret_steal<py::object>(new_event(st, evicted.ptr(), true));
-      if (!event || PyList_Append(st->events.ptr(), event.ptr()) != 0) throw py::error_already_set();
+      if (!event || PyList_Append(st->events.ptr(), event.ptr()) != 0)
+        throw py::error_already_set();
     }
     py::list ids = VllmManagerCore::slot_list(plan.slots);
-    py::object spec = py::reinterpret_steal<py::object>(PyObject_CallOneArg(st->spec_cls.ptr(), ids.ptr()));
+    py::object spec =
+        py::reinterpret_steal<py::object>(PyObject_CallOneArg(st->spec_cls.ptr(), ids.ptr()));
     if (!spec) throw py::error_already_set();
     PyObject* out_args[3] = {to_store.ptr(), spec.ptr(), evicted.ptr()};
     return PyObject_Vectorcall(st->output_cls.ptr(), out_args, 0, st->output_kwnames.ptr());
@@ -348,7 +360,8 @@ PyObject* fast_prepare_store(PyObject* self, PyObject* const* args, Py_ssize_t n
 }
 
 // complete_store(keys, req_context, success=True)
-PyObject* fast_complete_store(PyObject* self, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
+PyObject* fast_complete_store(PyObject* self, PyObject* const* args, Py_ssize_t nargsf,
+                              PyObject* kwnames) {
   FastState* st = state_of(self);
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   PyObject* success_obj = nargs >= 3 ? args[2] : nullptr;
@@ -363,7 +376,8 @@ PyObject* fast_complete_store(PyObject* self, PyObject* const* args, Py_ssize_t 
     }
   }
   if (nargs < 1 || nargs > 3) {
-    PyErr_Format(PyExc_TypeError, "complete_store() takes keys, req_context and success, got %zd arguments", nargs);
+    PyErr_Format(PyExc_TypeError,
+                 "complete_store() takes keys, req_context and success, got %zd arguments", nargs);
     return nullptr;
   }
   int success = 1;
@@ -374,24 +388,28 @@ PyObject* fast_complete_store(PyObject* self, PyObject* const* args, Py_ssize_t 
     if (success != 0 && !done.empty() && !st->events.is_none()) {
       py::list stored = VllmManagerCore::pick(items, done);
       py::object event = py::reinterpret_steal<py::object>(new_event(st, stored.ptr(), false));
-      if (!event || PyList_Append(st->events.ptr(), event.ptr()) != 0) throw py::error_already_set();
+      if (!event || PyList_Append(st->events.ptr(), event.ptr()) != 0)
+        throw py::error_already_set();
     }
     Py_RETURN_NONE;
   });
 }
 
 PyMethodDef kFastMethods[] = {
-    {"lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_lookup)), METH_FASTCALL,
-     "lookup(key, req_context) -> LookupResult"},
-    {"touch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_touch)), METH_FASTCALL,
-     "touch(keys, req_context)"},
+    {"lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_lookup)),
+     METH_FASTCALL, "lookup(key, req_context) -> LookupResult"},
+    {"touch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_touch)),
+     METH_FASTCALL, "touch(keys, req_context)"},
     {"prepare_load", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_prepare_load)),
      METH_FASTCALL, "prepare_load(keys, req_context) -> CPULoadStoreSpec"},
-    {"complete_load", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_complete_load)),
-     METH_FASTCALL, "complete_load(keys, req_context)"},
-    {"prepare_store", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_prepare_store)),
-     METH_FASTCALL, "prepare_store(keys, req_context) -> PrepareStoreOutput | None"},
-    {"complete_store", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_complete_store)),
+    {"complete_load",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_complete_load)), METH_FASTCALL,
+     "complete_load(keys, req_context)"},
+    {"prepare_store",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_prepare_store)), METH_FASTCALL,
+     "prepare_store(keys, req_context) -> PrepareStoreOutput | None"},
+    {"complete_store",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_complete_store)),
      METH_FASTCALL | METH_KEYWORDS, "complete_store(keys, req_context, success=True)"},
 };
 
@@ -402,8 +420,8 @@ void bind_vllm_manager(py::module_& m) {
                               R"(The C++ side of kvoffload.vllm.KvoffloadManager (use that class).
 
 A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 128 bits in C++).)")
-      .def(py::init([](std::uint64_t num_blocks, const std::string& policy, std::uint32_t store_threshold,
-                       std::uint64_t max_tracker_size) {
+      .def(py::init([](std::uint64_t num_blocks, const std::string& policy,
+                       std::uint32_t store_threshold, std::uint64_t max_tracker_size) {
              ManagerConfig c;
              c.num_chunks = num_blocks;
              c.policy = parse_policy_kind(policy);
@@ -413,14 +431,16 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
              c.semantics = ManagerSemantics::kVllm;
              return std::make_unique<VllmManagerCore>(c);
            }),
-           py::arg("num_blocks"), py::arg("policy"), py::arg("store_threshold"), py::arg("max_tracker_size"))
+           py::arg("num_blocks"), py::arg("policy"), py::arg("store_threshold"),
+           py::arg("max_tracker_size"))
       .def(
           "fast_methods",
           [](py::object self, py::object error_cls, py::tuple lookup_results, py::object spec_cls,
              py::object output_cls, py::object event_cls, py::object medium, py::object events,
              py::list alloc_sizes) {
             if (lookup_results.size() != 3) {
-              throw Error(ErrorCode::kInvalidArgument, "fast_methods: lookup_results needs (MISS, HIT, HIT_PENDING)");
+              throw Error(ErrorCode::kInvalidArgument,
+                          "fast_methods: lookup_results needs (MISS, HIT, HIT_PENDING)");
             }
             auto state = std::make_unique<FastState>();
             state->owner = self;
@@ -447,14 +467,17 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
             }
             return out;
           },
-          py::arg("error_cls"), py::arg("lookup_results"), py::arg("spec_cls"), py::arg("output_cls"),
-          py::arg("event_cls"), py::arg("medium"), py::arg("events"), py::arg("alloc_sizes"),
+          py::arg("error_cls"), py::arg("lookup_results"), py::arg("spec_cls"),
+          py::arg("output_cls"), py::arg("event_cls"), py::arg("medium"), py::arg("events"),
+          py::arg("alloc_sizes"),
           "The hot methods as C functions over vLLM's types (Note [Fast entry points])")
       .def("reset", &VllmManagerCore::reset)
       .def("counters", &VllmManagerCore::counters,
            "(write_pending, pinned, lookups, hits, misses, evictions, stores_skipped) so far")
       .def("slot_of", &VllmManagerCore::slot_of, py::arg("key"))
-      .def_property_readonly("policy", [](const VllmManagerCore& c) { return std::string(c.manager().policy().name()); });
+      .def_property_readonly("policy", [](const VllmManagerCore& c) {
+        return std::string(c.manager().policy().name());
+      });
 }
 
 }  // namespace kvoffload::python

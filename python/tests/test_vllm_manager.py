@@ -283,6 +283,7 @@ def test_import_without_vllm_raises_a_clear_import_error():
     code = (
         "import sys\n"
         "sys.path = [p for p in sys.path if 'vllm_standin' not in p]\n"
+        "sys.modules['vllm'] = None  # as if vLLM were not installed, even where it is\n"
         "import kvoffload\n"
         "try:\n"
         "    import kvoffload.vllm\n"

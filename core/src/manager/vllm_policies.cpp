@@ -65,7 +65,8 @@ class VllmLruPolicy final : public EvictionPolicy {
     }
   }
 
-  std::size_t evict(std::size_t count, const VictimFilter& filter, std::span<const BlockKey> /*slot_keys*/,
+  std::size_t evict(std::size_t count, const VictimFilter& filter,
+                    std::span<const BlockKey> /*slot_keys*/,
                     std::span<SlotIndex> victims_out) override {
     std::size_t written = 0;
     std::uint32_t cursor = list_.back();
@@ -102,8 +103,10 @@ class VllmLruPolicy final : public EvictionPolicy {
   void set_evictable(SlotIndex s, std::uint8_t on) noexcept {
     if (resident_[s] == 0 || evictable_[s] == on) return;
     evictable_[s] = on;
-    if (on != 0) ++evictable_count_;
-    else --evictable_count_;
+    if (on != 0)
+      ++evictable_count_;
+    else
+      --evictable_count_;
   }
   void remove_one(SlotIndex s) noexcept {
     set_evictable(s, 0);
@@ -183,6 +186,10 @@ class VllmArcPolicy final : public EvictionPolicy {
   }
 
   void touch_missing(std::span<const BlockKey> keys) override {
+    if (keys.size() > 1) {
+      for (const BlockKey& key : keys.first(std::min<std::size_t>(keys.size(), 64)))
+        ghost_index_.prefetch(key);
+    }
     for (auto it = keys.rbegin(); it != keys.rend(); ++it) {
       const std::uint32_t g = find_ghost(*it);
       if (g == KeyTable::kNone) continue;
@@ -204,7 +211,8 @@ class VllmArcPolicy final : public EvictionPolicy {
     }
   }
 
-  std::size_t evict(std::size_t count, const VictimFilter& filter, std::span<const BlockKey> slot_keys,
+  std::size_t evict(std::size_t count, const VictimFilter& filter,
+                    std::span<const BlockKey> slot_keys,
                     std::span<SlotIndex> victims_out) override {
     // One cursor per list from its least recent end; |T1| as if the chosen T1 victims were gone.
     // A cursor only moves forward, as vLLM's iterators do.
@@ -297,8 +305,10 @@ class VllmArcPolicy final : public EvictionPolicy {
   void set_evictable(SlotIndex s, std::uint8_t on) noexcept {
     if (where_[s] == kAbsent || evictable_[s] == on) return;
     evictable_[s] = on;
-    if (on != 0) ++evictable_count_;
-    else --evictable_count_;
+    if (on != 0)
+      ++evictable_count_;
+    else
+      --evictable_count_;
   }
 
   void remove_one(SlotIndex s) noexcept {
@@ -309,7 +319,8 @@ class VllmArcPolicy final : public EvictionPolicy {
   }
 
   std::uint32_t find_ghost(const BlockKey& key) const noexcept {
-    return ghost_index_.find(key, [this](std::uint32_t g) -> const BlockKey& { return ghosts_[g].key; });
+    return ghost_index_.find(key,
+                             [this](std::uint32_t g) -> const BlockKey& { return ghosts_[g].key; });
   }
 
   void add_ghost(const BlockKey& key, std::uint8_t list) {
@@ -338,7 +349,8 @@ class VllmArcPolicy final : public EvictionPolicy {
     b2_.clear();
     free_ghosts_.clear();
     free_ghosts_.reserve(ghosts_.size());
-    for (auto g = static_cast<std::uint32_t>(ghosts_.size()); g > 0; --g) free_ghosts_.push_back(g - 1);
+    for (auto g = static_cast<std::uint32_t>(ghosts_.size()); g > 0; --g)
+      free_ghosts_.push_back(g - 1);
   }
 
   std::uint32_t capacity_;
@@ -371,8 +383,10 @@ std::unique_ptr<EvictionPolicy> make_vllm_arc_policy(std::uint32_t capacity) {
 
 std::unique_ptr<EvictionPolicy> make_vllm_policy(PolicyKind kind, std::uint32_t capacity) {
   switch (kind) {
-    case PolicyKind::kLru: return make_vllm_lru_policy(capacity);
-    case PolicyKind::kArc: return make_vllm_arc_policy(capacity);
+    case PolicyKind::kLru:
+      return make_vllm_lru_policy(capacity);
+    case PolicyKind::kArc:
+      return make_vllm_arc_policy(capacity);
   }
   throw_invalid("eviction policy " + std::to_string(static_cast<int>(kind)) + ": unknown");
 }
