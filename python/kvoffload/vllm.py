@@ -318,7 +318,8 @@ class KvoffloadSpec(OffloadingSpec):
     kv_connector_extra_config keys: cpu_bytes_to_use (required), eviction_policy ("lru" | "arc"),
     store_threshold, max_tracker_size (as CPUOffloadingSpec), and kvoffload's own:
     kvoffload_engine_id (the region's name; default from the config's engine id),
-    kvoffload_backend ("auto" | "cuda" | "hip" | "host"), kvoffload_shm_dir, replicated_layout.
+    kvoffload_backend ("auto" | "cuda" | "hip" | "host"), kvoffload_device, kvoffload_rank,
+    kvoffload_shm_dir, replicated_layout.
     """
 
     def __init__(self, config):
@@ -366,6 +367,22 @@ class KvoffloadSpec(OffloadingSpec):
             )
         return str(engine_id)
 
+    def _rank(self) -> int:
+        # This worker's slot in each row: kvoffload_rank if given, else the config's rank, else
+        # the device index modulo the world size (as vLLM's SharedOffloadRegion assigns slots).
+        extra = self.extra_config
+        if "kvoffload_rank" in extra:
+            return int(extra["kvoffload_rank"])
+        rank = getattr(self.config.parallel, "rank", None)
+        if rank is not None:
+            return int(rank)
+        try:
+            import torch
+
+            return int(torch.cuda.current_device()) % self.world_size
+        except (ImportError, RuntimeError, AssertionError):
+            return 0
+
     def get_worker(self, kv_caches) -> OffloadingWorker:
         if self._worker is None:
             extra = self.extra_config
@@ -374,7 +391,7 @@ class KvoffloadSpec(OffloadingSpec):
                 engine_id=self._engine_id(),
                 num_blocks=self.num_blocks,
                 blocks_per_chunk=int(self.blocks_per_chunk),
-                rank=int(getattr(self.config.parallel, "rank", 0)),
+                rank=self._rank(),
                 world_size=self.world_size,
                 replicated=self.replicated,
                 backend=str(extra.get("kvoffload_backend", "auto")),

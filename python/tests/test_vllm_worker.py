@@ -199,6 +199,23 @@ def test_failed_job_is_reported_failed(shm_dir):
     worker.shutdown()
 
 
+def test_rank_selects_the_slot_of_a_two_rank_region(shm_dir):
+    # Rank 1 of 2 writes the second slot of each row; rank 0's slot stays zero.
+    cfg = config(shm_dir, "host", kvoffload_rank=1)
+    cfg.parallel.world_size = 2
+    spec = KvoffloadSpec(cfg)
+    arrays, caches = kv_caches(6)
+    worker = spec.get_worker(caches)
+    assert worker.submit_store(1, GPULoadStoreSpec([0, 1], group_sizes=[2], block_indices=[0]),
+                               kvoffload.vllm.CPULoadStoreSpec([3]))
+    worker.wait({1})
+    assert [r.success for r in worker.get_finished()] == [True]
+    region = worker._region
+    assert (np.asarray(region.slot(3, rank=1)) == slot_bytes_of(arrays, [0, 1])).all()
+    assert not np.asarray(region.slot(3, rank=0)).any()
+    worker.shutdown()
+
+
 def test_spec_configuration_errors(shm_dir):
     with pytest.raises(ValueError, match="cpu_bytes_to_use must be specified"):
         KvoffloadSpec(config(shm_dir, "host", cpu_bytes_to_use=0))
