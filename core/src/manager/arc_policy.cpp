@@ -46,7 +46,6 @@ class ArcPolicy final : public EvictionPolicy {
   std::uint32_t capacity() const noexcept override { return capacity_; }
 
   void insert(std::span<const SlotIndex> slots, std::span<const BlockKey> keys) override {
-    prefetch_ghosts(keys);
     for (std::size_t i = 0; i < slots.size(); ++i) {
       const SlotIndex s = slots[i];
       if (where_[s] != kAbsent) remove_one(s);
@@ -123,31 +122,21 @@ class ArcPolicy final : public EvictionPolicy {
     std::uint32_t c1 = t1_.back();
     std::uint32_t c2 = t2_.back();
     std::size_t written = 0;
-    // Choose first (t1_live: |T1| as the victims so far leave it), then add the ghosts in the same
-    // order with the same counts as one interleaved loop would, after the batch's ghost probes were
-    // prefetched (Note [Batched probes] in key_table.hpp).
-    std::uint64_t t1_live = t1_count_;
     while (written < count) {
       while (c1 != kNil && filter.is_protected(c1)) c1 = links_[c1].prev;
       while (c2 != kNil && filter.is_protected(c2)) c2 = links_[c2].prev;
-      const bool from_t1 = c1 != kNil && (t1_live > p_ || c2 == kNil);
+      const bool from_t1 = c1 != kNil && (t1_count_ > p_ || c2 == kNil);
       if (!from_t1 && c2 == kNil) break;
       std::uint32_t& cursor = from_t1 ? c1 : c2;
       const SlotIndex victim = cursor;
       cursor = links_[victim].prev;
       (from_t1 ? t1_ : t2_).erase(links_.data(), victim);
       listed_[victim] = 0;
-      if (from_t1) --t1_live;
-      victims_out[written++] = victim;
-    }
-    for (std::size_t i = 0; i < written && i < 64; ++i) ghost_index_.prefetch(slot_keys[victims_out[i]]);
-    for (std::size_t i = 0; i < written; ++i) {
-      const SlotIndex victim = victims_out[i];
-      const bool from_t1 = where_[victim] == kT1;
+      where_[victim] = kAbsent;
       if (from_t1) --t1_count_;
       else --t2_count_;
-      where_[victim] = kAbsent;
       add_ghost(slot_keys[victim], from_t1 ? kB1 : kB2);
+      victims_out[written++] = victim;
     }
     return written;
   }
@@ -188,11 +177,6 @@ class ArcPolicy final : public EvictionPolicy {
   };
 
   IndexList& list_of(SlotIndex s) noexcept { return where_[s] == kT1 ? t1_ : t2_; }
-
-  void prefetch_ghosts(std::span<const BlockKey> keys) const noexcept {
-    if (keys.size() < 2) return;
-    for (const BlockKey& key : keys.first(std::min<std::size_t>(keys.size(), 64))) ghost_index_.prefetch(key);
-  }
 
   void remove_one(SlotIndex s) noexcept {
     if (listed_[s] != 0) list_of(s).erase(links_.data(), s);

@@ -57,28 +57,6 @@ class KeyTable {
     }
   }
 
-  // Note [Batched probes]: a batch call (touch, prepare_store, ... of a request's keys) first
-  // prefetches every key's home bucket, then the value each bucket's first tag match points at,
-  // then probes: the cache misses of a batch overlap instead of queuing one after another.
-  void prefetch(const BlockKey& key) const noexcept {
-    __builtin_prefetch(&entries_[home_of(tag_of(key))]);
-  }
-  // Prefetches what key_at returns for the first entry of key's probe run whose tag matches.
-  template <class KeyAt>
-  void prefetch_value(const BlockKey& key, KeyAt&& key_at) const noexcept {
-    const std::uint32_t h = tag_of(key);
-    std::size_t pos = home_of(h);
-    for (;;) {
-      const std::uint64_t e = entries_[pos];
-      if (e == kEmpty) return;
-      if (static_cast<std::uint32_t>(e >> 32) == h) {
-        __builtin_prefetch(&key_at(static_cast<std::uint32_t>(e)));
-        return;
-      }
-      pos = (pos + 1) & mask_;
-    }
-  }
-
   // The key must be absent (callers find() first).
   void insert(const BlockKey& key, std::uint32_t index) noexcept {
     const std::uint32_t h = tag_of(key);

@@ -104,19 +104,7 @@ class ManagerImpl {
     return index_.find(key, [this](std::uint32_t s) -> const BlockKey& { return keys_[s]; });
   }
 
-  // Note [Batched probes] in key_table.hpp: overlaps the index misses of a batch of keys.
-  void prefetch(std::span<const BlockKey> keys) const noexcept {
-    // Up to 64 keys (a request's worth): more would push the first lines out before their probe.
-    if (keys.size() < 2) return;
-    keys = keys.first(std::min<std::size_t>(keys.size(), 64));
-    for (const BlockKey& key : keys) index_.prefetch(key);
-    for (const BlockKey& key : keys) {
-      index_.prefetch_value(key, [this](std::uint32_t s) -> const BlockKey& { return keys_[s]; });
-    }
-  }
-
   std::size_t lookup(std::span<const BlockKey> keys, std::span<LookupResult> results) {
-    prefetch(keys);
     if (!results.empty() && results.size() < keys.size()) {
       throw_invalid("lookup: results holds " + std::to_string(results.size()) + " entries for " +
                     std::to_string(keys.size()) + " keys");
@@ -145,8 +133,6 @@ class ManagerImpl {
   }
 
   StorePlan prepare_store(std::span<const BlockKey> keys, std::span<const BlockKey> protected_keys) {
-    prefetch(protected_keys);
-    prefetch(keys);
     const std::uint32_t epoch = next_epoch();
     plan_keys_.clear();
     plan_positions_.clear();
@@ -286,7 +272,6 @@ class ManagerImpl {
   }
 
   std::span<const std::uint32_t> complete_store(std::span<const BlockKey> keys, bool success) {
-    prefetch(keys);
     if (vllm_) return complete_store_vllm(keys, success);
     const std::uint32_t epoch = next_epoch();
     work_slots_.clear();
@@ -359,7 +344,6 @@ class ManagerImpl {
   }
 
   void prepare_load(std::span<const BlockKey> keys, std::span<SlotIndex> slots_out) {
-    prefetch(keys);
     if (slots_out.size() < keys.size()) {
       throw_invalid("prepare_load: slots_out holds " + std::to_string(slots_out.size()) +
                     " entries for " + std::to_string(keys.size()) + " keys");
@@ -398,7 +382,6 @@ class ManagerImpl {
   }
 
   void complete_load(std::span<const BlockKey> keys) {
-    prefetch(keys);
     const std::uint32_t epoch = next_epoch();
     work_slots_.clear();
     for (const BlockKey& key : keys) {
@@ -430,7 +413,6 @@ class ManagerImpl {
   }
 
   void touch(std::span<const BlockKey> keys) {
-    prefetch(keys);
     work_slots_.clear();
     stored_keys_.clear();
     for (const BlockKey& key : keys) {

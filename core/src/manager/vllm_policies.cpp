@@ -186,10 +186,6 @@ class VllmArcPolicy final : public EvictionPolicy {
   }
 
   void touch_missing(std::span<const BlockKey> keys) override {
-    if (keys.size() > 1) {
-      for (const BlockKey& key : keys.first(std::min<std::size_t>(keys.size(), 64)))
-        ghost_index_.prefetch(key);
-    }
     for (auto it = keys.rbegin(); it != keys.rend(); ++it) {
       const std::uint32_t g = find_ghost(*it);
       if (g == KeyTable::kNone) continue;
