@@ -138,6 +138,25 @@ TEST_F(Simulate, BadTraceNamesLineAndToken) {
   EXPECT_NE(r2.err.find("line 2"), std::string::npos) << r2.err;
 }
 
+TEST_F(Simulate, TraceLayoutVariants) {
+  // CRLF endings, blank and whitespace-only lines, a trailing comment, no final newline.
+  const fs::path trace = write("crlf.trace", "1 2\r\n\r\n \t \n# c\n\t1  2 3\r\n# last");
+  const RunResult r = run("simulate --trace " + trace.string() + " --policy lru --chunks 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("requests"), 2);
+  EXPECT_EQ(j.at("chunks_looked_up"), 5);
+  EXPECT_EQ(j.at("hits"), 2);
+  const fs::path tail = write("tail.trace", "1 2\n3");  // the last request has no newline
+  const RunResult r2 = run("simulate --trace " + tail.string() + " --chunks 8 --json");
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  EXPECT_EQ(nlohmann::json::parse(r2.out).at("chunks_looked_up"), 3);
+  const fs::path bad = write("bad2.trace", "\n\n1 zz\n");  // blank lines count toward line numbers
+  const RunResult r3 = run("simulate --trace " + bad.string() + " --chunks 8");
+  EXPECT_EQ(r3.exit_code, 2);
+  EXPECT_NE(r3.err.find("line 3"), std::string::npos) << r3.err;
+}
+
 TEST_F(Simulate, UsageErrors) {
   const fs::path trace = write("t.trace", kTrace);
   RunResult r = run("simulate --policy lru --chunks 4");  // no --trace

@@ -84,12 +84,18 @@ class EvictionPolicy {
   // Accesses in prefix order (slots[0] ends most recent). Parked slots keep their place until
   // released but ARC still promotes them from T1 to T2.
   virtual void touch(std::span<const SlotIndex> slots) = 0;
+  // Keys a touch named that are not resident, in call order (the Manager calls it after touch()
+  // with the same call's absent keys). vLLM's ARC adapts its T1 target on ghost hits here; the
+  // native policies ignore them.
+  virtual void touch_missing(std::span<const BlockKey> /*keys*/) {}
   // Slots leave without becoming ghosts (a failed store frees its slots).
   virtual void remove(std::span<const SlotIndex> slots) = 0;
   // Removes exactly `count` evictable slots not protected by `filter` and writes them to
   // victims_out (size >= count). slot_keys[s] is the key in slot s (ARC keeps evicted keys as
   // ghosts). The caller guarantees that enough candidates exist (evictable minus protected
-  // evictable >= count); returns the number written, which is then `count`.
+  // evictable >= count); returns the number written, which is then `count`. Exception: vLLM's ARC
+  // (make_vllm_arc_policy) can refuse despite enough candidates, as vLLM's does; it then returns 0
+  // and changes nothing.
   virtual std::size_t evict(std::size_t count, const VictimFilter& filter,
                             std::span<const BlockKey> slot_keys, std::span<SlotIndex> victims_out) = 0;
   // Forgets everything (residents and ghosts; ARC's p back to 0).
@@ -105,5 +111,17 @@ std::unique_ptr<EvictionPolicy> make_lru_policy(std::uint32_t capacity);
 // |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c.
 std::unique_ptr<EvictionPolicy> make_arc_policy(std::uint32_t capacity);
 std::unique_ptr<EvictionPolicy> make_policy(PolicyKind kind, std::uint32_t capacity);
+
+// vLLM's CachePolicy implementations (vllm/v1/kv_offload/cpu/policies/{lru,arc}.py), for
+// ManagerSemantics::kVllm. Unlike the native ones, every resident stays in its list, pinned or
+// write-pending or not: release() and hold() only flip evictability and never move a slot, and
+// eviction walks past unevictable slots. LRU: insert and touch move to the most recent end. ARC:
+// insert enters T1 and drops any ghost of the key without adapting; touch promotes a ready T1
+// slot to T2 (a write-pending one goes to T1's recent end) and adapts the (fractional) T1 target
+// on ghost hits (touch_missing); eviction takes T1's next candidate while the remaining |T1| is
+// at least floor(target), else T2's; B1 and B2 are each bounded by the capacity, oldest dropped.
+std::unique_ptr<EvictionPolicy> make_vllm_lru_policy(std::uint32_t capacity);
+std::unique_ptr<EvictionPolicy> make_vllm_arc_policy(std::uint32_t capacity);
+std::unique_ptr<EvictionPolicy> make_vllm_policy(PolicyKind kind, std::uint32_t capacity);
 
 }  // namespace kvoffload

@@ -47,6 +47,18 @@ namespace detail {
 class ManagerImpl;
 }
 
+// Whose rules the Manager follows. Note [vLLM semantics] in manager.cpp lists every difference.
+enum class ManagerSemantics : std::uint8_t {
+  kNative = 0,
+  // vLLM's CPUOffloadingManager, output for output (the Python adapter kvoffload.vllm relies on
+  // it): slots fresh in ascending order, then the most recently freed; the policies keep pinned
+  // and write-pending chunks in place (make_vllm_policy); the threshold tracker forgets the key
+  // looked up least recently; complete_store skips keys that are not write-pending; reset is
+  // allowed with stores or loads in flight, records no event and keeps the threshold counts.
+  kVllm = 1,
+};
+std::string_view manager_semantics_name(ManagerSemantics semantics) noexcept;
+
 struct ManagerConfig {
   std::uint64_t num_chunks = 0;        // slots in the region; 1 .. 2^32-2
   PolicyKind policy = PolicyKind::kLru;
@@ -59,6 +71,7 @@ struct ManagerConfig {
   // Record stored/removed events for take_events(). Off: nothing is recorded (the caller does not
   // drain, and the queue would otherwise grow).
   bool record_events = true;
+  ManagerSemantics semantics = ManagerSemantics::kNative;
 };
 
 enum class LookupResult : std::uint8_t {
@@ -89,8 +102,10 @@ struct StorePlan {
   StoreStatus status = StoreStatus::kOk;
   CannotStoreReason reason = CannotStoreReason::kNone;
   std::span<const BlockKey> keys;      // keys to store now, in call order, each once
+  std::span<const std::uint32_t> positions;  // keys[i] is the call's keys[positions[i]]
   std::span<const SlotIndex> slots;    // slots[i] receives keys[i]; now write-pending
   std::span<const BlockKey> evicted;   // keys evicted to make room (also a `removed` event)
+  std::span<const SlotIndex> evicted_slots;  // the slots they held, evicted[i] in evicted_slots[i]
   std::uint64_t skipped_present = 0;   // keys dropped: already stored or pending (or repeated)
   std::uint64_t skipped_threshold = 0; // keys dropped: looked up fewer than store_threshold times
   std::uint64_t slots_needed = 0;      // new keys that wanted a slot
@@ -170,7 +185,10 @@ class Manager {
 
   // Ends the stores of keys (each write-pending). success: ready and evictable, a `stored` event;
   // failure: the slots are freed and the keys forgotten (no event: they were never announced).
-  void complete_store(std::span<const BlockKey> keys, bool success);
+  // Returns the positions in keys of the stores it ended (all of them, in order, under kNative;
+  // under kVllm keys that are not write-pending are skipped, as vLLM does). The view is valid
+  // until the next complete_store.
+  std::span<const std::uint32_t> complete_store(std::span<const BlockKey> keys, bool success);
 
   // Pins each key (ready) for one reader and writes its slot to slots_out (size >= keys.size()).
   // A pinned chunk is not evictable until every pin is released by complete_load.
@@ -184,7 +202,8 @@ class Manager {
   void touch(std::span<const BlockKey> keys);
 
   // Drops every key (one `removed` event with the ready ones), the policy state and ghost lists
-  // and the threshold tracker. Refused while a store is pending or a chunk is pinned.
+  // and the threshold tracker. Refused while a store is pending or a chunk is pinned (kNative;
+  // see ManagerSemantics::kVllm for vLLM's reset_cache).
   void reset();
 
   // Single-key queries (no statistics, no recency change).

@@ -1,8 +1,26 @@
 // Manager: slot states, key index, threshold tracker and events over an EvictionPolicy.
 // See manager.hpp for the contract; Note [Parked slots] in eviction_policy.hpp for how pinned and
 // write-pending chunks stay out of eviction.
+//
+// Note [vLLM semantics]: ManagerSemantics::kVllm reproduces vLLM's CPUOffloadingManager
+// (vllm/v1/kv_offload/cpu/manager.py) call for call, so that kvoffload.vllm can stand in for it:
+//  - slots: vLLM's block pool hands out never-used ids in ascending order first and only then
+//    pops its free list (most recently freed first); the native pool reuses freed slots first.
+//  - policies: make_vllm_policy (eviction_policy.hpp): pinned and pending chunks keep their place.
+//  - store threshold: vLLM's tracker is an OrderedDict moved to the end on every lookup, so a full
+//    tracker forgets the key looked up least recently (native: the one that entered first). The
+//    threshold filter runs before the presence check, so a present key below the threshold is
+//    counted as skipped by the threshold and is not protected from this call's eviction.
+//  - complete_store skips keys that are unknown or already ready (vLLM checks and moves on).
+//  - touch hands the absent keys to the policy too (vLLM's ARC adapts on ghost hits).
+//  - vLLM's ARC eviction can fail with enough evictable chunks (T1 below its target, T2 out of
+//    candidates): the policy then evicts nothing and prepare_store cannot store.
+//  - reset (reset_cache) clears everything even with stores or loads in flight (vLLM's scheduler
+//    never completes a pre-reset job), records no event, and keeps the threshold counts.
+// Lookups, eviction order and the removed-then-stored event order are the same in both.
 #include <kvoffload/manager.hpp>
 
+#include "manager/index_list.hpp"
 #include "manager/key_table.hpp"
 
 #include <kvoffload/error.hpp>
@@ -18,6 +36,14 @@ std::string_view lookup_result_name(LookupResult result) noexcept {
     case LookupResult::kMiss: return "miss";
     case LookupResult::kHit: return "hit";
     case LookupResult::kHitPending: return "hit_pending";
+  }
+  return "unknown";
+}
+
+std::string_view manager_semantics_name(ManagerSemantics semantics) noexcept {
+  switch (semantics) {
+    case ManagerSemantics::kNative: return "native";
+    case ManagerSemantics::kVllm: return "vllm";
   }
   return "unknown";
 }
@@ -53,7 +79,7 @@ namespace detail {
 class ManagerImpl {
  public:
   ManagerImpl(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> policy)
-      : config_(config), policy_(std::move(policy)) {
+      : config_(config), policy_(std::move(policy)), vllm_(config.semantics == ManagerSemantics::kVllm) {
     n_ = static_cast<std::uint32_t>(config.num_chunks);
     keys_.resize(n_);
     state_.assign(n_, kFree);
@@ -61,11 +87,12 @@ class ManagerImpl {
     marks_.assign(n_, 0);
     counts_.assign(n_, 0);
     free_.reserve(n_);
-    for (std::uint32_t s = n_; s > 0; --s) free_.push_back(s - 1);  // slot 0 is handed out first
+    reset_free_slots();
     index_.init(n_);
     if (config_.store_threshold > 0) {
       tracker_.resize(config_.threshold_tracker_capacity);
       tracker_index_.init(tracker_.size());
+      if (vllm_) tracker_links_.resize(tracker_.size());
     }
   }
 
@@ -108,6 +135,7 @@ class ManagerImpl {
   StorePlan prepare_store(std::span<const BlockKey> keys, std::span<const BlockKey> protected_keys) {
     const std::uint32_t epoch = next_epoch();
     plan_keys_.clear();
+    plan_positions_.clear();
     plan_slots_.clear();
     plan_evicted_.clear();
     StorePlan plan;
@@ -128,13 +156,18 @@ class ManagerImpl {
     dedup_.init(keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const BlockKey& key = keys[i];
+      // vLLM filters by the threshold first (Note [vLLM semantics]).
+      if (vllm_ && config_.store_threshold > 0 && tracked_count(key) < config_.store_threshold) {
+        ++plan.skipped_threshold;
+        continue;
+      }
       const std::uint32_t s = find(key);
       if (s != KeyTable::kNone) {
         protect(s);
         ++plan.skipped_present;
         continue;
       }
-      if (config_.store_threshold > 0 && tracked_count(key) < config_.store_threshold) {
+      if (!vllm_ && config_.store_threshold > 0 && tracked_count(key) < config_.store_threshold) {
         ++plan.skipped_threshold;
         continue;
       }
@@ -145,11 +178,12 @@ class ManagerImpl {
       }
       dedup_.insert(key, static_cast<std::uint32_t>(i));
       plan_keys_.push_back(key);
+      plan_positions_.push_back(static_cast<std::uint32_t>(i));
     }
     stats_.stores_skipped_threshold += plan.skipped_threshold;
 
     const std::uint64_t needed = plan_keys_.size();
-    const std::uint64_t free_slots = free_.size();
+    const std::uint64_t free_slots = free_count();
     const std::uint64_t evictable_slots = n_ - free_slots - pending_ - pinned_;
     plan.slots_needed = needed;
     plan.slots_available = free_slots + evictable_slots - protected_evictable;
@@ -164,9 +198,12 @@ class ManagerImpl {
     if (!plan.ok()) {
       ++stats_.allocation_failures;
       plan_keys_.clear();
+      plan_positions_.clear();
       plan.keys = plan_keys_;
+      plan.positions = plan_positions_;
       plan.slots = plan_slots_;
       plan.evicted = plan_evicted_;
+      plan.evicted_slots = {};
       return plan;
     }
 
@@ -175,6 +212,21 @@ class ManagerImpl {
       victims_.resize(to_evict);
       const VictimFilter filter{marks_.data(), epoch};
       const std::size_t got = policy_->evict(to_evict, filter, keys_, victims_);
+      if (vllm_ && got == 0) {
+        // vLLM's ARC gives up when T1 is below its target and T2 has no candidate left, even if
+        // T1 has some: prepare_store returns None and nothing changed (Note [vLLM semantics]).
+        ++stats_.allocation_failures;
+        plan.status = StoreStatus::kCannotStore;
+        plan.reason = CannotStoreReason::kNoEvictableSpace;
+        plan_keys_.clear();
+        plan_positions_.clear();
+        plan.keys = plan_keys_;
+        plan.positions = plan_positions_;
+        plan.slots = {};
+        plan.evicted = {};
+        plan.evicted_slots = {};
+        return plan;
+      }
       if (got != to_evict) {
         // The counts above say the policy had enough candidates; a policy that disagrees has
         // already evicted `got` slots, which we must still account for before reporting.
@@ -201,8 +253,7 @@ class ManagerImpl {
     }
 
     for (const BlockKey& key : plan_keys_) {
-      const std::uint32_t s = free_.back();
-      free_.pop_back();
+      const std::uint32_t s = take_free_slot();
       keys_[s] = key;
       state_[s] = kPending;
       index_.insert(key, s);
@@ -213,12 +264,15 @@ class ManagerImpl {
     stats_.stores_prepared += needed;
 
     plan.keys = plan_keys_;
+    plan.positions = plan_positions_;
     plan.slots = plan_slots_;
     plan.evicted = plan_evicted_;
+    plan.evicted_slots = needed > free_slots ? std::span<const SlotIndex>(victims_) : std::span<const SlotIndex>();
     return plan;
   }
 
-  void complete_store(std::span<const BlockKey> keys, bool success) {
+  std::span<const std::uint32_t> complete_store(std::span<const BlockKey> keys, bool success) {
+    if (vllm_) return complete_store_vllm(keys, success);
     const std::uint32_t epoch = next_epoch();
     work_slots_.clear();
     for (const BlockKey& key : keys) {
@@ -252,6 +306,41 @@ class ManagerImpl {
       }
       stats_.stores_failed += work_slots_.size();
     }
+    completed_.resize(keys.size());
+    for (std::uint32_t i = 0; i < completed_.size(); ++i) completed_[i] = i;
+    return completed_;
+  }
+
+  // vLLM's complete_store: keys that are not write-pending (unknown, already ready, or a repeat
+  // within this call) are skipped; the rest end in call order (Note [vLLM semantics]).
+  std::span<const std::uint32_t> complete_store_vllm(std::span<const BlockKey> keys, bool success) {
+    work_slots_.clear();
+    completed_.clear();
+    stored_keys_.clear();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const std::uint32_t s = find(keys[i]);
+      if (s == KeyTable::kNone || state_[s] != kPending) continue;
+      if (success) {
+        state_[s] = kReady;
+        stored_keys_.push_back(keys[i]);
+      } else {
+        index_.erase(keys_[s], s);  // a repeat of the key now misses
+        state_[s] = kFree;
+      }
+      work_slots_.push_back(s);
+      completed_.push_back(static_cast<std::uint32_t>(i));
+    }
+    pending_ -= work_slots_.size();
+    if (success) {
+      policy_->release(work_slots_);
+      stats_.stores_completed += work_slots_.size();
+      record(EventKind::kStored, stored_keys_);
+    } else {
+      policy_->remove(work_slots_);
+      for (const SlotIndex s : work_slots_) free_.push_back(s);
+      stats_.stores_failed += work_slots_.size();
+    }
+    return completed_;
   }
 
   void prepare_load(std::span<const BlockKey> keys, std::span<SlotIndex> slots_out) {
@@ -325,14 +414,30 @@ class ManagerImpl {
 
   void touch(std::span<const BlockKey> keys) {
     work_slots_.clear();
+    stored_keys_.clear();
     for (const BlockKey& key : keys) {
       const std::uint32_t s = find(key);
       if (s != KeyTable::kNone) work_slots_.push_back(s);
+      else if (vllm_) stored_keys_.push_back(key);
     }
     policy_->touch(work_slots_);
+    // Resident and absent keys touch disjoint state (lists vs ghosts), so two batches in call
+    // order give the same result as vLLM's one interleaved loop.
+    if (vllm_ && !stored_keys_.empty()) policy_->touch_missing(stored_keys_);
   }
 
   void reset() {
+    if (vllm_) {
+      // vLLM's reset_cache: everything goes, in flight or not, silently; the counts stay.
+      std::fill(state_.begin(), state_.end(), kFree);
+      std::fill(pins_.begin(), pins_.end(), 0);
+      pending_ = 0;
+      pinned_ = 0;
+      reset_free_slots();
+      index_.clear();
+      policy_->reset();
+      return;
+    }
     if (pending_ != 0 || pinned_ != 0) {
       throw Error(ErrorCode::kState, "reset: " + std::to_string(pending_) + " stores pending and " +
                                          std::to_string(pinned_) +
@@ -346,8 +451,7 @@ class ManagerImpl {
     record(EventKind::kRemoved, plan_evicted_);
     plan_evicted_.clear();
     std::fill(state_.begin(), state_.end(), kFree);
-    free_.clear();
-    for (std::uint32_t s = n_; s > 0; --s) free_.push_back(s - 1);
+    reset_free_slots();
     index_.clear();
     policy_->reset();
     if (!tracker_.empty()) {
@@ -393,7 +497,7 @@ class ManagerImpl {
   ManagerStats stats() const noexcept {
     ManagerStats s = stats_;
     s.num_chunks = n_;
-    s.used = n_ - free_.size();
+    s.used = n_ - free_count();
     s.write_pending = pending_;
     s.pinned = pinned_;
     s.evictable = s.used - pending_ - pinned_;
@@ -427,6 +531,26 @@ class ManagerImpl {
 
   [[nodiscard]] bool evictable(std::uint32_t s) const noexcept { return state_[s] == kReady && pins_[s] == 0; }
 
+  // Free slots: the never-used ones [fresh_next_, n_) and the stack free_ of freed ones. Native
+  // puts every slot on the stack (slot 0 on top) so freed slots are reused first; vLLM's pool
+  // hands out never-used slots first (Note [vLLM semantics]).
+  void reset_free_slots() {
+    free_.clear();
+    if (vllm_) {
+      fresh_next_ = 0;
+      return;
+    }
+    fresh_next_ = n_;
+    for (std::uint32_t s = n_; s > 0; --s) free_.push_back(s - 1);
+  }
+  [[nodiscard]] std::uint64_t free_count() const noexcept { return free_.size() + (n_ - fresh_next_); }
+  SlotIndex take_free_slot() noexcept {
+    if (fresh_next_ < n_) return fresh_next_++;
+    const SlotIndex s = free_.back();
+    free_.pop_back();
+    return s;
+  }
+
   // A fresh stamp for marks_; on wrap-around the marks are cleared so an old stamp never matches.
   std::uint32_t next_epoch() noexcept {
     if (++epoch_ == 0) {
@@ -436,12 +560,28 @@ class ManagerImpl {
     return epoch_;
   }
 
-  // Counts one lookup of key; a full tracker forgets the key that entered it first.
+  // Counts one lookup of key; a full tracker forgets the key that entered it first (native) or
+  // the key looked up least recently (vLLM's OrderedDict with move_to_end).
   void track(const BlockKey& key) {
     const auto at = [this](std::uint32_t i) -> const BlockKey& { return tracker_[i].key; };
     const std::uint32_t t = tracker_index_.find(key, at);
     if (t != KeyTable::kNone) {
       if (tracker_[t].count != std::numeric_limits<std::uint32_t>::max()) ++tracker_[t].count;
+      if (vllm_) tracker_lru_.move_to_front(tracker_links_.data(), t);
+      return;
+    }
+    if (vllm_) {
+      std::uint32_t slot = 0;
+      if (tracker_size_ == tracker_.size()) {
+        slot = tracker_lru_.back();
+        tracker_lru_.erase(tracker_links_.data(), slot);
+        tracker_index_.erase(tracker_[slot].key, slot);
+      } else {
+        slot = static_cast<std::uint32_t>(tracker_size_++);
+      }
+      tracker_[slot] = TrackerEntry{key, 1};
+      tracker_index_.insert(key, slot);
+      tracker_lru_.push_front(tracker_links_.data(), slot);
       return;
     }
     const auto slot = static_cast<std::uint32_t>(tracker_next_);
@@ -461,6 +601,7 @@ class ManagerImpl {
 
   ManagerConfig config_;
   std::unique_ptr<EvictionPolicy> policy_;
+  bool vllm_ = false;  // ManagerSemantics::kVllm
   std::uint32_t n_ = 0;
 
   // Per slot.
@@ -471,7 +612,8 @@ class ManagerImpl {
   std::vector<std::uint32_t> counts_;  // complete_load's per-call occurrence counts (under marks_)
   std::uint32_t epoch_ = 0;
 
-  std::vector<SlotIndex> free_;  // stack of free slots
+  std::vector<SlotIndex> free_;  // stack of freed slots (native: all free slots)
+  std::uint32_t fresh_next_ = 0; // slots >= this were never handed out since the last reset
   KeyTable index_;
   std::uint64_t pending_ = 0;
   std::uint64_t pinned_ = 0;
@@ -481,15 +623,20 @@ class ManagerImpl {
   KeyTable tracker_index_;
   std::size_t tracker_size_ = 0;
   std::size_t tracker_next_ = 0;
+  std::vector<detail::Link> tracker_links_;  // kVllm: recency of lookups, front = most recent
+  detail::IndexList tracker_lru_;
 
   // Reused buffers (views handed out point here).
   KeyTable dedup_;
   std::vector<BlockKey> plan_keys_;
+  std::vector<std::uint32_t> plan_positions_;
   std::vector<SlotIndex> plan_slots_;
   std::vector<BlockKey> plan_evicted_;
   std::vector<SlotIndex> victims_;
   std::vector<SlotIndex> work_slots_;
   std::vector<SlotIndex> load_slots_;
+  std::vector<std::uint32_t> completed_;
+  std::vector<BlockKey> stored_keys_;
 
   EventBuffer events_[2];
   int active_ = 0;
@@ -510,6 +657,10 @@ ManagerConfig validated(ManagerConfig config) {
   }
   if (config.policy != PolicyKind::kLru && config.policy != PolicyKind::kArc) {
     throw_invalid("manager: policy " + std::to_string(static_cast<int>(config.policy)) + " is unknown");
+  }
+  if (config.semantics != ManagerSemantics::kNative && config.semantics != ManagerSemantics::kVllm) {
+    throw_invalid("manager: semantics " + std::to_string(static_cast<int>(config.semantics)) +
+                  " is unknown; expected native (0) or vllm (1)");
   }
   if (config.store_threshold > 0) {
     if (config.threshold_tracker_capacity == 0) {
@@ -533,7 +684,9 @@ Manager::Manager(const ManagerConfig& config) : Manager(config, nullptr) {}
 Manager::Manager(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> policy) {
   const ManagerConfig checked = validated(config);
   if (policy == nullptr) {
-    policy = make_policy(checked.policy, static_cast<std::uint32_t>(checked.num_chunks));
+    const auto n = static_cast<std::uint32_t>(checked.num_chunks);
+    policy = checked.semantics == ManagerSemantics::kVllm ? make_vllm_policy(checked.policy, n)
+                                                          : make_policy(checked.policy, n);
   } else if (policy->capacity() != checked.num_chunks) {
     throw_invalid("manager: the eviction policy was built for " + std::to_string(policy->capacity()) +
                   " slots, the manager has " + std::to_string(checked.num_chunks));
@@ -555,8 +708,8 @@ std::size_t Manager::lookup(std::span<const BlockKey> keys, std::span<LookupResu
 StorePlan Manager::prepare_store(std::span<const BlockKey> keys, std::span<const BlockKey> protected_keys) {
   return impl_->prepare_store(keys, protected_keys);
 }
-void Manager::complete_store(std::span<const BlockKey> keys, bool success) {
-  impl_->complete_store(keys, success);
+std::span<const std::uint32_t> Manager::complete_store(std::span<const BlockKey> keys, bool success) {
+  return impl_->complete_store(keys, success);
 }
 void Manager::prepare_load(std::span<const BlockKey> keys, std::span<SlotIndex> slots_out) {
   impl_->prepare_load(keys, slots_out);

@@ -4,4 +4,5 @@ target_sources(kvoffload PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/policy.cpp
   ${CMAKE_CURRENT_LIST_DIR}/lru_policy.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arc_policy.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/vllm_policies.cpp
   ${CMAKE_CURRENT_LIST_DIR}/manager.cpp)

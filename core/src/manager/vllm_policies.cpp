@@ -1,0 +1,390 @@
+// vLLM's LRU and ARC cache policies (vllm/v1/kv_offload/cpu/policies/lru.py and arc.py), in C++
+// for ManagerSemantics::kVllm (Note [vLLM semantics] in manager.cpp).
+//
+// vLLM keeps every resident block in its OrderedDict whatever its ref_cnt, and its eviction walks
+// from the least recent end past blocks that are pinned (ref_cnt > 0) or write-pending (-1). So
+// here, unlike the native policies (Note [Parked slots]), hold() and release() only flip a flag
+// and a slot never moves when a load or store ends. Eviction costs O(victims + unevictable slots
+// walked past), as vLLM's does; everything else is O(1) per slot.
+#include "manager/index_list.hpp"
+#include "manager/key_table.hpp"
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/eviction_policy.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace kvoffload {
+namespace {
+
+using detail::IndexList;
+using detail::KeyTable;
+using detail::kNil;
+using detail::Link;
+
+// lru.py: one list of residents; insert and touch move to the most recent end (front here).
+class VllmLruPolicy final : public EvictionPolicy {
+ public:
+  explicit VllmLruPolicy(std::uint32_t capacity)
+      : capacity_(capacity), links_(capacity), resident_(capacity, 0), evictable_(capacity, 0) {}
+
+  PolicyKind kind() const noexcept override { return PolicyKind::kLru; }
+  std::string_view name() const noexcept override { return "lru"; }
+  std::uint32_t capacity() const noexcept override { return capacity_; }
+
+  void insert(std::span<const SlotIndex> slots, std::span<const BlockKey> /*keys*/) override {
+    // OrderedDict assignment appends: the last key of the call ends most recent.
+    for (const SlotIndex s : slots) {
+      if (resident_[s] != 0) remove_one(s);
+      list_.push_front(links_.data(), s);
+      resident_[s] = 1;
+    }
+  }
+
+  void release(std::span<const SlotIndex> slots) override {
+    for (const SlotIndex s : slots) set_evictable(s, 1);
+  }
+
+  void hold(std::span<const SlotIndex> slots) override {
+    for (const SlotIndex s : slots) set_evictable(s, 0);
+  }
+
+  void touch(std::span<const SlotIndex> slots) override {
+    // reversed(keys) + move_to_end: slots[0] ends most recent. Pinned and pending slots move too.
+    for (auto it = slots.rbegin(); it != slots.rend(); ++it) {
+      if (resident_[*it] != 0) list_.move_to_front(links_.data(), *it);
+    }
+  }
+
+  void remove(std::span<const SlotIndex> slots) override {
+    for (const SlotIndex s : slots) {
+      if (resident_[s] != 0) remove_one(s);
+    }
+  }
+
+  std::size_t evict(std::size_t count, const VictimFilter& filter,
+                    std::span<const BlockKey> /*slot_keys*/,
+                    std::span<SlotIndex> victims_out) override {
+    std::size_t written = 0;
+    std::uint32_t cursor = list_.back();
+    while (written < count && cursor != kNil) {
+      const std::uint32_t more_recent = links_[cursor].prev;
+      if (evictable_[cursor] != 0 && !filter.is_protected(cursor)) {
+        remove_one(cursor);
+        victims_out[written++] = cursor;
+      }
+      cursor = more_recent;
+    }
+    return written;
+  }
+
+  void reset() override {
+    for (auto& l : links_) l = Link{};
+    std::fill(resident_.begin(), resident_.end(), 0);
+    std::fill(evictable_.begin(), evictable_.end(), 0);
+    list_.clear();
+    evictable_count_ = 0;
+  }
+
+  std::size_t evictable_count() const noexcept override { return evictable_count_; }
+
+  PolicyCounters counters() const noexcept override {
+    PolicyCounters c;
+    c.resident = list_.size();
+    c.evictable = evictable_count_;
+    c.recent = list_.size();
+    return c;
+  }
+
+ private:
+  void set_evictable(SlotIndex s, std::uint8_t on) noexcept {
+    if (resident_[s] == 0 || evictable_[s] == on) return;
+    evictable_[s] = on;
+    if (on != 0)
+      ++evictable_count_;
+    else
+      --evictable_count_;
+  }
+  void remove_one(SlotIndex s) noexcept {
+    set_evictable(s, 0);
+    list_.erase(links_.data(), s);
+    resident_[s] = 0;
+  }
+
+  std::uint32_t capacity_;
+  std::vector<Link> links_;
+  std::vector<std::uint8_t> resident_;
+  std::vector<std::uint8_t> evictable_;
+  IndexList list_;
+  std::size_t evictable_count_ = 0;
+};
+
+// arc.py: T1/T2 hold every resident; B1/B2 are ghost keys, each at most `capacity` long; the T1
+// target is a float that only touches of ghost keys change.
+class VllmArcPolicy final : public EvictionPolicy {
+ public:
+  explicit VllmArcPolicy(std::uint32_t capacity)
+      : capacity_(capacity),
+        links_(capacity),
+        where_(capacity, kAbsent),
+        pending_(capacity, 0),
+        evictable_(capacity, 0),
+        ghosts_(2 * static_cast<std::size_t>(capacity)),
+        ghost_links_(2 * static_cast<std::size_t>(capacity)) {
+    ghost_index_.init(ghosts_.size());
+    reset_ghost_pool();
+  }
+
+  PolicyKind kind() const noexcept override { return PolicyKind::kArc; }
+  std::string_view name() const noexcept override { return "arc"; }
+  std::uint32_t capacity() const noexcept override { return capacity_; }
+
+  void insert(std::span<const SlotIndex> slots, std::span<const BlockKey> keys) override {
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const SlotIndex s = slots[i];
+      if (where_[s] != kAbsent) remove_one(s);
+      t1_.push_front(links_.data(), s);
+      where_[s] = kT1;
+      pending_[s] = 1;
+      // insert() pops the key from B1 and B2 without adapting the target.
+      const std::uint32_t g = find_ghost(keys[i]);
+      if (g != KeyTable::kNone) drop_ghost(g);
+    }
+  }
+
+  void release(std::span<const SlotIndex> slots) override {
+    for (const SlotIndex s : slots) {
+      if (where_[s] == kAbsent) continue;
+      pending_[s] = 0;  // ready from its first release on (the store completed)
+      set_evictable(s, 1);
+    }
+  }
+
+  void hold(std::span<const SlotIndex> slots) override {
+    for (const SlotIndex s : slots) set_evictable(s, 0);
+  }
+
+  void touch(std::span<const SlotIndex> slots) override {
+    for (auto it = slots.rbegin(); it != slots.rend(); ++it) {
+      const SlotIndex s = *it;
+      if (where_[s] == kT1) {
+        t1_.erase(links_.data(), s);
+        if (pending_[s] != 0) {
+          // Just prepared for a store, not really seen twice: stays in T1, most recent.
+          t1_.push_front(links_.data(), s);
+        } else {
+          t2_.push_front(links_.data(), s);
+          where_[s] = kT2;
+        }
+      } else if (where_[s] == kT2) {
+        t2_.move_to_front(links_.data(), s);
+      }
+    }
+  }
+
+  void touch_missing(std::span<const BlockKey> keys) override {
+    for (auto it = keys.rbegin(); it != keys.rend(); ++it) {
+      const std::uint32_t g = find_ghost(*it);
+      if (g == KeyTable::kNone) continue;
+      const auto b1 = static_cast<double>(b1_.size());
+      const auto b2 = static_cast<double>(b2_.size());
+      if (ghosts_[g].list == kB1) {
+        target_ = std::min(target_ + std::max(1.0, b2 / b1), static_cast<double>(capacity_));
+        b1_.move_to_front(ghost_links_.data(), g);
+      } else {
+        target_ = std::max(target_ - std::max(1.0, b1 / b2), 0.0);
+        b2_.move_to_front(ghost_links_.data(), g);
+      }
+    }
+  }
+
+  void remove(std::span<const SlotIndex> slots) override {
+    for (const SlotIndex s : slots) {
+      if (where_[s] != kAbsent) remove_one(s);
+    }
+  }
+
+  std::size_t evict(std::size_t count, const VictimFilter& filter,
+                    std::span<const BlockKey> slot_keys,
+                    std::span<SlotIndex> victims_out) override {
+    // One cursor per list from its least recent end; |T1| as if the chosen T1 victims were gone.
+    // A cursor only moves forward, as vLLM's iterators do.
+    const auto floor_target = static_cast<std::size_t>(std::floor(target_));
+    std::size_t virtual_t1 = t1_.size();
+    std::uint32_t c1 = t1_.back();
+    std::uint32_t c2 = t2_.back();
+    const auto next_candidate = [&](std::uint32_t& cursor) -> std::uint32_t {
+      while (cursor != kNil) {
+        const std::uint32_t s = cursor;
+        cursor = links_[s].prev;
+        if (evictable_[s] != 0 && !filter.is_protected(s)) return s;
+      }
+      return kNil;
+    };
+    std::size_t written = 0;
+    while (written < count) {
+      std::uint32_t victim = kNil;
+      bool from_t1 = false;
+      if (virtual_t1 >= floor_target) {
+        victim = next_candidate(c1);
+        if (victim != kNil) {
+          from_t1 = true;
+          --virtual_t1;
+        }
+      }
+      if (victim == kNil) victim = next_candidate(c2);
+      if (victim == kNil) break;
+      victims_out[written++] = victim;
+      // Mark now, move at the end: the lists must stay intact under the cursors.
+      where_[victim] = from_t1 ? kEvictT1 : kEvictT2;
+    }
+    if (written < count) {
+      // vLLM's ARC stops when T1 is below its target and T2 has no candidate left, even if T1
+      // has some; the eviction fails as a whole and nothing changes.
+      for (std::size_t i = 0; i < written; ++i) {
+        where_[victims_out[i]] = where_[victims_out[i]] == kEvictT1 ? kT1 : kT2;
+      }
+      return 0;
+    }
+    // Commit in selection order: each victim leaves its list and becomes the newest ghost of the
+    // matching ghost list; a ghost list past `capacity` drops its oldest (vLLM trims after the
+    // batch; dropping as it grows gives the same lists, both keep the newest `capacity`).
+    for (std::size_t i = 0; i < written; ++i) {
+      const SlotIndex v = victims_out[i];
+      const bool from_t1 = where_[v] == kEvictT1;
+      where_[v] = from_t1 ? kT1 : kT2;
+      remove_one(v);
+      add_ghost(slot_keys[v], from_t1 ? kB1 : kB2);
+    }
+    return written;
+  }
+
+  void reset() override {
+    for (auto& l : links_) l = Link{};
+    std::fill(where_.begin(), where_.end(), kAbsent);
+    std::fill(pending_.begin(), pending_.end(), 0);
+    std::fill(evictable_.begin(), evictable_.end(), 0);
+    t1_.clear();
+    t2_.clear();
+    evictable_count_ = 0;
+    target_ = 0;
+    ghost_index_.clear();
+    reset_ghost_pool();
+  }
+
+  std::size_t evictable_count() const noexcept override { return evictable_count_; }
+
+  PolicyCounters counters() const noexcept override {
+    PolicyCounters c;
+    c.resident = t1_.size() + t2_.size();
+    c.evictable = evictable_count_;
+    c.recent = t1_.size();
+    c.frequent = t2_.size();
+    c.ghost_recent = b1_.size();
+    c.ghost_frequent = b2_.size();
+    c.recent_target = static_cast<std::uint64_t>(target_);
+    return c;
+  }
+
+ private:
+  enum : std::uint8_t { kAbsent = 0, kT1 = 1, kT2 = 2, kEvictT1 = 3, kEvictT2 = 4 };
+  enum : std::uint8_t { kFreeGhost = 0, kB1 = 1, kB2 = 2 };
+
+  struct Ghost {
+    BlockKey key;
+    std::uint8_t list = kFreeGhost;
+  };
+
+  void set_evictable(SlotIndex s, std::uint8_t on) noexcept {
+    if (where_[s] == kAbsent || evictable_[s] == on) return;
+    evictable_[s] = on;
+    if (on != 0)
+      ++evictable_count_;
+    else
+      --evictable_count_;
+  }
+
+  void remove_one(SlotIndex s) noexcept {
+    set_evictable(s, 0);
+    (where_[s] == kT1 ? t1_ : t2_).erase(links_.data(), s);
+    where_[s] = kAbsent;
+    pending_[s] = 0;
+  }
+
+  std::uint32_t find_ghost(const BlockKey& key) const noexcept {
+    return ghost_index_.find(key,
+                             [this](std::uint32_t g) -> const BlockKey& { return ghosts_[g].key; });
+  }
+
+  void add_ghost(const BlockKey& key, std::uint8_t list) {
+    IndexList& ghosts = list == kB1 ? b1_ : b2_;
+    if (ghosts.size() >= capacity_) drop_ghost(ghosts.back());
+    // B1 and B2 hold at most `capacity` each, so the pool of 2 * capacity never runs dry.
+    const std::uint32_t g = free_ghosts_.back();
+    free_ghosts_.pop_back();
+    ghosts_[g].key = key;
+    ghosts_[g].list = list;
+    ghosts.push_front(ghost_links_.data(), g);
+    ghost_index_.insert(key, g);
+  }
+
+  void drop_ghost(std::uint32_t g) noexcept {
+    (ghosts_[g].list == kB1 ? b1_ : b2_).erase(ghost_links_.data(), g);
+    ghost_index_.erase(ghosts_[g].key, g);
+    ghosts_[g].list = kFreeGhost;
+    free_ghosts_.push_back(g);
+  }
+
+  void reset_ghost_pool() {
+    for (auto& l : ghost_links_) l = Link{};
+    for (auto& g : ghosts_) g.list = kFreeGhost;
+    b1_.clear();
+    b2_.clear();
+    free_ghosts_.clear();
+    free_ghosts_.reserve(ghosts_.size());
+    for (auto g = static_cast<std::uint32_t>(ghosts_.size()); g > 0; --g)
+      free_ghosts_.push_back(g - 1);
+  }
+
+  std::uint32_t capacity_;
+  std::vector<Link> links_;
+  std::vector<std::uint8_t> where_;
+  std::vector<std::uint8_t> pending_;    // inserted, store not completed yet (vLLM ref_cnt -1)
+  std::vector<std::uint8_t> evictable_;  // ready and unpinned (vLLM ref_cnt 0)
+  IndexList t1_;
+  IndexList t2_;
+  std::size_t evictable_count_ = 0;
+  double target_ = 0;  // vLLM's target_t1_size
+
+  std::vector<Ghost> ghosts_;
+  std::vector<Link> ghost_links_;
+  std::vector<std::uint32_t> free_ghosts_;
+  IndexList b1_;
+  IndexList b2_;
+  KeyTable ghost_index_;
+};
+
+}  // namespace
+
+std::unique_ptr<EvictionPolicy> make_vllm_lru_policy(std::uint32_t capacity) {
+  return std::make_unique<VllmLruPolicy>(capacity);
+}
+
+std::unique_ptr<EvictionPolicy> make_vllm_arc_policy(std::uint32_t capacity) {
+  return std::make_unique<VllmArcPolicy>(capacity);
+}
+
+std::unique_ptr<EvictionPolicy> make_vllm_policy(PolicyKind kind, std::uint32_t capacity) {
+  switch (kind) {
+    case PolicyKind::kLru:
+      return make_vllm_lru_policy(capacity);
+    case PolicyKind::kArc:
+      return make_vllm_arc_policy(capacity);
+  }
+  throw_invalid("eviction policy " + std::to_string(static_cast<int>(kind)) + ": unknown");
+}
+
+}  // namespace kvoffload

@@ -1,0 +1,483 @@
+// kvoffload._kvoffload.VllmManagerCore: the batched binding under kvoffload.vllm.KvoffloadManager.
+//
+// vLLM names a block by an OffloadKey, a bytes object (a block hash, 32 bytes for SHA-256, plus 4
+// bytes of KV-group index). The Manager keys are 128 bits, so each key's bytes are hashed to 128
+// bits here (key_of_bytes), straight from the bytes object's buffer: no Python object and no
+// allocation per key. Every call converts its whole sequence in one loop into a reused vector.
+//
+// vLLM hands back the key objects it was given (evicted keys, stored-event keys), so the core keeps
+// a strong reference to the key object stored in each slot (slot_keys_) and builds the result lists
+// from those, in C++, without a Python-level loop.
+//
+// The Manager runs with ManagerSemantics::kVllm (Note [vLLM semantics] in manager.cpp). Calls hold
+// the GIL throughout (they take microseconds), so Python threads are serialised.
+#include "bindings.hpp"
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/manager.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace kvoffload::python {
+namespace {
+
+constexpr std::uint64_t rotl(std::uint64_t x, int r) noexcept {
+  return (x << r) | (x >> (64 - r));
+}
+constexpr std::uint64_t fmix(std::uint64_t k) noexcept {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
+
+// 128-bit hash of a key's bytes: MurmurHash3_x64_128's block mixing and finalisation, with the
+// tail zero-padded into one last block and the length folded in. Engines' keys are themselves
+// cryptographic hashes, so a 128-bit mix keeps distinct keys distinct (birthday bound ~n^2/2^129)
+// at a few nanoseconds per 36-byte key.
+BlockKey key_of_bytes(const char* data, std::size_t len) noexcept {
+  constexpr std::uint64_t c1 = 0x87c37b91114253d5ULL;
+  constexpr std::uint64_t c2 = 0x4cf5ad432745937fULL;
+  std::uint64_t h1 = 0x9E3779B97F4A7C15ULL;
+  std::uint64_t h2 = 0xC2B2AE3D27D4EB4FULL;
+  const auto mix = [&](std::uint64_t k1, std::uint64_t k2) {
+    k1 *= c1;
+    k1 = rotl(k1, 31);
+    k1 *= c2;
+    h1 ^= k1;
+    h1 = rotl(h1, 27);
+    h1 += h2;
+    h1 = h1 * 5 + 0x52dce729;
+    k2 *= c2;
+    k2 = rotl(k2, 33);
+    k2 *= c1;
+    h2 ^= k2;
+    h2 = rotl(h2, 31);
+    h2 += h1;
+    h2 = h2 * 5 + 0x38495ab5;
+  };
+  std::size_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    std::uint64_t k1 = 0;
+    std::uint64_t k2 = 0;
+    std::memcpy(&k1, data + i, 8);
+    std::memcpy(&k2, data + i + 8, 8);
+    mix(k1, k2);
+  }
+  if (i < len) {
+    unsigned char tail[16] = {};
+    std::memcpy(tail, data + i, len - i);
+    std::uint64_t k1 = 0;
+    std::uint64_t k2 = 0;
+    std::memcpy(&k1, tail, 8);
+    std::memcpy(&k2, tail + 8, 8);
+    mix(k1, k2);
+  }
+  h1 ^= len;
+  h2 ^= len;
+  h1 += h2;
+  h2 += h1;
+  h1 = fmix(h1);
+  h2 = fmix(h2);
+  h1 += h2;
+  h2 += h1;
+  return BlockKey(h1, h2);
+}
+
+[[noreturn]] void throw_bad_key(PyObject* obj) {
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      std::string("kvoffload.vllm: an OffloadKey is a bytes object, got ") + Py_TYPE(obj)->tp_name);
+}
+
+BlockKey key_of(PyObject* obj) {
+  if (PyBytes_CheckExact(obj) || PyBytes_Check(obj)) {
+    return key_of_bytes(PyBytes_AS_STRING(obj), static_cast<std::size_t>(PyBytes_GET_SIZE(obj)));
+  }
+  if (PyByteArray_Check(obj)) {
+    return key_of_bytes(PyByteArray_AS_STRING(obj),
+                        static_cast<std::size_t>(PyByteArray_GET_SIZE(obj)));
+  }
+  throw_bad_key(obj);
+}
+
+// Borrowed items of a sequence (list/tuple directly, anything else iterated once into a list).
+class Items {
+ public:
+  explicit Items(py::handle seq) {
+    if (PyBytes_Check(seq.ptr())) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "kvoffload.vllm: expected a collection of keys, got one bytes key");
+    }
+    fast_ = py::reinterpret_steal<py::object>(
+        PySequence_Fast(seq.ptr(), "expected a collection of keys"));
+    if (!fast_) throw py::error_already_set();
+    size_ = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(fast_.ptr()));
+    items_ = PySequence_Fast_ITEMS(fast_.ptr());
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] PyObject* operator[](std::size_t i) const noexcept { return items_[i]; }
+
+ private:
+  py::object fast_;
+  std::size_t size_ = 0;
+  PyObject** items_ = nullptr;
+};
+
+class VllmManagerCore {
+ public:
+  explicit VllmManagerCore(const ManagerConfig& config)
+      : manager_(config), slot_keys_(config.num_chunks, nullptr) {}
+  ~VllmManagerCore() {
+    for (PyObject* o : slot_keys_) Py_XDECREF(o);
+  }
+  VllmManagerCore(const VllmManagerCore&) = delete;
+  VllmManagerCore& operator=(const VllmManagerCore&) = delete;
+
+  // 0 miss, 1 hit, 2 hit pending.
+  int lookup(PyObject* key) {
+    const BlockKey k = key_of(key);
+    LookupResult r = LookupResult::kMiss;
+    manager_.lookup(std::span<const BlockKey>(&k, 1), std::span<LookupResult>(&r, 1));
+    return static_cast<int>(r);
+  }
+
+  void touch(const Items& keys) { manager_.touch(convert(keys)); }
+  std::span<const SlotIndex> prepare_load(const Items& keys) {
+    return manager_.prepare_load(convert(keys));
+  }
+  void complete_load(const Items& keys) { manager_.complete_load(convert(keys)); }
+  StorePlan prepare_store(const Items& keys) { return manager_.prepare_store(convert(keys)); }
+  std::span<const std::uint32_t> complete_store(const Items& keys, bool success) {
+    return manager_.complete_store(convert(keys), success);
+  }
+  void reset() { manager_.reset(); }
+
+  // A new list of the evicted keys: the objects they were stored with.
+  py::list evicted_list(const StorePlan& plan) const {
+    py::list evicted(plan.evicted_slots.size());
+    for (std::size_t i = 0; i < plan.evicted_slots.size(); ++i) {
+      PyObject* o = slot_keys_[plan.evicted_slots[i]];
+      Py_INCREF(o);
+      PyList_SET_ITEM(evicted.ptr(), static_cast<Py_ssize_t>(i), o);
+    }
+    return evicted;
+  }
+
+  // A new list of the keys to store (the call's own objects); records each in its slot.
+  py::list to_store_list(const Items& items, const StorePlan& plan) {
+    py::list to_store(plan.keys.size());
+    for (std::size_t i = 0; i < plan.keys.size(); ++i) {
+      PyObject* o = items[plan.positions[i]];
+      Py_INCREF(o);
+      PyList_SET_ITEM(to_store.ptr(), static_cast<Py_ssize_t>(i), o);
+      PyObject*& held = slot_keys_[plan.slots[i]];
+      Py_INCREF(o);
+      Py_XDECREF(held);  // the slot's previous key (evicted, failed or reset), if any
+      held = o;
+    }
+    return to_store;
+  }
+
+  // A new list of items[done[i]].
+  static py::list pick(const Items& items, std::span<const std::uint32_t> done) {
+    py::list out(done.size());
+    for (std::size_t i = 0; i < done.size(); ++i) {
+      PyObject* o = items[done[i]];
+      Py_INCREF(o);
+      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), o);
+    }
+    return out;
+  }
+
+  static py::list slot_list(std::span<const SlotIndex> slots) {
+    py::list out(slots.size());
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      PyObject* v = PyLong_FromUnsignedLong(slots[i]);
+      if (v == nullptr) throw py::error_already_set();
+      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), v);
+    }
+    return out;
+  }
+
+  // (write-pending, pinned, lookups, hits incl. pending, misses, evictions, skipped by threshold)
+  py::tuple counters() const {
+    const ManagerStats s = manager_.stats();
+    return py::make_tuple(s.write_pending, s.pinned, s.lookup_keys, s.hits + s.hits_pending,
+                          s.misses, s.evictions, s.stores_skipped_threshold);
+  }
+
+  [[nodiscard]] const Manager& manager() const noexcept { return manager_; }
+
+  // Slot of a key (None when absent), for tests.
+  py::object slot_of(py::handle key) const {
+    const SlotIndex s = manager_.slot_of(key_of(key.ptr()));
+    if (s == kNoSlot) return py::none();
+    return py::int_(s);
+  }
+
+ private:
+  std::span<const BlockKey> convert(const Items& items) {
+    keys_.resize(items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) keys_[i] = key_of(items[i]);
+    return keys_;
+  }
+
+  Manager manager_;
+  std::vector<PyObject*> slot_keys_;  // strong references; slot s's latest key object
+  std::vector<BlockKey> keys_;
+};
+
+// Note [Fast entry points]: vLLM calls the manager once per key for lookup and once per request
+// for the rest, so the per-call cost is what separates this adapter from vLLM's own Python. The
+// hot methods are therefore plain METH_FASTCALL C functions bound to a capsule (no pybind11
+// argument dispatch, no Python frame): KvoffloadManager installs them as instance attributes, so
+// `manager.lookup(key, req_context)` runs this code directly, and they build vLLM's own result
+// objects (LookupResult members, CPULoadStoreSpec, PrepareStoreOutput, OffloadingEvent).
+struct FastState {
+  py::object owner;  // the VllmManagerCore Python object: keeps `core` alive
+  VllmManagerCore* core = nullptr;
+  py::object error_cls;       // kvoffload.Error
+  py::object lookup_results;  // (MISS, HIT, HIT_PENDING)
+  py::object spec_cls;        // CPULoadStoreSpec
+  py::object output_cls;      // PrepareStoreOutput
+  py::object event_cls;       // OffloadingEvent
+  py::object medium;          // Medium.CPU
+  py::object events;          // the manager's event list, or None when events are off
+  py::object alloc_sizes;     // the manager's allocation_sizes_in_current_batch
+  py::object output_kwnames;  // ("keys_to_store", "store_spec", "evicted_keys")
+  py::object event_kwnames;   // ("keys", "medium", "removed")
+};
+
+constexpr const char* kCapsuleName = "kvoffload.vllm.FastState";
+
+FastState* state_of(PyObject* capsule) noexcept {
+  return static_cast<FastState*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+}
+
+// Runs body; C++ exceptions become Python exceptions (kvoffload.Error for kvoffload's).
+template <class Body>
+PyObject* guarded(FastState* st, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const Error& e) {
+    try {
+      py::object exc = st->error_cls(e.what(), static_cast<int>(e.code()), e.sys_errno(), e.call());
+      PyErr_SetObject(st->error_cls.ptr(), exc.ptr());
+    } catch (py::error_already_set& inner) {
+      inner.restore();
+    }
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+bool check_args(const char* name, Py_ssize_t nargs, Py_ssize_t want) noexcept {
+  if (nargs >= 1 && nargs <= want) return true;
+  PyErr_Format(PyExc_TypeError, "%s() takes the keys and req_context, got %zd positional arguments",
+               name, nargs);
+  return false;
+}
+
+PyObject* new_event(FastState* st, PyObject* keys, bool removed) {
+  PyObject* args[3] = {keys, st->medium.ptr(), removed ? Py_True : Py_False};
+  return PyObject_Vectorcall(st->event_cls.ptr(), args, 0, st->event_kwnames.ptr());
+}
+
+PyObject* fast_lookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  FastState* st = state_of(self);
+  if (!check_args("lookup", nargs, 2)) return nullptr;
+  return guarded(st, [&]() -> PyObject* {
+    const int code = st->core->lookup(args[0]);
+    PyObject* r = PyTuple_GET_ITEM(st->lookup_results.ptr(), code);
+    Py_INCREF(r);
+    return r;
+  });
+}
+
+PyObject* fast_touch(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  FastState* st = state_of(self);
+  if (!check_args("touch", nargs, 2)) return nullptr;
+  return guarded(st, [&]() -> PyObject* {
+    st->core->touch(Items(args[0]));
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* fast_complete_load(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  FastState* st = state_of(self);
+  if (!check_args("complete_load", nargs, 2)) return nullptr;
+  return guarded(st, [&]() -> PyObject* {
+    st->core->complete_load(Items(args[0]));
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* fast_prepare_load(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  FastState* st = state_of(self);
+  if (!check_args("prepare_load", nargs, 2)) return nullptr;
+  return guarded(st, [&]() -> PyObject* {
+    py::list ids = VllmManagerCore::slot_list(st->core->prepare_load(Items(args[0])));
+    return PyObject_CallOneArg(st->spec_cls.ptr(), ids.ptr());
+  });
+}
+
+PyObject* fast_prepare_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  FastState* st = state_of(self);
+  if (!check_args("prepare_store", nargs, 2)) return nullptr;
+  return guarded(st, [&]() -> PyObject* {
+    const Items items(args[0]);
+    const StorePlan plan = st->core->prepare_store(items);
+    if (plan.slots_needed != 0) {
+      // vLLM records the size of every allocation it attempts, failed ones included.
+      py::int_ needed(plan.slots_needed);
+      if (PyList_Append(st->alloc_sizes.ptr(), needed.ptr()) != 0) throw py::error_already_set();
+    }
+    if (!plan.ok()) Py_RETURN_NONE;
+    py::list evicted = st->core->evicted_list(plan);
+    py::list to_store = st->core->to_store_list(items, plan);
+    if (!evicted.empty() && !st->events.is_none()) {
+      py::object event = py::reinterpret_steal<py::object>(new_event(st, evicted.ptr(), true));
+      if (!event || PyList_Append(st->events.ptr(), event.ptr()) != 0)
+        throw py::error_already_set();
+    }
+    py::list ids = VllmManagerCore::slot_list(plan.slots);
+    py::object spec =
+        py::reinterpret_steal<py::object>(PyObject_CallOneArg(st->spec_cls.ptr(), ids.ptr()));
+    if (!spec) throw py::error_already_set();
+    PyObject* out_args[3] = {to_store.ptr(), spec.ptr(), evicted.ptr()};
+    return PyObject_Vectorcall(st->output_cls.ptr(), out_args, 0, st->output_kwnames.ptr());
+  });
+}
+
+// complete_store(keys, req_context, success=True)
+PyObject* fast_complete_store(PyObject* self, PyObject* const* args, Py_ssize_t nargsf,
+                              PyObject* kwnames) {
+  FastState* st = state_of(self);
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* success_obj = nargs >= 3 ? args[2] : nullptr;
+  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t i = 0; i < nkw; ++i) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, i);
+    if (PyUnicode_CompareWithASCIIString(name, "success") == 0 && success_obj == nullptr) {
+      success_obj = args[nargs + i];
+    } else if (PyUnicode_CompareWithASCIIString(name, "req_context") != 0 || nargs >= 2) {
+      PyErr_Format(PyExc_TypeError, "complete_store() got an unexpected keyword argument %R", name);
+      return nullptr;
+    }
+  }
+  if (nargs < 1 || nargs > 3) {
+    PyErr_Format(PyExc_TypeError,
+                 "complete_store() takes keys, req_context and success, got %zd arguments", nargs);
+    return nullptr;
+  }
+  int success = 1;
+  if (success_obj != nullptr && (success = PyObject_IsTrue(success_obj)) < 0) return nullptr;
+  return guarded(st, [&]() -> PyObject* {
+    const Items items(args[0]);
+    const auto done = st->core->complete_store(items, success != 0);
+    if (success != 0 && !done.empty() && !st->events.is_none()) {
+      py::list stored = VllmManagerCore::pick(items, done);
+      py::object event = py::reinterpret_steal<py::object>(new_event(st, stored.ptr(), false));
+      if (!event || PyList_Append(st->events.ptr(), event.ptr()) != 0)
+        throw py::error_already_set();
+    }
+    Py_RETURN_NONE;
+  });
+}
+
+PyMethodDef kFastMethods[] = {
+    {"lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_lookup)),
+     METH_FASTCALL, "lookup(key, req_context) -> LookupResult"},
+    {"touch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_touch)),
+     METH_FASTCALL, "touch(keys, req_context)"},
+    {"prepare_load", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_prepare_load)),
+     METH_FASTCALL, "prepare_load(keys, req_context) -> CPULoadStoreSpec"},
+    {"complete_load",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_complete_load)), METH_FASTCALL,
+     "complete_load(keys, req_context)"},
+    {"prepare_store",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_prepare_store)), METH_FASTCALL,
+     "prepare_store(keys, req_context) -> PrepareStoreOutput | None"},
+    {"complete_store",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_complete_store)),
+     METH_FASTCALL | METH_KEYWORDS, "complete_store(keys, req_context, success=True)"},
+};
+
+}  // namespace
+
+void bind_vllm_manager(py::module_& m) {
+  py::class_<VllmManagerCore>(m, "VllmManagerCore",
+                              R"(The C++ side of kvoffload.vllm.KvoffloadManager (use that class).
+
+A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 128 bits in C++).)")
+      .def(py::init([](std::uint64_t num_blocks, const std::string& policy,
+                       std::uint32_t store_threshold, std::uint64_t max_tracker_size) {
+             ManagerConfig c;
+             c.num_chunks = num_blocks;
+             c.policy = parse_policy_kind(policy);
+             c.store_threshold = store_threshold;
+             c.threshold_tracker_capacity = max_tracker_size;
+             c.record_events = false;  // the adapter builds vLLM's events from the results
+             c.semantics = ManagerSemantics::kVllm;
+             return std::make_unique<VllmManagerCore>(c);
+           }),
+           py::arg("num_blocks"), py::arg("policy"), py::arg("store_threshold"),
+           py::arg("max_tracker_size"))
+      .def(
+          "fast_methods",
+          [](py::object self, py::object error_cls, py::tuple lookup_results, py::object spec_cls,
+             py::object output_cls, py::object event_cls, py::object medium, py::object events,
+             py::list alloc_sizes) {
+            if (lookup_results.size() != 3) {
+              throw Error(ErrorCode::kInvalidArgument,
+                          "fast_methods: lookup_results needs (MISS, HIT, HIT_PENDING)");
+            }
+            auto state = std::make_unique<FastState>();
+            state->owner = self;
+            state->core = &self.cast<VllmManagerCore&>();
+            state->error_cls = std::move(error_cls);
+            state->lookup_results = std::move(lookup_results);
+            state->spec_cls = std::move(spec_cls);
+            state->output_cls = std::move(output_cls);
+            state->event_cls = std::move(event_cls);
+            state->medium = std::move(medium);
+            state->events = std::move(events);
+            state->alloc_sizes = std::move(alloc_sizes);
+            state->output_kwnames = py::make_tuple("keys_to_store", "store_spec", "evicted_keys");
+            state->event_kwnames = py::make_tuple("keys", "medium", "removed");
+            py::capsule capsule(state.get(), kCapsuleName, [](PyObject* c) {
+              delete static_cast<FastState*>(PyCapsule_GetPointer(c, kCapsuleName));
+            });
+            state.release();
+            py::dict out;
+            for (PyMethodDef& def : kFastMethods) {
+              PyObject* f = PyCFunction_NewEx(&def, capsule.ptr(), nullptr);
+              if (f == nullptr) throw py::error_already_set();
+              out[def.ml_name] = py::reinterpret_steal<py::object>(f);
+            }
+            return out;
+          },
+          py::arg("error_cls"), py::arg("lookup_results"), py::arg("spec_cls"),
+          py::arg("output_cls"), py::arg("event_cls"), py::arg("medium"), py::arg("events"),
+          py::arg("alloc_sizes"),
+          "The hot methods as C functions over vLLM's types (Note [Fast entry points])")
+      .def("reset", &VllmManagerCore::reset)
+      .def("counters", &VllmManagerCore::counters,
+           "(write_pending, pinned, lookups, hits, misses, evictions, stores_skipped) so far")
+      .def("slot_of", &VllmManagerCore::slot_of, py::arg("key"))
+      .def_property_readonly("policy", [](const VllmManagerCore& c) {
+        return std::string(c.manager().policy().name());
+      });
+}
+
+}  // namespace kvoffload::python
