@@ -4,6 +4,7 @@
 // the DeviceRuntime interface and a real fallback, so it keeps the GPU rules that matter: the
 // kernel path refuses host memory that is not registered (a GPU would fault there).
 #include "transfer/backend_factories.hpp"
+#include "transfer/cpu_event.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
@@ -24,49 +25,11 @@
 namespace kvoffload::detail {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 // Splitting costs a wake-up of each helper (microseconds idle, a time slice on a loaded machine),
 // so only batches that take a millisecond or more on one thread are split.
 constexpr std::uint64_t kDefaultSplitMinBytes = 8ULL << 20;
 constexpr std::size_t kDeviceAlign = 4096;
-
-// One record of an event. A wait binds to the record it saw (as cudaStreamWaitEvent does), so a
-// later re-record of the same event never releases or delays an earlier wait.
-struct Marker {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
-  Clock::time_point stamp{};
-
-  void complete() {
-    {
-      std::lock_guard lock(mutex);
-      done = true;
-      stamp = Clock::now();
-    }
-    cv.notify_all();
-  }
-  void wait() {
-    std::unique_lock lock(mutex);
-    cv.wait(lock, [&] { return done; });
-  }
-  bool is_done() {
-    std::lock_guard lock(mutex);
-    return done;
-  }
-};
-
-struct HostEvent {
-  std::mutex mutex;
-  std::shared_ptr<Marker> latest;  // null: never recorded (complete)
-  bool timing = false;
-
-  std::shared_ptr<Marker> current() {
-    std::lock_guard lock(mutex);
-    return latest;
-  }
-};
 
 // Splits a batch's bytes into parts that several threads copy. Part boundaries are computed from
 // the batch's prefix sums, so no part allocates and every byte is copied exactly once.
@@ -315,12 +278,12 @@ class HostRuntime final : public DeviceRuntime {
     delete reinterpret_cast<HostStream*>(stream);
   }
   std::uintptr_t do_create_event(bool timing) override {
-    auto* ev = new HostEvent();
+    auto* ev = new CpuEvent();
     ev->timing = timing;
     return reinterpret_cast<std::uintptr_t>(ev);
   }
   void do_destroy_event(std::uintptr_t event) noexcept override {
-    delete reinterpret_cast<HostEvent*>(event);
+    delete reinterpret_cast<CpuEvent*>(event);
   }
   void* do_allocate_device(std::size_t bytes) override {
     const std::size_t rounded = (bytes + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign;
@@ -352,12 +315,7 @@ class HostRuntime final : public DeviceRuntime {
   }
 
   void do_record_event(std::uintptr_t event, std::uintptr_t stream) override {
-    auto* ev = event_of(event);
-    auto marker = std::make_shared<Marker>();
-    {
-      std::lock_guard lock(ev->mutex);
-      ev->latest = marker;
-    }
+    auto marker = event_of(event)->record();
     if (stream == 0) {
       marker->complete();
       return;
@@ -403,17 +361,7 @@ class HostRuntime final : public DeviceRuntime {
       throw Error(ErrorCode::kInvalidArgument,
                   "host runtime: elapsed_seconds needs two completed timing events", 0, "elapsed_seconds");
     }
-    Clock::time_point ta;
-    Clock::time_point tb;
-    {
-      std::lock_guard lock(ma->mutex);
-      ta = ma->stamp;
-    }
-    {
-      std::lock_guard lock(mb->mutex);
-      tb = mb->stamp;
-    }
-    return std::chrono::duration<double>(tb - ta).count();
+    return std::chrono::duration<double>(mb->completed_at() - ma->completed_at()).count();
   }
 
   void do_launch_host_func(std::uintptr_t stream, void (*fn)(void*), void* arg) override {
@@ -462,9 +410,9 @@ class HostRuntime final : public DeviceRuntime {
     return threads - 1;
   }
 
-  static HostEvent* event_of(std::uintptr_t event) {
+  static CpuEvent* event_of(std::uintptr_t event) {
     if (event == 0) throw_invalid("host runtime: null event");
-    return reinterpret_cast<HostEvent*>(event);
+    return reinterpret_cast<CpuEvent*>(event);
   }
 
   // A GPU kernel dereferencing an unregistered host pointer faults; the host double refuses it

@@ -2,6 +2,7 @@
 #include "gpu/sim/sim_device.hpp"
 
 #include "gpu/sim/sim_kernel.hpp"
+#include "transfer/cpu_event.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
@@ -27,7 +28,6 @@ namespace kvoffload::gpu::sim {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 // The CUDA runtime's numbering, so that messages read the same as on a GPU.
 enum SimError : int {
@@ -78,40 +78,8 @@ const ErrorText* find_error(int code) {
   return nullptr;
 }
 
-// One record of an event; a wait binds to the record it saw (as cudaStreamWaitEvent does).
-struct Marker {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
-  Clock::time_point stamp{};
-
-  void complete() {
-    {
-      std::lock_guard lock(mutex);
-      done = true;
-      stamp = Clock::now();
-    }
-    cv.notify_all();
-  }
-  void wait() {
-    std::unique_lock lock(mutex);
-    cv.wait(lock, [&] { return done; });
-  }
-  bool is_done() {
-    std::lock_guard lock(mutex);
-    return done;
-  }
-};
-
-struct SimEvent {
-  std::mutex mutex;
-  std::shared_ptr<Marker> latest;  // null: never recorded (complete)
-  bool timing = false;
-  std::shared_ptr<Marker> current() {
-    std::lock_guard lock(mutex);
-    return latest;
-  }
-};
+using detail::CpuEvent;
+using detail::Marker;
 
 struct CopyPiece {
   void* dst;
@@ -211,13 +179,19 @@ struct ThreadState {
   int bound = -1;                // device set on this thread, -1: none (no context)
   int capture_mode = 0;
 };
+// Trivially destructible storage: runtimes destroyed during static destruction (after this
+// thread's thread_locals are gone) still call into the table.
 ThreadState& thread_state(const void* impl) {
-  thread_local std::vector<ThreadState> states;
+  constexpr int kSlots = 32;
+  thread_local ThreadState states[kSlots];
+  thread_local int next = 0;
   for (ThreadState& s : states) {
     if (s.device == impl) return s;
   }
-  states.push_back(ThreadState{impl});
-  return states.back();
+  ThreadState& slot = states[next];  // a new device on this thread (round robin past kSlots)
+  next = (next + 1) % kSlots;
+  slot = ThreadState{impl};
+  return slot;
 }
 
 }  // namespace
@@ -594,7 +568,7 @@ int sim_stream_wait_event(void* ctx, void* stream, void* event) {
   auto& d = dev(ctx);
   KVO_SIM_STICKY(d);
   if (event == nullptr) return d.fail(kInvalidHandle);
-  std::shared_ptr<Marker> m = static_cast<SimEvent*>(event)->current();
+  std::shared_ptr<Marker> m = static_cast<CpuEvent*>(event)->current();
   if (!m) return kSuccess;  // never recorded: nothing to wait for
   Op op;
   op.kind = Op::Kind::kWaitEvent;
@@ -628,26 +602,21 @@ int sim_launch_host_func(void* ctx, void* stream, void (*fn)(void*), void* arg) 
 int sim_event_create(void* ctx, void** event, int timing) {
   auto& d = dev(ctx);
   KVO_SIM_STICKY(d);
-  auto* e = new SimEvent();
+  auto* e = new CpuEvent();
   e->timing = timing != 0;
   *event = e;
   return kSuccess;
 }
 int sim_event_destroy(void*, void* event) {
-  delete static_cast<SimEvent*>(event);
+  delete static_cast<CpuEvent*>(event);
   return kSuccess;
 }
 int sim_event_record(void* ctx, void* event, void* stream) {
   auto& d = dev(ctx);
   KVO_SIM_STICKY(d);
   if (event == nullptr) return d.fail(kInvalidHandle);
-  auto* e = static_cast<SimEvent*>(event);
-  auto m = std::make_shared<Marker>();
-  {
-    std::lock_guard lock(e->mutex);
-    e->latest = m;
-  }
   Op op;
+  std::shared_ptr<Marker> m = static_cast<CpuEvent*>(event)->record();
   op.kind = Op::Kind::kRecord;
   op.marker = std::move(m);
   d.stream_of(stream)->push(std::move(op));
@@ -655,36 +624,26 @@ int sim_event_record(void* ctx, void* event, void* stream) {
 }
 int sim_event_query(void* ctx, void* event) {
   auto& d = dev(ctx);
-  std::shared_ptr<Marker> m = static_cast<SimEvent*>(event)->current();
+  std::shared_ptr<Marker> m = static_cast<CpuEvent*>(event)->current();
   if (m && !m->is_done()) return d.fail(kNotReady);
   KVO_SIM_STICKY(d);
   return kSuccess;
 }
 int sim_event_synchronize(void* ctx, void* event) {
   auto& d = dev(ctx);
-  if (std::shared_ptr<Marker> m = static_cast<SimEvent*>(event)->current()) m->wait();
+  if (std::shared_ptr<Marker> m = static_cast<CpuEvent*>(event)->current()) m->wait();
   KVO_SIM_STICKY(d);
   return kSuccess;
 }
 int sim_event_elapsed_ms(void* ctx, float* ms, void* start, void* end) {
   auto& d = dev(ctx);
-  auto* a = static_cast<SimEvent*>(start);
-  auto* b = static_cast<SimEvent*>(end);
+  auto* a = static_cast<CpuEvent*>(start);
+  auto* b = static_cast<CpuEvent*>(end);
   const auto ma = a->current();
   const auto mb = b->current();
   if (!a->timing || !b->timing || !ma || !mb) return d.fail(kInvalidHandle);
   if (!ma->is_done() || !mb->is_done()) return d.fail(kNotReady);
-  Clock::time_point ta;
-  Clock::time_point tb;
-  {
-    std::lock_guard lock(ma->mutex);
-    ta = ma->stamp;
-  }
-  {
-    std::lock_guard lock(mb->mutex);
-    tb = mb->stamp;
-  }
-  *ms = std::chrono::duration<float, std::milli>(tb - ta).count();
+  *ms = std::chrono::duration<float, std::milli>(mb->completed_at() - ma->completed_at()).count();
   return kSuccess;
 }
 
