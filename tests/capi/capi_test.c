@@ -128,6 +128,7 @@ static void test_region(void) {
   CHECK(g.num_chunks == 8 && g.slot_bytes == 3000 && g.world_size == 2 && g.copies == 2);
   CHECK(g.replicated == 0 && g.page_size > 0);
   CHECK(g.row_stride % g.page_size == 0 && g.row_stride >= 6000);
+  CHECK(g.slot_align == 256 && g.slot_stride == 3072); /* 3000 rounded up to the default 256 */
   CHECK(g.data_bytes == 8 * g.row_stride);
 
   CHECK_OK(kvo_region_path(creator, &path));

@@ -35,6 +35,8 @@ RegionHeader make_header(const RegionGeometry& g, std::string_view engine_id) {
   h.row_stride = g.row_stride();
   h.data_bytes = g.data_bytes();
   h.page_size = g.page_size();
+  h.slot_align = g.slot_align();
+  h.slot_stride = g.slot_stride();
   const std::size_t n = std::min(engine_id.size(), sizeof h.engine_id - 1);
   std::memcpy(h.engine_id, engine_id.data(), n);
   return h;
@@ -45,7 +47,8 @@ std::optional<RegionLayout> header_layout(const RegionHeader& h) noexcept {
     return std::nullopt;
   }
   return RegionLayout{.num_chunks = h.num_chunks, .slot_bytes = h.slot_bytes,
-                      .world_size = h.world_size, .replicated = h.replicated != 0};
+                      .world_size = h.world_size, .replicated = h.replicated != 0,
+                      .slot_align = h.slot_align};
 }
 
 namespace {

@@ -14,7 +14,8 @@
 namespace kvoffload::detail {
 
 inline constexpr char kRegionMagic[8] = {'K', 'V', 'O', 'F', 'F', 'R', 'G', 'N'};
-inline constexpr std::uint32_t kRegionVersion = 1;
+// Version 2 added slot_align (Note [Slot alignment] in geometry.hpp).
+inline constexpr std::uint32_t kRegionVersion = 2;
 
 enum class RegionState : std::uint32_t { kCreating = 1, kReady = 2 };
 
@@ -33,6 +34,8 @@ struct RegionHeader {
   std::uint64_t data_bytes;
   std::uint64_t page_size;
   char engine_id[136];          // NUL-terminated, for `region list`
+  std::uint64_t slot_align;     // every slot starts on this boundary
+  std::uint64_t slot_stride;    // slot_bytes rounded up to slot_align
 };
 static_assert(sizeof(RegionHeader) <= 4096);
 

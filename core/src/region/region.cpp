@@ -26,11 +26,14 @@
 // becomes a candidate creator: it checks capacity (statvfs free space, or the memory cgroup when
 // that is lower) while nothing is visible, builds an unnamed file with O_TMPFILE, takes the shared
 // liveness flock and an OFD write lock on the header ("creator alive"), writes the header with
-// state "creating", and publishes it with linkat. linkat is the election: exactly one candidate
-// wins; the losers drop their unnamed file (nothing was allocated yet) and join. Only the winner
-// then allocates the space (fallocate), maps it, sets the state to "ready" and drops the OFD lock.
-// Publishing before fallocate keeps the election cheap: N racing ranks never each allocate the
-// whole region, and never fail a capacity check because of each other.
+// state "creating", sizes the file (sparse ftruncate, so no stub of the wrong size is ever
+// visible), and publishes it with linkat. linkat is the election: exactly one candidate wins; the
+// losers drop their unnamed file (nothing was allocated) and join. The winner maps, sets the state
+// to "ready" and drops the OFD lock. Nobody allocates the whole file: every mapper allocates the
+// pages it populates, in parallel with the other ranks (Note [Allocation by populate] in
+// populate.hpp). A candidate whose capacity check fails looks at the path once more before it
+// reports the shortfall: a winner may have published (and its ranks allocated) between our "no
+// file" and our statvfs, and then the region exists and we join it instead of failing.
 //
 // Joining. A joiner opens the path with O_NOFOLLOW, checks owner and mode (before the stale test,
 // or root would reclaim another user's idle file), then asks "is anyone attached?" with a
@@ -149,7 +152,8 @@ using Clock = std::chrono::steady_clock;
 std::string describe_layout(const RegionLayout& l) {
   return "{num_chunks=" + std::to_string(l.num_chunks) + ", slot_bytes=" + std::to_string(l.slot_bytes) +
          ", world_size=" + std::to_string(l.world_size) +
-         ", replicated=" + (l.replicated ? "true" : "false") + "}";
+         ", replicated=" + (l.replicated ? "true" : "false") +
+         ", slot_align=" + std::to_string(l.slot_align) + "}";
 }
 
 double seconds_since(Clock::time_point t) {
@@ -247,7 +251,19 @@ int unlink_if_ours(const Syscalls& sys, int dirfd, const std::string& name, cons
 // when another process published first. Throws on failure, leaving nothing behind.
 Step try_create(Attempt& a, Attached& out) {
   const Syscalls& sys = a.sys;
-  check_capacity(a);
+  try {
+    check_capacity(a);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCapacity) throw;
+    // The space may be gone because a winner published and allocated after we saw no file.
+    struct stat now {};
+    if (sys.fstatat(sys.context, a.dirfd, a.name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0) {
+      log().info("region {}: capacity check failed, but another process created the region "
+                 "meanwhile; joining it", a.path);
+      return Step::kLostRace;
+    }
+    throw;
+  }
 
   const int raw = detail::retry_eintr([&] {
     return sys.openat(sys.context, a.dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
@@ -272,6 +288,13 @@ Step try_create(Attempt& a, Attached& out) {
     throw_system_error("fcntl", errno, "(F_OFD_SETLK) on the header of the new region " + a.path);
   }
   detail::write_header(sys, fd.get(), detail::make_header(a.geometry, a.options.engine_id), a.path);
+  // Sparse: the pages are allocated by the mappers that populate them (Note [Allocation by
+  // populate]); the size is set before publication so a joiner never sees a short file.
+  if (detail::retry_eintr([&] {
+        return sys.ftruncate(sys.context, fd.get(), static_cast<off_t>(a.file_bytes));
+      }) != 0) {
+    throw_system_error("ftruncate", errno, "to " + std::to_string(a.file_bytes) + " bytes of the new region " + a.path);
+  }
   struct stat st {};
   if (sys.fstat(sys.context, fd.get(), &st) != 0) {
     throw_system_error("fstat", errno, "of the new region " + a.path);
@@ -286,21 +309,6 @@ Step try_create(Attempt& a, Attached& out) {
 
   // Visible from here on: a failure must remove the name before the descriptor goes.
   try {
-    const int rc = detail::retry_eintr([&] {
-      return sys.fallocate(sys.context, fd.get(), 0, 0, static_cast<off_t>(a.file_bytes));
-    });
-    if (rc != 0) {
-      const int err = errno;
-      if (err == ENOSPC || err == EDQUOT) {
-        throw Error(ErrorCode::kCapacity,
-                    "fallocate of " + std::to_string(a.file_bytes) + " bytes for region " + a.path +
-                        ": " + strerrordesc_np(err) + " (" + errno_name(err) +
-                        "); the space went to someone else after the capacity check. Fixes: a "
-                        "larger shm (--shm-size), --ipc=host, or a smaller region",
-                    err, "fallocate");
-      }
-      throw_system_error("fallocate", err, "of " + std::to_string(a.file_bytes) + " bytes for region " + a.path);
-    }
     void* addr = sys.mmap(sys.context, nullptr, a.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                           fd.get(), 0);
     if (addr == MAP_FAILED) {
@@ -343,6 +351,13 @@ bool creator_alive(const Attempt& a, int fd) {
 // Validates a header against our geometry; throws kMismatch naming both values.
 void check_header(const Attempt& a, const detail::RegionHeader& h) {
   const auto layout = detail::header_layout(h);
+  if (layout && layout->slot_align != a.geometry.slot_align()) {
+    throw Error(ErrorCode::kMismatch, "region " + a.path + " was created with slot_align=" +
+                                          std::to_string(layout->slot_align) +
+                                          " but this process asks for slot_align=" +
+                                          std::to_string(a.geometry.slot_align()) +
+                                          "; every rank must use the same slot alignment");
+  }
   if (!layout) {
     throw Error(ErrorCode::kMismatch, a.path + " is not a kvoffload region of format version " +
                                           std::to_string(detail::kRegionVersion) + " (bad magic or version " +
@@ -527,12 +542,19 @@ Region Region::create_or_join(const RegionOptions& options) {
              region.role() == RegionRole::kCreator ? "created" : "joined", a.file_bytes,
              geometry.num_chunks(), geometry.row_stride());
 
+  // A failure here goes through the normal teardown (other processes may be attached already),
+  // and the caller sees the populate (or allocation) error.
+  const detail::PopulatePlan plan(geometry, region.data(), options.rank);
+  const detail::BackingFile file{.fd = region.state_->fd.get(),
+                                 .file_base = region.state_->mapping.data(),
+                                 .dirfd = region.state_->dir.get(),
+                                 .dir = shm_dir.string()};
   if (options.populate) {
-    // A failure here goes through the normal teardown (other processes may be attached already),
-    // and the caller sees the populate error.
-    const detail::PopulatePlan plan(geometry, region.data(), options.rank);
-    region.state_->populate =
-        detail::populate(sys, plan, geometry.page_size(), options.populate_threads, "region " + a.path);
+    region.state_->populate = detail::populate(sys, plan, geometry.page_size(), options.populate_threads,
+                                               "region " + a.path, file);
+  } else {
+    // Not pre-faulted, but allocated: a later first touch must never meet a full tmpfs.
+    detail::allocate(sys, plan, file, "region " + a.path);
   }
   return region;
 }
