@@ -104,6 +104,14 @@ PopulatePlan::PopulatePlan(const RegionGeometry& g, std::byte* data,
   }
 }
 
+PopulatePlan PopulatePlan::rows(std::uint64_t first_row, std::uint64_t rows) const noexcept {
+  PopulatePlan p = *this;
+  p.first_ = first_ + first_row * stride_;
+  p.count_ = static_cast<std::size_t>(rows);
+  p.total_bytes_ = length_ * rows;
+  return p;
+}
+
 ByteRange PopulatePlan::range(std::size_t i) const noexcept {
   const std::uint64_t begin = first_ + i * stride_;
   const std::uint64_t len = std::min(length_, data_bytes_ - begin);

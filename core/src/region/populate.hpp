@@ -42,6 +42,8 @@ class PopulatePlan {
   [[nodiscard]] std::size_t count() const noexcept { return count_; }
   [[nodiscard]] ByteRange range(std::size_t i) const noexcept;
   [[nodiscard]] std::uint64_t total_bytes() const noexcept { return total_bytes_; }
+  // The ranges of rows [first_row, first_row + rows) of a ranked plan (one range per row).
+  [[nodiscard]] PopulatePlan rows(std::uint64_t first_row, std::uint64_t rows) const noexcept;
 
  private:
   std::byte* data_ = nullptr;
