@@ -61,7 +61,10 @@ class ManagerImpl {
     marks_.assign(n_, 0);
     counts_.assign(n_, 0);
     free_.reserve(n_);
-    for (std::uint32_t s = n_; s > 0; --s) free_.push_back(s - 1);  // slot 0 is handed out first
+    // Note [Ready slots]: only the slots of rows the region has made ready on every rank are ever
+    // handed out; the rest join the free stack as set_ready_chunks() grows the ready prefix.
+    ready_ = static_cast<std::uint32_t>(config.ready_chunks.value_or(n_));
+    for (std::uint32_t s = ready_; s > 0; --s) free_.push_back(s - 1);  // slot 0 is handed out first
     index_.init(n_);
     if (config_.store_threshold > 0) {
       tracker_.resize(config_.threshold_tracker_capacity);
@@ -150,7 +153,7 @@ class ManagerImpl {
 
     const std::uint64_t needed = plan_keys_.size();
     const std::uint64_t free_slots = free_.size();
-    const std::uint64_t evictable_slots = n_ - free_slots - pending_ - pinned_;
+    const std::uint64_t evictable_slots = ready_ - free_slots - pending_ - pinned_;
     plan.slots_needed = needed;
     plan.slots_available = free_slots + evictable_slots - protected_evictable;
     if (needed > n_) {
@@ -347,7 +350,7 @@ class ManagerImpl {
     plan_evicted_.clear();
     std::fill(state_.begin(), state_.end(), kFree);
     free_.clear();
-    for (std::uint32_t s = n_; s > 0; --s) free_.push_back(s - 1);
+    for (std::uint32_t s = ready_; s > 0; --s) free_.push_back(s - 1);
     index_.clear();
     policy_->reset();
     if (!tracker_.empty()) {
@@ -393,7 +396,8 @@ class ManagerImpl {
   ManagerStats stats() const noexcept {
     ManagerStats s = stats_;
     s.num_chunks = n_;
-    s.used = n_ - free_.size();
+    s.ready_chunks = ready_;
+    s.used = ready_ - free_.size();
     s.write_pending = pending_;
     s.pinned = pinned_;
     s.evictable = s.used - pending_ - pinned_;
@@ -406,6 +410,19 @@ class ManagerImpl {
   }
 
   void reset_stats() noexcept { stats_ = ManagerStats{}; }
+
+  std::uint32_t ready_chunks() const noexcept { return ready_; }
+
+  void set_ready_chunks(std::uint64_t n) {
+    if (n > n_ || n < ready_) {
+      throw_invalid("manager: set_ready_chunks(" + std::to_string(n) + ") is out of range: " +
+                    std::to_string(ready_) + " chunks are ready already and the region has " +
+                    std::to_string(n_) + "; the ready prefix only grows, up to num_chunks");
+    }
+    // New slots go on top of the free stack (free_ was reserved for n_: no allocation here).
+    for (auto s = static_cast<std::uint32_t>(n); s > ready_; --s) free_.push_back(s - 1);
+    ready_ = static_cast<std::uint32_t>(n);
+  }
 
  private:
   enum : std::uint8_t { kFree = 0, kPending = 1, kReady = 2 };
@@ -462,6 +479,7 @@ class ManagerImpl {
   ManagerConfig config_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::uint32_t n_ = 0;
+  std::uint32_t ready_ = 0;  // slots [0, ready_) may be handed out (Note [Ready slots])
 
   // Per slot.
   std::vector<BlockKey> keys_;
@@ -507,6 +525,10 @@ ManagerConfig validated(ManagerConfig config) {
   if (config.num_chunks == 0 || config.num_chunks > kMaxChunks) {
     throw_invalid("manager: num_chunks " + std::to_string(config.num_chunks) + " is out of range 1.." +
                   std::to_string(kMaxChunks));
+  }
+  if (config.ready_chunks && *config.ready_chunks > config.num_chunks) {
+    throw_invalid("manager: ready_chunks " + std::to_string(*config.ready_chunks) +
+                  " exceeds num_chunks " + std::to_string(config.num_chunks));
   }
   if (config.policy != PolicyKind::kLru && config.policy != PolicyKind::kArc) {
     throw_invalid("manager: policy " + std::to_string(static_cast<int>(config.policy)) + " is unknown");
@@ -577,5 +599,7 @@ std::uint32_t Manager::threshold_count(const BlockKey& key) const noexcept {
 std::span<const ManagerEvent> Manager::take_events() { return impl_->take_events(); }
 ManagerStats Manager::stats() const noexcept { return impl_->stats(); }
 void Manager::reset_stats() noexcept { impl_->reset_stats(); }
+std::uint32_t Manager::ready_chunks() const noexcept { return impl_->ready_chunks(); }
+void Manager::set_ready_chunks(std::uint64_t n) { impl_->set_ready_chunks(n); }
 
 }  // namespace kvoffload
