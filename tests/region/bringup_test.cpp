@@ -249,21 +249,28 @@ TEST(Bringup, EverySlotOfALiveRegionIsAligned) {
   const TempDir dir;
   auto opts = small_options(dir.path(), "align", 0);
   opts.layout = {.num_chunks = 6, .slot_bytes = 1000, .world_size = 4};
-  Region r = Region::create_or_join(opts);
-  EXPECT_EQ(r.geometry().slot_align(), 256U);
-  for (std::uint64_t c = 0; c < 6; ++c) {
-    for (std::uint32_t k = 0; k < 4; ++k) {
-      const auto s = r.slot(c, k);
-      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(s.data()) % 256, 0U) << c << "/" << k;
-      EXPECT_EQ(s.size(), 1000U);
+  {
+    Region r = Region::create_or_join(opts);  // the default alignment
+    EXPECT_EQ(r.geometry().slot_align(), 256U);
+    for (std::uint64_t c = 0; c < 6; ++c) {
+      for (std::uint32_t k = 0; k < 4; ++k) {
+        const auto s = r.slot(c, k);
+        EXPECT_EQ(reinterpret_cast<std::uintptr_t>(s.data()) % 256, 0U) << c << "/" << k;
+        EXPECT_EQ(s.size(), 1000U);
+      }
     }
   }
+  // A region created with another alignment refuses a joiner with the default, naming both.
+  opts.layout.slot_align = 1024;
+  Region r = Region::create_or_join(opts);
+  EXPECT_EQ(r.geometry().slot_stride(), 1024U);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(r.slot(5, 3).data()) % 1024, 0U);
   auto other = opts;
   other.rank = 1;
-  other.layout.slot_align = 512;
+  other.layout.slot_align = 256;
   const Error e = expect_error([&] { (void)Region::create_or_join(other); });
   EXPECT_EQ(e.code(), ErrorCode::kMismatch);
-  EXPECT_THAT(e.what(), AllOf(HasSubstr("created with slot_align=256"), HasSubstr("asks for slot_align=512"),
+  EXPECT_THAT(e.what(), AllOf(HasSubstr("created with slot_align=1024"), HasSubstr("asks for slot_align=256"),
                               HasSubstr(r.path().string())));
 }
 

@@ -109,6 +109,14 @@ TEST(Progressive, BackgroundComesUpPieceByPieceAndPublishesReadiness) {
     const std::lock_guard lock(mu);
     EXPECT_EQ(pieces, (std::vector<Piece>{{0, 2, r.row(0).data(), 2 * row}, {2, 2, r.row(2).data(), 2 * row}}));
   }
+  // Rank 1 comes up blocking while rank 0 is held: the rows ready on every rank are rank 0's 4.
+  auto o1 = progressive_options(dir.path(), "prog", 1);
+  o1.bringup = BringupMode::kBlocking;
+  std::optional<Region> r1(Region::create_or_join(o1));
+  EXPECT_EQ(r.rank_bringup(1).state, BringupState::kReady);
+  EXPECT_EQ(r.rank_bringup(1).ready_chunks, 8U);
+  EXPECT_EQ(r.chunks_ready_on_all_ranks(), 4U);
+
   gate.release();
   r.wait_bringup();
   st = r.bringup_status();
@@ -119,12 +127,6 @@ TEST(Progressive, BackgroundComesUpPieceByPieceAndPublishesReadiness) {
   EXPECT_EQ(pieces.back(), (Piece{6, 2, r.row(6).data(), 2 * row}));
   EXPECT_EQ(r.populate_report().bytes, 8U * platform::page_size());
 
-  // Rank 1 comes up blocking: its entry is ready when create_or_join returns.
-  auto o1 = progressive_options(dir.path(), "prog", 1);
-  o1.bringup = BringupMode::kBlocking;
-  std::optional<Region> r1(Region::create_or_join(o1));
-  EXPECT_EQ(r.rank_bringup(1).state, BringupState::kReady);
-  EXPECT_EQ(r.rank_bringup(1).ready_chunks, 8U);
   EXPECT_EQ(r.chunks_ready_on_all_ranks(), 8U);
   // A rank that detaches serves nothing any more.
   r1.reset();
