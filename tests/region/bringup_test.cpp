@@ -26,9 +26,9 @@ namespace kvoffload {
 namespace {
 
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::expect_error;
 using testing::FaultSyscalls;
+using ::testing::HasSubstr;
 using testing::Op;
 using testing::small_options;
 using testing::TempDir;
@@ -43,7 +43,8 @@ std::uint64_t allocated_bytes(const std::filesystem::path& path) {
 
 std::vector<std::string> entries(const std::filesystem::path& dir) {
   std::vector<std::string> names;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename());
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    names.push_back(e.path().filename());
   return names;
 }
 
@@ -64,13 +65,13 @@ int in_small_tmpfs(const char* size, const std::function<int(const std::filesyst
   }));
 }
 
-#define EXPECT_CHILD_OK(status)                                                                  \
-  do {                                                                                           \
-    const int st_ = (status);                                                                    \
-    ASSERT_TRUE(WIFEXITED(st_)) << "child died" << (WIFSIGNALED(st_) ? " with signal " : " ")    \
-                                << (WIFSIGNALED(st_) ? WTERMSIG(st_) : st_);                     \
+#define EXPECT_CHILD_OK(status)                                                                   \
+  do {                                                                                            \
+    const int st_ = (status);                                                                     \
+    ASSERT_TRUE(WIFEXITED(st_)) << "child died" << (WIFSIGNALED(st_) ? " with signal " : " ")     \
+                                << (WIFSIGNALED(st_) ? WTERMSIG(st_) : st_);                      \
     if (WEXITSTATUS(st_) == kSkip) GTEST_SKIP() << "no permission for a private mount namespace"; \
-    EXPECT_EQ(WEXITSTATUS(st_), 0);                                                              \
+    EXPECT_EQ(WEXITSTATUS(st_), 0);                                                               \
   } while (0)
 
 // Fills `dir`'s tmpfs with a file of `bytes` (allocated), leaving the rest free.
@@ -138,8 +139,9 @@ TEST(Bringup, AllocationFailureWithoutPopulateIsACapacityErrorAndLeavesNothing) 
   const Error e = expect_error([&] { (void)Region::create_or_join(opts); });
   EXPECT_EQ(e.code(), ErrorCode::kCapacity) << e.what();
   EXPECT_EQ(e.call(), "fallocate");
-  EXPECT_THAT(e.what(), AllOf(HasSubstr("ran out of space after the creator's capacity check"),
-                              HasSubstr("still needed"), HasSubstr("shortfall"), HasSubstr("--shm-size")));
+  EXPECT_THAT(e.what(),
+              AllOf(HasSubstr("ran out of space after the creator's capacity check"),
+                    HasSubstr("still needed"), HasSubstr("shortfall"), HasSubstr("--shm-size")));
   EXPECT_TRUE(dir.entries().empty());
   EXPECT_EQ(testing::fd_snapshot(), fds);
 }
@@ -157,8 +159,9 @@ TEST(Bringup, PopulateAllocationFailureIsACapacityError) {
     const Error e = expect_error([&] { (void)Region::create_or_join(opts); });
     EXPECT_EQ(e.code(), ErrorCode::kCapacity) << e.what();
     EXPECT_EQ(e.sys_errno(), err);
-    EXPECT_THAT(e.what(), AllOf(HasSubstr("madvise could not allocate"), HasSubstr(dir.path().string()),
-                                HasSubstr("still needed"), HasSubstr("shortfall")));
+    EXPECT_THAT(e.what(),
+                AllOf(HasSubstr("madvise could not allocate"), HasSubstr(dir.path().string()),
+                      HasSubstr("still needed"), HasSubstr("shortfall")));
     EXPECT_TRUE(dir.entries().empty());
   }
 }
@@ -270,8 +273,8 @@ TEST(Bringup, EverySlotOfALiveRegionIsAligned) {
   other.layout.slot_align = 256;
   const Error e = expect_error([&] { (void)Region::create_or_join(other); });
   EXPECT_EQ(e.code(), ErrorCode::kMismatch);
-  EXPECT_THAT(e.what(), AllOf(HasSubstr("created with slot_align=1024"), HasSubstr("asks for slot_align=256"),
-                              HasSubstr(r.path().string())));
+  EXPECT_THAT(e.what(), AllOf(HasSubstr("created with slot_align=1024"),
+                              HasSubstr("asks for slot_align=256"), HasSubstr(r.path().string())));
 }
 
 }  // namespace

@@ -26,9 +26,9 @@ namespace kvoffload {
 namespace {
 
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::expect_error;
 using testing::FaultSyscalls;
+using ::testing::HasSubstr;
 using testing::Op;
 using testing::small_options;
 using testing::TempDir;
@@ -78,7 +78,9 @@ RegionOptions progressive_options(const std::filesystem::path& dir, const std::s
   o.bringup_piece_bytes = 2 * (2 * page);  // two rows
   return o;
 }
-constexpr int first_madvise_of_piece(int k) { return 3 * k + 1; }
+constexpr int first_madvise_of_piece(int k) {
+  return 3 * k + 1;
+}
 
 TEST(Progressive, BackgroundComesUpPieceByPieceAndPublishesReadiness) {
   const TempDir dir;
@@ -107,7 +109,8 @@ TEST(Progressive, BackgroundComesUpPieceByPieceAndPublishesReadiness) {
   EXPECT_EQ(r.chunks_ready_on_all_ranks(), 0U);  // rank 1 has not started
   {
     const std::lock_guard lock(mu);
-    EXPECT_EQ(pieces, (std::vector<Piece>{{0, 2, r.row(0).data(), 2 * row}, {2, 2, r.row(2).data(), 2 * row}}));
+    EXPECT_EQ(pieces, (std::vector<Piece>{{0, 2, r.row(0).data(), 2 * row},
+                                          {2, 2, r.row(2).data(), 2 * row}}));
   }
   // Rank 1 comes up blocking while rank 0 is held: the rows ready on every rank are rank 0's 4.
   auto o1 = progressive_options(dir.path(), "prog", 1);
