@@ -63,6 +63,8 @@ void bind_region(py::module_& m) {
       .def_property_readonly("slot_bytes", &RegionGeometry::slot_bytes)
       .def_property_readonly("world_size", &RegionGeometry::world_size)
       .def_property_readonly("replicated", &RegionGeometry::replicated)
+      .def_property_readonly("slot_align", &RegionGeometry::slot_align)
+      .def_property_readonly("slot_stride", &RegionGeometry::slot_stride)
       .def_property_readonly("copies", &RegionGeometry::copies)
       .def_property_readonly("row_stride", &RegionGeometry::row_stride)
       .def_property_readonly("data_bytes", &RegionGeometry::data_bytes)
@@ -74,18 +76,20 @@ void bind_region(py::module_& m) {
                ", slot_bytes=" + std::to_string(g.slot_bytes()) +
                ", world_size=" + std::to_string(g.world_size()) +
                ", replicated=" + (g.replicated() ? "True" : "False") +
+               ", slot_align=" + std::to_string(g.slot_align()) +
                ", row_stride=" + std::to_string(g.row_stride()) +
                ", data_bytes=" + std::to_string(g.data_bytes()) + ")";
       });
   m.def(
       "compute_geometry",
       [](std::uint64_t num_chunks, std::uint64_t slot_bytes, std::uint32_t world_size,
-         bool replicated, std::size_t page_size) {
-        return RegionGeometry::compute(RegionLayout{num_chunks, slot_bytes, world_size, replicated},
-                                       page_size);
+         bool replicated, std::size_t page_size, std::uint64_t slot_align) {
+        return RegionGeometry::compute(
+            RegionLayout{num_chunks, slot_bytes, world_size, replicated, slot_align}, page_size);
       },
       py::arg("num_chunks"), py::arg("slot_bytes"), py::arg("world_size") = 1,
       py::arg("replicated") = false, py::arg("page_size") = 4096,
+      py::arg("slot_align") = kDefaultSlotAlign,
       "The geometry a region of this layout has (no region is created)");
 
   py::class_<PopulateReport>(m, "PopulateReport")
@@ -103,14 +107,14 @@ detaches.)")
           [](const std::string& engine_id, std::uint64_t num_chunks, std::uint64_t slot_bytes,
              std::uint32_t world_size, std::optional<std::uint32_t> rank, bool replicated,
              std::optional<std::filesystem::path> shm_dir, double join_timeout,
-             unsigned populate_threads, bool populate) {
+             unsigned populate_threads, bool populate, std::uint64_t slot_align) {
             if (!(join_timeout >= 0.0)) {
               throw Error(ErrorCode::kInvalidArgument,
                           "join_timeout must be >= 0 seconds, got " + std::to_string(join_timeout));
             }
             RegionOptions opts;
             opts.engine_id = engine_id;
-            opts.layout = RegionLayout{num_chunks, slot_bytes, world_size, replicated};
+            opts.layout = RegionLayout{num_chunks, slot_bytes, world_size, replicated, slot_align};
             opts.rank = rank;
             if (shm_dir) opts.shm_dir = *shm_dir;
             opts.join_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(join_timeout * 1000.0));
@@ -124,6 +128,7 @@ detaches.)")
           py::arg("world_size") = 1, py::arg("rank") = py::none(), py::arg("replicated") = false,
           py::arg("shm_dir") = py::none(), py::arg("join_timeout") = 30.0,
           py::arg("populate_threads") = 1, py::arg("populate") = true,
+          py::arg("slot_align") = kDefaultSlotAlign,
           "Creates the region, or joins it when another process created it. rank=None: an "
           "unranked mapper (the scheduler). join_timeout in seconds.")
       .def_property_readonly("geometry", [](const RegionHolder& h) { return open_region(h).geometry(); })

@@ -16,6 +16,21 @@ def make(shm_dir, rank=0, engine_id="py-region", **kw):
     return kvoffload.Region.create_or_join(**args)
 
 
+def test_slot_align_is_validated_recorded_and_must_match(shm_dir):
+    g = kvoffload.compute_geometry(num_chunks=2, slot_bytes=1000, world_size=4, slot_align=512)
+    assert (g.slot_align, g.slot_stride, g.slot_offset(1, 3)) == (512, 1024, g.row_stride + 3 * 1024)
+    with pytest.raises(kvoffload.Error) as e:
+        kvoffload.compute_geometry(num_chunks=2, slot_bytes=1000, slot_align=100)
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT and "slot_align 100 " in str(e.value)
+    creator = make(shm_dir, rank=0, engine_id="py-align", slot_align=1024)
+    assert creator.geometry.slot_align == 1024
+    with pytest.raises(kvoffload.Error) as e:
+        make(shm_dir, rank=1, engine_id="py-align")
+    assert e.value.code == kvoffload.ErrorCode.MISMATCH
+    assert "slot_align=1024" in str(e.value) and "slot_align=256" in str(e.value)
+    creator.close()
+
+
 def test_create_then_join_share_memory(shm_dir):
     creator = make(shm_dir, rank=0)
     joiner = make(shm_dir, rank=1)
@@ -34,7 +49,9 @@ def test_create_then_join_share_memory(shm_dir):
     seen = np.asarray(creator.slot(2, rank=1))
     assert seen.shape == (3000,) and seen.dtype == np.uint8 and (seen == 0x5A).all()
     assert not np.asarray(creator.slot(2)).any()
-    assert creator.slot_address(2, rank=1) == creator.address + 2 * g.row_stride + 3000
+    # Slots are aligned (default 256 B): rank 1's slot starts at slot_stride = 3072, not 3000.
+    assert (g.slot_align, g.slot_stride) == (256, 3072)
+    assert creator.slot_address(2, rank=1) == creator.address + 2 * g.row_stride + 3072
     assert len(creator.row(3)) == g.row_stride
     assert creator.data().nbytes == g.data_bytes
     del seen

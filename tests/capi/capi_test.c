@@ -128,6 +128,7 @@ static void test_region(void) {
   CHECK(g.num_chunks == 8 && g.slot_bytes == 3000 && g.world_size == 2 && g.copies == 2);
   CHECK(g.replicated == 0 && g.page_size > 0);
   CHECK(g.row_stride % g.page_size == 0 && g.row_stride >= 6000);
+  CHECK(g.slot_align == 256 && g.slot_stride == 3072); /* 3000 rounded up to the default 256 */
   CHECK(g.data_bytes == 8 * g.row_stride);
 
   CHECK_OK(kvo_region_path(creator, &path));
@@ -147,7 +148,7 @@ static void test_region(void) {
   CHECK_OK(kvo_region_slot(creator, 3, KVO_OWN_RANK, &p0, &bytes));
   CHECK(bytes == 3000 && (char*)p0 == (char*)data + 3 * g.row_stride);
   CHECK_OK(kvo_region_slot(creator, 3, 1, &p1, &bytes));
-  CHECK((char*)p1 == (char*)data + 3 * g.row_stride + 3000);
+  CHECK((char*)p1 == (char*)data + 3 * g.row_stride + g.slot_stride); /* aligned: 3072 */
   memset(p1, 0x5a, 3000);
   CHECK_OK(kvo_region_slot(joiner, 3, KVO_OWN_RANK, &p1, &bytes));
   CHECK(((unsigned char*)p1)[0] == 0x5a && ((unsigned char*)p1)[2999] == 0x5a);

@@ -299,6 +299,22 @@ TEST_F(CliTest, CreateReportsGeometryAndReleases) {
   EXPECT_TRUE(shm_is_empty());
 }
 
+// Note [Slot alignment]: --slot-align sets it, the JSON reports it and the slot stride, and a bad
+// value is refused naming it.
+TEST_F(CliTest, CreateSlotAlignIsReportedAndValidated) {
+  const json d = run_json(create_args("al", {"--slot-bytes", "1000", "--world-size", "4", "--chunks", "2"}));
+  EXPECT_EQ(d.value("slot_align", 0), 256);
+  EXPECT_EQ(d.value("slot_stride", 0), 1024);
+  const json j = run_json(create_args("al", {"--slot-bytes", "1000", "--world-size", "4", "--chunks", "2",
+                                             "--slot-align", "2K"}));
+  EXPECT_EQ(j.value("slot_align", 0), 2048);
+  EXPECT_EQ(j.value("slot_stride", 0), 2048);
+  const Result bad = run(create_args("al", {"--slot-align", "100"}));
+  EXPECT_EQ(bad.exit_code, kExitUsage);  // an invalid value, refused before anything is touched
+  EXPECT_THAT(bad.err, ::testing::AllOf(HasSubstr("slot_align 100 "), HasSubstr("power of two")));
+  EXPECT_TRUE(shm_is_empty());
+}
+
 TEST_F(CliTest, CreateReplicatedAndUnranked) {
   const std::uint64_t page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
   const json rep = run_json(create_args("rep", {"--replicated", "--world-size", "4", "--rank", "3"}));

@@ -32,6 +32,56 @@ TEST(ManagerConfig, Validation) {
   EXPECT_EQ(code_of([] { (void)parse_policy_kind("lfu"); }), ErrorCode::kInvalidArgument);
 }
 
+// Note [Ready slots]: while the region comes up, only slots of ready rows are handed out; a store
+// that finds no ready room is skipped (never blocks), and its keys then miss.
+TEST_P(ManagerApi, HandsOutOnlyReadySlotsAndGrowsWithReadiness) {
+  ManagerConfig c;
+  c.num_chunks = 8;
+  c.policy = GetParam();
+  c.ready_chunks = 0;
+  Manager m(c);
+  EXPECT_EQ(m.ready_chunks(), 0u);
+  const StorePlan none = m.prepare_store(Ks({1}));
+  EXPECT_FALSE(none.ok());
+  EXPECT_EQ(none.reason, CannotStoreReason::kNoEvictableSpace);
+  EXPECT_EQ(none.slots_available, 0u);
+  EXPECT_EQ(m.lookup(Ks({1})), 0u);
+  EXPECT_EQ(m.stats().used, 0u);
+
+  m.set_ready_chunks(3);
+  const StorePlan p = m.prepare_store(Ks({1, 2, 3, 4}));
+  EXPECT_FALSE(p.ok());  // 4 keys, 3 ready slots
+  EXPECT_EQ(p.slots_available, 3u);
+  store(m, Ks({1, 2, 3}));
+  for (auto k : Ks({1, 2, 3})) EXPECT_LT(m.slot_of(k), 3u);
+  // Full: the next store evicts within the ready slots instead of taking an unready one.
+  const StorePlan e = m.prepare_store(Ks({4}));
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e.evicted.size(), 1u);
+  EXPECT_LT(e.slots[0], 3u);
+  m.complete_store(Ks({4}), true);
+
+  m.set_ready_chunks(8);
+  const StorePlan more = m.prepare_store(Ks({5, 6, 7, 8, 9}));
+  ASSERT_TRUE(more.ok());
+  EXPECT_TRUE(more.evicted.empty());
+  std::set<SlotIndex> got(more.slots.begin(), more.slots.end());
+  EXPECT_EQ(got, (std::set<SlotIndex>{3, 4, 5, 6, 7}));
+  m.complete_store(Ks({5, 6, 7, 8, 9}), true);
+  EXPECT_EQ(m.stats().ready_chunks, 8u);
+  EXPECT_EQ(m.stats().used, 8u);
+  // reset keeps readiness: every ready slot is free again.
+  m.reset();
+  EXPECT_EQ(m.stats().used, 0u);
+  EXPECT_TRUE(m.prepare_store(Ks({1, 2, 3, 4, 5, 6, 7, 8})).ok());
+
+  // Readiness only grows, up to num_chunks.
+  EXPECT_EQ(code_of([&] { m.set_ready_chunks(7); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { m.set_ready_chunks(9); }), ErrorCode::kInvalidArgument);
+  c.ready_chunks = 9;
+  EXPECT_EQ(code_of([&] { Manager bad(c); }), ErrorCode::kInvalidArgument);
+}
+
 TEST_P(ManagerApi, LookupHitPendingMissAndPrefix) {
   Manager m = make(8, GetParam());
   ASSERT_TRUE(m.prepare_store(Ks({1, 2, 3})).ok());

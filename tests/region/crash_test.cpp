@@ -89,14 +89,15 @@ INSTANTIATE_TEST_SUITE_P(
     Points, CreatorKilled,
     ::testing::Values(KillPoint{"unnamed_file_built", Op::kLinkat, 1, true, false},
                       KillPoint{"just_published", Op::kLinkat, 1, false, true},
-                      KillPoint{"during_fallocate", Op::kFallocate, 1, false, true},
+                      KillPoint{"just_mapped", Op::kMmap, 1, false, true},
                       KillPoint{"before_ready", Op::kPwrite, 2, true, true},
                       KillPoint{"populate_probe", Op::kMadvise, 1, true, true},
                       KillPoint{"populate_rows", Op::kMadvise, 4, true, true},
                       KillPoint{"before_teardown", Op::kMunmap, 1, true, true}),
     [](const auto& param_info) { return std::string(param_info.param.name); });
 
-// A child creator that stops just before allocating; the parent decides what happens to it.
+// A child creator that stops after publishing, just before mapping (the header still says
+// "creating"); the parent decides what happens to it.
 struct StalledCreator {
   pid_t pid = -1;
   explicit StalledCreator(const RegionOptions& opts) {
@@ -105,7 +106,7 @@ struct StalledCreator {
     pid = testing::fork_child([&] {
       ::close(fds[0]);
       FaultSyscalls sys;
-      sys.before(Op::kFallocate, 1, [&] {
+      sys.before(Op::kMmap, 1, [&] {
         const char c = 'x';
         (void)!::write(fds[1], &c, 1);
         for (;;) ::pause();
@@ -119,7 +120,7 @@ struct StalledCreator {
     char c = 0;
     const bool stalled = ::read(fds[0], &c, 1) == 1;
     ::close(fds[0]);
-    if (!stalled) throw std::runtime_error("creator did not reach fallocate");
+    if (!stalled) throw std::runtime_error("creator did not reach mmap");
   }
   void kill() {
     if (pid > 0) {

@@ -59,8 +59,9 @@ TEST_P(CreatePathFault, CallerSeesTheOriginalErrorAndNothingIsLeft) {
 }
 
 // Call order on the create path: open(shm dir), open(path: ENOENT), fstatvfs, open(O_TMPFILE),
-// fchmod, flock(SH), fcntl(OFD lock), pwrite(header), fstat, linkat, fallocate, mmap,
-// pwrite(state), fcntl(unlock), madvise(probe), madvise(rows)..., then teardown.
+// fchmod, flock(SH), fcntl(OFD lock), pwrite(header), ftruncate, fstat, linkat, mmap,
+// pwrite(state), fcntl(unlock), madvise(probe), madvise(rows)..., then teardown. There is no
+// fallocate: populate allocates (Note [Allocation by populate]).
 INSTANTIATE_TEST_SUITE_P(
     EachStep, CreatePathFault,
     ::testing::Values(CreateFault{Op::kOpenat, 1, EACCES, ErrorCode::kSystem},
@@ -71,14 +72,15 @@ INSTANTIATE_TEST_SUITE_P(
                       CreateFault{Op::kFlock, 1, ENOLCK, ErrorCode::kSystem},
                       CreateFault{Op::kFcntlLock, 1, ENOLCK, ErrorCode::kSystem},
                       CreateFault{Op::kPwrite, 1, EIO, ErrorCode::kSystem},  // header
+                      CreateFault{Op::kFtruncate, 1, EFBIG, ErrorCode::kSystem},
                       CreateFault{Op::kFstat, 1, EIO, ErrorCode::kSystem},
                       CreateFault{Op::kLinkat, 1, EACCES, ErrorCode::kSystem},  // publish
-                      CreateFault{Op::kFallocate, 1, ENOSPC, ErrorCode::kCapacity},
-                      CreateFault{Op::kFallocate, 1, EOPNOTSUPP, ErrorCode::kSystem},
                       CreateFault{Op::kMmap, 1, ENOMEM, ErrorCode::kSystem},
                       CreateFault{Op::kPwrite, 2, EIO, ErrorCode::kSystem},     // state "ready"
                       CreateFault{Op::kMadvise, 1, EIO, ErrorCode::kSystem},    // probe
-                      CreateFault{Op::kMadvise, 3, EFAULT, ErrorCode::kSystem}  // a later row
+                      CreateFault{Op::kMadvise, 1, EFAULT, ErrorCode::kCapacity},  // probe: full
+                      CreateFault{Op::kMadvise, 3, EIO, ErrorCode::kSystem},    // a later row
+                      CreateFault{Op::kMadvise, 3, EFAULT, ErrorCode::kCapacity}  // a later row: full
                       ),
     [](const auto& param_info) { return fault_name(param_info.param); });
 

@@ -1,6 +1,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -94,7 +96,7 @@ const std::vector<std::string> kSmall = {
     "--backend", "host", "--world-size", "2", "--layers", "4", "--block-bytes", "4K",
     "--blocks-per-chunk", "2", "--gpu-blocks", "64", "--host-pool", "512K", "--prefixes", "6",
     "--prefix-chunks", "4", "--unique-chunks", "1", "--requests", "120", "--duration", "0",
-    "--json"};
+    "--bringup", "blocking", "--json"};  // blocking: the same seed gives the same decisions
 
 TEST_F(RunTest, EveryLoadedByteIsVerifiedAndTheRegionIsRemoved) {
   ASSERT_EQ(run(kSmall), 0) << err();
@@ -146,6 +148,40 @@ TEST_F(RunTest, OnTheSimulatedGpuEveryByteVerifiesAndRanksSpreadOverDevices) {
   EXPECT_NE(run(args), 0);
   EXPECT_THAT(err(), HasSubstr("would use device 3"));
   EXPECT_TRUE(shm_empty());
+}
+
+// Note [Progressive bring-up]: the ranks come up in pieces (here one 64 KiB row each) while the
+// scheduler serves; each rank registers every piece, the pool becomes ready on every rank, and
+// every byte still verifies.
+TEST_F(RunTest, BackgroundBringupServesAtOnceAndReportsReadiness) {
+  std::vector<std::string> args = kSmall;
+  const auto mode = std::find(args.begin(), args.end(), "blocking");
+  ASSERT_NE(mode, args.end());
+  *mode = "background";
+  args.insert(args.end(), {"--bringup-piece", "64K"});
+  ASSERT_EQ(run(args), 0) << err();
+  const json r = report();
+  EXPECT_EQ(r["bringup"], "background");
+  EXPECT_EQ(r["bringup_piece_bytes"], 65536);
+  EXPECT_TRUE(r["first_request_seconds"].is_number());
+  EXPECT_TRUE(r["pool_ready_seconds"].is_number());
+  EXPECT_TRUE(r["all_verified"].get<bool>());
+  EXPECT_EQ(r["failed_jobs"], 0);
+  EXPECT_TRUE(r["region_removed"].get<bool>());
+  ASSERT_EQ(r["rank_bringup"].size(), 2u);
+  for (const auto& b : r["rank_bringup"]) {
+    EXPECT_EQ(b["bringup"]["state"], "ready");
+    EXPECT_EQ(b["bringup"]["ready_chunks"], 8);
+    EXPECT_EQ(b["registration"]["pieces"], 8) << "one registration per 64 KiB row";
+  }
+  EXPECT_TRUE(shm_empty());
+
+  // Blocking: the engine registers the whole region once; no piece registrations.
+  ASSERT_EQ(run(kSmall), 0) << err();
+  const json b = report();
+  EXPECT_EQ(b["bringup"], "blocking");
+  EXPECT_TRUE(b["pool_ready_seconds"].is_number());
+  EXPECT_EQ(b["rank_bringup"][0]["registration"]["pieces"], 0);
 }
 
 TEST_F(RunTest, TheSameSeedGivesTheSameDecisions) {
@@ -240,6 +276,8 @@ INSTANTIATE_TEST_SUITE_P(
                       UsageCase{{"--gpu-blocks", "3"}, "--gpu-blocks 3"},
                       UsageCase{{"--duration", "0"}, "--requests"},
                       UsageCase{{"--layers", "x"}, "--layers"},
-                      UsageCase{{"--no-such-flag"}, "no-such-flag"}));
+                      UsageCase{{"--no-such-flag"}, "no-such-flag"},
+                      UsageCase{{"--bringup", "lazy"}, "--bringup 'lazy'"},
+                      UsageCase{{"--bringup-piece", "0"}, "--bringup-piece 0"}));
 
 }  // namespace

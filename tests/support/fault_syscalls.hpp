@@ -26,7 +26,7 @@
 namespace kvoffload::testing {
 
 enum class Op {
-  kOpenat, kClose, kFstat, kFstatat, kFstatvfs, kFchmod, kFallocate, kPread, kPwrite, kLinkat,
+  kOpenat, kClose, kFstat, kFstatat, kFstatvfs, kFchmod, kFallocate, kFtruncate, kPread, kPwrite, kLinkat,
   kUnlinkat, kMmap, kMunmap, kMadvise, kFlock, kFcntlLock, kReadFile, kListDir,
 };
 
@@ -39,6 +39,7 @@ inline std::string_view op_name(Op op) {
     case Op::kFstatvfs: return "fstatvfs";
     case Op::kFchmod: return "fchmod";
     case Op::kFallocate: return "fallocate";
+    case Op::kFtruncate: return "ftruncate";
     case Op::kPread: return "pread";
     case Op::kPwrite: return "pwrite";
     case Op::kLinkat: return "linkat";
@@ -78,6 +79,9 @@ class FaultSyscalls {
     };
     table_.fallocate = [](void* c, int fd, int m, off_t o, off_t l) {
       return self(c)->run<int>(Op::kFallocate, -1, [&] { return real().fallocate(nullptr, fd, m, o, l); });
+    };
+    table_.ftruncate = [](void* c, int fd, off_t l) {
+      return self(c)->run<int>(Op::kFtruncate, -1, [&] { return real().ftruncate(nullptr, fd, l); });
     };
     table_.pread = [](void* c, int fd, void* b, std::size_t n, off_t o) {
       return self(c)->run<ssize_t>(Op::kPread, -1, [&] { return real().pread(nullptr, fd, b, n, o); });

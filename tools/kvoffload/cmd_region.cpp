@@ -108,6 +108,7 @@ struct CreateOptions {
   std::uint32_t rank = 0;
   bool unranked = false;
   bool replicated = false;
+  std::uint64_t slot_align = kDefaultSlotAlign;
   std::string shm_dir;
   double join_timeout_s = 30.0;
   unsigned threads = 1;
@@ -276,7 +277,8 @@ int run_create(const CreateOptions& o) {
   ropts.layout = RegionLayout{.num_chunks = o.chunks,
                               .slot_bytes = o.slot_bytes,
                               .world_size = o.world_size,
-                              .replicated = o.replicated};
+                              .replicated = o.replicated,
+                              .slot_align = o.slot_align};
   if (!o.unranked) ropts.rank = o.rank;
   ropts.shm_dir = shm_dir;
   ropts.join_timeout = std::chrono::milliseconds(std::llround(o.join_timeout_s * 1000.0));
@@ -297,6 +299,8 @@ int run_create(const CreateOptions& o) {
       {"replicated", geo.replicated()},
       {"chunks", geo.num_chunks()},
       {"slot_bytes", geo.slot_bytes()},
+      {"slot_align", geo.slot_align()},
+      {"slot_stride", geo.slot_stride()},
       {"copies", geo.copies()},
       {"row_stride", geo.row_stride()},
       {"data_bytes", geo.data_bytes()},
@@ -459,6 +463,8 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
       create->add_flag("--unranked", c->unranked, "Map without a rank (as the scheduler does)");
   rank->excludes(unranked);
   create->add_flag("--replicated", c->replicated, "Replicated (MLA) layout: all ranks share slot 0");
+  add_size_option(*create, "--slot-align", c->slot_align,
+                  "Alignment of every slot: a power of two from 16 to the page size (default 256)");
   create->add_option("--shm-dir", c->shm_dir, kShmDirHelp)->type_name("DIR");
   create->add_option("--join-timeout", c->join_timeout_s,
                      "Seconds a joiner waits for the creator to finish (default 30)")

@@ -45,6 +45,12 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
   add_size_option(*app, "--file-tier-bytes", config->file_tier_bytes,
                   "Capacity of the file tier (default 1G)");
   app->add_option("--threads", config->populate_threads, "Populate threads")->capture_default_str();
+  app->add_option("--bringup", config->bringup,
+                  "background: serve at once on the rows every rank made ready while the pool comes "
+                  "up in pieces; blocking: bring the whole pool up first")
+      ->capture_default_str();
+  add_size_option(*app, "--bringup-piece", config->bringup_piece_bytes,
+                  "Region bytes per bring-up piece (default 1G)");
   app->add_flag("--json", config->json, "Print one JSON object");
   return Command{app, [config] {
     if (config->engine_id.empty()) config->engine_id = "run-" + std::to_string(::getpid());

@@ -1,8 +1,15 @@
 #pragma once
 // Geometry of the shared host region (DESIGN.md §2):
 //   P = slot_bytes (one rank's bytes for one chunk), C = copies (world_size, or 1 when replicated),
-//   R = row_stride = round_up(C·P, page), data_bytes = num_chunks · R,
-//   rank r's slot in chunk c starts at c·R + copy(r)·P, where copy(r) = r, or 0 when replicated.
+//   S = slot_stride = round_up(P, slot_align), R = row_stride = round_up(C·S, page),
+//   data_bytes = num_chunks · R, rank r's slot in chunk c starts at c·R + copy(r)·S, where
+//   copy(r) = r, or 0 when replicated.
+// Note [Slot alignment]: with S = P, rank r's slots start at r·P, which for most P is not even
+// 16-byte aligned, and the copy kernels lose their 16-byte vector path on every rank above 0.
+// Rounding each slot up to slot_align (a power of two, 16 .. page size, default 256) costs at most
+// slot_align - 1 bytes per slot and keeps every slot of every rank aligned (the data start is
+// page-aligned and R is a page multiple). The value is recorded in the region header; a joiner
+// asking for another value is refused.
 // All arithmetic is overflow-checked; invalid input throws Error(kInvalidArgument) naming the value.
 
 #include <cstddef>
@@ -15,7 +22,11 @@ struct RegionLayout {
   std::uint64_t slot_bytes = 0;   // P, > 0
   std::uint32_t world_size = 1;   // ranks of the engine, > 0
   bool replicated = false;        // MLA: every rank shares slot 0 (C = 1)
+  std::uint64_t slot_align = 256; // alignment of every slot: a power of two, 16 .. page size
 };
+
+inline constexpr std::uint64_t kDefaultSlotAlign = 256;
+inline constexpr std::uint64_t kMinSlotAlign = 16;  // the copy kernels' vector width
 
 class RegionGeometry {
  public:
@@ -27,7 +38,10 @@ class RegionGeometry {
   [[nodiscard]] std::uint64_t slot_bytes() const noexcept { return layout_.slot_bytes; }
   [[nodiscard]] std::uint32_t world_size() const noexcept { return layout_.world_size; }
   [[nodiscard]] bool replicated() const noexcept { return layout_.replicated; }
+  [[nodiscard]] std::uint64_t slot_align() const noexcept { return layout_.slot_align; }
   [[nodiscard]] std::uint32_t copies() const noexcept { return copies_; }
+  // S: distance between the slots of two consecutive copies in a row (slot_bytes rounded up).
+  [[nodiscard]] std::uint64_t slot_stride() const noexcept { return slot_stride_; }
   [[nodiscard]] std::uint64_t row_stride() const noexcept { return row_stride_; }
   [[nodiscard]] std::uint64_t data_bytes() const noexcept { return data_bytes_; }
   [[nodiscard]] std::size_t page_size() const noexcept { return page_size_; }
@@ -43,6 +57,7 @@ class RegionGeometry {
  private:
   RegionLayout layout_{};
   std::uint32_t copies_ = 0;
+  std::uint64_t slot_stride_ = 0;
   std::uint64_t row_stride_ = 0;
   std::uint64_t data_bytes_ = 0;
   std::size_t page_size_ = 0;

@@ -97,6 +97,8 @@ typedef struct kvo_region_options {
   uint32_t join_timeout_ms;   /* how long a joiner waits for the creator (default 30000) */
   uint32_t populate_threads;  /* >= 1 (default 1) */
   int populate;               /* nonzero (default): pre-fault after mapping */
+  uint64_t slot_align;        /* every slot starts on this boundary: a power of two from 16 to the
+                                 page size (default 256); all ranks must agree */
 } kvo_region_options;
 
 typedef struct kvo_region_geometry {
@@ -105,9 +107,11 @@ typedef struct kvo_region_geometry {
   uint32_t world_size;
   uint32_t copies;      /* world_size, or 1 when replicated */
   int replicated;
-  uint64_t row_stride;  /* round_up(copies * slot_bytes, page_size) */
+  uint64_t row_stride;  /* round_up(copies * slot_stride, page_size) */
   uint64_t data_bytes;  /* num_chunks * row_stride */
   uint64_t page_size;
+  uint64_t slot_align;  /* every slot starts on this boundary */
+  uint64_t slot_stride; /* slot_bytes rounded up to slot_align: rank r's slot is at r * slot_stride */
 } kvo_region_geometry;
 
 typedef struct kvo_populate_report {

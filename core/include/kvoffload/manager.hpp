@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -72,6 +73,11 @@ struct ManagerConfig {
   // drain, and the queue would otherwise grow).
   bool record_events = true;
   ManagerSemantics semantics = ManagerSemantics::kNative;
+  // Slots [0, ready_chunks) may be handed out from the start; nullopt: all of them. A region that
+  // comes up progressively (RegionOptions::bringup) starts with the rows ready on every rank and
+  // grows the prefix with set_ready_chunks(); before a row is ready its slot is never allocated,
+  // so lookups of its keys miss and stores that find no ready room are skipped (kCannotStore).
+  std::optional<std::uint64_t> ready_chunks;
 };
 
 enum class LookupResult : std::uint8_t {
@@ -128,6 +134,7 @@ struct ManagerEvent {
 
 struct ManagerStats {
   std::uint64_t num_chunks = 0;
+  std::uint64_t ready_chunks = 0;    // slots that may be handed out (Note [Ready slots])
   std::uint64_t used = 0;            // slots holding a key (write-pending or ready)
   std::uint64_t write_pending = 0;   // slots with a store in flight
   std::uint64_t pinned = 0;          // ready slots pinned by at least one reader
@@ -220,6 +227,11 @@ class Manager {
 
   [[nodiscard]] ManagerStats stats() const noexcept;
   void reset_stats() noexcept;
+
+  // Slots [0, ready_chunks()) may be handed out. set_ready_chunks(n) grows that prefix (O(n - old),
+  // no allocation, never blocks); n must be in [ready_chunks(), num_chunks] (kInvalidArgument).
+  [[nodiscard]] std::uint32_t ready_chunks() const noexcept;
+  void set_ready_chunks(std::uint64_t n);
 
  private:
   std::unique_ptr<detail::ManagerImpl> impl_;

@@ -12,6 +12,7 @@
 // Errors are kvoffload::Error; nothing is left behind (file, descriptor, mapping) when
 // create_or_join throws.
 
+#include <kvoffload/error.hpp>
 #include <kvoffload/geometry.hpp>
 
 #include <chrono>
@@ -31,9 +32,22 @@ struct Syscalls;  // kvoffload/syscalls.hpp: the test seam for every system call
 
 enum class RegionRole { kCreator, kJoiner };
 enum class PopulateMethod { kMadvise, kFallback, kNone };
+// Note [Progressive bring-up] in core/src/region/region.cpp. kBlocking: create_or_join returns
+// once this mapper's slots are allocated, populated and handed to on_piece_ready. kBackground: it
+// returns once the region is mapped; a thread brings the slots up piece by piece.
+enum class BringupMode { kBlocking, kBackground };
+// A mapper's bring-up. Values are stored in the region header: do not renumber.
+enum class BringupState : std::uint32_t { kPending = 0, kRunning = 1, kReady = 2, kFailed = 3, kStopped = 4 };
 
 std::string_view to_string(RegionRole role) noexcept;      // "creator" | "joiner"
 std::string_view to_string(PopulateMethod m) noexcept;     // "madvise" | "fallback" | "none"
+std::string_view to_string(BringupMode m) noexcept;        // "blocking" | "background"
+// "pending" | "running" | "ready" | "failed" | "stopped"
+std::string_view to_string(BringupState s) noexcept;
+// "blocking" | "background"; anything else throws kInvalidArgument naming the value.
+BringupMode parse_bringup_mode(std::string_view name);
+
+inline constexpr std::uint64_t kDefaultBringupPieceBytes = std::uint64_t{1} << 30;
 
 struct RegionOptions {
   std::string engine_id;                     // 1..128 of [A-Za-z0-9._-], not "." or ".."
@@ -45,6 +59,31 @@ struct RegionOptions {
   bool populate = true;                      // pre-fault after mapping
   const Syscalls* syscalls = nullptr;        // nullptr: the real system calls; a table given
                                              // here must outlive the Region (tests only)
+  BringupMode bringup = BringupMode::kBlocking;
+  // Region bytes per bring-up piece (> 0): rows are made ready max(1, this / row_stride) at a time.
+  std::uint64_t bringup_piece_bytes = kDefaultBringupPieceBytes;
+  // Called for every piece of a ranked mapper once its pages are allocated and populated, before
+  // the piece is published as ready (on GPU ranks: register `rows` with the device). Runs on the
+  // bring-up thread in background mode; an exception fails the bring-up (state kFailed).
+  std::function<void(std::span<std::byte> rows, std::uint64_t first_chunk, std::uint64_t num_chunks)>
+      on_piece_ready;
+};
+
+// One rank's bring-up as the region header records it; any mapper can read any rank's.
+struct RankBringup {
+  BringupState state = BringupState::kPending;
+  std::uint64_t ready_chunks = 0;  // rows [0, ready_chunks) are ready on that rank
+  int sys_errno = 0;               // of a failure, when it had one
+};
+
+// This mapper's own bring-up.
+struct BringupStatus {
+  BringupState state = BringupState::kPending;
+  std::uint64_t ready_chunks = 0;  // rows [0, ready_chunks) are ready for this mapper
+  std::uint64_t num_chunks = 0;
+  std::optional<Error> error;      // set when state is kFailed
+  std::uint64_t failed_chunk = 0;  // first row of the piece that failed
+  double seconds = 0.0;            // from create_or_join's start until ready or failed
 };
 
 struct PopulateReport {
@@ -72,7 +111,8 @@ class Region {
   [[nodiscard]] const std::filesystem::path& path() const noexcept;
   [[nodiscard]] const std::string& engine_id() const noexcept;
   [[nodiscard]] std::optional<std::uint32_t> rank() const noexcept;
-  [[nodiscard]] const PopulateReport& populate_report() const noexcept;
+  // A copy: in background mode the bring-up thread adds to it until it is done.
+  [[nodiscard]] PopulateReport populate_report() const;
   [[nodiscard]] bool is_open() const noexcept;
 
   // Start of the page-aligned data (geometry().data_bytes() bytes).
@@ -84,11 +124,22 @@ class Region {
   // The whole row of `chunk` (row_stride bytes, all copies and the padding).
   [[nodiscard]] std::span<std::byte> row(std::uint64_t chunk) const;
 
+  // This mapper's bring-up (thread-safe). An unranked mapper is kReady at once in background mode
+  // (it populates nothing; it uses only rows every rank made ready).
+  [[nodiscard]] BringupStatus bringup_status() const;
+  // Blocks until this mapper's bring-up is no longer running; throws its Error when it failed
+  // (kState when it was stopped by close()).
+  void wait_bringup() const;
+  // What rank `rank` has published in the header (kInvalidArgument when out of range).
+  [[nodiscard]] RankBringup rank_bringup(std::uint32_t rank) const;
+  // Rows ready on every rank: the minimum of the ranks' ready prefixes. Never blocks.
+  [[nodiscard]] std::uint64_t chunks_ready_on_all_ranks() const;
+
   // Runs `hook` at close() before munmap, in reverse order of registration. The transfer engine
   // uses it to unregister host memory (teardown order: unregister, munmap, close).
   void add_teardown_hook(std::function<void()> hook);
 
-  // Detaches: hooks, munmap, releases the shared lock, close; the last process out unlinks the
+  // Detaches: stops and joins a background bring-up, hooks, munmap, releases the shared lock, close; the last process out unlinks the
   // file (only if the path still names our inode). Idempotent, never throws; returns false when a
   // step failed (each failure is logged; every later step still runs).
   bool close() noexcept;
@@ -96,6 +147,7 @@ class Region {
  private:
   struct State;
   explicit Region(std::unique_ptr<State> state);
+  static void run_bringup(State& state);
   std::unique_ptr<State> state_;
 };
 

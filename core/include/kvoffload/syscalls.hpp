@@ -30,6 +30,7 @@ struct Syscalls {
   int (*fstatvfs)(void* ctx, int fd, struct statvfs* st) = nullptr;
   int (*fchmod)(void* ctx, int fd, mode_t mode) = nullptr;
   int (*fallocate)(void* ctx, int fd, int mode, off_t offset, off_t len) = nullptr;
+  int (*ftruncate)(void* ctx, int fd, off_t length) = nullptr;
   ssize_t (*pread)(void* ctx, int fd, void* buf, std::size_t count, off_t offset) = nullptr;
   ssize_t (*pwrite)(void* ctx, int fd, const void* buf, std::size_t count, off_t offset) = nullptr;
   int (*linkat)(void* ctx, int olddirfd, const char* oldpath, int newdirfd, const char* newpath,

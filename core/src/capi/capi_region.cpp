@@ -40,6 +40,7 @@ kvo_status kvo_region_options_init(kvo_region_options* options) {
     options->join_timeout_ms = 30'000;
     options->populate_threads = 1;
     options->populate = 1;
+    options->slot_align = kvoffload::kDefaultSlotAlign;
   });
 }
 
@@ -65,6 +66,7 @@ kvo_status kvo_region_create_or_join(const kvo_region_options* options, kvo_regi
     opts.layout.slot_bytes = options->slot_bytes;
     opts.layout.world_size = options->world_size;
     opts.layout.replicated = options->replicated != 0;
+    opts.layout.slot_align = options->slot_align;
     if (options->rank != KVO_UNRANKED) opts.rank = static_cast<std::uint32_t>(options->rank);
     if (options->shm_dir != nullptr) opts.shm_dir = options->shm_dir;
     opts.join_timeout = std::chrono::milliseconds(options->join_timeout_ms);
@@ -84,7 +86,8 @@ kvo_status kvo_region_geometry_get(const kvo_region_t* region, kvo_region_geomet
     const auto& g = r.geometry();
     *out = kvo_region_geometry{g.num_chunks(),  g.slot_bytes(), g.world_size(),
                                g.copies(),      g.replicated() ? 1 : 0,
-                               g.row_stride(),  g.data_bytes(), g.page_size()};
+                               g.row_stride(),  g.data_bytes(), g.page_size(),
+                               g.slot_align(),  g.slot_stride()};
   });
 }
 

@@ -87,6 +87,9 @@ class ManagerImpl {
     marks_.assign(n_, 0);
     counts_.assign(n_, 0);
     free_.reserve(n_);
+    // Note [Ready slots]: only the slots of rows the region has made ready on every rank are ever
+    // handed out; the rest join the free slots as set_ready_chunks() grows the ready prefix.
+    ready_ = static_cast<std::uint32_t>(config.ready_chunks.value_or(n_));
     reset_free_slots();
     index_.init(n_);
     if (config_.store_threshold > 0) {
@@ -184,7 +187,7 @@ class ManagerImpl {
 
     const std::uint64_t needed = plan_keys_.size();
     const std::uint64_t free_slots = free_count();
-    const std::uint64_t evictable_slots = n_ - free_slots - pending_ - pinned_;
+    const std::uint64_t evictable_slots = ready_ - free_slots - pending_ - pinned_;
     plan.slots_needed = needed;
     plan.slots_available = free_slots + evictable_slots - protected_evictable;
     if (needed > n_) {
@@ -497,7 +500,8 @@ class ManagerImpl {
   ManagerStats stats() const noexcept {
     ManagerStats s = stats_;
     s.num_chunks = n_;
-    s.used = n_ - free_count();
+    s.ready_chunks = ready_;
+    s.used = ready_ - free_count();
     s.write_pending = pending_;
     s.pinned = pinned_;
     s.evictable = s.used - pending_ - pinned_;
@@ -510,6 +514,23 @@ class ManagerImpl {
   }
 
   void reset_stats() noexcept { stats_ = ManagerStats{}; }
+
+  std::uint32_t ready_chunks() const noexcept { return ready_; }
+
+  void set_ready_chunks(std::uint64_t n) {
+    if (n > n_ || n < ready_) {
+      throw_invalid("manager: set_ready_chunks(" + std::to_string(n) + ") is out of range: " +
+                    std::to_string(ready_) + " chunks are ready already and the region has " +
+                    std::to_string(n_) + "; the ready prefix only grows, up to num_chunks");
+    }
+    if (!vllm_) {
+      // New slots go on top of the free stack (free_ was reserved for n_: no allocation here).
+      for (auto s = static_cast<std::uint32_t>(n); s > ready_; --s) free_.push_back(s - 1);
+      fresh_next_ = static_cast<std::uint32_t>(n);
+    }
+    // vLLM: the new slots are never-used ones, [fresh_next_, ready_) grows with ready_.
+    ready_ = static_cast<std::uint32_t>(n);
+  }
 
  private:
   enum : std::uint8_t { kFree = 0, kPending = 1, kReady = 2 };
@@ -531,21 +552,22 @@ class ManagerImpl {
 
   [[nodiscard]] bool evictable(std::uint32_t s) const noexcept { return state_[s] == kReady && pins_[s] == 0; }
 
-  // Free slots: the never-used ones [fresh_next_, n_) and the stack free_ of freed ones. Native
-  // puts every slot on the stack (slot 0 on top) so freed slots are reused first; vLLM's pool
-  // hands out never-used slots first (Note [vLLM semantics]).
+  // Free slots (of the ready ones, Note [Ready slots]): the never-used ones [fresh_next_, ready_)
+  // and the stack free_ of freed ones. Native puts every slot on the stack (slot 0 on top) so
+  // freed slots are reused first; vLLM's pool hands out never-used slots first (Note [vLLM
+  // semantics]).
   void reset_free_slots() {
     free_.clear();
     if (vllm_) {
       fresh_next_ = 0;
       return;
     }
-    fresh_next_ = n_;
-    for (std::uint32_t s = n_; s > 0; --s) free_.push_back(s - 1);
+    fresh_next_ = ready_;
+    for (std::uint32_t s = ready_; s > 0; --s) free_.push_back(s - 1);
   }
-  [[nodiscard]] std::uint64_t free_count() const noexcept { return free_.size() + (n_ - fresh_next_); }
+  [[nodiscard]] std::uint64_t free_count() const noexcept { return free_.size() + (ready_ - fresh_next_); }
   SlotIndex take_free_slot() noexcept {
-    if (fresh_next_ < n_) return fresh_next_++;
+    if (fresh_next_ < ready_) return fresh_next_++;
     const SlotIndex s = free_.back();
     free_.pop_back();
     return s;
@@ -603,6 +625,7 @@ class ManagerImpl {
   std::unique_ptr<EvictionPolicy> policy_;
   bool vllm_ = false;  // ManagerSemantics::kVllm
   std::uint32_t n_ = 0;
+  std::uint32_t ready_ = 0;  // slots [0, ready_) may be handed out (Note [Ready slots])
 
   // Per slot.
   std::vector<BlockKey> keys_;
@@ -654,6 +677,10 @@ ManagerConfig validated(ManagerConfig config) {
   if (config.num_chunks == 0 || config.num_chunks > kMaxChunks) {
     throw_invalid("manager: num_chunks " + std::to_string(config.num_chunks) + " is out of range 1.." +
                   std::to_string(kMaxChunks));
+  }
+  if (config.ready_chunks && *config.ready_chunks > config.num_chunks) {
+    throw_invalid("manager: ready_chunks " + std::to_string(*config.ready_chunks) +
+                  " exceeds num_chunks " + std::to_string(config.num_chunks));
   }
   if (config.policy != PolicyKind::kLru && config.policy != PolicyKind::kArc) {
     throw_invalid("manager: policy " + std::to_string(static_cast<int>(config.policy)) + " is unknown");
@@ -730,5 +757,7 @@ std::uint32_t Manager::threshold_count(const BlockKey& key) const noexcept {
 std::span<const ManagerEvent> Manager::take_events() { return impl_->take_events(); }
 ManagerStats Manager::stats() const noexcept { return impl_->stats(); }
 void Manager::reset_stats() noexcept { impl_->reset_stats(); }
+std::uint32_t Manager::ready_chunks() const noexcept { return impl_->ready_chunks(); }
+void Manager::set_ready_chunks(std::uint64_t n) { impl_->set_ready_chunks(n); }
 
 }  // namespace kvoffload

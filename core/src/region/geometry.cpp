@@ -14,7 +14,7 @@ constexpr std::uint64_t kMaxDataBytes = static_cast<std::uint64_t>(std::numeric_
 std::string describe(const RegionLayout& l) {
   return "num_chunks=" + std::to_string(l.num_chunks) + ", slot_bytes=" +
          std::to_string(l.slot_bytes) + ", world_size=" + std::to_string(l.world_size) +
-         (l.replicated ? ", replicated" : "");
+         ", slot_align=" + std::to_string(l.slot_align) + (l.replicated ? ", replicated" : "");
 }
 
 [[noreturn]] void overflow(const RegionLayout& l, const char* what) {
@@ -26,7 +26,8 @@ std::string describe(const RegionLayout& l) {
 
 bool operator==(const RegionLayout& a, const RegionLayout& b) noexcept {
   return a.num_chunks == b.num_chunks && a.slot_bytes == b.slot_bytes &&
-         a.world_size == b.world_size && a.replicated == b.replicated;
+         a.world_size == b.world_size && a.replicated == b.replicated &&
+         a.slot_align == b.slot_align;
 }
 
 RegionGeometry RegionGeometry::compute(const RegionLayout& layout, std::size_t page_size) {
@@ -36,15 +37,23 @@ RegionGeometry RegionGeometry::compute(const RegionLayout& layout, std::size_t p
   if (page_size == 0 || (page_size & (page_size - 1)) != 0) {
     throw_invalid("page size " + std::to_string(page_size) + " is not a power of two");
   }
+  const std::uint64_t align = layout.slot_align;
+  if (align < kMinSlotAlign || (align & (align - 1)) != 0 || align > page_size) {
+    throw_invalid("slot_align " + std::to_string(align) + " is not allowed: it must be a power of two from " +
+                  std::to_string(kMinSlotAlign) + " to the page size (" + std::to_string(page_size) +
+                  "); the default is " + std::to_string(kDefaultSlotAlign));
+  }
   RegionGeometry g;
   g.layout_ = layout;
   g.page_size_ = page_size;
   g.copies_ = layout.replicated ? 1U : layout.world_size;
 
+  if (layout.slot_bytes > kMaxDataBytes) overflow(layout, "slot_bytes");
+  const std::uint64_t slot = (layout.slot_bytes + align - 1) / align * align;  // cannot wrap
   std::uint64_t row = 0;
-  if (__builtin_mul_overflow(static_cast<std::uint64_t>(g.copies_), layout.slot_bytes, &row) ||
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(g.copies_), slot, &row) ||
       row > kMaxDataBytes) {
-    overflow(layout, "copies x slot_bytes");
+    overflow(layout, "copies x slot_stride");
   }
   const std::uint64_t page = page_size;
   row = (row + page - 1) / page * page;  // cannot wrap: row <= kMaxDataBytes
@@ -52,6 +61,7 @@ RegionGeometry RegionGeometry::compute(const RegionLayout& layout, std::size_t p
   if (__builtin_mul_overflow(layout.num_chunks, row, &data) || data > kMaxDataBytes) {
     overflow(layout, "num_chunks x row_stride");
   }
+  g.slot_stride_ = slot;
   g.row_stride_ = row;
   g.data_bytes_ = data;
   return g;
@@ -72,7 +82,7 @@ std::uint64_t RegionGeometry::slot_offset(std::uint64_t chunk, std::uint32_t ran
                   std::to_string(layout_.num_chunks) + " chunks, so chunk must be 0.." +
                   std::to_string(layout_.num_chunks - 1));
   }
-  return chunk * row_stride_ + static_cast<std::uint64_t>(copy_index(rank)) * layout_.slot_bytes;
+  return chunk * row_stride_ + static_cast<std::uint64_t>(copy_index(rank)) * slot_stride_;
 }
 
 }  // namespace kvoffload

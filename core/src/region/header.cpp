@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kvoffload/error.hpp"
 #include "region/sys.hpp"
@@ -17,9 +18,10 @@ std::string_view state_name(std::uint32_t state) noexcept {
   return "unknown";
 }
 
-std::uint64_t data_offset_for(std::size_t page_size) noexcept {
+std::uint64_t data_offset_for(std::size_t page_size, std::uint32_t world_size) noexcept {
   const std::uint64_t page = page_size;
-  return (sizeof(RegionHeader) + page - 1) / page * page;
+  const std::uint64_t end = kReadinessOffset + std::uint64_t{world_size} * sizeof(RankReadiness);
+  return (end + page - 1) / page * page;
 }
 
 RegionHeader make_header(const RegionGeometry& g, std::string_view engine_id) {
@@ -27,7 +29,7 @@ RegionHeader make_header(const RegionGeometry& g, std::string_view engine_id) {
   std::memcpy(h.magic, kRegionMagic, sizeof h.magic);
   h.version = kRegionVersion;
   h.state = static_cast<std::uint32_t>(RegionState::kCreating);
-  h.data_offset = data_offset_for(g.page_size());
+  h.data_offset = data_offset_for(g.page_size(), g.world_size());
   h.num_chunks = g.num_chunks();
   h.slot_bytes = g.slot_bytes();
   h.world_size = g.world_size();
@@ -35,6 +37,9 @@ RegionHeader make_header(const RegionGeometry& g, std::string_view engine_id) {
   h.row_stride = g.row_stride();
   h.data_bytes = g.data_bytes();
   h.page_size = g.page_size();
+  h.slot_align = g.slot_align();
+  h.slot_stride = g.slot_stride();
+  h.readiness_offset = kReadinessOffset;
   const std::size_t n = std::min(engine_id.size(), sizeof h.engine_id - 1);
   std::memcpy(h.engine_id, engine_id.data(), n);
   return h;
@@ -45,7 +50,8 @@ std::optional<RegionLayout> header_layout(const RegionHeader& h) noexcept {
     return std::nullopt;
   }
   return RegionLayout{.num_chunks = h.num_chunks, .slot_bytes = h.slot_bytes,
-                      .world_size = h.world_size, .replicated = h.replicated != 0};
+                      .world_size = h.world_size, .replicated = h.replicated != 0,
+                      .slot_align = h.slot_align};
 }
 
 namespace {
@@ -80,7 +86,10 @@ bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::stri
 }
 
 void write_header(const Syscalls& sys, int fd, const RegionHeader& header, const std::string& path) {
-  pwrite_all(sys, fd, &header, sizeof header, 0, "of the header of " + path);
+  // The whole area before the data, so the readiness table is allocated (and zero) from the start.
+  std::vector<std::byte> area(static_cast<std::size_t>(header.data_offset));
+  std::memcpy(area.data(), &header, sizeof header);
+  pwrite_all(sys, fd, area.data(), area.size(), 0, "of the header of " + path);
 }
 
 void write_state(const Syscalls& sys, int fd, RegionState state, const std::string& path) {

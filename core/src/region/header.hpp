@@ -14,7 +14,8 @@
 namespace kvoffload::detail {
 
 inline constexpr char kRegionMagic[8] = {'K', 'V', 'O', 'F', 'F', 'R', 'G', 'N'};
-inline constexpr std::uint32_t kRegionVersion = 1;
+// Version 2 added slot_align (Note [Slot alignment] in geometry.hpp).
+inline constexpr std::uint32_t kRegionVersion = 2;
 
 enum class RegionState : std::uint32_t { kCreating = 1, kReady = 2 };
 
@@ -33,16 +34,31 @@ struct RegionHeader {
   std::uint64_t data_bytes;
   std::uint64_t page_size;
   char engine_id[136];          // NUL-terminated, for `region list`
+  std::uint64_t slot_align;     // every slot starts on this boundary
+  std::uint64_t slot_stride;    // slot_bytes rounded up to slot_align
+  std::uint64_t readiness_offset;  // where the per-rank readiness table starts (kReadinessOffset)
 };
-static_assert(sizeof(RegionHeader) <= 4096);
+
+// Note [Progressive bring-up] (region.cpp): one entry per rank, after the header and before the
+// data, written by that rank through its mapping and read by everyone, with atomics.
+struct RankReadiness {
+  std::uint32_t state;          // BringupState (0 pending, 1 running, 2 ready, 3 failed, 4 stopped)
+  std::uint32_t sys_errno;      // errno of a failure, when it had one
+  std::uint64_t ready_chunks;   // rows [0, ready_chunks) are ready on this rank
+};
+static_assert(sizeof(RankReadiness) == 16);
+
+inline constexpr std::uint64_t kReadinessOffset = 1024;
+static_assert(sizeof(RegionHeader) <= kReadinessOffset);
 
 // The header's byte range, locked (OFD write lock) by the creator until the region is ready: a
 // joiner that finds it unlocked while the state says "creating" knows the creator died.
 inline constexpr off_t kCreatorLockStart = 0;
 inline constexpr off_t kCreatorLockLen = sizeof(RegionHeader);
 
-// Bytes before the data: the header rounded up to a page.
-std::uint64_t data_offset_for(std::size_t page_size) noexcept;
+// Bytes before the data: the header and the readiness table of `world_size` ranks, rounded up to
+// a page.
+std::uint64_t data_offset_for(std::size_t page_size, std::uint32_t world_size) noexcept;
 
 RegionHeader make_header(const RegionGeometry& geometry, std::string_view engine_id);
 
@@ -53,7 +69,8 @@ std::optional<RegionLayout> header_layout(const RegionHeader& header) noexcept;
 // Error(kSystem) when pread fails.
 bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::string& path);
 
-// pwrite of the whole header / of the state field; throws Error(kSystem) naming the path.
+// pwrite of the whole header area (header, zeroed readiness table, up to data_offset) / of the
+// state field; throws Error(kSystem) naming the path.
 void write_header(const Syscalls& sys, int fd, const RegionHeader& header, const std::string& path);
 void write_state(const Syscalls& sys, int fd, RegionState state, const std::string& path);
 

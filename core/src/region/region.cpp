@@ -4,9 +4,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <utility>
@@ -26,11 +29,14 @@
 // becomes a candidate creator: it checks capacity (statvfs free space, or the memory cgroup when
 // that is lower) while nothing is visible, builds an unnamed file with O_TMPFILE, takes the shared
 // liveness flock and an OFD write lock on the header ("creator alive"), writes the header with
-// state "creating", and publishes it with linkat. linkat is the election: exactly one candidate
-// wins; the losers drop their unnamed file (nothing was allocated yet) and join. Only the winner
-// then allocates the space (fallocate), maps it, sets the state to "ready" and drops the OFD lock.
-// Publishing before fallocate keeps the election cheap: N racing ranks never each allocate the
-// whole region, and never fail a capacity check because of each other.
+// state "creating", sizes the file (sparse ftruncate, so no stub of the wrong size is ever
+// visible), and publishes it with linkat. linkat is the election: exactly one candidate wins; the
+// losers drop their unnamed file (nothing was allocated) and join. The winner maps, sets the state
+// to "ready" and drops the OFD lock. Nobody allocates the whole file: every mapper allocates the
+// pages it populates, in parallel with the other ranks (Note [Allocation by populate] in
+// populate.hpp). A candidate whose capacity check fails looks at the path once more before it
+// reports the shortfall: a winner may have published (and its ranks allocated) between our "no
+// file" and our statvfs, and then the region exists and we join it instead of failing.
 //
 // Joining. A joiner opens the path with O_NOFOLLOW, checks owner and mode (before the stale test,
 // or root would reclaim another user's idle file), then asks "is anyone attached?" with a
@@ -46,7 +52,52 @@
 // inode. Failure drops our shared lock (that is how flock conversion works), which is fine on the
 // way out and is why the question can only be asked here. Then close.
 
+// Note [Progressive bring-up]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A ranked mapper brings its slots up in pieces of max(1, bringup_piece_bytes / row_stride) rows:
+// allocate + populate the piece's ranges (Note [Allocation by populate]), hand the piece to
+// on_piece_ready (a GPU rank registers it there, so no single driver call covers more than a
+// piece), then publish it: the rank's entry in the readiness table after the header (one
+// RankReadiness per rank, in the shared mapping, written with release stores and read with
+// acquire loads) advances its ready prefix. Pieces go in row order, so "rows [0, n) are ready on
+// rank r" is one number per rank, and the rows ready on every rank are the minimum of those
+// numbers (chunks_ready_on_all_ranks). The scheduler feeds that minimum to the Manager
+// (Manager::set_ready_chunks), which hands out only slots of ready rows: before a row is ready on
+// every rank a lookup of its keys misses and a store that finds no ready room is skipped;
+// neither blocks.
+// kBlocking runs the pieces in create_or_join and throws the first failure (the Region is then
+// closed like any failed creation). kBackground runs them on one thread per mapper (each piece
+// still populates with populate_threads threads) and turns a failure into state kFailed with the
+// Error kept for bringup_status() / wait_bringup() and the errno in the rank's table entry: the
+// rows made ready before it stay usable, nothing crashes. close() stops the thread between pieces
+// and joins it before the teardown hooks, and marks the rank stopped (ready prefix 0: a detached
+// rank serves nothing). A rank killed mid-way leaves its entry "running" with the prefix it
+// reached; its liveness lock is gone, so the region is reclaimed as stale once everyone left.
+// An unranked mapper (the scheduler) has no entry: in background mode it populates nothing and
+// touches only rows every rank made ready; in blocking mode it populates the whole region.
+
 namespace kvoffload {
+
+std::string_view to_string(BringupMode m) noexcept {
+  return m == BringupMode::kBlocking ? "blocking" : "background";
+}
+
+std::string_view to_string(BringupState s) noexcept {
+  switch (s) {
+    case BringupState::kPending: return "pending";
+    case BringupState::kRunning: return "running";
+    case BringupState::kReady: return "ready";
+    case BringupState::kFailed: return "failed";
+    case BringupState::kStopped: return "stopped";
+  }
+  return "unknown";
+}
+
+BringupMode parse_bringup_mode(std::string_view name) {
+  if (name == "blocking") return BringupMode::kBlocking;
+  if (name == "background") return BringupMode::kBackground;
+  throw_invalid("bring-up mode '" + std::string(name) + "' is unknown; use 'background' or 'blocking'");
+}
 
 std::string_view to_string(RegionRole role) noexcept {
   return role == RegionRole::kCreator ? "creator" : "joiner";
@@ -149,7 +200,8 @@ using Clock = std::chrono::steady_clock;
 std::string describe_layout(const RegionLayout& l) {
   return "{num_chunks=" + std::to_string(l.num_chunks) + ", slot_bytes=" + std::to_string(l.slot_bytes) +
          ", world_size=" + std::to_string(l.world_size) +
-         ", replicated=" + (l.replicated ? "true" : "false") + "}";
+         ", replicated=" + (l.replicated ? "true" : "false") +
+         ", slot_align=" + std::to_string(l.slot_align) + "}";
 }
 
 double seconds_since(Clock::time_point t) {
@@ -247,7 +299,19 @@ int unlink_if_ours(const Syscalls& sys, int dirfd, const std::string& name, cons
 // when another process published first. Throws on failure, leaving nothing behind.
 Step try_create(Attempt& a, Attached& out) {
   const Syscalls& sys = a.sys;
-  check_capacity(a);
+  try {
+    check_capacity(a);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCapacity) throw;
+    // The space may be gone because a winner published and allocated after we saw no file.
+    struct stat now {};
+    if (sys.fstatat(sys.context, a.dirfd, a.name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0) {
+      log().info("region {}: capacity check failed, but another process created the region "
+                 "meanwhile; joining it", a.path);
+      return Step::kLostRace;
+    }
+    throw;
+  }
 
   const int raw = detail::retry_eintr([&] {
     return sys.openat(sys.context, a.dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
@@ -272,6 +336,13 @@ Step try_create(Attempt& a, Attached& out) {
     throw_system_error("fcntl", errno, "(F_OFD_SETLK) on the header of the new region " + a.path);
   }
   detail::write_header(sys, fd.get(), detail::make_header(a.geometry, a.options.engine_id), a.path);
+  // Sparse: the pages are allocated by the mappers that populate them (Note [Allocation by
+  // populate]); the size is set before publication so a joiner never sees a short file.
+  if (detail::retry_eintr([&] {
+        return sys.ftruncate(sys.context, fd.get(), static_cast<off_t>(a.file_bytes));
+      }) != 0) {
+    throw_system_error("ftruncate", errno, "to " + std::to_string(a.file_bytes) + " bytes of the new region " + a.path);
+  }
   struct stat st {};
   if (sys.fstat(sys.context, fd.get(), &st) != 0) {
     throw_system_error("fstat", errno, "of the new region " + a.path);
@@ -286,21 +357,6 @@ Step try_create(Attempt& a, Attached& out) {
 
   // Visible from here on: a failure must remove the name before the descriptor goes.
   try {
-    const int rc = detail::retry_eintr([&] {
-      return sys.fallocate(sys.context, fd.get(), 0, 0, static_cast<off_t>(a.file_bytes));
-    });
-    if (rc != 0) {
-      const int err = errno;
-      if (err == ENOSPC || err == EDQUOT) {
-        throw Error(ErrorCode::kCapacity,
-                    "fallocate of " + std::to_string(a.file_bytes) + " bytes for region " + a.path +
-                        ": " + strerrordesc_np(err) + " (" + errno_name(err) +
-                        "); the space went to someone else after the capacity check. Fixes: a "
-                        "larger shm (--shm-size), --ipc=host, or a smaller region",
-                    err, "fallocate");
-      }
-      throw_system_error("fallocate", err, "of " + std::to_string(a.file_bytes) + " bytes for region " + a.path);
-    }
     void* addr = sys.mmap(sys.context, nullptr, a.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                           fd.get(), 0);
     if (addr == MAP_FAILED) {
@@ -343,6 +399,13 @@ bool creator_alive(const Attempt& a, int fd) {
 // Validates a header against our geometry; throws kMismatch naming both values.
 void check_header(const Attempt& a, const detail::RegionHeader& h) {
   const auto layout = detail::header_layout(h);
+  if (layout && layout->slot_align != a.geometry.slot_align()) {
+    throw Error(ErrorCode::kMismatch, "region " + a.path + " was created with slot_align=" +
+                                          std::to_string(layout->slot_align) +
+                                          " but this process asks for slot_align=" +
+                                          std::to_string(a.geometry.slot_align()) +
+                                          "; every rank must use the same slot alignment");
+  }
   if (!layout) {
     throw Error(ErrorCode::kMismatch, a.path + " is not a kvoffload region of format version " +
                                           std::to_string(detail::kRegionVersion) + " (bad magic or version " +
@@ -355,13 +418,15 @@ void check_header(const Attempt& a, const detail::RegionHeader& h) {
   }
   if (h.page_size != a.geometry.page_size() || h.row_stride != a.geometry.row_stride() ||
       h.data_bytes != a.geometry.data_bytes() ||
-      h.data_offset != detail::data_offset_for(a.geometry.page_size())) {
+      h.data_offset != detail::data_offset_for(a.geometry.page_size(), a.geometry.world_size()) ||
+      h.readiness_offset != detail::kReadinessOffset) {
     throw Error(ErrorCode::kMismatch,
                 "region " + a.path + " was built with page size " + std::to_string(h.page_size) +
                     ", row stride " + std::to_string(h.row_stride) + " and data offset " +
                     std::to_string(h.data_offset) + "; this process computes " +
                     std::to_string(a.geometry.page_size()) + ", " + std::to_string(a.geometry.row_stride()) +
-                    " and " + std::to_string(detail::data_offset_for(a.geometry.page_size())));
+                    " and " +
+                    std::to_string(detail::data_offset_for(a.geometry.page_size(), a.geometry.world_size())));
   }
 }
 
@@ -461,6 +526,14 @@ Step try_join(Attempt& a, Attached& out) {
 }  // namespace
 
 struct Region::State {
+  ~State() {
+    // A Region whose create_or_join threw after starting nothing has no thread; a moved-from or
+    // closed one has joined it. This is the last line of defence, never the normal path.
+    if (bringup_thread.joinable()) {
+      stop.store(true);
+      bringup_thread.join();
+    }
+  }
   const Syscalls* sys = nullptr;
   std::string engine_id;
   std::filesystem::path path;
@@ -476,13 +549,108 @@ struct Region::State {
   struct stat st {};
   std::vector<std::function<void()>> hooks;
   bool open = false;
+
+  // Bring-up (Note [Progressive bring-up]).
+  std::string shm_dir;
+  bool populate_pages = true;
+  unsigned populate_threads = 1;
+  std::uint64_t piece_rows = 1;
+  std::function<void(std::span<std::byte>, std::uint64_t, std::uint64_t)> on_piece_ready;
+  detail::RankReadiness* table = nullptr;  // in the mapping, one entry per rank
+  std::chrono::steady_clock::time_point started;
+  std::thread bringup_thread;
+  std::atomic<bool> stop{false};
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  BringupStatus bringup;  // under mu
 };
+
+namespace {
+
+std::atomic_ref<std::uint32_t> table_state(detail::RankReadiness& e) { return std::atomic_ref(e.state); }
+std::atomic_ref<std::uint32_t> table_errno(detail::RankReadiness& e) { return std::atomic_ref(e.sys_errno); }
+std::atomic_ref<std::uint64_t> table_ready(detail::RankReadiness& e) { return std::atomic_ref(e.ready_chunks); }
+
+}  // namespace
+
+// The pieces of a ranked mapper (Note [Progressive bring-up]). Throws the first failure after
+// recording it in the status and the rank's table entry.
+void Region::run_bringup(State& s) {
+  const RegionGeometry& g = s.geometry;
+  const std::uint32_t rank = *s.rank;
+  detail::RankReadiness& entry = s.table[rank];
+  table_ready(entry).store(0, std::memory_order_release);
+  table_errno(entry).store(0, std::memory_order_relaxed);
+  table_state(entry).store(static_cast<std::uint32_t>(BringupState::kRunning), std::memory_order_release);
+  const Syscalls& sys = *s.sys;
+  const std::string what = "region " + s.path.string();
+  const detail::PopulatePlan plan(g, s.data, s.rank);
+  const detail::BackingFile file{.fd = s.fd.get(), .file_base = s.mapping.data(), .dirfd = s.dir.get(),
+                                 .dir = s.shm_dir};
+  auto finish = [&](BringupState state, std::optional<Error> error, std::uint64_t failed_chunk) {
+    if (error) table_errno(entry).store(static_cast<std::uint32_t>(error->sys_errno()), std::memory_order_relaxed);
+    if (state == BringupState::kStopped) table_ready(entry).store(0, std::memory_order_release);
+    table_state(entry).store(static_cast<std::uint32_t>(state), std::memory_order_release);
+    const std::lock_guard lock(s.mu);
+    s.bringup.state = state;
+    s.bringup.error = std::move(error);
+    s.bringup.failed_chunk = failed_chunk;
+    s.bringup.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.started).count();
+    s.cv.notify_all();
+  };
+  std::uint64_t first = 0;
+  try {
+    for (; first < g.num_chunks(); first += s.piece_rows) {
+      if (s.stop.load(std::memory_order_relaxed)) {
+        finish(BringupState::kStopped, std::nullopt, first);
+        return;
+      }
+      const std::uint64_t rows = std::min(s.piece_rows, g.num_chunks() - first);
+      const detail::PopulatePlan piece = plan.rows(first, rows);
+      if (s.populate_pages) {
+        const PopulateReport r = detail::populate(sys, piece, g.page_size(), s.populate_threads, what, file);
+        const std::lock_guard lock(s.mu);
+        s.populate.method = r.method;
+        s.populate.bytes += r.bytes;
+        s.populate.seconds += r.seconds;
+      } else {
+        detail::allocate(sys, piece, file, what);
+      }
+      if (s.on_piece_ready) {
+        s.on_piece_ready({s.data + first * g.row_stride(), static_cast<std::size_t>(rows * g.row_stride())},
+                         first, rows);
+      }
+      table_ready(entry).store(first + rows, std::memory_order_release);
+      const std::lock_guard lock(s.mu);
+      s.bringup.ready_chunks = first + rows;
+    }
+  } catch (const Error& e) {
+    log().error("{}: bring-up of rank {} failed at chunks [{}, {}): {}", what, rank, first,
+                std::min(first + s.piece_rows, g.num_chunks()), e.what());
+    finish(BringupState::kFailed, e, first);
+    throw;
+  } catch (const std::exception& e) {
+    Error wrapped(ErrorCode::kInternal, what + ": bring-up of rank " + std::to_string(rank) +
+                                            " failed at chunk " + std::to_string(first) + ": " + e.what());
+    log().error("{}", wrapped.what());
+    finish(BringupState::kFailed, wrapped, first);
+    throw wrapped;
+  }
+  finish(BringupState::kReady, std::nullopt, 0);
+}
 
 Region Region::create_or_join(const RegionOptions& options) {
   const Syscalls& sys = options.syscalls != nullptr ? *options.syscalls : real_syscalls();
   // Everything the caller gave is checked before any file is touched.
   detail::validate_engine_id(options.engine_id);
   if (options.populate_threads == 0) throw_invalid("populate_threads is 0; it must be at least 1");
+  if (options.bringup_piece_bytes == 0) {
+    throw_invalid("bringup_piece_bytes is 0; it must be at least 1 (default " +
+                  std::to_string(kDefaultBringupPieceBytes) + ")");
+  }
+  if (options.bringup != BringupMode::kBlocking && options.bringup != BringupMode::kBackground) {
+    throw_invalid("bringup mode " + std::to_string(static_cast<int>(options.bringup)) + " is unknown");
+  }
   if (options.join_timeout.count() < 0) {
     throw_invalid("join_timeout is " + std::to_string(options.join_timeout.count()) +
                   " ms; it must be >= 0");
@@ -495,7 +663,8 @@ Region Region::create_or_join(const RegionOptions& options) {
   detail::UniqueFd dir(sys, detail::open_shm_dir(sys, shm_dir.string()));
   Attempt a{.sys = sys, .options = options, .geometry = geometry, .dir = shm_dir.string(),
             .name = path.filename().string(), .path = path.string(), .dirfd = dir.get(),
-            .file_bytes = detail::data_offset_for(geometry.page_size()) + geometry.data_bytes(),
+            .file_bytes = detail::data_offset_for(geometry.page_size(), geometry.world_size()) +
+                          geometry.data_bytes(),
             .started = Clock::now(), .deadline = Clock::now() + options.join_timeout};
 
   Attached attached;
@@ -519,21 +688,56 @@ Region Region::create_or_join(const RegionOptions& options) {
   state->dir = std::move(dir);
   state->fd = std::move(attached.fd);
   state->mapping = std::move(attached.mapping);
-  state->data = state->mapping.data() + detail::data_offset_for(geometry.page_size());
+  state->data = state->mapping.data() + detail::data_offset_for(geometry.page_size(), geometry.world_size());
+  state->table = reinterpret_cast<detail::RankReadiness*>(state->mapping.data() + detail::kReadinessOffset);
   state->st = attached.st;
   state->open = true;
+  state->shm_dir = shm_dir.string();
+  state->populate_pages = options.populate;
+  state->populate_threads = options.populate_threads;
+  state->piece_rows = std::max<std::uint64_t>(1, options.bringup_piece_bytes / geometry.row_stride());
+  state->on_piece_ready = options.on_piece_ready;
+  state->started = a.started;
+  state->bringup.num_chunks = geometry.num_chunks();
   Region region(std::move(state));
   log().info("region {}: {} ({} bytes, {} chunks x {} row stride)", a.path,
              region.role() == RegionRole::kCreator ? "created" : "joined", a.file_bytes,
              geometry.num_chunks(), geometry.row_stride());
 
-  if (options.populate) {
-    // A failure here goes through the normal teardown (other processes may be attached already),
-    // and the caller sees the populate error.
-    const detail::PopulatePlan plan(geometry, region.data(), options.rank);
-    region.state_->populate =
-        detail::populate(sys, plan, geometry.page_size(), options.populate_threads, "region " + a.path);
+  // A failure here goes through the normal teardown (other processes may be attached already),
+  // and the caller sees the populate (or allocation) error.
+  State& s = *region.state_;
+  if (options.rank) {
+    if (options.bringup == BringupMode::kBlocking) {
+      run_bringup(s);
+    } else {
+      s.bringup.state = BringupState::kRunning;
+      s.bringup_thread = std::thread([&s] {
+        try {
+          run_bringup(s);
+        } catch (...) {
+          // Recorded in the status and the table by run_bringup (Note [Progressive bring-up]).
+        }
+      });
+    }
+    return region;
   }
+  // Unranked: everything in blocking mode, nothing in background mode.
+  if (options.bringup == BringupMode::kBlocking) {
+    const detail::PopulatePlan plan(geometry, region.data(), std::nullopt);
+    const detail::BackingFile file{.fd = s.fd.get(), .file_base = s.mapping.data(), .dirfd = s.dir.get(),
+                                   .dir = s.shm_dir};
+    if (options.populate) {
+      s.populate = detail::populate(sys, plan, geometry.page_size(), options.populate_threads,
+                                    "region " + a.path, file);
+    } else {
+      // Not pre-faulted, but allocated: a later first touch must never meet a full tmpfs.
+      detail::allocate(sys, plan, file, "region " + a.path);
+    }
+    s.bringup.ready_chunks = geometry.num_chunks();
+  }
+  s.bringup.state = BringupState::kReady;
+  s.bringup.seconds = seconds_since(a.started);
   return region;
 }
 
@@ -553,7 +757,47 @@ RegionRole Region::role() const noexcept { return state_->role; }
 const std::filesystem::path& Region::path() const noexcept { return state_->path; }
 const std::string& Region::engine_id() const noexcept { return state_->engine_id; }
 std::optional<std::uint32_t> Region::rank() const noexcept { return state_->rank; }
-const PopulateReport& Region::populate_report() const noexcept { return state_->populate; }
+PopulateReport Region::populate_report() const {
+  const std::lock_guard lock(state_->mu);
+  return state_->populate;
+}
+
+BringupStatus Region::bringup_status() const {
+  const std::lock_guard lock(state_->mu);
+  return state_->bringup;
+}
+
+void Region::wait_bringup() const {
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->bringup.state != BringupState::kRunning; });
+  if (state_->bringup.state == BringupState::kFailed && state_->bringup.error) throw *state_->bringup.error;
+  if (state_->bringup.state == BringupState::kStopped) {
+    throw Error(ErrorCode::kState, "region " + state_->path.string() +
+                                       ": bring-up was stopped by close() before it finished");
+  }
+}
+
+RankBringup Region::rank_bringup(std::uint32_t rank) const {
+  if (!is_open()) throw Error(ErrorCode::kState, "rank_bringup() on a closed region");
+  (void)state_->geometry.copy_index(rank);  // validates the rank
+  detail::RankReadiness& e = state_->table[rank];
+  RankBringup r;
+  r.state = static_cast<BringupState>(table_state(e).load(std::memory_order_acquire));
+  r.ready_chunks = table_ready(e).load(std::memory_order_acquire);
+  r.sys_errno = static_cast<int>(table_errno(e).load(std::memory_order_relaxed));
+  return r;
+}
+
+std::uint64_t Region::chunks_ready_on_all_ranks() const {
+  if (!is_open()) throw Error(ErrorCode::kState, "chunks_ready_on_all_ranks() on a closed region");
+  const RegionGeometry& g = state_->geometry;
+  std::uint64_t ready = g.num_chunks();
+  for (std::uint32_t r = 0; r < g.world_size(); ++r) {
+    // A value past num_chunks can only come from a corrupt table; never hand out such rows.
+    ready = std::min(ready, table_ready(state_->table[r]).load(std::memory_order_acquire));
+  }
+  return ready;
+}
 bool Region::is_open() const noexcept { return state_ != nullptr && state_->open; }
 std::byte* Region::data() const noexcept { return is_open() ? state_->data : nullptr; }
 
@@ -590,6 +834,21 @@ void Region::add_teardown_hook(std::function<void()> hook) {
 bool Region::close() noexcept {
   if (!is_open()) return true;
   State& s = *state_;
+  // The bring-up thread first: it may be registering a piece, and the hooks below unregister.
+  if (s.bringup_thread.joinable()) {
+    s.stop.store(true);
+    s.bringup_thread.join();
+  }
+  if (s.rank && s.table != nullptr) {
+    // A detached rank serves nothing: its entry says so (Note [Progressive bring-up]).
+    detail::RankReadiness& entry = s.table[*s.rank];
+    table_ready(entry).store(0, std::memory_order_release);
+    // A failure stays visible (with its errno) to the processes still attached.
+    const auto failed = static_cast<std::uint32_t>(BringupState::kFailed);
+    if (table_state(entry).load(std::memory_order_acquire) != failed) {
+      table_state(entry).store(static_cast<std::uint32_t>(BringupState::kStopped), std::memory_order_release);
+    }
+  }
   s.open = false;
   const std::string path = s.path.string();
   bool ok = true;

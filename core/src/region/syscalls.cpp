@@ -24,6 +24,7 @@ int real_fchmod(void*, int fd, mode_t mode) { return ::fchmod(fd, mode); }
 int real_fallocate(void*, int fd, int mode, off_t offset, off_t len) {
   return ::fallocate(fd, mode, offset, len);
 }
+int real_ftruncate(void*, int fd, off_t length) { return ::ftruncate(fd, length); }
 ssize_t real_pread(void*, int fd, void* buf, std::size_t count, off_t offset) {
   return ::pread(fd, buf, count, offset);
 }
@@ -101,6 +102,7 @@ constexpr Syscalls kReal{
     .fstatvfs = real_fstatvfs,
     .fchmod = real_fchmod,
     .fallocate = real_fallocate,
+    .ftruncate = real_ftruncate,
     .pread = real_pread,
     .pwrite = real_pwrite,
     .linkat = real_linkat,

@@ -68,7 +68,7 @@ void validate(const StackConfig& config) {
                   std::to_string(m.threshold_tracker_capacity) +
                   " is set but store_threshold is 0 (no tracker is kept)");
   }
-  const std::uint64_t record = file_tier_record_bytes(g.copies() * g.slot_bytes());
+  const std::uint64_t record = file_tier_record_bytes(g.copies() * g.slot_stride());
   std::set<std::filesystem::path> roots;
   for (std::size_t i = 0; i < config.file_tiers.size(); ++i) {
     const FileTierOptions& t = config.file_tiers[i];

@@ -14,7 +14,7 @@ PrimaryRows PrimaryRows::of(const Region& region) {
   const RegionGeometry& g = region.geometry();
   return PrimaryRows{.base = region.data(),
                      .row_stride = g.row_stride(),
-                     .row_bytes = static_cast<std::uint64_t>(g.copies()) * g.slot_bytes(),
+                     .row_bytes = static_cast<std::uint64_t>(g.copies()) * g.slot_stride(),
                      .num_rows = g.num_chunks()};
 }
 

@@ -68,6 +68,10 @@ void RunConfig::finalize() {
   require_range<std::uint32_t>("--prefix-chunks", prefix_chunks, 1, 4096);
   require_range<std::uint32_t>("--unique-chunks", unique_chunks, 0, 4096);
   require_range<unsigned>("--threads", populate_threads, 1, 256);
+  if (bringup != "background" && bringup != "blocking") {
+    throw_invalid("--bringup '" + bringup + "' is not a bring-up mode; use background or blocking");
+  }
+  require_range<std::uint64_t>("--bringup-piece", bringup_piece_bytes, 1, std::uint64_t{1} << 50);
   if (duration_seconds < 0 || duration_seconds > 24 * 3600.0) {
     throw_invalid("--duration " + std::to_string(duration_seconds) +
                   " is out of range; allowed 0..86400 seconds (0 with --requests N)");
@@ -108,7 +112,8 @@ void to_json(nlohmann::json& j, const RunConfig& c) {
                      {"blocks_per_chunk", c.blocks_per_chunk},
                      {"gpu_blocks", c.gpu_blocks},   {"host_pool_bytes", c.host_pool_bytes},
                      {"seed", c.seed},               {"populate_threads", c.populate_threads},
-                     {"slot_bytes", c.slot_bytes},   {"num_chunks", c.num_chunks}};
+                     {"slot_bytes", c.slot_bytes},   {"num_chunks", c.num_chunks},
+                     {"bringup", c.bringup},         {"bringup_piece_bytes", c.bringup_piece_bytes}};
 }
 
 void from_json(const nlohmann::json& j, RunConfig& c) {
@@ -126,6 +131,8 @@ void from_json(const nlohmann::json& j, RunConfig& c) {
   j.at("populate_threads").get_to(c.populate_threads);
   j.at("slot_bytes").get_to(c.slot_bytes);
   j.at("num_chunks").get_to(c.num_chunks);
+  j.at("bringup").get_to(c.bringup);
+  j.at("bringup_piece_bytes").get_to(c.bringup_piece_bytes);
 }
 
 }  // namespace kvoffload::run

@@ -31,6 +31,10 @@ struct RunConfig {
   std::string file_tier;            // non-empty: a secondary file tier under this directory
   std::uint64_t file_tier_bytes = 1ULL << 30;  // its capacity (oldest records go beyond it)
   unsigned populate_threads = 1;
+  // Note [Progressive bring-up]: "background" serves from the start on the rows every rank made
+  // ready; "blocking" populates and registers everything before the first request.
+  std::string bringup = "background";
+  std::uint64_t bringup_piece_bytes = 1ULL << 30;
   bool json = false;
 
   // Derived (computed by finalize()).

@@ -19,9 +19,11 @@
 #include <csignal>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace kvoffload::run {
@@ -88,12 +90,13 @@ std::vector<RankProcess> spawn_ranks(std::uint32_t world_size) {
   return ranks;
 }
 
-void stop_ranks(std::vector<RankProcess>& ranks, bool graceful) {
+void stop_ranks(std::vector<RankProcess>& ranks, bool graceful, nlohmann::json* byes = nullptr) {
   for (auto& r : ranks) {
     if (graceful && r.channel) {
       try {
         r.channel->send({{"op", "exit"}});
-        (void)r.channel->receive(std::chrono::seconds(30));
+        auto bye = r.channel->receive(std::chrono::seconds(30));
+        if (bye && byes != nullptr) byes->push_back(*bye);
       } catch (const std::exception&) {
         // already gone; waitpid below collects it
       }
@@ -172,6 +175,13 @@ RunOutcome run_scheduler(const RunConfig& config) {
                                 .world_size = config.world_size};
   if (!config.shm_dir.empty()) stack_config.region.shm_dir = config.shm_dir;
   stack_config.region.populate_threads = config.populate_threads;
+  const BringupMode bringup = parse_bringup_mode(config.bringup);
+  const bool background = bringup == BringupMode::kBackground;
+  // Note [Progressive bring-up]: in background mode the scheduler's unranked mapping populates
+  // nothing and its Manager starts with no ready slot; the loop below grows the ready prefix to
+  // the rows every rank has made ready.
+  stack_config.region.bringup = bringup;
+  if (background) stack_config.manager.ready_chunks = 0;
   stack_config.manager.num_chunks = config.num_chunks;
   stack_config.manager.policy = PolicyKind::kArc;
   stack_config.manager.record_events = false;
@@ -187,6 +197,9 @@ RunOutcome run_scheduler(const RunConfig& config) {
 
   std::vector<RankProcess> ranks;
   Totals t;
+  std::optional<double> first_request_seconds;  // until the first request was served
+  std::optional<double> pool_ready_seconds;     // until every row was ready on every rank
+  nlohmann::json byes = nlohmann::json::array();
   nlohmann::json rank_reports = nlohmann::json::array();
   bool graceful = true;
   try {
@@ -200,6 +213,17 @@ RunOutcome run_scheduler(const RunConfig& config) {
 
     Manager& manager = stack->manager();
     TieredStore& store = stack->store();
+    const Region& region = stack->region();
+    // Grows the Manager's ready prefix; records when every row is ready on every rank. Never
+    // blocks (one read of the readiness table per request).
+    auto track_readiness = [&] {
+      if (pool_ready_seconds) return;
+      const std::uint64_t ready = region.chunks_ready_on_all_ranks();
+      if (background && ready > manager.ready_chunks()) manager.set_ready_chunks(ready);
+      if (ready == config.num_chunks) {
+        pool_ready_seconds = std::chrono::duration<double>(Clock::now() - started).count();
+      }
+    };
     Workload workload(config.seed, config.prefixes, config.prefix_chunks, config.unique_chunks);
     std::mt19937_64 rng(config.seed * 7919 + 1);
     std::vector<std::uint64_t> device_blocks(config.gpu_blocks);
@@ -216,6 +240,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
       if (config.requests != 0 && t.requests >= config.requests) break;
       if (config.duration_seconds > 0 && elapsed >= config.duration_seconds) break;
 
+      track_readiness();
       const std::vector<BlockKey>& keys = workload.next();
       ++t.requests;
       t.chunks_looked_up += keys.size();
@@ -259,7 +284,13 @@ RunOutcome run_scheduler(const RunConfig& config) {
         request["store"] = job_json(next_job++, store_slots,
                                     all_blocks.subspan(hit * bpc, store_keys.size() * bpc), store_keys);
       }
-      if (!request.contains("load") && !request.contains("store")) continue;
+      if (!request.contains("load") && !request.contains("store")) {
+        // Served without the offload tier (nothing to load, no room to store yet).
+        if (!first_request_seconds) {
+          first_request_seconds = std::chrono::duration<double>(Clock::now() - started).count();
+        }
+        continue;
+      }
 
       for (auto& r : ranks) r.channel->send(request);
       bool load_ok = true;
@@ -288,6 +319,9 @@ RunOutcome run_scheduler(const RunConfig& config) {
       }
       t.load_seconds += load_s;
       t.store_seconds += store_s;
+      if (!first_request_seconds) {
+        first_request_seconds = std::chrono::duration<double>(Clock::now() - started).count();
+      }
       if (hit > 0) {
         manager.complete_load(hit_keys);
         if (!load_ok) ++t.failed_jobs;
@@ -306,6 +340,30 @@ RunOutcome run_scheduler(const RunConfig& config) {
     }
     progress.finish();
     (void)store.drain();
+    // The bring-up may outlast the requests: wait for it here (no request waits on it), so that
+    // pool_ready_seconds is always measured. A rank whose bring-up failed or stopped ends the wait.
+    const auto wait_until = Clock::now() + std::chrono::seconds(600);
+    while (!pool_ready_seconds && !g_interrupted.load()) {
+      track_readiness();
+      if (pool_ready_seconds) break;
+      bool ended = false;
+      for (std::uint32_t r = 0; r < config.world_size; ++r) {
+        const RankBringup b = region.rank_bringup(r);
+        if (b.state == BringupState::kFailed || b.state == BringupState::kStopped) {
+          t.note_error("rank " + std::to_string(r) + " bring-up " + std::string(to_string(b.state)) + " after " +
+                       std::to_string(b.ready_chunks) + " of " + std::to_string(config.num_chunks) +
+                       " chunks" + (b.sys_errno != 0 ? " (" + errno_name(b.sys_errno) + ")" : std::string()) +
+                       "; its log has the error");
+          ended = true;
+        }
+      }
+      if (ended) break;
+      if (Clock::now() >= wait_until) {
+        t.note_error("the pool was not ready on every rank after 600 s");
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   } catch (...) {
     graceful = false;
     stop_ranks(ranks, false);
@@ -313,7 +371,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
     throw;
   }
 
-  stop_ranks(ranks, graceful);
+  stop_ranks(ranks, graceful, &byes);
   const ManagerStats ms = stack->manager().stats();
   const TieredStats ts = stack->store().stats();
   const bool closed = stack->close();
@@ -361,7 +419,19 @@ RunOutcome run_scheduler(const RunConfig& config) {
   double registration = 0;
   for (const auto& r : rank_reports) registration = std::max(registration, r.value("registration_seconds", 0.0));
   report["registration_seconds"] = registration;
-  int code = all_verified && region_removed ? 0 : 1;
+  report["bringup"] = config.bringup;
+  report["bringup_piece_bytes"] = config.bringup_piece_bytes;
+  report["first_request_seconds"] = first_request_seconds ? nlohmann::json(*first_request_seconds) : nlohmann::json();
+  report["pool_ready_seconds"] = pool_ready_seconds ? nlohmann::json(*pool_ready_seconds) : nlohmann::json();
+  double longest_piece = 0;
+  for (const auto& b : byes) {
+    if (b.contains("registration")) {
+      longest_piece = std::max(longest_piece, b["registration"].value("longest_piece_seconds", 0.0));
+    }
+  }
+  report["registration_longest_piece_seconds"] = longest_piece;
+  report["rank_bringup"] = byes;
+  int code = all_verified && region_removed && pool_ready_seconds ? 0 : 1;
   if (g_interrupted.load()) code = 130;
   return {report, code};
 }
@@ -387,6 +457,10 @@ std::string format_report(const nlohmann::json& r) {
   out << "  populate        " << r["populate"]["method"].get<std::string>() << ", "
       << gb(r["populate"]["seconds"].get<double>()) << " s; registration "
       << gb(r["registration_seconds"].get<double>()) << " s\n";
+  auto secs = [&](const nlohmann::json& v) { return v.is_null() ? std::string("never") : gb(v.get<double>()) + " s"; };
+  out << "  bring-up        " << r["bringup"].get<std::string>() << ": first request served after "
+      << secs(r["first_request_seconds"]) << ", pool ready on every rank after "
+      << secs(r["pool_ready_seconds"]) << "\n";
   out << "  verified        " << r["verified_bytes"] << " bytes, " << r["mismatched_bytes"]
       << " mismatched, " << r["failed_jobs"] << " failed jobs\n";
   for (const auto& e : r["errors"]) out << "  error           " << e.get<std::string>() << "\n";

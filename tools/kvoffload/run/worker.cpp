@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
@@ -53,14 +54,6 @@ std::optional<JobPart> parse_part(const nlohmann::json& request, const char* nam
 class RankState {
  public:
   RankState(const RunConfig& config, std::uint32_t rank) : config_(config), rank_(rank) {
-    RegionOptions options;
-    options.engine_id = config.engine_id;
-    options.layout = {.num_chunks = config.num_chunks, .slot_bytes = config.slot_bytes,
-                      .world_size = config.world_size};
-    options.rank = rank;
-    if (!config.shm_dir.empty()) options.shm_dir = config.shm_dir;
-    options.populate_threads = config.populate_threads;
-    region_.emplace(Region::create_or_join(options));
     // Rank r on device r mod the device count (or as --devices says): one GPU per rank.
     runtime_ = make_runtime(config.backend);
     device_ = config.device_for_rank(rank, runtime_->info().device_count);
@@ -70,6 +63,52 @@ class RankState {
       const std::string name(runtime_->name());
       runtime_.reset();
       runtime_ = make_runtime(name, ro);
+    }
+    RegionOptions options;
+    options.engine_id = config.engine_id;
+    options.layout = {.num_chunks = config.num_chunks, .slot_bytes = config.slot_bytes,
+                      .world_size = config.world_size};
+    options.rank = rank;
+    if (!config.shm_dir.empty()) options.shm_dir = config.shm_dir;
+    options.populate_threads = config.populate_threads;
+    options.bringup = parse_bringup_mode(config.bringup);
+    options.bringup_piece_bytes = config.bringup_piece_bytes;
+    const bool background = options.bringup == BringupMode::kBackground;
+    if (background) {
+      // Note [Progressive bring-up]: each piece is registered as it comes up, so no single
+      // driver call covers more than a piece. The engine below then runs DMA only (it registers
+      // nothing itself; see the README's bring-up section).
+      options.on_piece_ready = [this](std::span<std::byte> rows, std::uint64_t, std::uint64_t) {
+        const auto start = Clock::now();
+        HostRegistration reg = runtime_->register_host(rows.data(), rows.size());
+        const double s = seconds_since(start);
+        const std::lock_guard lock(pieces_mu_);
+        pieces_.push_back(std::move(reg));
+        piece_seconds_ += s;
+        longest_piece_seconds_ = std::max(longest_piece_seconds_, s);
+      };
+    }
+    region_.emplace(Region::create_or_join(options));
+    try {
+      finish_construction(config, rank, background);
+    } catch (...) {
+      // The bring-up thread uses runtime_ and pieces_: stop it (close) before members go.
+      if (engine_) engine_->shutdown();
+      engine_.reset();
+      region_->close();
+      throw;
+    }
+  }
+
+  void finish_construction(const RunConfig& config, std::uint32_t rank, bool background) {
+    if (background) {
+      // Added before the engine's hook, so it runs after it: the engine drains first, then the
+      // pieces are unregistered, then the region unmaps.
+      region_->add_teardown_hook([this] {
+        const std::lock_guard lock(pieces_mu_);
+        for (auto& reg : pieces_) (void)reg.reset();
+        pieces_.clear();
+      });
     }
     const std::uint64_t tensor_bytes = config.gpu_blocks * config.block_bytes;
     KvGroup group;
@@ -82,7 +121,10 @@ class RankState {
     }
     compute_ = runtime_->create_stream();
     const auto start = Clock::now();
-    engine_.emplace(*runtime_, *region_, rank, std::vector<KvGroup>{group}, config.blocks_per_chunk);
+    EngineOptions engine_options;
+    engine_options.register_host = !background;
+    engine_.emplace(*runtime_, *region_, rank, std::vector<KvGroup>{group}, config.blocks_per_chunk,
+                    engine_options);
     registration_seconds_ = seconds_since(start);
     staging_.resize(config.block_bytes);
   }
@@ -149,9 +191,21 @@ class RankState {
 
   nlohmann::json bye_message() const {
     const EngineStats s = engine_->stats();
-    return {{"op", "bye"}, {"rank", rank_}, {"dma_batches", s.dma_batches},
-            {"kernel_batches", s.kernel_batches}, {"fragments", s.fragments},
-            {"descriptors", s.descriptors}};
+    const BringupStatus b = region_->bringup_status();
+    const PopulateReport p = region_->populate_report();
+    nlohmann::json bye{{"op", "bye"}, {"rank", rank_}, {"dma_batches", s.dma_batches},
+                       {"kernel_batches", s.kernel_batches}, {"fragments", s.fragments},
+                       {"descriptors", s.descriptors},
+                       {"bringup", {{"state", std::string(to_string(b.state))},
+                                    {"seconds", b.seconds},
+                                    {"ready_chunks", b.ready_chunks},
+                                    {"error", b.error ? b.error->what() : ""}}},
+                       {"populate", {{"method", std::string(to_string(p.method))}, {"bytes", p.bytes},
+                                     {"seconds", p.seconds}}}};
+    const std::lock_guard lock(pieces_mu_);
+    bye["registration"] = {{"pieces", pieces_.size()}, {"seconds", piece_seconds_},
+                           {"longest_piece_seconds", longest_piece_seconds_}};
+    return bye;
   }
 
  private:
@@ -193,6 +247,11 @@ class RankState {
   std::optional<TransferEngine> engine_;
   double registration_seconds_ = 0;
   std::vector<std::byte> staging_;
+  // Pieces registered by the bring-up thread (background mode).
+  mutable std::mutex pieces_mu_;
+  std::vector<HostRegistration> pieces_;
+  double piece_seconds_ = 0;
+  double longest_piece_seconds_ = 0;
 };
 
 }  // namespace
