@@ -425,6 +425,31 @@ TEST_P(GpuRuntimeTest, RegistrationInPiecesAndNothingLeaksOnFailure) {
   EXPECT_EQ(sim()->counters().live_registrations.load(), 5);
 }
 
+// Progressive bring-up: the caller registers the host buffer piece by piece; the kernel path opens
+// only once the pieces cover it (before that, DMA), and then copies through their device pointers.
+TEST_P(GpuRuntimeTest, KernelPathOpensWhenRegisteredPiecesCoverTheBuffer) {
+  KvRig s(rt(), 8, 4096, 4);
+  EngineOptions o = kernel_only();
+  o.register_host = false;
+  TransferEngine e(rt(), s.layout, o);
+  HostRegistration first = rt().register_host(s.host.data(), 2 * 4096);
+  e.note_host_registration(first);
+  submit_load(e, 1, {0, 2}, {1, 5});
+  ASSERT_TRUE(e.wait_all().at(0).success);
+  EXPECT_EQ(rt().counters().kernel_launches, 0u) << "the kernel ran before the buffer was registered";
+  EXPECT_FALSE(e.host_registered());
+  HostRegistration second = rt().register_host(s.host.data() + 2 * 4096, 2 * 4096);
+  e.note_host_registration(second);
+  EXPECT_THROW(e.note_host_registration(second), Error);
+  EXPECT_TRUE(e.host_registered());
+  submit_load(e, 2, {1, 3}, {2, 6});
+  ASSERT_TRUE(e.wait_all().at(0).success);
+  EXPECT_EQ(rt().counters().kernel_launches, 1u);
+  EXPECT_TRUE(s.device_block_equals_slot(5, 2));
+  EXPECT_TRUE(s.device_block_equals_slot(6, 3));
+  e.shutdown();  // before the pieces go
+}
+
 // Without unified addressing the pieces' device addresses are not contiguous: one piece instead.
 TEST_P(GpuRuntimeTest, NonContiguousPiecesAreRegisteredAsOne) {
   NEED_SIM();

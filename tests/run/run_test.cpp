@@ -197,7 +197,7 @@ TEST_F(RunTest, OddBlockSizesAndOneRankVerify) {
   ASSERT_EQ(run({"--backend", "host", "--world-size", "1", "--layers", "3", "--block-bytes", "1000",
                  "--blocks-per-chunk", "1", "--gpu-blocks", "40", "--host-pool", "64K",
                  "--prefixes", "3", "--prefix-chunks", "6", "--unique-chunks", "2",
-                 "--requests", "60", "--duration", "0", "--json"}),
+                 "--requests", "60", "--duration", "0", "--bringup", "blocking", "--json"}),
             0)
       << err();
   const json r = report();

@@ -140,6 +140,14 @@ class TransferEngine {
   // is at least as fast. Needs the kernel path (registered host memory); otherwise ran = false.
   CalibrationReport calibrate();
 
+  // Progressive bring-up (RegionOptions::bringup): the caller registers the host buffer piece by
+  // piece (EngineOptions::register_host = false) and tells the engine about each piece here. The
+  // caller keeps the pieces registered until the engine has shut down (a region teardown hook
+  // added before the engine's runs after it). Once the pieces cover the whole host buffer with one
+  // device-minus-host offset, the kernel path opens; until then jobs use DMA. Throws
+  // kInvalidArgument for a piece outside the host buffer or one told twice.
+  void note_host_registration(const HostRegistration& piece);
+
   void shutdown() noexcept;
 
   [[nodiscard]] EngineStats stats() const;

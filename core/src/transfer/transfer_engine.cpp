@@ -8,6 +8,7 @@
 #include <kvoffload/region.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <unordered_set>
 
 namespace kvoffload {
@@ -76,7 +78,34 @@ struct TransferEngine::Impl {
   Lane& lane(Direction d) { return lanes[d == Direction::kStore ? 0 : 1]; }
 
   [[nodiscard]] bool kernel_allowed() const noexcept {
-    return options.allow_kernel && static_cast<bool>(registration) && runtime.supports_kernel_path();
+    return options.allow_kernel && runtime.supports_kernel_path() &&
+           (static_cast<bool>(registration) || pieces_cover.load(std::memory_order_acquire));
+  }
+  // Device-minus-host offset of the registered host buffer (kernel_allowed() holds).
+  [[nodiscard]] std::ptrdiff_t device_delta() const noexcept {
+    if (registration) {
+      return static_cast<std::byte*>(registration.device_base()) - static_cast<std::byte*>(registration.host_base());
+    }
+    return piece_delta;  // written before pieces_cover was set
+  }
+
+  void note_piece(const HostRegistration& piece) {
+    const auto* base = static_cast<const std::byte*>(layout.host.base);
+    const auto* p = static_cast<const std::byte*>(piece.host_base());
+    if (!piece || p < base || p + piece.bytes() > base + layout.host.buffer_bytes) {
+      throw_invalid("transfer engine: note_host_registration: the piece is not inside the engine's host buffer");
+    }
+    const std::ptrdiff_t delta = static_cast<std::byte*>(piece.device_base()) - static_cast<std::byte*>(piece.host_base());
+    std::lock_guard lock(pieces_mu);
+    if (!piece_bases.insert(p).second) throw_invalid("transfer engine: note_host_registration: piece told twice");
+    if (piece_bases.size() == 1) {
+      piece_delta = delta;
+    } else if (delta != piece_delta && !pieces_mixed) {
+      pieces_mixed = true;  // kernels address host memory as base + one offset
+      log().warn("transfer engine: registered pieces have different device offsets; the copy kernel stays off");
+    }
+    piece_bytes += piece.bytes();
+    if (!pieces_mixed && piece_bytes >= layout.host.buffer_bytes) pieces_cover.store(true, std::memory_order_release);
   }
 
   // Needs state_mutex.
@@ -114,9 +143,7 @@ struct TransferEngine::Impl {
     const CopyPath path = detail::choose_path(ln.policy, plan, kernel_allowed());
     if (path == CopyPath::kKernel) {
       // Kernels address host memory through the registration's device pointer.
-      const std::ptrdiff_t delta = static_cast<std::byte*>(registration.device_base()) -
-                                   static_cast<std::byte*>(registration.host_base());
-      detail::Planner::shift_host_side(plan, direction, delta);
+      detail::Planner::shift_host_side(plan, direction, device_delta());
     }
 
     Inflight job;
@@ -350,6 +377,13 @@ struct TransferEngine::Impl {
   KvLayout layout;
   EngineOptions options;
   HostRegistration registration;
+  // Pieces registered by the caller (note_host_registration), not owned.
+  std::mutex pieces_mu;
+  std::set<const std::byte*> piece_bases;
+  std::uint64_t piece_bytes = 0;
+  std::ptrdiff_t piece_delta = 0;
+  bool pieces_mixed = false;
+  std::atomic<bool> pieces_cover{false};
   Lane lanes[2];
 
   mutable std::mutex state_mutex;
@@ -389,7 +423,7 @@ CalibrationReport TransferEngine::calibrate() {
   CalibrationReport report;
   report.store_policy = im.lanes[0].policy;
   report.load_policy = im.lanes[1].policy;
-  if (!im.options.allow_kernel || !im.runtime.supports_kernel_path() || !im.registration) {
+  if (!im.kernel_allowed()) {
     log().info("transfer engine: calibration skipped: the kernel path is not available");
     return report;
   }
@@ -488,6 +522,7 @@ TransferEngine::Impl& need(const std::shared_ptr<TransferEngine::Impl>& impl) {
 }
 }  // namespace
 
+void TransferEngine::note_host_registration(const HostRegistration& piece) { need(impl_).note_piece(piece); }
 void TransferEngine::submit(JobId job_id, Direction direction, const TransferSpec& spec, WaitOn wait_on) {
   need(impl_).submit(job_id, direction, spec, wait_on);
 }
@@ -501,7 +536,7 @@ EngineStats TransferEngine::stats() const {
   Impl& im = need(impl_);
   std::lock_guard lock(im.state_mutex);
   EngineStats s = im.stats;
-  s.host_registered = static_cast<bool>(im.registration);
+  s.host_registered = static_cast<bool>(im.registration) || im.pieces_cover.load();
   return s;
 }
 bool TransferEngine::host_registered() const { return stats().host_registered; }

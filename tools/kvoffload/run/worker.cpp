@@ -76,13 +76,14 @@ class RankState {
     const bool background = options.bringup == BringupMode::kBackground;
     if (background) {
       // Note [Progressive bring-up]: each piece is registered as it comes up, so no single
-      // driver call covers more than a piece. The engine below then runs DMA only (it registers
-      // nothing itself; see the README's bring-up section).
+      // driver call covers more than a piece. The engine below registers nothing itself: it runs
+      // DMA until the pieces cover the region, then may use the copy kernel too.
       options.on_piece_ready = [this](std::span<std::byte> rows, std::uint64_t, std::uint64_t) {
         const auto start = Clock::now();
         HostRegistration reg = runtime_->register_host(rows.data(), rows.size());
         const double s = seconds_since(start);
         const std::lock_guard lock(pieces_mu_);
+        if (engine_told_) engine_->note_host_registration(reg);  // the kernel path opens at the last piece
         pieces_.push_back(std::move(reg));
         piece_seconds_ += s;
         longest_piece_seconds_ = std::max(longest_piece_seconds_, s);
@@ -125,6 +126,12 @@ class RankState {
     engine_options.register_host = !background;
     engine_.emplace(*runtime_, *region_, rank, std::vector<KvGroup>{group}, config.blocks_per_chunk,
                     engine_options);
+    if (background) {
+      // The pieces registered so far, then (in on_piece_ready) each one as it comes.
+      const std::lock_guard lock(pieces_mu_);
+      for (const HostRegistration& reg : pieces_) engine_->note_host_registration(reg);
+      engine_told_ = true;
+    }
     registration_seconds_ = seconds_since(start);
     staging_.resize(config.block_bytes);
   }
@@ -250,6 +257,7 @@ class RankState {
   // Pieces registered by the bring-up thread (background mode).
   mutable std::mutex pieces_mu_;
   std::vector<HostRegistration> pieces_;
+  bool engine_told_ = false;  // engine_ exists and knows every piece so far (pieces_mu_)
   double piece_seconds_ = 0;
   double longest_piece_seconds_ = 0;
 };
