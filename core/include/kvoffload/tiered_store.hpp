@@ -23,6 +23,7 @@
 #include <kvoffload/manager.hpp>
 #include <kvoffload/tier.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -130,6 +131,9 @@ class TieredStore {
   PrimaryRows rows_;
   std::vector<SecondaryTier*> tiers_;
   std::vector<Offload> offloads_;
+  // Failed tier writes warn at most once per 5 s (a dead remote store fails every batch).
+  std::chrono::steady_clock::time_point offload_warned_at_{};
+  std::uint64_t offload_warnings_suppressed_ = 0;
   std::vector<Promotion> promotions_;
   std::uint64_t next_id_ = 1;
   TieredStats stats_;

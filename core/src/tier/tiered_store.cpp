@@ -207,8 +207,19 @@ std::vector<PromoteCompletion> TieredStore::progress(bool block) {
       }
     }
     if (failed > 0) {
-      log().warn("tiered store: {} of {} keys were not written to a secondary tier (first: {})",
-                 failed, it->keys.size(), first_failure);
+      const auto now = std::chrono::steady_clock::now();
+      if (offload_warned_at_ == std::chrono::steady_clock::time_point{} ||
+          now - offload_warned_at_ >= std::chrono::seconds(5)) {
+        log().warn("tiered store: {} of {} keys were not written to a secondary tier (first: {}){}",
+                   failed, it->keys.size(), first_failure,
+                   offload_warnings_suppressed_ == 0
+                       ? std::string()
+                       : fmt::format("; {} similar warnings suppressed", offload_warnings_suppressed_));
+        offload_warned_at_ = now;
+        offload_warnings_suppressed_ = 0;
+      } else {
+        ++offload_warnings_suppressed_;
+      }
     }
     primary_.complete_load(it->keys);
     it = offloads_.erase(it);
