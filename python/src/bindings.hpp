@@ -9,5 +9,6 @@ void bind_errors(pybind11::module_& m);
 void bind_region(pybind11::module_& m);
 void bind_runtime(pybind11::module_& m);
 void bind_manager(pybind11::module_& m);
+void bind_remote(pybind11::module_& m);
 
 }  // namespace kvoffload::python

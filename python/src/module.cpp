@@ -18,4 +18,5 @@ PYBIND11_MODULE(_kvoffload, m) {
   kvoffload::python::bind_region(m);
   kvoffload::python::bind_runtime(m);
   kvoffload::python::bind_manager(m);
+  kvoffload::python::bind_remote(m);
 }
