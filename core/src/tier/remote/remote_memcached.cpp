@@ -123,7 +123,8 @@ class MemcachedConnection final : public StoreConnection {
       char* value = memcached_result_take_value(got);
       HeldValue v;
       v.bytes = {reinterpret_cast<const std::byte*>(value), length};
-      v.owner = std::unique_ptr<void, void (*)(void*)>(value, std::free);
+      v.owner = std::unique_ptr<void, ValueDeleter>(
+          value, ValueDeleter{[](void*, void* p) { std::free(p); }, nullptr});
       accept_value(*ops[i], std::move(v));
     }
     memcached_result_free(&result);

@@ -8,8 +8,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <vector>
 #include <span>
 #include <string>
 
@@ -29,10 +32,68 @@ enum class OpStatus : std::uint8_t {
   kAsk,          // cluster: ASK slot endpoint
 };
 
-// A value read back, owned by whatever the client library allocated it with.
+// Releases a value buffer: fn(ctx, p), e.g. back to a ValuePool, or free().
+struct ValueDeleter {
+  void (*fn)(void* ctx, void* p) = nullptr;
+  void* ctx = nullptr;
+  void operator()(void* p) const noexcept {
+    if (fn != nullptr) fn(ctx, p);
+  }
+};
+
+// A value read back, owned by whatever allocated it (the tier's pool, or the client library).
 struct HeldValue {
   std::span<const std::byte> bytes;
-  std::unique_ptr<void, void (*)(void*)> owner{nullptr, nullptr};
+  std::unique_ptr<void, ValueDeleter> owner;
+};
+
+// Buffers for values read back. Every value of a tier has the same size (header + slot), so
+// buffers are recycled: a get allocates nothing once the pool is warm. Thread-safe.
+class ValuePool {
+ public:
+  ValuePool(std::size_t value_bytes, std::size_t keep) : bytes_(value_bytes), keep_(keep) {}
+  ValuePool(const ValuePool&) = delete;
+  ValuePool& operator=(const ValuePool&) = delete;
+  ~ValuePool() {
+    for (void* p : free_) std::free(p);
+  }
+  // A buffer of `bytes` (the pool's size is recycled; any other size is a plain malloc).
+  HeldValue acquire(std::size_t bytes) {
+    void* p = nullptr;
+    const bool recycled = bytes == bytes_ && keep_ > 0;
+    if (recycled) {
+      std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        p = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (p == nullptr) p = std::malloc(bytes == 0 ? 1 : bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    HeldValue v;
+    v.bytes = {static_cast<const std::byte*>(p), bytes};
+    v.owner = std::unique_ptr<void, ValueDeleter>(
+        p, recycled ? ValueDeleter{&ValuePool::give_back, this}
+                           : ValueDeleter{[](void*, void* q) { std::free(q); }, nullptr});
+    return v;
+  }
+
+ private:
+  static void give_back(void* ctx, void* p) {
+    auto* pool = static_cast<ValuePool*>(ctx);
+    {
+      std::lock_guard lock(pool->mutex_);
+      if (pool->free_.size() < pool->keep_) {
+        pool->free_.push_back(p);
+        return;
+      }
+    }
+    std::free(p);
+  }
+  std::mutex mutex_;
+  std::vector<void*> free_;
+  std::size_t bytes_;
+  std::size_t keep_;
 };
 
 struct ValueOp {
@@ -197,8 +258,10 @@ class RateLimitedWarning {
 };
 
 // Connections (remote_redis.cpp, remote_memcached.cpp). Throw kvoffload::Error on failure.
+// `pool` (may be null: plain malloc) holds GET values; it must outlive the connection's values.
 std::unique_ptr<StoreConnection> connect_redis(const RemoteEndpoint& endpoint, unsigned db,
-                                               RemoteClock::time_point deadline);
+                                               RemoteClock::time_point deadline,
+                                               ValuePool* pool = nullptr);
 std::unique_ptr<StoreConnection> connect_memcached(const RemoteEndpoint& endpoint,
                                                    RemoteClock::time_point deadline);
 

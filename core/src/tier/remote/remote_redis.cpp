@@ -3,7 +3,11 @@
 // hiredis's blocking calls only know per-syscall socket timeouts (a server that trickles bytes,
 // or a SIGSTOPped one behind an accepting kernel, would otherwise hold a caller indefinitely).
 // Puts are written with sendmsg over an iovec (prefix | header | slot bytes | CRLF): the slot
-// bytes go from the region to the socket without a copy.
+// bytes go from the region to the socket without a copy. The replies of the data path (+OK, :n,
+// $-1, $len value, -error) are parsed here too, so a GET value is received straight into a
+// recycled buffer (ValuePool) instead of hiredis's 16 KiB reads, growing reader buffer and
+// per-reply allocation; hiredis's reader still parses everything else (setup, probes, CLUSTER
+// SLOTS), on connections or phases where the data path is not reading.
 #include "kvoffload/error.hpp"
 #include "remote_ops.hpp"
 
@@ -63,7 +67,7 @@ bool parse_redirect(std::string_view text, std::uint16_t& slot, RemoteEndpoint& 
 
 class RedisConnection final : public StoreConnection {
  public:
-  explicit RedisConnection(redisContext* c) : c_(c), buffer_(256 * 1024) {}
+  RedisConnection(redisContext* c, ValuePool* pool) : c_(c), pool_(pool), buffer_(256 * 1024) {}
   ~RedisConnection() override { redisFree(c_); }
 
   bool run(std::span<ValueOp* const> ops, RemoteClock::time_point deadline,
@@ -71,12 +75,15 @@ class RedisConnection final : public StoreConnection {
     if (!write_requests(ops, deadline, error)) return false;
     for (ValueOp* op : ops) {
       if (op->asking) {
-        ReplyPtr ok = read_reply(deadline, error);
-        if (!ok) return false;  // the ASKING reply (+OK) itself is not interesting
+        // The ASKING reply (+OK) itself is not interesting, but an error there is the op's.
+        if (!read_value_reply(*op, deadline, error)) return false;
+        if (op->status == OpStatus::kError) {
+          if (!skip_reply(deadline, error)) return false;
+          continue;
+        }
+        op->status = OpStatus::kPending;
       }
-      ReplyPtr r = read_reply(deadline, error);
-      if (!r) return false;
-      apply(*op, std::move(r));
+      if (!read_value_reply(*op, deadline, error)) return false;
     }
     return true;
   }
@@ -216,59 +223,185 @@ class RedisConnection final : public StoreConnection {
     }
   }
 
-  static void apply(ValueOp& op, ReplyPtr r) {
-    if (r->type == REDIS_REPLY_ERROR) {
-      const std::string_view text(r->str, r->len);
-      if (text.starts_with("MOVED ") && parse_redirect(text, op.redirect_slot, op.redirect_to)) {
-        op.status = OpStatus::kMoved;
-      } else if (text.starts_with("ASK ") && parse_redirect(text, op.redirect_slot, op.redirect_to)) {
-        op.status = OpStatus::kAsk;
+  // ---- the data path's reply reader ----------------------------------------------------------
+
+  // Receives more bytes into in_ (compacting first); false at the deadline or on EOF/error.
+  bool fill(RemoteClock::time_point deadline, std::string& error) {
+    if (rpos_ == wpos_) rpos_ = wpos_ = 0;
+    if (wpos_ == in_.size()) {
+      if (rpos_ == 0) {
+        error = "protocol error: a reply line longer than " + std::to_string(in_.size()) + " bytes";
+        return false;
+      }
+      std::memmove(in_.data(), in_.data() + rpos_, wpos_ - rpos_);
+      wpos_ -= rpos_;
+      rpos_ = 0;
+    }
+    const ssize_t n = recv_some(in_.data() + wpos_, in_.size() - wpos_, deadline, error);
+    if (n <= 0) return false;
+    wpos_ += static_cast<std::size_t>(n);
+    return true;
+  }
+
+  ssize_t recv_some(char* dst, std::size_t len, RemoteClock::time_point deadline, std::string& error) {
+    while (true) {
+      pollfd pfd{c_->fd, POLLIN, 0};
+      const int ms = remaining_ms(deadline);
+      const int pr = ms == 0 ? 0 : ::poll(&pfd, 1, ms);
+      if (pr < 0 && errno == EINTR) continue;
+      if (pr == 0) {
+        error = "deadline passed waiting for a reply";
+        return -1;
+      }
+      if (pr < 0) {
+        error = std::string("poll: ") + std::strerror(errno);
+        return -1;
+      }
+      const ssize_t n = ::recv(c_->fd, dst, len, MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+        error = std::string("recv: ") + std::strerror(errno);
+        return -1;
+      }
+      if (n == 0) {
+        error = "the server closed the connection";
+        return -1;
+      }
+      return n;
+    }
+  }
+
+  // One "\r\n"-terminated line (without it).
+  bool read_line(std::string_view& line, RemoteClock::time_point deadline, std::string& error) {
+    while (true) {
+      const std::string_view have(in_.data() + rpos_, wpos_ - rpos_);
+      const auto end = have.find("\r\n");
+      if (end != std::string_view::npos) {
+        line = have.substr(0, end);
+        rpos_ += end + 2;
+        return true;
+      }
+      if (!fill(deadline, error)) return false;
+    }
+  }
+
+  // Exactly len bytes into dst: what is buffered first, the rest straight from the socket.
+  bool read_exact(char* dst, std::size_t len, RemoteClock::time_point deadline, std::string& error) {
+    const std::size_t buffered = std::min(len, wpos_ - rpos_);
+    std::memcpy(dst, in_.data() + rpos_, buffered);
+    rpos_ += buffered;
+    std::size_t got = buffered;
+    while (got < len) {
+      const ssize_t n = recv_some(dst + got, len - got, deadline, error);
+      if (n <= 0) return false;
+      got += static_cast<std::size_t>(n);
+    }
+    return true;
+  }
+
+  static bool parse_int(std::string_view text, long long& v) {
+    return !text.empty() &&
+           std::from_chars(text.data(), text.data() + text.size(), v).ec == std::errc{} &&
+           std::from_chars(text.data(), text.data() + text.size(), v).ptr == text.data() + text.size();
+  }
+
+  // Reads one reply and applies it to `op`. False on a transport or protocol failure.
+  bool read_value_reply(ValueOp& op, RemoteClock::time_point deadline, std::string& error) {
+    std::string_view line;
+    if (!read_line(line, deadline, error)) return false;
+    if (line.empty()) {
+      error = "protocol error: an empty reply line";
+      return false;
+    }
+    const char type = line.front();
+    const std::string_view rest = line.substr(1);
+    if (type == '-') {
+      apply_error(op, rest);
+      return true;
+    }
+    if (type == '+') {  // SET / ASKING
+      if (op.kind == OpKind::kPut || op.asking) {
+        op.status = OpStatus::kOk;
       } else {
         op.status = OpStatus::kError;
-        op.detail = "server error: " + std::string(text);
+        op.detail = "unexpected status reply +" + std::string(rest);
       }
-      return;
+      return true;
     }
-    switch (op.kind) {
-      case OpKind::kExists:
-        if (r->type == REDIS_REPLY_INTEGER) {
-          op.status = r->integer > 0 ? OpStatus::kOk : OpStatus::kAbsent;
-          return;
-        }
-        break;
-      case OpKind::kGet:
-        if (r->type == REDIS_REPLY_NIL) {
-          op.status = OpStatus::kAbsent;
-          return;
-        }
-        if (r->type == REDIS_REPLY_STRING) {
-          redisReply* raw = r.release();
-          HeldValue v;
-          v.bytes = {reinterpret_cast<const std::byte*>(raw->str), raw->len};
-          v.owner = std::unique_ptr<void, void (*)(void*)>(raw, freeReplyObject);
-          accept_value(op, std::move(v));
-          return;
-        }
-        break;
-      case OpKind::kPut:
-        if (r->type == REDIS_REPLY_STATUS) {
-          op.status = OpStatus::kOk;
-          return;
-        }
-        break;
+    long long n = 0;
+    if ((type != ':' && type != '$') || !parse_int(rest, n)) {
+      error = "protocol error: unexpected reply '" + std::string(line.substr(0, 32)) + "'";
+      return false;
     }
-    op.status = OpStatus::kError;
-    op.detail = "unexpected reply type " + std::to_string(r->type);
+    if (type == ':') {
+      if (op.kind == OpKind::kExists) {
+        op.status = n > 0 ? OpStatus::kOk : OpStatus::kAbsent;
+      } else {
+        op.status = OpStatus::kError;
+        op.detail = "unexpected integer reply :" + std::to_string(n);
+      }
+      return true;
+    }
+    if (n < 0) {  // $-1: nil
+      op.status = op.kind == OpKind::kGet ? OpStatus::kAbsent : OpStatus::kError;
+      if (op.kind != OpKind::kGet) op.detail = "unexpected nil reply";
+      return true;
+    }
+    if (n > (1LL << 30)) {
+      error = "protocol error: a bulk string of " + std::to_string(n) + " bytes";
+      return false;
+    }
+    const auto len = static_cast<std::size_t>(n);
+    HeldValue v = pool_ != nullptr ? pool_->acquire(len) : plain_.acquire(len);
+    char crlf[2];
+    if (!read_exact(static_cast<char*>(v.owner.get()), len, deadline, error) ||
+        !read_exact(crlf, 2, deadline, error)) {
+      return false;
+    }
+    if (crlf[0] != '\r' || crlf[1] != '\n') {
+      error = "protocol error: a bulk string without its CRLF";
+      return false;
+    }
+    if (op.kind == OpKind::kGet) {
+      accept_value(op, std::move(v));
+    } else {
+      op.status = OpStatus::kError;
+      op.detail = "unexpected bulk reply";
+    }
+    return true;
+  }
+
+  // Skips the reply that follows a failed ASKING.
+  bool skip_reply(RemoteClock::time_point deadline, std::string& error) {
+    ValueOp scratch;
+    scratch.kind = OpKind::kExists;
+    return read_value_reply(scratch, deadline, error);
+  }
+
+  static void apply_error(ValueOp& op, std::string_view text) {
+    if (text.starts_with("MOVED ") && parse_redirect(text, op.redirect_slot, op.redirect_to)) {
+      op.status = OpStatus::kMoved;
+    } else if (text.starts_with("ASK ") && parse_redirect(text, op.redirect_slot, op.redirect_to)) {
+      op.status = OpStatus::kAsk;
+    } else {
+      op.status = OpStatus::kError;
+      op.detail = "server error: " + std::string(text);
+    }
   }
 
   redisContext* c_;
-  std::vector<char> buffer_;
+  ValuePool* pool_;
+  ValuePool plain_{0, 0};  // without a tier's pool: keeps nothing, frees every buffer
+  std::vector<char> buffer_;  // hiredis reader input (command())
+  std::vector<char> in_ = std::vector<char>(256 * 1024);  // data path input
+  std::size_t rpos_ = 0, wpos_ = 0;
   std::vector<std::array<char, 160>> prefixes_;
   std::vector<iovec> iov_;
 };
 
 std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, unsigned db,
-                                            RemoteClock::time_point deadline) {
+                                            RemoteClock::time_point deadline,
+                                            ValuePool* pool = nullptr) {
   const int ms = std::max(1, remaining_ms(deadline));
   const timeval tv{ms / 1000, (ms % 1000) * 1000};
   redisContext* c = redisConnectWithTimeout(ep.host.c_str(), ep.port, tv);
@@ -278,7 +411,7 @@ std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, unsigned d
     redisFree(c);
     throw Error(ErrorCode::kNotAvailable, "connect " + ep.to_string() + ": " + why);
   }
-  auto conn = std::make_unique<RedisConnection>(c);
+  auto conn = std::make_unique<RedisConnection>(c, pool);
   if (db != 0) {
     std::string error;
     ReplyPtr r = conn->command({"SELECT", std::to_string(db)}, deadline, error);
@@ -297,8 +430,8 @@ std::string reply_text(const redisReply* r) {
 }  // namespace
 
 std::unique_ptr<StoreConnection> connect_redis(const RemoteEndpoint& endpoint, unsigned db,
-                                               RemoteClock::time_point deadline) {
-  return open_redis(endpoint, db, deadline);
+                                               RemoteClock::time_point deadline, ValuePool* pool) {
+  return open_redis(endpoint, db, deadline, pool);
 }
 
 RedisProbe probe_redis(const RemoteEndpoint& endpoint, unsigned db, std::chrono::milliseconds timeout) {

@@ -91,6 +91,9 @@ struct RemoteTier::Impl {
   std::uint64_t window = 0;  // wire bytes per task
   RemoteClock::duration absent_ttl{};
 
+  // Before the nodes: destroyed after their workers (and every value they hold) are gone.
+  std::unique_ptr<ValuePool> pool;
+
   mutable std::shared_mutex nodes_mutex;
   std::vector<std::unique_ptr<Node>> nodes;
 
@@ -126,6 +129,9 @@ struct RemoteTier::Impl {
     copies = o.geometry.copies();
     slot = o.geometry.slot_bytes;
     absent_ttl = std::max(o.negative_ttl, o.lookup_timeout);
+    // Enough recycled buffers for every node's in-flight window.
+    pool = std::make_unique<ValuePool>(remote_value_bytes(slot),
+                                       2 * o.max_inflight_bytes / remote_value_bytes(slot) + 2 * copies);
     window = std::max<std::uint64_t>(o.max_inflight_bytes / o.connections_per_node,
                                      remote_value_bytes(slot) + 256);
   }
@@ -460,7 +466,8 @@ struct RemoteTier::Impl {
       try {
         const auto deadline = std::min(ctx->deadline, now + o.connect_timeout);
         conn = o.url.kind == RemoteKind::kMemcached ? connect_memcached(node.endpoint, deadline)
-                                                    : connect_redis(node.endpoint, o.url.db, deadline);
+                                                    : connect_redis(node.endpoint, o.url.db, deadline,
+                                                                    pool.get());
       } catch (const std::exception& e) {
         node_failed(node, e.what());
         for (const std::uint32_t i : task.ops) fail_op(ctx, i, e.what());
