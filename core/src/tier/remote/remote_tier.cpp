@@ -132,8 +132,11 @@ struct RemoteTier::Impl {
     // Enough recycled buffers for every node's in-flight window.
     pool = std::make_unique<ValuePool>(remote_value_bytes(slot),
                                        2 * o.max_inflight_bytes / remote_value_bytes(slot) + 2 * copies);
-    window = std::max<std::uint64_t>(o.max_inflight_bytes / o.connections_per_node,
-                                     remote_value_bytes(slot) + 256);
+    // A task is at most the node's in-flight cap split over its connections, and at most 4 MiB,
+    // so one large batch is spread over every connection instead of filling one pipeline.
+    window = std::max<std::uint64_t>(
+        std::min<std::uint64_t>(o.max_inflight_bytes / o.connections_per_node, 4ULL << 20),
+        remote_value_bytes(slot) + 256);
   }
 
   [[nodiscard]] std::uint32_t copy_id(std::uint32_t c) const {
