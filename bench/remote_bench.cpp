@@ -33,7 +33,9 @@ constexpr unsigned kConnections = 4;
 std::unique_ptr<ServerProcess> g_redis;
 std::unique_ptr<RedisCluster> g_cluster;
 
-std::string url_of(int store) { return store == 0 ? g_redis->url() : g_cluster->url(); }
+std::string url_of(int store) {
+  return store == 0 ? g_redis->url() : g_cluster->url();
+}
 
 std::unique_ptr<kvoffload::RemoteTier> open_tier(int store, std::uint64_t bytes) {
   kvoffload::RemoteTierOptions o;
@@ -104,10 +106,22 @@ void BM_RedisBenchmark(benchmark::State& state) {
   const std::uint64_t n = std::max<std::uint64_t>(200, (256ULL << 20) / bytes);
   double rps = 0;
   for (auto _ : state) {
-    std::vector<std::string> argv = {kvoffload::testing::which("redis-benchmark"), "-h", "127.0.0.1",
-                                     "-p", std::to_string(node.port()), "-t", get ? "set,get" : "set",
-                                     "-d", std::to_string(bytes), "-c", std::to_string(clients),
-                                     "-P", "8", "-n", std::to_string(n), "--csv"};
+    std::vector<std::string> argv = {kvoffload::testing::which("redis-benchmark"),
+                                     "-h",
+                                     "127.0.0.1",
+                                     "-p",
+                                     std::to_string(node.port()),
+                                     "-t",
+                                     get ? "set,get" : "set",
+                                     "-d",
+                                     std::to_string(bytes),
+                                     "-c",
+                                     std::to_string(clients),
+                                     "-P",
+                                     "8",
+                                     "-n",
+                                     std::to_string(n),
+                                     "--csv"};
     if (store == 1) argv.emplace_back("--cluster");
     std::string out;
     if (kvoffload::testing::run_command(argv, &out) != 0) {
@@ -131,7 +145,8 @@ void BM_RedisBenchmark(benchmark::State& state) {
 
 void sizes(benchmark::internal::Benchmark* b) {
   for (const std::int64_t store : {0, 1}) {
-    for (const std::int64_t bytes : {256 << 10, 512 << 10, 1 << 20, 2 << 20}) b->Args({bytes, store});
+    for (const std::int64_t bytes : {256 << 10, 512 << 10, 1 << 20, 2 << 20})
+      b->Args({bytes, store});
   }
 }
 
@@ -157,8 +172,8 @@ BENCHMARK(BM_RedisBenchmark)
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  const std::string missing = kvoffload::testing::missing_binary(
-      {"redis-server", "redis-cli", "redis-benchmark"});
+  const std::string missing =
+      kvoffload::testing::missing_binary({"redis-server", "redis-cli", "redis-benchmark"});
   if (!missing.empty()) {
     std::fprintf(stderr, "remote_bench: %s is not installed (Debian: redis-server redis-tools)\n",
                  missing.c_str());

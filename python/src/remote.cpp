@@ -37,10 +37,11 @@ py::dict url_dict(const RemoteUrl& u) {
 }  // namespace
 
 void bind_remote(py::module_& m) {
-  m.def("parse_remote_url", [](const std::string& url) { return url_dict(RemoteUrl::parse(url)); },
-        py::arg("url"),
-        "Parses redis://host:port[/db], redis-cluster://host:port[,...] or "
-        "memcached://host:port[,...]; raises kvoffload.Error naming what is wrong.");
+  m.def(
+      "parse_remote_url", [](const std::string& url) { return url_dict(RemoteUrl::parse(url)); },
+      py::arg("url"),
+      "Parses redis://host:port[/db], redis-cluster://host:port[,...] or "
+      "memcached://host:port[,...]; raises kvoffload.Error naming what is wrong.");
   m.def("remote_value_bytes", &remote_value_bytes, py::arg("slot_bytes"),
         "Bytes of one stored value: the slot bytes plus the 64-byte header.");
 
@@ -52,8 +53,8 @@ void bind_remote(py::module_& m) {
                     std::uint32_t blocks_per_chunk, const std::string& dtype) {
           RemoteTierOptions o;
           o.url = RemoteUrl::parse(url);
-          o.geometry = {slot_bytes, world_size, replicated, tensor_layout, block_bytes,
-                        blocks_per_chunk, dtype};
+          o.geometry = {slot_bytes,  world_size,       replicated, tensor_layout,
+                        block_bytes, blocks_per_chunk, dtype};
           return o;
         }),
         py::arg("url"), py::arg("slot_bytes"), py::arg("world_size") = 1,
@@ -62,8 +63,10 @@ void bind_remote(py::module_& m) {
   c.def_property(
       "url", [](const RemoteTierOptions& o) { return o.url.to_string(); },
       [](RemoteTierOptions& o, const std::string& url) { o.url = RemoteUrl::parse(url); });
-  c.def_property_readonly("kind", [](const RemoteTierOptions& o) { return std::string(to_string(o.url.kind)); });
-  c.def_property_readonly("nodes", [](const RemoteTierOptions& o) { return url_dict(o.url)["nodes"]; });
+  c.def_property_readonly(
+      "kind", [](const RemoteTierOptions& o) { return std::string(to_string(o.url.kind)); });
+  c.def_property_readonly("nodes",
+                          [](const RemoteTierOptions& o) { return url_dict(o.url)["nodes"]; });
   c.def_property(
       "slot_bytes", [](const RemoteTierOptions& o) { return o.geometry.slot_bytes; },
       [](RemoteTierOptions& o, std::uint64_t v) { o.geometry.slot_bytes = v; });
@@ -94,7 +97,8 @@ void bind_remote(py::module_& m) {
   c.def_readwrite("name", &RemoteTierOptions::name);
   c.def("validate", &RemoteTierOptions::validate,
         "Raises kvoffload.Error (INVALID_ARGUMENT) naming the field; touches no network.");
-  c.def_property_readonly("fingerprint", [](const RemoteTierOptions& o) { return o.geometry.fingerprint(); });
+  c.def_property_readonly("fingerprint",
+                          [](const RemoteTierOptions& o) { return o.geometry.fingerprint(); });
   c.def_property_readonly("geometry_description",
                           [](const RemoteTierOptions& o) { return o.geometry.describe(); });
   c.def("__repr__", [](const RemoteTierOptions& o) {

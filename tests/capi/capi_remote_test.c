@@ -6,16 +6,18 @@
 #include <string.h>
 
 static int failures = 0;
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, \
-              __LINE__, #cond, kvo_last_error_message());                  \
-      ++failures;                                                          \
-    }                                                                      \
+#define CHECK(cond)                                                                            \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+              kvo_last_error_message());                                                       \
+      ++failures;                                                                              \
+    }                                                                                          \
   } while (0)
 
-static int mentions(const char* needle) { return strstr(kvo_last_error_message(), needle) != NULL; }
+static int mentions(const char* needle) {
+  return strstr(kvo_last_error_message(), needle) != NULL;
+}
 
 int main(void) {
   kvo_remote_tier_options o;

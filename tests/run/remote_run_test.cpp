@@ -27,15 +27,16 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using ::testing::HasSubstr;
 using kvoffload::testing::RedisCluster;
 using kvoffload::testing::ServerProcess;
+using ::testing::HasSubstr;
 
-#define SKIP_WITHOUT(...)                                                               \
-  do {                                                                                  \
-    const std::string missing = kvoffload::testing::missing_binary({__VA_ARGS__});      \
-    if (!missing.empty()) GTEST_SKIP() << missing << " is not installed (Debian: "       \
-                                       << "redis-server, redis-tools, memcached)";      \
+#define SKIP_WITHOUT(...)                                                          \
+  do {                                                                             \
+    const std::string missing = kvoffload::testing::missing_binary({__VA_ARGS__}); \
+    if (!missing.empty())                                                          \
+      GTEST_SKIP() << missing << " is not installed (Debian: "                     \
+                   << "redis-server, redis-tools, memcached)";                     \
   } while (0)
 
 std::string binary() {
@@ -80,7 +81,8 @@ class RemoteRunTest : public ::testing::Test {
   static int finish(pid_t pid) {
     int status = 0;
     for (int i = 0; i < 1200; ++i) {  // 120 s
-      if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      if (waitpid(pid, &status, WNOHANG) == pid)
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     kill(pid, SIGKILL);
@@ -95,10 +97,11 @@ class RemoteRunTest : public ::testing::Test {
                                     std::vector<std::string> more = {"--requests", "120",
                                                                      "--duration", "0"}) {
     std::vector<std::string> a = {
-        "run", "--shm-dir", shm_.string(), "--engine-id", engine, "--backend", "host",
-        "--world-size", "2", "--layers", "4", "--block-bytes", "4K", "--blocks-per-chunk", "2",
-        "--gpu-blocks", "64", "--host-pool", "512K", "--prefixes", "6", "--prefix-chunks", "4",
-        "--unique-chunks", "1", "--remote-tier", url, "--json"};
+        "run",  "--shm-dir",          shm_.string(), "--engine-id",     engine, "--backend",
+        "host", "--world-size",       "2",           "--layers",        "4",    "--block-bytes",
+        "4K",   "--blocks-per-chunk", "2",           "--gpu-blocks",    "64",   "--host-pool",
+        "512K", "--prefixes",         "6",           "--prefix-chunks", "4",    "--unique-chunks",
+        "1",    "--remote-tier",      url,           "--json"};
     a.insert(a.end(), more.begin(), more.end());
     return a;
   }
@@ -154,14 +157,15 @@ TEST_F(RemoteRunTest, UnreachableServerAtStartWarnsAndTheRunSucceeds) {
 TEST_F(RemoteRunTest, KillNineOfTheServerMidRunKeepsTheEngineServing) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);
-  const pid_t pid = start(run_args(redis.url(), "engine-k", {"--requests", "0", "--duration", "3"}));
+  const pid_t pid =
+      start(run_args(redis.url(), "engine-k", {"--requests", "0", "--duration", "3"}));
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   redis.kill9();
   ASSERT_EQ(finish(pid), 0) << err();
   const json r = report();
   EXPECT_TRUE(r["all_verified"].get<bool>());
-  EXPECT_GT(r["remote"]["stored"].get<std::uint64_t>(), 0u);   // before the kill
-  EXPECT_GT(r["remote"]["errors"].get<std::uint64_t>(), 0u);   // after it
+  EXPECT_GT(r["remote"]["stored"].get<std::uint64_t>(), 0u);  // before the kill
+  EXPECT_GT(r["remote"]["errors"].get<std::uint64_t>(), 0u);  // after it
   EXPECT_EQ(r["remote"]["breaker_opens"], 1);
   EXPECT_TRUE(fs::is_empty(shm_));
 }
@@ -169,7 +173,8 @@ TEST_F(RemoteRunTest, KillNineOfTheServerMidRunKeepsTheEngineServing) {
 TEST_F(RemoteRunTest, FrozenServerMidRunKeepsTheEngineServing) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);
-  const pid_t pid = start(run_args(redis.url(), "engine-s", {"--requests", "0", "--duration", "3"}));
+  const pid_t pid =
+      start(run_args(redis.url(), "engine-s", {"--requests", "0", "--duration", "3"}));
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   redis.stop();  // SIGSTOP
   const int code = finish(pid);

@@ -180,7 +180,8 @@ class ServerProcess {
 
   // redis-cli against this server; returns the output (trimmed).
   std::string cli(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv = {which("redis-cli"), "-h", "127.0.0.1", "-p", std::to_string(port_)};
+    std::vector<std::string> argv = {which("redis-cli"), "-h", "127.0.0.1", "-p",
+                                     std::to_string(port_)};
     argv.insert(argv.end(), args.begin(), args.end());
     std::string out;
     run_command(argv, &out);
@@ -192,12 +193,37 @@ class ServerProcess {
   void start() {
     std::vector<std::string> argv;
     if (kind_ == Kind::kRedis) {
-      argv = {which("redis-server"), "--port", std::to_string(port_), "--bind", "127.0.0.1",
-              "--save", "", "--appendonly", "no", "--dir", dir_.string(), "--daemonize", "no",
-              "--protected-mode", "no", "--logfile", (dir_ / "server.log").string()};
+      argv = {which("redis-server"),
+              "--port",
+              std::to_string(port_),
+              "--bind",
+              "127.0.0.1",
+              "--save",
+              "",
+              "--appendonly",
+              "no",
+              "--dir",
+              dir_.string(),
+              "--daemonize",
+              "no",
+              "--protected-mode",
+              "no",
+              "--logfile",
+              (dir_ / "server.log").string()};
     } else {
-      argv = {which("memcached"), "-p", std::to_string(port_), "-l", "127.0.0.1", "-U", "0",
-              "-m", "64", "-I", "4m", "-t", "2"};
+      argv = {which("memcached"),
+              "-p",
+              std::to_string(port_),
+              "-l",
+              "127.0.0.1",
+              "-U",
+              "0",
+              "-m",
+              "64",
+              "-I",
+              "4m",
+              "-t",
+              "2"};
       if (::getuid() == 0) {
         argv.emplace_back("-u");
         argv.emplace_back("root");
@@ -245,18 +271,20 @@ class RedisCluster {
     for (int i = 0; i < masters; ++i) {
       nodes_.push_back(std::make_unique<ServerProcess>(
           ServerProcess::Kind::kRedis,
-          std::vector<std::string>{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                   "--cluster-node-timeout", "5000"},
+          std::vector<std::string>{"--cluster-enabled", "yes", "--cluster-config-file",
+                                   "nodes.conf", "--cluster-node-timeout", "5000"},
           free_cluster_port()));
     }
     std::vector<std::string> argv = {which("redis-cli"), "--cluster", "create"};
     for (const auto& n : nodes_) argv.push_back(n->endpoint());
     argv.insert(argv.end(), {"--cluster-replicas", "0", "--cluster-yes"});
     std::string out;
-    if (run_command(argv, &out) != 0) throw std::runtime_error("redis-cli --cluster create: " + out);
+    if (run_command(argv, &out) != 0)
+      throw std::runtime_error("redis-cli --cluster create: " + out);
     for (int i = 0; i < 1000; ++i) {  // up to 10 s for every node to agree
       bool ok = true;
-      for (const auto& n : nodes_) ok = ok && n->cli({"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
+      for (const auto& n : nodes_)
+        ok = ok && n->cli({"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
       if (ok) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -269,7 +297,9 @@ class RedisCluster {
     for (std::size_t i = 0; i < nodes_.size(); ++i) u += (i ? "," : "") + nodes_[i]->endpoint();
     return u;
   }
-  [[nodiscard]] std::string node_id(std::size_t i) const { return nodes_.at(i)->cli({"CLUSTER", "MYID"}); }
+  [[nodiscard]] std::string node_id(std::size_t i) const {
+    return nodes_.at(i)->cli({"CLUSTER", "MYID"});
+  }
 
  private:
   std::vector<std::unique_ptr<ServerProcess>> nodes_;
@@ -294,7 +324,8 @@ class FakeResp {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 16) != 0) {
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(listen_fd_, 16) != 0) {
       throw std::runtime_error("fake server: bind/listen failed");
     }
     socklen_t len = sizeof a;
@@ -314,7 +345,9 @@ class FakeResp {
   [[nodiscard]] int connections() const { return connections_; }
   [[nodiscard]] int commands() const { return commands_; }
 
-  static std::string bulk(const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n"; }
+  static std::string bulk(const std::string& s) {
+    return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n";
+  }
 
  private:
   struct Conn {
@@ -327,7 +360,8 @@ class FakeResp {
     std::vector<Conn> conns;
     while (!stop_) {
       std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
-      for (const auto& c : conns) fds.push_back({c.fd, static_cast<short>(c.stalled ? 0 : POLLIN), 0});
+      for (const auto& c : conns)
+        fds.push_back({c.fd, static_cast<short>(c.stalled ? 0 : POLLIN), 0});
       if (::poll(fds.data(), fds.size(), 20) <= 0) continue;
       if ((fds[0].revents & POLLIN) != 0) {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -352,7 +386,8 @@ class FakeResp {
           const Reply r = script_(argv);
           std::size_t off = 0;
           while (off < r.bytes.size()) {
-            const ssize_t w = ::send(conns[i].fd, r.bytes.data() + off, r.bytes.size() - off, MSG_NOSIGNAL);
+            const ssize_t w =
+                ::send(conns[i].fd, r.bytes.data() + off, r.bytes.size() - off, MSG_NOSIGNAL);
             if (w <= 0) break;
             off += static_cast<std::size_t>(w);
           }

@@ -2,10 +2,10 @@
 // Redis Cluster) on ephemeral loopback ports, and against a scriptable fake RESP server for
 // protocol faults. Deadlines are short so that every failure case finishes in well under a second.
 
+#include "kvoffload/remote_tier.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/manager.hpp"
 #include "kvoffload/region.hpp"
-#include "kvoffload/remote_tier.hpp"
 #include "kvoffload/tiered_store.hpp"
 #include "remote_servers.hpp"
 #include "test_env.hpp"
@@ -21,22 +21,24 @@ namespace kvoffload {
 namespace {
 
 using namespace std::chrono_literals;
-using ::testing::HasSubstr;
 using testing::FakeResp;
+using ::testing::HasSubstr;
 using testing::RedisCluster;
 using testing::ServerProcess;
 
 constexpr std::uint64_t kSlot = 5000;  // not page-aligned on purpose
 constexpr std::uint32_t kWorld = 2;
 
-#define SKIP_WITHOUT(...)                                                         \
-  do {                                                                            \
-    const std::string missing = testing::missing_binary({__VA_ARGS__});           \
-    if (!missing.empty()) GTEST_SKIP() << missing << " is not installed (Debian: " \
-                                       << "redis-server, redis-tools, memcached)"; \
+#define SKIP_WITHOUT(...)                                               \
+  do {                                                                  \
+    const std::string missing = testing::missing_binary({__VA_ARGS__}); \
+    if (!missing.empty())                                               \
+      GTEST_SKIP() << missing << " is not installed (Debian: "          \
+                   << "redis-server, redis-tools, memcached)";          \
   } while (0)
 
-RemoteTierOptions options(const std::string& url, std::uint64_t slot = kSlot, std::uint32_t world = kWorld) {
+RemoteTierOptions options(const std::string& url, std::uint64_t slot = kSlot,
+                          std::uint32_t world = kWorld) {
   RemoteTierOptions o;
   o.url = RemoteUrl::parse(url);
   o.geometry = {.slot_bytes = slot, .world_size = world, .tensor_layout = "test", .dtype = "u8"};
@@ -100,7 +102,8 @@ std::vector<TierPresence> resolve(RemoteTier& tier, const std::vector<BlockKey>&
   std::vector<TierPresence> out(keys.size());
   for (std::size_t round = 1; round < 2000; ++round) {
     tier.lookup(keys, out);
-    if (std::none_of(out.begin(), out.end(), [](TierPresence p) { return p == TierPresence::kPending; })) {
+    if (std::none_of(out.begin(), out.end(),
+                     [](TierPresence p) { return p == TierPresence::kPending; })) {
       if (rounds != nullptr) *rounds = round;
       return out;
     }
@@ -111,7 +114,8 @@ std::vector<TierPresence> resolve(RemoteTier& tier, const std::vector<BlockKey>&
 }
 
 std::size_t count(const std::vector<TierItemResult>& r, TierItemStatus s) {
-  return static_cast<std::size_t>(std::count_if(r.begin(), r.end(), [&](const auto& x) { return x.status == s; }));
+  return static_cast<std::size_t>(
+      std::count_if(r.begin(), r.end(), [&](const auto& x) { return x.status == s; }));
 }
 
 // ---- standalone Redis -------------------------------------------------------------------------
@@ -309,7 +313,8 @@ TEST(RemoteRedis, FrozenNodeAnswersPendingThenMissWithinTheBudget) {
   for (const auto p : resolve(*tier, unknown, &rounds)) EXPECT_EQ(p, TierPresence::kAbsent);
   EXPECT_GT(rounds, 1u);  // it was pending first, then the budget turned it into a miss
   const RemoteStats s = tier->remote_stats();
-  // Each key is either answered absent at the budget or its check timed out first: a miss both ways.
+  // Each key is either answered absent at the budget or its check timed out first: a miss both
+  // ways.
   EXPECT_EQ(s.lookup_absent + s.lookup_errors, 3u);
   EXPECT_EQ(s.breaker_opens, 1u);  // the get and the lookup timed out: two failures in a row
   EXPECT_THAT(get_rows(*tier, stored).items[0].detail, HasSubstr("circuit open"));
@@ -424,7 +429,7 @@ TEST(RemoteFaults, ErrorRepliesFailTheItemAndKeepTheConnection) {
   EXPECT_THAT(g.items[0].detail, HasSubstr("ERR wrong kind"));
   EXPECT_TRUE(all_sentinel(g.rows[0]));
   EXPECT_EQ(tier->remote_stats().nodes_open, 0u);  // an answer is not a node failure
-  EXPECT_EQ(fake.connections(), 2);  // the open() probe and the one worker connection
+  EXPECT_EQ(fake.connections(), 2);                // the open() probe and the one worker connection
 }
 
 TEST(RemoteFaults, PartialReplyThenSilenceFailsAtTheDeadline) {
@@ -456,6 +461,28 @@ TEST(RemoteFaults, DisconnectInTheMiddleOfAValueFailsAndReconnects) {
   const GetResult second = get_rows(*tier, keys_from(1, 1));  // a new connection, a clean miss
   EXPECT_EQ(second.items[0].status, TierItemStatus::kMiss);
   EXPECT_EQ(fake.connections(), 3);  // probe at open, the dropped one, the new one
+}
+
+TEST(RemoteFaults, LookupBudgetAnswersMissWhileTheNodeIsBusy) {
+  // One connection, busy with a GET the server never answers (get deadline 1.5 s): an existence
+  // check queued behind it cannot run, yet lookup() turns it into a miss at its own budget.
+  FakeResp fake([](const std::vector<std::string>& argv) -> FakeResp::Reply {
+    if (argv[0] == "GET") return {"", false, /*stall=*/true};
+    return {":1\r\n"};
+  });
+  RemoteTierOptions o = options(fake.url(), kSlot, 1);
+  o.connections_per_node = 1;
+  o.get_timeout = 1500ms;
+  auto tier = RemoteTier::open(o);
+  std::vector<std::byte> row(kSlot);
+  const std::vector<TierGet> gets = {{BlockKey::from_u64(1), row}};
+  const TierBatch busy = tier->get(gets);
+  std::size_t rounds = 0;
+  for (const auto p : resolve(*tier, keys_from(7, 2), &rounds)) EXPECT_EQ(p, TierPresence::kAbsent);
+  EXPECT_GT(rounds, 1u);
+  EXPECT_FALSE(busy.ready()) << "the lookup waited for the busy connection instead of its budget";
+  EXPECT_EQ(tier->remote_stats().lookup_absent, 2u);
+  (void)busy.wait();
 }
 
 TEST(RemoteFaults, GarbageOnTheWireIsAProtocolError) {

@@ -58,7 +58,8 @@ TEST(RemoteUrl, ErrorsNameWhatIsWrong) {
   EXPECT_THAT(url_error("redis://:6379"), HasSubstr("has no host"));
   EXPECT_THAT(url_error("redis://host"), HasSubstr("'host' has no port"));
   EXPECT_THAT(url_error("redis://host:"), HasSubstr("has no port"));
-  EXPECT_THAT(url_error("redis://host:70000"), HasSubstr("port 70000 is out of range; allowed 1..65535"));
+  EXPECT_THAT(url_error("redis://host:70000"),
+              HasSubstr("port 70000 is out of range; allowed 1..65535"));
   EXPECT_THAT(url_error("redis://host:0"), HasSubstr("port 0 is out of range"));
   EXPECT_THAT(url_error("redis://host:99999999999999999999"), HasSubstr("out of range"));
   EXPECT_THAT(url_error("redis://host:12ab"), HasSubstr("port '12ab' is not a number"));
@@ -82,7 +83,8 @@ TEST(RemoteValue, ClusterSlotMatchesRedis) {
   // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
   EXPECT_EQ(detail::cluster_slot("123456789"), 0x31C3 % 16384);
   EXPECT_EQ(detail::cluster_slot("foo"), 12182);
-  EXPECT_EQ(detail::cluster_slot("{user1000}.following"), detail::cluster_slot("{user1000}.followers"));
+  EXPECT_EQ(detail::cluster_slot("{user1000}.following"),
+            detail::cluster_slot("{user1000}.followers"));
   EXPECT_EQ(detail::cluster_slot("{}x"), detail::cluster_slot("{}x"));
   EXPECT_NE(detail::cluster_slot("{}x"), detail::cluster_slot("x"));  // empty tag: whole key
   // Chunk keys of one engine spread over the slot space (no hash tag pins them).
@@ -109,7 +111,9 @@ TEST(RemoteValue, EveryHeaderFieldIsChecked) {
   std::vector<std::byte> payload(1000);
   for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i * 7);
   const auto good = value_of(9, key, 1, payload);
-  auto check = [&](const std::vector<std::byte>& v) { return detail::verify_value(v, 9, key, 1, 1000); };
+  auto check = [&](const std::vector<std::byte>& v) {
+    return detail::verify_value(v, 9, key, 1, 1000);
+  };
   EXPECT_EQ(check(good), ValueCheck::kOk);
   EXPECT_EQ(detail::verify_value(good, 8, key, 1, 1000), ValueCheck::kFingerprint);
   EXPECT_EQ(detail::verify_value(good, 9, BlockKey::from_u64(43), 1, 1000), ValueCheck::kKey);
@@ -132,8 +136,12 @@ TEST(RemoteValue, EveryHeaderFieldIsChecked) {
 }
 
 TEST(RemoteGeometry, FingerprintCoversEveryField) {
-  RemoteGeometry g{.slot_bytes = 4096, .world_size = 2, .replicated = false,
-                   .tensor_layout = "layers=8", .block_bytes = 512, .blocks_per_chunk = 4,
+  RemoteGeometry g{.slot_bytes = 4096,
+                   .world_size = 2,
+                   .replicated = false,
+                   .tensor_layout = "layers=8",
+                   .block_bytes = 512,
+                   .blocks_per_chunk = 4,
                    .dtype = "bf16"};
   const std::uint64_t base = g.fingerprint();
   EXPECT_EQ(base, RemoteGeometry(g).fingerprint());
@@ -179,8 +187,10 @@ TEST(RemoteOptions, ValidationNamesTheField) {
   EXPECT_THAT(with([](auto& c) { c.geometry.slot_bytes = 0; }), HasSubstr("slot_bytes is 0"));
   EXPECT_THAT(with([](auto& c) { c.lookup_timeout = std::chrono::milliseconds(0); }),
               HasSubstr("lookup_timeout is 0 ms"));
-  EXPECT_THAT(with([](auto& c) { c.connections_per_node = 0; }), HasSubstr("connections_per_node 0"));
-  EXPECT_THAT(with([](auto& c) { c.max_inflight_bytes = 100; }), HasSubstr("cannot hold one value"));
+  EXPECT_THAT(with([](auto& c) { c.connections_per_node = 0; }),
+              HasSubstr("connections_per_node 0"));
+  EXPECT_THAT(with([](auto& c) { c.max_inflight_bytes = 100; }),
+              HasSubstr("cannot hold one value"));
   EXPECT_THAT(with([](auto& c) { c.breaker_backoff_max = std::chrono::milliseconds(1); }),
               HasSubstr("breaker_backoff_max"));
   // memcached: a value must fit the servers' item size (-I), and the message says how to set it.
@@ -204,8 +214,8 @@ TEST(CircuitBreaker, OpensAfterFailuresProbesAfterBackoffAndDoubles) {
   EXPECT_TRUE(b.open());
   EXPECT_FALSE(b.allow(t0 + 99ms));
   EXPECT_TRUE(b.rejecting(t0 + 99ms));
-  EXPECT_TRUE(b.allow(t0 + 100ms));   // the probe
-  EXPECT_FALSE(b.allow(t0 + 100ms));  // only one
+  EXPECT_TRUE(b.allow(t0 + 100ms));        // the probe
+  EXPECT_FALSE(b.allow(t0 + 100ms));       // only one
   EXPECT_FALSE(b.on_failure(t0 + 100ms));  // failed probe: open for 200 ms
   EXPECT_FALSE(b.allow(t0 + 299ms));
   EXPECT_TRUE(b.allow(t0 + 300ms));

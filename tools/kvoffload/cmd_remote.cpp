@@ -56,38 +56,44 @@ std::string human(const RemoteCheckReport& r) {
   }
   if (r.url.kind == RemoteKind::kRedisCluster) {
     out << "  slot coverage " << r.slots_covered << " / 16384"
-        << (r.slots_covered == 16384 ? "" : " (INCOMPLETE: keys of uncovered slots will miss)") << "\n";
+        << (r.slots_covered == 16384 ? "" : " (INCOMPLETE: keys of uncovered slots will miss)")
+        << "\n";
   }
   return out.str();
 }
 
 const CommandRegistrar kRegisterRemote("remote", [](CLI::App& top) {
-  auto* app = top.add_subcommand("remote", "Distributed tier stores (Redis, Redis Cluster, memcached)");
+  auto* app =
+      top.add_subcommand("remote", "Distributed tier stores (Redis, Redis Cluster, memcached)");
   app->require_subcommand(1);
   auto* check = app->add_subcommand(
       "check", "Connect to a store, report its nodes, round-trip time and (cluster) slot coverage");
   auto args = std::make_shared<CheckArgs>();
-  check->add_option("url", args->url,
-                    "redis://host:port[/db], redis-cluster://host:port[,...] or "
-                    "memcached://host:port[,...]")
+  check
+      ->add_option("url", args->url,
+                   "redis://host:port[/db], redis-cluster://host:port[,...] or "
+                   "memcached://host:port[,...]")
       ->required();
   check->add_option("--timeout-ms", args->timeout_ms, "Connect and reply deadline per node")
       ->capture_default_str();
   check->add_flag("--json", args->json, "Print one JSON object");
   return Command{app, [args] {
-    const RemoteUrl url = RemoteUrl::parse(args->url);  // kInvalidArgument: exit 2
-    if (args->timeout_ms == 0) throw_invalid("--timeout-ms 0: it must be at least 1");
-    const RemoteCheckReport report = check_remote(url, std::chrono::milliseconds(args->timeout_ms));
-    if (!report.reachable()) {
-      std::string why;
-      for (const auto& n : report.nodes) why += "; " + n.endpoint.to_string() + ": " + n.error;
-      throw Error(ErrorCode::kNotAvailable,
-                  "remote store " + url.to_string() + " is unreachable" + why +
-                      ". Is the server running and listening on that address?");
-    }
-    emit(args->json, to_json(report), human(report));
-    return kExitOk;
-  }};
+                   const RemoteUrl url = RemoteUrl::parse(args->url);  // kInvalidArgument: exit 2
+                   if (args->timeout_ms == 0)
+                     throw_invalid("--timeout-ms 0: it must be at least 1");
+                   const RemoteCheckReport report =
+                       check_remote(url, std::chrono::milliseconds(args->timeout_ms));
+                   if (!report.reachable()) {
+                     std::string why;
+                     for (const auto& n : report.nodes)
+                       why += "; " + n.endpoint.to_string() + ": " + n.error;
+                     throw Error(ErrorCode::kNotAvailable,
+                                 "remote store " + url.to_string() + " is unreachable" + why +
+                                     ". Is the server running and listening on that address?");
+                   }
+                   emit(args->json, to_json(report), human(report));
+                   return kExitOk;
+                 }};
 });
 
 }  // namespace

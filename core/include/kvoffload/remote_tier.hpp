@@ -60,13 +60,13 @@ struct RemoteUrl {
 // What makes two engines' chunk bytes interchangeable. Engines with different fingerprints never
 // read each other's values (their keys differ, and the header is checked again on read).
 struct RemoteGeometry {
-  std::uint64_t slot_bytes = 0;       // P: bytes of one rank's slot of one chunk (> 0)
-  std::uint32_t world_size = 1;       // ranks (> 0)
-  bool replicated = false;            // MLA: one copy shared by all ranks
-  std::string tensor_layout;          // the engine's description of how a slot packs its tensors
-  std::uint64_t block_bytes = 0;      // bytes of one GPU block of one tensor (0: not given)
-  std::uint32_t blocks_per_chunk = 0; // GPU blocks per chunk (0: not given)
-  std::string dtype = "bytes";        // element type tag, e.g. "bf16", "fp8_e4m3"
+  std::uint64_t slot_bytes = 0;        // P: bytes of one rank's slot of one chunk (> 0)
+  std::uint32_t world_size = 1;        // ranks (> 0)
+  bool replicated = false;             // MLA: one copy shared by all ranks
+  std::string tensor_layout;           // the engine's description of how a slot packs its tensors
+  std::uint64_t block_bytes = 0;       // bytes of one GPU block of one tensor (0: not given)
+  std::uint32_t blocks_per_chunk = 0;  // GPU blocks per chunk (0: not given)
+  std::string dtype = "bytes";         // element type tag, e.g. "bf16", "fp8_e4m3"
 
   [[nodiscard]] std::uint32_t copies() const noexcept { return replicated ? 1 : world_size; }
   // xxh3-64 of describe(); includes the value format version.
@@ -88,14 +88,14 @@ struct RemoteTierOptions {
   unsigned breaker_failures = 2;                   // consecutive failures that open a node
   std::chrono::milliseconds breaker_backoff{100};  // first open period; doubles per failed probe
   std::chrono::milliseconds breaker_backoff_max{5000};
-  std::chrono::milliseconds negative_ttl{500};     // an absent answer is reused this long
-                                                   // (at least lookup_timeout)
-  std::uint64_t presence_capacity = 1ULL << 20;    // keys whose presence is remembered
+  std::chrono::milliseconds negative_ttl{500};   // an absent answer is reused this long
+                                                 // (at least lookup_timeout)
+  std::uint64_t presence_capacity = 1ULL << 20;  // keys whose presence is remembered
   // memcached only: the servers' item size limit (memcached -I, default 1m). A value is the slot
   // bytes plus a 64-byte header and must fit (memcached also needs a little room for the item
   // header: use -I of at least slot_bytes + 1 KiB, e.g. -I 4m for 2 MiB slots).
   std::uint64_t memcached_item_max = 1ULL << 20;
-  std::chrono::milliseconds warn_interval{5000};   // rate limit of repeated warnings
+  std::chrono::milliseconds warn_interval{5000};  // rate limit of repeated warnings
   std::string name = "remote";
 
   // Throws kInvalidArgument naming the field and what is allowed. Touches no network.

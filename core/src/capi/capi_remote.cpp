@@ -104,6 +104,8 @@ kvo_status kvo_remote_tier_fingerprint(const kvo_remote_tier_options* options,
   });
 }
 
-uint64_t kvo_remote_value_bytes(uint64_t slot_bytes) { return kvoffload::remote_value_bytes(slot_bytes); }
+uint64_t kvo_remote_value_bytes(uint64_t slot_bytes) {
+  return kvoffload::remote_value_bytes(slot_bytes);
+}
 
 }  // extern "C"

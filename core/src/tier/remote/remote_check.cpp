@@ -10,12 +10,14 @@ namespace kvoffload {
 using namespace detail;
 
 bool RemoteCheckReport::reachable() const noexcept {
-  return std::any_of(nodes.begin(), nodes.end(), [](const RemoteNodeReport& n) { return n.reachable; });
+  return std::any_of(nodes.begin(), nodes.end(),
+                     [](const RemoteNodeReport& n) { return n.reachable; });
 }
 
 namespace {
 
-RemoteNodeReport probe(const RemoteUrl& url, const RemoteEndpoint& ep, std::chrono::milliseconds timeout) {
+RemoteNodeReport probe(const RemoteUrl& url, const RemoteEndpoint& ep,
+                       std::chrono::milliseconds timeout) {
   RemoteNodeReport r;
   r.endpoint = ep;
   try {

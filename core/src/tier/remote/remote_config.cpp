@@ -11,9 +11,12 @@ namespace kvoffload {
 
 std::string_view to_string(RemoteKind kind) noexcept {
   switch (kind) {
-    case RemoteKind::kRedis: return "redis";
-    case RemoteKind::kRedisCluster: return "redis-cluster";
-    case RemoteKind::kMemcached: return "memcached";
+    case RemoteKind::kRedis:
+      return "redis";
+    case RemoteKind::kRedisCluster:
+      return "redis-cluster";
+    case RemoteKind::kMemcached:
+      return "memcached";
   }
   return "unknown";
 }
@@ -37,15 +40,18 @@ RemoteEndpoint parse_node(std::string_view url, std::string_view node) {
   std::string_view port_text;
   if (node.front() == '[') {
     const auto close = node.find(']');
-    if (close == std::string_view::npos) bad_url(url, "'" + std::string(node) + "' has no closing ']'");
+    if (close == std::string_view::npos)
+      bad_url(url, "'" + std::string(node) + "' has no closing ']'");
     ep.host = std::string(node.substr(1, close - 1));
     const std::string_view rest = node.substr(close + 1);
     if (rest.empty()) bad_url(url, "node '" + std::string(node) + "' has no port");
-    if (rest.front() != ':') bad_url(url, "node '" + std::string(node) + "': expected ':' after ']'");
+    if (rest.front() != ':')
+      bad_url(url, "node '" + std::string(node) + "': expected ':' after ']'");
     port_text = rest.substr(1);
   } else {
     const auto colon = node.rfind(':');
-    if (colon == std::string_view::npos) bad_url(url, "node '" + std::string(node) + "' has no port");
+    if (colon == std::string_view::npos)
+      bad_url(url, "node '" + std::string(node) + "' has no port");
     if (node.find(':') != colon) {
       bad_url(url, "node '" + std::string(node) + "': write an IPv6 host in brackets, [::1]:6379");
     }
@@ -60,7 +66,8 @@ RemoteEndpoint parse_node(std::string_view url, std::string_view node) {
   }
   if (port_text.empty()) bad_url(url, "node '" + std::string(node) + "' has no port");
   unsigned long port = 0;
-  const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  const auto [end, ec] =
+      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
   if (ec != std::errc{} || end != port_text.data() + port_text.size()) {
     if (ec == std::errc::result_out_of_range) {
       bad_url(url, "port " + std::string(port_text) + " is out of range; allowed 1..65535");
@@ -109,8 +116,8 @@ RemoteUrl RemoteUrl::parse(std::string_view text) {
   std::size_t start = 0;
   while (true) {
     const auto comma = rest.find(',', start);
-    const std::string_view node =
-        rest.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    const std::string_view node = rest.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     url.nodes.push_back(parse_node(text, node));
     if (comma == std::string_view::npos) break;
     start = comma + 1;
@@ -171,8 +178,9 @@ void RemoteTierOptions::validate() const {
   positive("warn_interval", warn_interval);
   if (negative_ttl.count() < 0) throw_invalid("remote tier: negative_ttl is negative");
   if (breaker_backoff_max < breaker_backoff) {
-    throw_invalid("remote tier: breaker_backoff_max " + std::to_string(breaker_backoff_max.count()) +
-                  " ms is below breaker_backoff " + std::to_string(breaker_backoff.count()) + " ms");
+    throw_invalid("remote tier: breaker_backoff_max " +
+                  std::to_string(breaker_backoff_max.count()) + " ms is below breaker_backoff " +
+                  std::to_string(breaker_backoff.count()) + " ms");
   }
   if (connections_per_node < 1 || connections_per_node > 64) {
     throw_invalid("remote tier: connections_per_node " + std::to_string(connections_per_node) +

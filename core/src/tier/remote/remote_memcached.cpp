@@ -48,9 +48,12 @@ class MemcachedConnection final : public StoreConnection {
            std::string& error) override {
     if (ops.empty()) return true;
     switch (ops.front()->kind) {
-      case OpKind::kExists: return exists(ops, deadline, error);
-      case OpKind::kGet: return get(ops, deadline, error);
-      case OpKind::kPut: return put(ops, deadline, error);
+      case OpKind::kExists:
+        return exists(ops, deadline, error);
+      case OpKind::kGet:
+        return get(ops, deadline, error);
+      case OpKind::kPut:
+        return put(ops, deadline, error);
     }
     return true;
   }
@@ -150,8 +153,9 @@ class MemcachedConnection final : public StoreConnection {
         std::memcpy(scratch_.data() + kRemoteHeaderBytes, op->payload.data(), op->payload.size());
       }
       const auto key = op->key.view();
-      const memcached_return_t rc = memcached_set(mc_, key.data(), key.size(), scratch_.data(), size,
-                                                  /*expiration=*/0, /*flags=*/0);
+      const memcached_return_t rc =
+          memcached_set(mc_, key.data(), key.size(), scratch_.data(), size,
+                        /*expiration=*/0, /*flags=*/0);
       if (!check(rc, error)) return false;
       if (rc == MEMCACHED_SUCCESS || rc == MEMCACHED_STORED) {
         op->status = OpStatus::kOk;

@@ -12,9 +12,9 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <vector>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace kvoffload::detail {
 
@@ -74,7 +74,7 @@ class ValuePool {
     v.bytes = {static_cast<const std::byte*>(p), bytes};
     v.owner = std::unique_ptr<void, ValueDeleter>(
         p, recycled ? ValueDeleter{&ValuePool::give_back, this}
-                           : ValueDeleter{[](void*, void* q) { std::free(q); }, nullptr});
+                    : ValueDeleter{[](void*, void* q) { std::free(q); }, nullptr});
     return v;
   }
 
@@ -99,9 +99,9 @@ class ValuePool {
 struct ValueOp {
   StoreKey key;
   OpKind kind = OpKind::kExists;
-  std::uint32_t row = 0;   // index of the chunk row in its batch
-  std::uint32_t copy = 0;  // copy index, or kReplicatedCopy
-  std::uint32_t node = 0;  // node it is queued on
+  std::uint32_t row = 0;               // index of the chunk row in its batch
+  std::uint32_t copy = 0;              // copy index, or kReplicatedCopy
+  std::uint32_t node = 0;              // node it is queued on
   std::span<const std::byte> payload;  // put: the slot bytes
   RemoteValueHeader header;            // put: built by the node's worker (hashed once)
   bool hashed = false;
@@ -110,19 +110,22 @@ struct ValueOp {
   BlockKey chunk{};
   // Results.
   OpStatus status = OpStatus::kPending;
-  bool asking = false;          // send ASKING first (an ASK redirect)
+  bool asking = false;  // send ASKING first (an ASK redirect)
   std::uint8_t redirects = 0;
   std::uint16_t redirect_slot = 0;
   RemoteEndpoint redirect_to;
-  std::string detail;           // why an error or corrupt value (allocates only on failure)
-  HeldValue value;              // get: the verified value until the row completes
+  std::string detail;  // why an error or corrupt value (allocates only on failure)
+  HeldValue value;     // get: the verified value until the row completes
 
   // Bytes this op puts on the wire or expects back (for the in-flight cap).
   [[nodiscard]] std::uint64_t wire_bytes() const noexcept {
     switch (kind) {
-      case OpKind::kPut: return kRemoteHeaderBytes + payload.size() + key.size + 64;
-      case OpKind::kGet: return kRemoteHeaderBytes + expected_payload + key.size + 64;
-      case OpKind::kExists: return key.size + 64;
+      case OpKind::kPut:
+        return kRemoteHeaderBytes + payload.size() + key.size + 64;
+      case OpKind::kGet:
+        return kRemoteHeaderBytes + expected_payload + key.size + 64;
+      case OpKind::kExists:
+        return key.size + 64;
     }
     return 0;
   }
@@ -137,8 +140,8 @@ inline void accept_value(ValueOp& op, HeldValue value) {
     op.value = std::move(value);
   } else {
     op.status = OpStatus::kCorrupt;
-    op.detail = std::string(to_string(check)) + " (" + std::to_string(value.bytes.size()) +
-                " bytes)";
+    op.detail =
+        std::string(to_string(check)) + " (" + std::to_string(value.bytes.size()) + " bytes)";
   }
 }
 
@@ -277,8 +280,10 @@ struct RedisProbe {
   bool cluster_enabled = false;
   std::string role;
 };
-RedisProbe probe_redis(const RemoteEndpoint& endpoint, unsigned db, std::chrono::milliseconds timeout);
-std::vector<SlotRange> cluster_slots(const RemoteEndpoint& endpoint, std::chrono::milliseconds timeout);
+RedisProbe probe_redis(const RemoteEndpoint& endpoint, unsigned db,
+                       std::chrono::milliseconds timeout);
+std::vector<SlotRange> cluster_slots(const RemoteEndpoint& endpoint,
+                                     std::chrono::milliseconds timeout);
 struct MemcachedProbe {
   double rtt_ms = 0;
   std::string version;

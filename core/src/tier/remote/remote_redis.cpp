@@ -32,7 +32,8 @@ struct ReplyDeleter {
 using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
 
 int remaining_ms(RemoteClock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - RemoteClock::now());
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - RemoteClock::now());
   return left.count() <= 0 ? 0 : static_cast<int>(std::min<long long>(left.count(), 1 << 30));
 }
 
@@ -58,7 +59,8 @@ bool parse_redirect(std::string_view text, std::uint16_t& slot, RemoteEndpoint& 
     return false;
   }
   std::string_view host = ep.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   slot = static_cast<std::uint16_t>(s);
   to.host = std::string(host);
   to.port = static_cast<std::uint16_t>(port);
@@ -123,9 +125,15 @@ class RedisConnection final : public StoreConnection {
       };
       if (op.asking) put("*1\r\n$6\r\nASKING\r\n");
       switch (op.kind) {
-        case OpKind::kExists: put("*2\r\n$6\r\nEXISTS\r\n$"); break;
-        case OpKind::kGet: put("*2\r\n$3\r\nGET\r\n$"); break;
-        case OpKind::kPut: put("*3\r\n$3\r\nSET\r\n$"); break;
+        case OpKind::kExists:
+          put("*2\r\n$6\r\nEXISTS\r\n$");
+          break;
+        case OpKind::kGet:
+          put("*2\r\n$3\r\nGET\r\n$");
+          break;
+        case OpKind::kPut:
+          put("*3\r\n$3\r\nSET\r\n$");
+          break;
       }
       put_num(key.size());
       put("\r\n");
@@ -243,7 +251,8 @@ class RedisConnection final : public StoreConnection {
     return true;
   }
 
-  ssize_t recv_some(char* dst, std::size_t len, RemoteClock::time_point deadline, std::string& error) {
+  ssize_t recv_some(char* dst, std::size_t len, RemoteClock::time_point deadline,
+                    std::string& error) {
     while (true) {
       pollfd pfd{c_->fd, POLLIN, 0};
       const int ms = remaining_ms(deadline);
@@ -286,7 +295,8 @@ class RedisConnection final : public StoreConnection {
   }
 
   // Exactly len bytes into dst: what is buffered first, the rest straight from the socket.
-  bool read_exact(char* dst, std::size_t len, RemoteClock::time_point deadline, std::string& error) {
+  bool read_exact(char* dst, std::size_t len, RemoteClock::time_point deadline,
+                  std::string& error) {
     const std::size_t buffered = std::min(len, wpos_ - rpos_);
     std::memcpy(dst, in_.data() + rpos_, buffered);
     rpos_ += buffered;
@@ -302,7 +312,8 @@ class RedisConnection final : public StoreConnection {
   static bool parse_int(std::string_view text, long long& v) {
     return !text.empty() &&
            std::from_chars(text.data(), text.data() + text.size(), v).ec == std::errc{} &&
-           std::from_chars(text.data(), text.data() + text.size(), v).ptr == text.data() + text.size();
+           std::from_chars(text.data(), text.data() + text.size(), v).ptr ==
+               text.data() + text.size();
   }
 
   // Reads one reply and applies it to `op`. False on a transport or protocol failure.
@@ -391,7 +402,7 @@ class RedisConnection final : public StoreConnection {
 
   redisContext* c_;
   ValuePool* pool_;
-  ValuePool plain_{0, 0};  // without a tier's pool: keeps nothing, frees every buffer
+  ValuePool plain_{0, 0};     // without a tier's pool: keeps nothing, frees every buffer
   std::vector<char> buffer_;  // hiredis reader input (command())
   std::vector<char> in_ = std::vector<char>(256 * 1024);  // data path input
   std::size_t rpos_ = 0, wpos_ = 0;
@@ -405,7 +416,8 @@ std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, unsigned d
   const int ms = std::max(1, remaining_ms(deadline));
   const timeval tv{ms / 1000, (ms % 1000) * 1000};
   redisContext* c = redisConnectWithTimeout(ep.host.c_str(), ep.port, tv);
-  if (c == nullptr) throw Error(ErrorCode::kSystem, "connect " + ep.to_string() + ": out of memory");
+  if (c == nullptr)
+    throw Error(ErrorCode::kSystem, "connect " + ep.to_string() + ": out of memory");
   if (c->err != 0) {
     const std::string why = c->errstr;
     redisFree(c);
@@ -416,8 +428,9 @@ std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, unsigned d
     std::string error;
     ReplyPtr r = conn->command({"SELECT", std::to_string(db)}, deadline, error);
     if (!r || r->type == REDIS_REPLY_ERROR) {
-      throw Error(ErrorCode::kNotAvailable, "SELECT " + std::to_string(db) + " on " + ep.to_string() +
-                                                ": " + (r ? std::string(r->str, r->len) : error));
+      throw Error(ErrorCode::kNotAvailable, "SELECT " + std::to_string(db) + " on " +
+                                                ep.to_string() + ": " +
+                                                (r ? std::string(r->str, r->len) : error));
     }
   }
   return conn;
@@ -434,7 +447,8 @@ std::unique_ptr<StoreConnection> connect_redis(const RemoteEndpoint& endpoint, u
   return open_redis(endpoint, db, deadline, pool);
 }
 
-RedisProbe probe_redis(const RemoteEndpoint& endpoint, unsigned db, std::chrono::milliseconds timeout) {
+RedisProbe probe_redis(const RemoteEndpoint& endpoint, unsigned db,
+                       std::chrono::milliseconds timeout) {
   const auto deadline = RemoteClock::now() + timeout;
   auto conn = open_redis(endpoint, db, deadline);
   RedisProbe p;
@@ -466,12 +480,15 @@ RedisProbe probe_redis(const RemoteEndpoint& endpoint, unsigned db, std::chrono:
   return p;
 }
 
-std::vector<SlotRange> cluster_slots(const RemoteEndpoint& endpoint, std::chrono::milliseconds timeout) {
+std::vector<SlotRange> cluster_slots(const RemoteEndpoint& endpoint,
+                                     std::chrono::milliseconds timeout) {
   const auto deadline = RemoteClock::now() + timeout;
   auto conn = open_redis(endpoint, 0, deadline);
   std::string error;
   ReplyPtr r = conn->command({"CLUSTER", "SLOTS"}, deadline, error);
-  if (!r) throw Error(ErrorCode::kNotAvailable, "CLUSTER SLOTS on " + endpoint.to_string() + ": " + error);
+  if (!r)
+    throw Error(ErrorCode::kNotAvailable,
+                "CLUSTER SLOTS on " + endpoint.to_string() + ": " + error);
   if (r->type == REDIS_REPLY_ERROR) {
     throw Error(ErrorCode::kMismatch,
                 "CLUSTER SLOTS on " + endpoint.to_string() + ": " + reply_text(r.get()) +
@@ -481,9 +498,9 @@ std::vector<SlotRange> cluster_slots(const RemoteEndpoint& endpoint, std::chrono
   if (r->type != REDIS_REPLY_ARRAY) return out;
   for (std::size_t i = 0; i < r->elements; ++i) {
     const redisReply* e = r->element[i];
-    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
-        e->element[1]->type != REDIS_REPLY_INTEGER || e->element[2]->type != REDIS_REPLY_ARRAY ||
-        e->element[2]->elements < 2) {
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+        e->element[0]->type != REDIS_REPLY_INTEGER || e->element[1]->type != REDIS_REPLY_INTEGER ||
+        e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2) {
       continue;
     }
     SlotRange range;

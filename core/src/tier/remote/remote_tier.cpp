@@ -130,8 +130,8 @@ struct RemoteTier::Impl {
     slot = o.geometry.slot_bytes;
     absent_ttl = std::max(o.negative_ttl, o.lookup_timeout);
     // Enough recycled buffers for every node's in-flight window.
-    pool = std::make_unique<ValuePool>(remote_value_bytes(slot),
-                                       2 * o.max_inflight_bytes / remote_value_bytes(slot) + 2 * copies);
+    pool = std::make_unique<ValuePool>(
+        remote_value_bytes(slot), 2 * o.max_inflight_bytes / remote_value_bytes(slot) + 2 * copies);
     // A task is at most the node's in-flight cap split over its connections, and at most 4 MiB,
     // so one large batch is spread over every connection instead of filling one pipeline.
     window = std::max<std::uint64_t>(
@@ -173,7 +173,8 @@ struct RemoteTier::Impl {
 
   std::uint32_t route(const StoreKey& key) {
     switch (o.url.kind) {
-      case RemoteKind::kRedis: return 0;
+      case RemoteKind::kRedis:
+        return 0;
       case RemoteKind::kMemcached: {
         std::lock_guard lock(router_mutex);
         return memcached_generate_hash(router, key.text.data(), key.size);
@@ -200,7 +201,8 @@ struct RemoteTier::Impl {
 
   // ---- batches --------------------------------------------------------------------------------
 
-  std::shared_ptr<BatchCtx> make_ctx(OpKind kind, std::size_t rows, std::chrono::milliseconds timeout) {
+  std::shared_ptr<BatchCtx> make_ctx(OpKind kind, std::size_t rows,
+                                     std::chrono::milliseconds timeout) {
     auto ctx = std::make_shared<BatchCtx>();
     ctx->kind = kind;
     ctx->num_rows = rows;
@@ -254,8 +256,9 @@ struct RemoteTier::Impl {
       if (op.status != OpStatus::kPending) continue;  // failed at validation
       const std::uint32_t n = route(op.key);
       if (n == kNoNode || n >= n_nodes) {
-        fail_op(ctx, i, "no node serves hash slot " + std::to_string(cluster_slot(op.key.view())) +
-                            " (no cluster slot map yet)");
+        fail_op(ctx, i,
+                "no node serves hash slot " + std::to_string(cluster_slot(op.key.view())) +
+                    " (no cluster slot map yet)");
         continue;
       }
       op.node = n;
@@ -300,8 +303,9 @@ struct RemoteTier::Impl {
     }
     node.cv.notify_all();
     for (const std::uint32_t i : refused) {
-      fail_op(ctx, i, "node " + node.name + ": send queue full (" +
-                          std::to_string(o.max_queued_bytes) + " bytes)");
+      fail_op(ctx, i,
+              "node " + node.name + ": send queue full (" + std::to_string(o.max_queued_bytes) +
+                  " bytes)");
     }
   }
 
@@ -358,20 +362,23 @@ struct RemoteTier::Impl {
         } else {
           ++put_errors;
           const ValueOp& e = error != nullptr ? *error : ops.front();
-          ctx.promise->set(r, TierItemStatus::kFailed, 0, std::string(e.key.view()) + ": " + e.detail);
+          ctx.promise->set(r, TierItemStatus::kFailed, 0,
+                           std::string(e.key.view()) + ": " + e.detail);
         }
         break;
       case OpKind::kGet:
         if (ok) {
           for (std::uint32_t c = 0; c < copies; ++c) {
-            std::memcpy(row.into.data() + c * slot, ops[c].value.bytes.data() + kRemoteHeaderBytes, slot);
+            std::memcpy(row.into.data() + c * slot, ops[c].value.bytes.data() + kRemoteHeaderBytes,
+                        slot);
           }
           ++loaded;
           ctx.promise->set(r, TierItemStatus::kOk);
         } else if (error != nullptr) {
           ++get_errors;
           forget(row.key);
-          ctx.promise->set(r, TierItemStatus::kFailed, 0, std::string(error->key.view()) + ": " + error->detail);
+          ctx.promise->set(r, TierItemStatus::kFailed, 0,
+                           std::string(error->key.view()) + ": " + error->detail);
         } else {
           ++get_misses;
           remember(row.key, Known::kAbsent, true);
@@ -462,15 +469,16 @@ struct RemoteTier::Impl {
       return;
     }
     if (!node.breaker.allow(now)) {
-      for (const std::uint32_t i : task.ops) fail_op(ctx, i, "node " + node.name + ": circuit open");
+      for (const std::uint32_t i : task.ops)
+        fail_op(ctx, i, "node " + node.name + ": circuit open");
       return;
     }
     if (!conn) {
       try {
         const auto deadline = std::min(ctx->deadline, now + o.connect_timeout);
-        conn = o.url.kind == RemoteKind::kMemcached ? connect_memcached(node.endpoint, deadline)
-                                                    : connect_redis(node.endpoint, o.url.db, deadline,
-                                                                    pool.get());
+        conn = o.url.kind == RemoteKind::kMemcached
+                   ? connect_memcached(node.endpoint, deadline)
+                   : connect_redis(node.endpoint, o.url.db, deadline, pool.get());
       } catch (const std::exception& e) {
         node_failed(node, e.what());
         for (const std::uint32_t i : task.ops) fail_op(ctx, i, e.what());
@@ -504,8 +512,12 @@ struct RemoteTier::Impl {
           finish_op(ctx, i);
           break;
         case OpStatus::kMoved:
-        case OpStatus::kAsk: redirect(ctx, i); break;
-        default: finish_op(ctx, i); break;
+        case OpStatus::kAsk:
+          redirect(ctx, i);
+          break;
+        default:
+          finish_op(ctx, i);
+          break;
       }
     }
   }
@@ -541,7 +553,8 @@ struct RemoteTier::Impl {
     std::string errors;
     for (const auto& ep : candidates) {
       try {
-        const std::vector<SlotRange> ranges = cluster_slots(ep, o.connect_timeout + o.lookup_timeout);
+        const std::vector<SlotRange> ranges =
+            cluster_slots(ep, o.connect_timeout + o.lookup_timeout);
         if (ranges.empty()) {
           errors += " " + ep.to_string() + ": no slots assigned;";
           continue;
@@ -625,11 +638,13 @@ struct RemoteTier::Impl {
       Node& node = *node_at(n);
       try {
         const auto deadline = RemoteClock::now() + o.connect_timeout;
-        (void)(o.url.kind == RemoteKind::kMemcached ? connect_memcached(node.endpoint, deadline)
-                                                    : connect_redis(node.endpoint, o.url.db, deadline));
+        (void)(o.url.kind == RemoteKind::kMemcached
+                   ? connect_memcached(node.endpoint, deadline)
+                   : connect_redis(node.endpoint, o.url.db, deadline));
       } catch (const std::exception& e) {
-        log().warn("remote tier {}: {} is unreachable at start ({}); its chunks miss until it answers",
-                   o.name, node.name, e.what());
+        log().warn(
+            "remote tier {}: {} is unreachable at start ({}); its chunks miss until it answers",
+            o.name, node.name, e.what());
         for (unsigned f = 0; f < o.breaker_failures; ++f) {
           if (node.breaker.on_failure(RemoteClock::now())) ++breaker_opens;
         }
@@ -673,7 +688,8 @@ struct RemoteTier::Impl {
   }
 };
 
-// ---- RemoteTier -----------------------------------------------------------------------------------
+// ---- RemoteTier
+// -----------------------------------------------------------------------------------
 
 std::unique_ptr<RemoteTier> RemoteTier::open(const RemoteTierOptions& options) {
   options.validate();
@@ -692,10 +708,16 @@ std::unique_ptr<RemoteTier> RemoteTier::open(const RemoteTierOptions& options) {
 
 RemoteTier::RemoteTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-RemoteTier::~RemoteTier() { close(); }
+RemoteTier::~RemoteTier() {
+  close();
+}
 
-const std::string& RemoteTier::name() const noexcept { return impl_->o.name; }
-const RemoteTierOptions& RemoteTier::options() const noexcept { return impl_->o; }
+const std::string& RemoteTier::name() const noexcept {
+  return impl_->o.name;
+}
+const RemoteTierOptions& RemoteTier::options() const noexcept {
+  return impl_->o;
+}
 
 std::string RemoteTier::store_key(const BlockKey& key, std::uint32_t copy) const {
   return std::string(make_store_key(impl_->fingerprint, key, impl_->copy_id(copy)).view());
@@ -726,8 +748,9 @@ TierBatch RemoteTier::put(std::span<const TierPut> items) {
     for (std::uint32_t c = 0; c < m.copies; ++c) {
       const auto i = static_cast<std::uint32_t>(r * m.copies + c);
       if (!sized) {
-        m.fail_op(ctx, i, "row of " + std::to_string(items[r].bytes.size()) + " bytes; expected " +
-                              std::to_string(row_bytes));
+        m.fail_op(ctx, i,
+                  "row of " + std::to_string(items[r].bytes.size()) + " bytes; expected " +
+                      std::to_string(row_bytes));
         continue;
       }
       ctx->ops[i].payload = items[r].bytes.subspan(c * m.slot, m.slot);
@@ -757,8 +780,9 @@ TierBatch RemoteTier::get(std::span<const TierGet> items) {
     for (std::uint32_t c = 0; c < m.copies; ++c) {
       const auto i = static_cast<std::uint32_t>(r * m.copies + c);
       if (items[r].into.size() != row_bytes) {
-        m.fail_op(ctx, i, "buffer of " + std::to_string(items[r].into.size()) + " bytes; expected " +
-                              std::to_string(row_bytes));
+        m.fail_op(ctx, i,
+                  "buffer of " + std::to_string(items[r].into.size()) + " bytes; expected " +
+                      std::to_string(row_bytes));
         continue;
       }
       indices.push_back(i);
@@ -848,7 +872,9 @@ TierBatch RemoteTier::remove(std::span<const BlockKey> keys) {
   return promise.batch();
 }
 
-void RemoteTier::drain() { impl_->drain(); }
+void RemoteTier::drain() {
+  impl_->drain();
+}
 
 RemoteStats RemoteTier::remote_stats() const {
   const Impl& m = *impl_;

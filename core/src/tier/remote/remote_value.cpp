@@ -33,16 +33,26 @@ RemoteValueHeader make_header(std::uint64_t fingerprint, const BlockKey& key, st
 
 std::string_view to_string(ValueCheck check) noexcept {
   switch (check) {
-    case ValueCheck::kOk: return "ok";
-    case ValueCheck::kShort: return "shorter than a header";
-    case ValueCheck::kMagic: return "bad magic";
-    case ValueCheck::kVersion: return "unknown format version";
-    case ValueCheck::kHeaderChecksum: return "header checksum mismatch";
-    case ValueCheck::kFingerprint: return "geometry fingerprint mismatch";
-    case ValueCheck::kKey: return "chunk key mismatch";
-    case ValueCheck::kCopy: return "copy index mismatch";
-    case ValueCheck::kLength: return "payload length mismatch";
-    case ValueCheck::kPayloadChecksum: return "payload checksum mismatch";
+    case ValueCheck::kOk:
+      return "ok";
+    case ValueCheck::kShort:
+      return "shorter than a header";
+    case ValueCheck::kMagic:
+      return "bad magic";
+    case ValueCheck::kVersion:
+      return "unknown format version";
+    case ValueCheck::kHeaderChecksum:
+      return "header checksum mismatch";
+    case ValueCheck::kFingerprint:
+      return "geometry fingerprint mismatch";
+    case ValueCheck::kKey:
+      return "chunk key mismatch";
+    case ValueCheck::kCopy:
+      return "copy index mismatch";
+    case ValueCheck::kLength:
+      return "payload length mismatch";
+    case ValueCheck::kPayloadChecksum:
+      return "payload checksum mismatch";
   }
   return "unknown";
 }
@@ -69,7 +79,8 @@ ValueCheck verify_value(std::span<const std::byte> value, std::uint64_t fingerpr
   return ValueCheck::kOk;
 }
 
-StoreKey make_store_key(std::uint64_t fingerprint, const BlockKey& key, std::uint32_t copy) noexcept {
+StoreKey make_store_key(std::uint64_t fingerprint, const BlockKey& key,
+                        std::uint32_t copy) noexcept {
   static constexpr char kHex[] = "0123456789abcdef";
   StoreKey k;
   char* p = k.text.data();

@@ -2,7 +2,8 @@
 // Note [Remote values]: the bytes a RemoteTier keeps for one slot of one chunk.
 //
 //   value = header (64 bytes, little-endian) | payload (the slot bytes)
-//   header: magic "KVOR" | format version | header bytes | geometry fingerprint | chunk key (hi, lo)
+//   header: magic "KVOR" | format version | header bytes | geometry fingerprint | chunk key (hi,
+//   lo)
 //           | copy index (or kReplicatedCopy) | reserved | payload length | xxh3-64(payload)
 //           | xxh3-64(the 56 header bytes before it)
 //
@@ -46,14 +47,14 @@ RemoteValueHeader make_header(std::uint64_t fingerprint, const BlockKey& key, st
 
 enum class ValueCheck : std::uint8_t {
   kOk = 0,
-  kShort,            // fewer bytes than a header
+  kShort,  // fewer bytes than a header
   kMagic,
   kVersion,
   kHeaderChecksum,
   kFingerprint,
   kKey,
   kCopy,
-  kLength,           // payload length differs from the header's or from the expected slot size
+  kLength,  // payload length differs from the header's or from the expected slot size
   kPayloadChecksum,
 };
 std::string_view to_string(ValueCheck check) noexcept;
@@ -69,7 +70,8 @@ struct StoreKey {
   std::uint8_t size = 0;
   [[nodiscard]] std::string_view view() const noexcept { return {text.data(), size}; }
 };
-StoreKey make_store_key(std::uint64_t fingerprint, const BlockKey& key, std::uint32_t copy) noexcept;
+StoreKey make_store_key(std::uint64_t fingerprint, const BlockKey& key,
+                        std::uint32_t copy) noexcept;
 
 // Redis Cluster hash slot of a key: CRC16-XMODEM of the key (or of its {hash tag}) mod 16384.
 std::uint16_t cluster_slot(std::string_view key) noexcept;
