@@ -255,7 +255,8 @@ struct RemoteTier::Impl {
       ValueOp& op = ctx->ops[i];
       if (op.status != OpStatus::kPending) continue;  // failed at validation
       const std::uint32_t n = route(op.key);
-      if (n == kNoNode || n >= n_nodes) {
+      if (n != kNoNode && n >= per_node.size()) per_node.resize(n + 1);  // a node added since
+      if (n == kNoNode) {
         fail_op(ctx, i,
                 "no node serves hash slot " + std::to_string(cluster_slot(op.key.view())) +
                     " (no cluster slot map yet)");
