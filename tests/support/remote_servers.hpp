@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -230,9 +231,13 @@ class ServerProcess {
       }
     }
     argv.insert(argv.end(), extra_.begin(), extra_.end());
+    const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("fork failed");
     if (pid == 0) {
+      // Dies with the test process, even when that one crashes before its destructors run.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
       const int log = ::open((dir_ / "stdout.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
       if (log >= 0) {
         ::dup2(log, 1);
