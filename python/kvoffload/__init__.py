@@ -8,6 +8,8 @@ The classes come from the C++ extension ``kvoffload._kvoffload``:
 - ``make_runtime("host" | "sim" | "cuda" | "hip" | "auto")`` and ``TransferEngine``: device pointers are
   ints (``tensor.data_ptr()``), stores and loads are asynchronous jobs polled for completion.
 - ``Manager(num_chunks, policy="lru" | "arc")``: lookup, prepare/complete store and load, events.
+- ``RemoteTierOptions(url, slot_bytes, world_size=..., dtype=...)``: the distributed tier's
+  configuration (``validate()``, ``fingerprint``); ``parse_remote_url(url)``.
 - ``Error``: every failure; ``str(e)`` is the message, ``e.code`` an ``ErrorCode``.
 """
 

@@ -10,5 +10,6 @@ void bind_region(pybind11::module_& m);
 void bind_runtime(pybind11::module_& m);
 void bind_manager(pybind11::module_& m);
 void bind_vllm_manager(pybind11::module_& m);
+void bind_remote(pybind11::module_& m);
 
 }  // namespace kvoffload::python

@@ -19,4 +19,5 @@ PYBIND11_MODULE(_kvoffload, m) {
   kvoffload::python::bind_runtime(m);
   kvoffload::python::bind_manager(m);
   kvoffload::python::bind_vllm_manager(m);
+  kvoffload::python::bind_remote(m);
 }

@@ -44,6 +44,9 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
   app->add_option("--file-tier", config->file_tier, "Directory of a secondary file tier (off by default)");
   add_size_option(*app, "--file-tier-bytes", config->file_tier_bytes,
                   "Capacity of the file tier (default 1G)");
+  app->add_option("--remote-tier", config->remote_tier,
+                  "Distributed tier shared with other engines: redis://host:port[/db], "
+                  "redis-cluster://host:port[,...] or memcached://host:port[,...] (off by default)");
   app->add_option("--threads", config->populate_threads, "Populate threads")->capture_default_str();
   app->add_option("--bringup", config->bringup,
                   "background: serve at once on the rows every rank made ready while the pool comes "

@@ -10,6 +10,7 @@ packages=(
   pybind11-dev python3-dev python3-pytest python3-numpy
   clang-tidy clang-format
   hipcc libamdhip64-dev
+  libhiredis-dev libmemcached-dev libxxhash-dev redis-server redis-tools memcached
 )
 
 missing=()

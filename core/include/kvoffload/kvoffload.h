@@ -429,6 +429,56 @@ KVO_API kvo_status kvo_manager_take_events(kvo_manager_t* manager,
 KVO_API kvo_status kvo_manager_stats_get(kvo_manager_t* manager, kvo_manager_stats* out);
 KVO_API kvo_status kvo_manager_reset_stats(kvo_manager_t* manager);
 
+/* ---------------------------------------------------------------------------------------------
+ * Remote tier configuration (kvoffload::RemoteTierOptions): a distributed store shared by
+ * engines on several machines. url: redis://host:port[/db], redis-cluster://host:port[,...] or
+ * memcached://host:port[,...]. Times in milliseconds. Engines whose geometry fields differ get
+ * different fingerprints and never read each other's values.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum kvo_remote_kind {
+  KVO_REMOTE_REDIS = 0,
+  KVO_REMOTE_REDIS_CLUSTER = 1,
+  KVO_REMOTE_MEMCACHED = 2
+} kvo_remote_kind;
+
+typedef struct kvo_remote_tier_options {
+  uint32_t struct_size;          /* set by kvo_remote_tier_options_init */
+  const char* url;               /* required */
+  uint64_t slot_bytes;           /* geometry: bytes of one rank's slot of one chunk (> 0) */
+  uint32_t world_size;           /* geometry: ranks (> 0) */
+  int replicated;                /* geometry: one copy shared by all ranks (MLA) */
+  const char* tensor_layout;     /* geometry: how a slot packs tensors (NULL: "") */
+  uint64_t block_bytes;          /* geometry: one GPU block of one tensor (0: not given) */
+  uint32_t blocks_per_chunk;     /* geometry (0: not given) */
+  const char* dtype;             /* geometry: element type tag (NULL: "bytes") */
+  uint32_t connect_timeout_ms;
+  uint32_t lookup_timeout_ms;    /* budget of an existence check; then a miss */
+  uint32_t get_timeout_ms;
+  uint32_t put_timeout_ms;
+  uint64_t max_inflight_bytes;   /* per node */
+  uint64_t max_queued_bytes;     /* per node; puts beyond it fail at once */
+  uint32_t connections_per_node;
+  uint32_t breaker_failures;     /* consecutive failures that open a node's circuit */
+  uint32_t breaker_backoff_ms;
+  uint32_t breaker_backoff_max_ms;
+  uint32_t negative_ttl_ms;
+  uint64_t memcached_item_max;   /* memcached -I of the servers */
+} kvo_remote_tier_options;
+
+/* The defaults of kvoffload::RemoteTierOptions (url NULL, slot_bytes 0: both must be set). */
+KVO_API kvo_status kvo_remote_tier_options_init(kvo_remote_tier_options* options);
+/* Parses the URL and checks every field; KVO_INVALID_ARGUMENT with a message naming the field
+ * (or what is wrong with the URL). Touches no network. */
+KVO_API kvo_status kvo_remote_tier_options_validate(const kvo_remote_tier_options* options);
+/* The URL's kind and node count (after validation). */
+KVO_API kvo_status kvo_remote_tier_url_info(const kvo_remote_tier_options* options,
+                                            kvo_remote_kind* out_kind, size_t* out_nodes);
+/* The geometry fingerprint that namespaces this engine's keys. */
+KVO_API kvo_status kvo_remote_tier_fingerprint(const kvo_remote_tier_options* options,
+                                               uint64_t* out_fingerprint);
+/* Bytes of one stored value (slot bytes + the 64-byte header). */
+KVO_API uint64_t kvo_remote_value_bytes(uint64_t slot_bytes);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

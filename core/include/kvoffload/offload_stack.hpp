@@ -17,6 +17,7 @@
 #include <kvoffload/kv_layout.hpp>
 #include <kvoffload/manager.hpp>
 #include <kvoffload/region.hpp>
+#include <kvoffload/remote_tier.hpp>
 #include <kvoffload/tier.hpp>
 #include <kvoffload/tiered_store.hpp>
 #include <kvoffload/transfer_engine.hpp>
@@ -48,6 +49,7 @@ struct InitHooks {
   // Factories; empty: the real ones (Region::create_or_join, FileTier::open, make_runtime).
   std::function<Region(const RegionOptions&)> make_region;
   std::function<std::unique_ptr<SecondaryTier>(const FileTierOptions&)> make_file_tier;
+  std::function<std::unique_ptr<SecondaryTier>(const RemoteTierOptions&)> make_remote_tier;
   std::function<std::unique_ptr<DeviceRuntime>(std::string_view, const RuntimeOptions&)> make_runtime;
 };
 
@@ -55,6 +57,9 @@ struct StackConfig {
   RegionOptions region;                    // the scheduler maps it unranked (rank = nullopt)
   ManagerConfig manager;                   // num_chunks 0: the region's; else must equal it
   std::vector<FileTierOptions> file_tiers; // secondary tiers, fastest first
+  // Distributed tiers, after the file tiers. Their geometry's slot_bytes, world_size and
+  // replicated must match the region's layout (the fingerprint is computed from them).
+  std::vector<RemoteTierOptions> remote_tiers;
 };
 
 // Throws kInvalidArgument naming the field; touches nothing (stat/access of tier roots only).

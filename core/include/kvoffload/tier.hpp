@@ -3,7 +3,8 @@
 // the primary stored and give them back for promotion. Every operation is asynchronous and
 // batched; each item of a batch is reported on its own, so one unreadable file never fails its
 // neighbours. `contains` answers from memory and never does I/O, so the scheduler can ask it on
-// its hot path.
+// its hot path. `lookup` is the asynchronous existence check for tiers whose contents are not
+// known locally (a remote store): it never blocks, and answers kPending while a check is in flight.
 //
 //   std::vector<TierPut> puts = {{key, row_bytes}};
 //   TierBatch b = tier.put(puts);            // returns at once
@@ -97,6 +98,14 @@ class TierBatchPromise {
   std::shared_ptr<detail::TierBatchState> state_;
 };
 
+// Answer of SecondaryTier::lookup for one key.
+enum class TierPresence : std::uint8_t {
+  kAbsent = 0,   // not held (or unknown and the lookup budget ran out: a miss, never a stall)
+  kPresent = 1,  // held: promotable (a strong hint; a get can still miss)
+  kPending = 2,  // a check is in flight: ask again later (vLLM's LookupResult.RETRY)
+};
+std::string_view to_string(TierPresence presence) noexcept;  // "absent" | "present" | "pending"
+
 struct TierStats {
   std::uint64_t entries = 0;          // keys the tier holds (ready)
   std::uint64_t bytes = 0;            // bytes they occupy (files, including headers)
@@ -127,6 +136,11 @@ class SecondaryTier {
   // True when the key is held (a completed put). Never does I/O. A true answer is a strong hint,
   // not a promise: a get can still miss (the file was damaged or evicted meanwhile).
   [[nodiscard]] virtual bool contains(const BlockKey& key) const = 0;
+  // Asynchronous existence check of a batch, one answer per key into `out` (size >= keys.size()).
+  // Never blocks on I/O: a key whose check has not resolved answers kPending until the tier's
+  // lookup budget runs out, then kAbsent. A key first asked here may start a check in the
+  // background. The default answers from contains() (tiers whose index is local).
+  virtual void lookup(std::span<const BlockKey> keys, std::span<TierPresence> out);
   // Forgets each key (kOk also for keys not held); the storage is reclaimed asynchronously.
   virtual TierBatch remove(std::span<const BlockKey> keys) = 0;
   // Blocks until every batch submitted so far is ready.

@@ -7,7 +7,10 @@
 //    pin is released when poll() sees the tier's batch finish. (These pins count in the Manager's
 //    loads_prepared / loads_completed statistics.)
 //  - Lookup: a primary hit, else a secondary hit (promotable), else a miss, per key, with the
-//    lengths of the primary-hit prefix and of the prefix available from any tier.
+//    lengths of the primary-hit prefix and of the prefix available from any tier. Tiers are asked
+//    with SecondaryTier::lookup, so a remote tier answers kSecondaryPending while its check is in
+//    flight: the caller asks again later (or treats it as a miss); nothing blocks. Keys that
+//    another engine stored in a shared tier are found this way and promote like our own.
 //  - Promote: for keys missing from the primary but held by a secondary tier, prepare_store gives
 //    write-pending slots (not visible nor evictable while they fill), the tier reads each record
 //    into its slot's row, and poll() completes the store: success for verified records, failure
@@ -20,6 +23,7 @@
 #include <kvoffload/manager.hpp>
 #include <kvoffload/tier.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,11 +53,13 @@ enum class TierLocation : std::uint8_t {
   kPrimary = 1,         // ready in the region
   kPrimaryPending = 2,  // a primary store (or promotion) in flight
   kSecondary = 3,       // held by a secondary tier: promotable
+  kSecondaryPending = 4,  // a tier's existence check is in flight: ask again (vLLM's RETRY)
 };
 
 struct TieredLookup {
   std::size_t primary_prefix = 0;    // leading keys that are kPrimary
   std::size_t available_prefix = 0;  // leading keys that are kPrimary or kSecondary
+  std::size_t pending = 0;           // keys that are kSecondaryPending (anywhere in the batch)
 };
 
 struct PromoteTicket {
@@ -125,10 +131,23 @@ class TieredStore {
   PrimaryRows rows_;
   std::vector<SecondaryTier*> tiers_;
   std::vector<Offload> offloads_;
+  // Failed tier writes warn at most once per 5 s (a dead remote store fails every batch).
+  std::chrono::steady_clock::time_point offload_warned_at_{};
+  std::uint64_t offload_warnings_suppressed_ = 0;
   std::vector<Promotion> promotions_;
   std::uint64_t next_id_ = 1;
   TieredStats stats_;
+  // Asks the tiers about keys[i] for i in miss_index_ (primary misses); sets locations_.
+  void ask_tiers(std::span<const BlockKey> keys);
+
   std::vector<LookupResult> lookup_scratch_;
+  // Scratch of ask_tiers, reused so a lookup allocates nothing once warm.
+  std::vector<std::size_t> miss_index_;
+  std::vector<BlockKey> ask_keys_;
+  std::vector<std::size_t> ask_index_;
+  std::vector<TierPresence> presence_;
+  std::vector<TierLocation> locations_;
+  std::vector<std::size_t> source_tier_;
 };
 
 }  // namespace kvoffload

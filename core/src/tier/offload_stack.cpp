@@ -82,6 +82,19 @@ void validate(const StackConfig& config) {
                     " is used by another tier of this configuration");
     }
   }
+  for (const RemoteTierOptions& t : config.remote_tiers) {
+    t.validate();
+    const RemoteGeometry& rg = t.geometry;
+    if (rg.slot_bytes != g.slot_bytes() || rg.world_size != g.world_size() ||
+        rg.replicated != g.replicated()) {
+      throw_invalid("remote tier '" + t.name + "': geometry (slot_bytes " +
+                    std::to_string(rg.slot_bytes) + ", world_size " + std::to_string(rg.world_size) +
+                    ", replicated " + (rg.replicated ? "yes" : "no") +
+                    ") differs from the region's (slot_bytes " + std::to_string(g.slot_bytes()) +
+                    ", world_size " + std::to_string(g.world_size()) + ", replicated " +
+                    (g.replicated() ? "yes" : "no") + ")");
+    }
+  }
 }
 
 void validate(const WorkerConfig& config) {
@@ -111,6 +124,16 @@ std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config, con
                                                : FileTier::open(config.file_tiers[i]));
       if (!s->tiers_.back()) {
         throw Error(ErrorCode::kInternal, "file tier factory returned null for tier " +
+                                              std::to_string(i));
+      }
+    }
+
+    for (std::size_t i = 0; i < config.remote_tiers.size(); ++i) {
+      run_hook(hooks, InitStep::kSecondary, config.file_tiers.size() + i);
+      s->tiers_.push_back(hooks.make_remote_tier ? hooks.make_remote_tier(config.remote_tiers[i])
+                                                 : RemoteTier::open(config.remote_tiers[i]));
+      if (!s->tiers_.back()) {
+        throw Error(ErrorCode::kInternal, "remote tier factory returned null for tier " +
                                               std::to_string(i));
       }
     }

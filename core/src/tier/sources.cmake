@@ -7,3 +7,20 @@ target_sources(kvoffload PRIVATE
 target_sources(kvoffload PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/tiered_store.cpp
   ${CMAKE_CURRENT_LIST_DIR}/offload_stack.cpp)
+
+# The distributed tier: Redis (standalone, Cluster) through hiredis, memcached through
+# libmemcached, value checksums with libxxhash (Debian: libhiredis-dev libmemcached-dev
+# libxxhash-dev).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(KVO_HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+pkg_check_modules(KVO_MEMCACHED REQUIRED IMPORTED_TARGET libmemcached)
+pkg_check_modules(KVO_XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+target_sources(kvoffload PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_config.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_value.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_memcached.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_tier.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_check.cpp)
+target_link_libraries(kvoffload PRIVATE PkgConfig::KVO_HIREDIS PkgConfig::KVO_MEMCACHED
+                                        PkgConfig::KVO_XXHASH)

@@ -28,6 +28,25 @@ std::string_view to_string(TierItemStatus status) noexcept {
   return "unknown";
 }
 
+std::string_view to_string(TierPresence presence) noexcept {
+  switch (presence) {
+    case TierPresence::kAbsent: return "absent";
+    case TierPresence::kPresent: return "present";
+    case TierPresence::kPending: return "pending";
+  }
+  return "unknown";
+}
+
+void SecondaryTier::lookup(std::span<const BlockKey> keys, std::span<TierPresence> out) {
+  if (out.size() < keys.size()) {
+    throw_invalid("tier lookup: out holds " + std::to_string(out.size()) + " entries for " +
+                  std::to_string(keys.size()) + " keys");
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    out[i] = contains(keys[i]) ? TierPresence::kPresent : TierPresence::kAbsent;
+  }
+}
+
 std::size_t TierBatch::size() const noexcept { return state_ ? state_->results.size() : 0; }
 
 bool TierBatch::ready() const noexcept {

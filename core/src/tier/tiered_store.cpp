@@ -48,6 +48,32 @@ TieredStore::~TieredStore() {
   }
 }
 
+void TieredStore::ask_tiers(std::span<const BlockKey> keys) {
+  // One batched lookup per tier (no per-key virtual call); a key a faster tier holds is not asked
+  // of slower ones. A pending answer may still be overridden by a later tier that holds the key.
+  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    ask_keys_.clear();
+    ask_index_.clear();
+    for (const std::size_t i : miss_index_) {
+      if (locations_[i] == TierLocation::kSecondary) continue;
+      ask_keys_.push_back(keys[i]);
+      ask_index_.push_back(i);
+    }
+    if (ask_keys_.empty()) return;
+    presence_.resize(ask_keys_.size());
+    tiers_[t]->lookup(ask_keys_, presence_);
+    for (std::size_t j = 0; j < ask_index_.size(); ++j) {
+      const std::size_t i = ask_index_[j];
+      if (presence_[j] == TierPresence::kPresent) {
+        locations_[i] = TierLocation::kSecondary;
+        source_tier_[i] = t;
+      } else if (presence_[j] == TierPresence::kPending) {
+        locations_[i] = TierLocation::kSecondaryPending;
+      }
+    }
+  }
+}
+
 TieredLookup TieredStore::lookup(std::span<const BlockKey> keys, std::span<TierLocation> out) {
   if (!out.empty() && out.size() < keys.size()) {
     throw_invalid("tiered lookup: out holds " + std::to_string(out.size()) + " entries for " +
@@ -57,26 +83,26 @@ TieredLookup TieredStore::lookup(std::span<const BlockKey> keys, std::span<TierL
   const std::span<LookupResult> results(lookup_scratch_.data(), keys.size());
   TieredLookup r;
   r.primary_prefix = primary_.lookup(keys, results);
+  locations_.assign(keys.size(), TierLocation::kMiss);
+  source_tier_.assign(keys.size(), 0);
+  miss_index_.clear();
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    switch (results[i]) {
+      case LookupResult::kHit: locations_[i] = TierLocation::kPrimary; break;
+      case LookupResult::kHitPending: locations_[i] = TierLocation::kPrimaryPending; break;
+      case LookupResult::kMiss: miss_index_.push_back(i); break;
+    }
+  }
+  ask_tiers(keys);
   bool available = true;
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    TierLocation loc = TierLocation::kMiss;
-    switch (results[i]) {
-      case LookupResult::kHit: loc = TierLocation::kPrimary; break;
-      case LookupResult::kHitPending: loc = TierLocation::kPrimaryPending; break;
-      case LookupResult::kMiss:
-        for (auto* t : tiers_) {
-          if (t->contains(keys[i])) {
-            loc = TierLocation::kSecondary;
-            break;
-          }
-        }
-        break;
-    }
+    const TierLocation loc = locations_[i];
     if (available && (loc == TierLocation::kPrimary || loc == TierLocation::kSecondary)) {
       ++r.available_prefix;
     } else {
       available = false;
     }
+    if (loc == TierLocation::kSecondaryPending) ++r.pending;
     if (!out.empty()) out[i] = loc;
   }
   return r;
@@ -108,15 +134,17 @@ PromoteTicket TieredStore::promote(std::span<const BlockKey> keys,
   PromoteTicket ticket;
   std::vector<BlockKey> candidates;
   std::unordered_map<BlockKey, std::size_t, BlockKeyHash> source;  // key -> tier index
-  for (const auto& key : keys) {
-    if (primary_.state_of(key) != LookupResult::kMiss || source.contains(key)) continue;
-    for (std::size_t t = 0; t < tiers_.size(); ++t) {
-      if (tiers_[t]->contains(key)) {
-        source.emplace(key, t);
-        candidates.push_back(key);
-        break;
-      }
-    }
+  locations_.assign(keys.size(), TierLocation::kMiss);
+  source_tier_.assign(keys.size(), 0);
+  miss_index_.clear();
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (primary_.state_of(keys[i]) == LookupResult::kMiss) miss_index_.push_back(i);
+  }
+  ask_tiers(keys);  // a key still pending at a tier is not promoted now
+  for (const std::size_t i : miss_index_) {
+    if (locations_[i] != TierLocation::kSecondary || source.contains(keys[i])) continue;
+    source.emplace(keys[i], source_tier_[i]);
+    candidates.push_back(keys[i]);
   }
   if (candidates.empty()) return ticket;
   std::vector<BlockKey> guard(keys.begin(), keys.end());
@@ -179,8 +207,19 @@ std::vector<PromoteCompletion> TieredStore::progress(bool block) {
       }
     }
     if (failed > 0) {
-      log().warn("tiered store: {} of {} keys were not written to a secondary tier (first: {})",
-                 failed, it->keys.size(), first_failure);
+      const auto now = std::chrono::steady_clock::now();
+      if (offload_warned_at_ == std::chrono::steady_clock::time_point{} ||
+          now - offload_warned_at_ >= std::chrono::seconds(5)) {
+        log().warn("tiered store: {} of {} keys were not written to a secondary tier (first: {}){}",
+                   failed, it->keys.size(), first_failure,
+                   offload_warnings_suppressed_ == 0
+                       ? std::string()
+                       : fmt::format("; {} similar warnings suppressed", offload_warnings_suppressed_));
+        offload_warned_at_ = now;
+        offload_warnings_suppressed_ = 0;
+      } else {
+        ++offload_warnings_suppressed_;
+      }
     }
     primary_.complete_load(it->keys);
     it = offloads_.erase(it);

@@ -3,6 +3,7 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/geometry.hpp>
 #include <kvoffload/platform.hpp>
+#include <kvoffload/remote_tier.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -75,6 +76,13 @@ void RunConfig::finalize() {
   if (duration_seconds < 0 || duration_seconds > 24 * 3600.0) {
     throw_invalid("--duration " + std::to_string(duration_seconds) +
                   " is out of range; allowed 0..86400 seconds (0 with --requests N)");
+  }
+  if (!remote_tier.empty()) {
+    try {
+      (void)RemoteUrl::parse(remote_tier);
+    } catch (const Error& e) {
+      throw_invalid(std::string("--remote-tier: ") + e.what());
+    }
   }
   if (duration_seconds == 0 && requests == 0) {
     throw_invalid("--duration 0 needs --requests N > 0, or the run would never end");

@@ -191,6 +191,17 @@ RunOutcome run_scheduler(const RunConfig& config) {
     tier.capacity_bytes = config.file_tier_bytes;
     stack_config.file_tiers.push_back(tier);
   }
+  if (!config.remote_tier.empty()) {
+    RemoteTierOptions remote;
+    remote.url = RemoteUrl::parse(config.remote_tier);
+    remote.geometry = {.slot_bytes = config.slot_bytes,
+                       .world_size = config.world_size,
+                       .tensor_layout = "kvoffload-run layers=" + std::to_string(config.layers),
+                       .block_bytes = config.block_bytes,
+                       .blocks_per_chunk = config.blocks_per_chunk,
+                       .dtype = "u8"};
+    stack_config.remote_tiers.push_back(remote);
+  }
   std::unique_ptr<OffloadStack> stack = OffloadStack::build(stack_config);
   const std::filesystem::path region_path = stack->region().path();
   const PopulateReport scheduler_populate = stack->region().populate_report();
@@ -246,7 +257,14 @@ RunOutcome run_scheduler(const RunConfig& config) {
       t.chunks_looked_up += keys.size();
 
       // Bring back what a secondary tier holds beyond the primary prefix, then look again.
-      const TieredLookup found = store.lookup(keys);
+      // A remote tier answers "pending" while its existence check is in flight; this loop asks
+      // again, and it ends because the tier turns a pending answer into a miss once its lookup
+      // budget is spent (never a stall). An engine would schedule other work meanwhile.
+      TieredLookup found = store.lookup(keys);
+      for (int retry = 0; found.pending > 0 && retry < 10'000; ++retry) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        found = store.lookup(keys);
+      }
       manager.touch(keys);
       if (found.available_prefix > found.primary_prefix) {
         const auto missing = std::span(keys).subspan(found.primary_prefix,
@@ -374,6 +392,25 @@ RunOutcome run_scheduler(const RunConfig& config) {
   stop_ranks(ranks, graceful, &byes);
   const ManagerStats ms = stack->manager().stats();
   const TieredStats ts = stack->store().stats();
+  nlohmann::json remote_json;
+  for (const auto& tier : stack->tiers()) {
+    if (const auto* remote = dynamic_cast<const RemoteTier*>(tier.get())) {
+      const RemoteStats rs = remote->remote_stats();
+      remote_json = {{"url", remote->options().url.to_string()},
+                     {"promoted", rs.loaded},
+                     {"stored", rs.stored},
+                     {"misses", rs.misses()},
+                     {"corrupt", rs.corrupt},
+                     {"errors", rs.errors()},
+                     {"lookups", rs.lookups},
+                     {"lookup_present", rs.lookup_present},
+                     {"get_misses", rs.get_misses},
+                     {"put_errors", rs.put_errors},
+                     {"breaker_opens", rs.breaker_opens},
+                     {"nodes", rs.nodes},
+                     {"nodes_open", rs.nodes_open}};
+    }
+  }
   const bool closed = stack->close();
   stack.reset();
   std::error_code ec;
@@ -419,6 +456,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
   double registration = 0;
   for (const auto& r : rank_reports) registration = std::max(registration, r.value("registration_seconds", 0.0));
   report["registration_seconds"] = registration;
+  if (!remote_json.is_null()) report["remote"] = remote_json;
   report["bringup"] = config.bringup;
   report["bringup_piece_bytes"] = config.bringup_piece_bytes;
   report["first_request_seconds"] = first_request_seconds ? nlohmann::json(*first_request_seconds) : nlohmann::json();
@@ -463,6 +501,12 @@ std::string format_report(const nlohmann::json& r) {
       << secs(r["pool_ready_seconds"]) << "\n";
   out << "  verified        " << r["verified_bytes"] << " bytes, " << r["mismatched_bytes"]
       << " mismatched, " << r["failed_jobs"] << " failed jobs\n";
+  if (r.contains("remote")) {
+    const auto& m = r["remote"];
+    out << "  remote tier     " << m["url"].get<std::string>() << ": " << m["stored"] << " stored, "
+        << m["promoted"] << " promoted, " << m["misses"] << " misses, " << m["corrupt"]
+        << " corrupt, " << m["errors"] << " errors\n";
+  }
   for (const auto& e : r["errors"]) out << "  error           " << e.get<std::string>() << "\n";
   out << (r["all_verified"].get<bool>() ? "  every byte verified" : "  NOT all bytes verified")
       << (r["region_removed"].get<bool>() ? "; region removed" : "; region NOT removed")

@@ -1,0 +1,37 @@
+import pytest
+
+import kvoffload
+
+
+def test_remote_tier_options_round_trip_and_fingerprint():
+    o = kvoffload.RemoteTierOptions("redis://127.0.0.1:6379/2", slot_bytes=4096, world_size=2,
+                                    tensor_layout="layers=8", dtype="bf16")
+    assert o.url == "redis://127.0.0.1:6379/2" and o.kind == "redis"
+    assert o.nodes == [("127.0.0.1", 6379)]
+    assert o.slot_bytes == 4096 and o.world_size == 2 and o.dtype == "bf16"
+    assert o.lookup_timeout_ms == 50 and o.connections_per_node == 2
+    o.validate()
+    fp = o.fingerprint
+    o.dtype = "fp8"
+    assert o.fingerprint != fp
+    o.lookup_timeout_ms = 20
+    assert o.lookup_timeout_ms == 20
+    assert "layout=layers=8" in o.geometry_description
+    assert kvoffload.remote_value_bytes(4096) == 4160
+
+
+def test_bad_urls_and_fields_name_what_is_wrong():
+    with pytest.raises(kvoffload.Error, match="unknown scheme 'http'") as e:
+        kvoffload.parse_remote_url("http://h:1")
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
+    with pytest.raises(kvoffload.Error, match="port 70000 is out of range"):
+        kvoffload.RemoteTierOptions("redis://h:70000", slot_bytes=1)
+    o = kvoffload.RemoteTierOptions("memcached://a:1,b:2", slot_bytes=2 << 20)
+    with pytest.raises(kvoffload.Error, match="memcached's item size"):
+        o.validate()
+    o.memcached_item_max = 4 << 20
+    o.validate()
+    o.connections_per_node = 0
+    with pytest.raises(kvoffload.Error, match="connections_per_node 0"):
+        o.validate()
+    assert kvoffload.parse_remote_url("redis-cluster://a:1,b:2")["nodes"] == [("a", 1), ("b", 2)]

@@ -1,0 +1,251 @@
+// `kvoffload run --remote-tier URL` and `kvoffload remote check URL`, driven as a user runs them,
+// against redis-server / memcached / a Redis Cluster that the tests start on loopback ports.
+
+#include "remote_servers.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using kvoffload::testing::RedisCluster;
+using kvoffload::testing::ServerProcess;
+using ::testing::HasSubstr;
+
+#define SKIP_WITHOUT(...)                                                          \
+  do {                                                                             \
+    const std::string missing = kvoffload::testing::missing_binary({__VA_ARGS__}); \
+    if (!missing.empty())                                                          \
+      GTEST_SKIP() << missing << " is not installed (Debian: "                     \
+                   << "redis-server, redis-tools, memcached)";                     \
+  } while (0)
+
+std::string binary() {
+  const char* dir = std::getenv("KVOFFLOAD_TEST_BIN_DIR");
+  return std::string(dir != nullptr ? dir : ".") + "/kvoffload";
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+class RemoteRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "kvoffload_remote_run_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
+    dir_ = tmpl;
+    shm_ = dir_ / "shm";
+    fs::create_directory(shm_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // `kvoffload <args>` with stdout/stderr to files.
+  pid_t start(std::vector<std::string> args) {
+    args.insert(args.begin(), binary());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string out = (dir_ / "out").string();
+    const std::string err = (dir_ / "err").string();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(126);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    return pid;
+  }
+  static int finish(pid_t pid) {
+    int status = 0;
+    for (int i = 0; i < 1200; ++i) {  // 120 s
+      if (waitpid(pid, &status, WNOHANG) == pid)
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    ADD_FAILURE() << "kvoffload did not finish";
+    return -1;
+  }
+  int exec(std::vector<std::string> args) { return finish(start(std::move(args))); }
+
+  // `kvoffload run` on a small pool (evictions, so chunks come back from the remote tier).
+  std::vector<std::string> run_args(const std::string& url, const std::string& engine,
+                                    std::vector<std::string> more = {"--requests", "120",
+                                                                     "--duration", "0"}) {
+    std::vector<std::string> a = {
+        "run",  "--shm-dir",          shm_.string(), "--engine-id",     engine, "--backend",
+        "host", "--world-size",       "2",           "--layers",        "4",    "--block-bytes",
+        "4K",   "--blocks-per-chunk", "2",           "--gpu-blocks",    "64",   "--host-pool",
+        "512K", "--prefixes",         "6",           "--prefix-chunks", "4",    "--unique-chunks",
+        "1",    "--remote-tier",      url,           "--json"};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  }
+
+  std::string out() const { return slurp(dir_ / "out"); }
+  std::string err() const { return slurp(dir_ / "err"); }
+  json report() const { return json::parse(out()); }
+
+  fs::path dir_;
+  fs::path shm_;
+};
+
+TEST_F(RemoteRunTest, TwoEnginesShareChunksThroughOneRedis) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  ASSERT_EQ(exec(run_args(redis.url(), "engine-a")), 0) << err();
+  const json a = report();
+  EXPECT_TRUE(a["all_verified"].get<bool>());
+  const json& ra = a["remote"];
+  EXPECT_GT(ra["stored"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(ra["corrupt"], 0);
+  EXPECT_EQ(ra["errors"], 0);
+  // Every stored chunk is one value per rank in the store.
+  EXPECT_EQ(redis.cli({"DBSIZE"}), std::to_string(ra["stored"].get<std::uint64_t>() * 2));
+
+  // A second engine (another region) finds what the first stored and loads it back verified.
+  ASSERT_EQ(exec(run_args(redis.url(), "engine-b")), 0) << err();
+  const json b = report();
+  EXPECT_TRUE(b["all_verified"].get<bool>());
+  const json& rb = b["remote"];
+  EXPECT_GT(rb["promoted"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(rb["lookup_present"].get<std::uint64_t>(), 0u) << "chunks engine-a stored";
+  EXPECT_EQ(rb["stored"], 0) << "the same workload: every chunk was in the store already";
+  EXPECT_EQ(b["promoted"], rb["promoted"]);
+  for (const char* field : {"promoted", "stored", "misses", "corrupt", "errors"}) {
+    EXPECT_TRUE(rb.contains(field)) << field;
+  }
+  EXPECT_TRUE(fs::is_empty(shm_));
+}
+
+TEST_F(RemoteRunTest, UnreachableServerAtStartWarnsAndTheRunSucceeds) {
+  const int port = kvoffload::testing::free_port();
+  ASSERT_EQ(exec(run_args("redis://127.0.0.1:" + std::to_string(port), "engine-u")), 0) << err();
+  EXPECT_THAT(err(), HasSubstr("unreachable at start"));
+  const json r = report();
+  EXPECT_TRUE(r["all_verified"].get<bool>());
+  EXPECT_EQ(r["remote"]["promoted"], 0);
+  EXPECT_EQ(r["remote"]["stored"], 0);
+  EXPECT_GT(r["remote"]["errors"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(r["remote"]["nodes_open"], 1);
+}
+
+TEST_F(RemoteRunTest, KillNineOfTheServerMidRunKeepsTheEngineServing) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  const pid_t pid =
+      start(run_args(redis.url(), "engine-k", {"--requests", "0", "--duration", "3"}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  redis.kill9();
+  ASSERT_EQ(finish(pid), 0) << err();
+  const json r = report();
+  EXPECT_TRUE(r["all_verified"].get<bool>());
+  EXPECT_GT(r["remote"]["stored"].get<std::uint64_t>(), 0u);  // before the kill
+  EXPECT_GT(r["remote"]["errors"].get<std::uint64_t>(), 0u);  // after it
+  EXPECT_EQ(r["remote"]["breaker_opens"], 1);
+  EXPECT_TRUE(fs::is_empty(shm_));
+}
+
+TEST_F(RemoteRunTest, FrozenServerMidRunKeepsTheEngineServing) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  const pid_t pid =
+      start(run_args(redis.url(), "engine-s", {"--requests", "0", "--duration", "3"}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  redis.stop();  // SIGSTOP
+  const int code = finish(pid);
+  redis.cont();
+  ASSERT_EQ(code, 0) << err();
+  const json r = report();
+  EXPECT_TRUE(r["all_verified"].get<bool>());
+  EXPECT_GT(r["requests"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(r["remote"]["errors"].get<std::uint64_t>(), 0u);
+}
+
+TEST_F(RemoteRunTest, MemcachedAndClusterStoresRunToo) {
+  SKIP_WITHOUT("redis-server", "redis-cli", "memcached");
+  ServerProcess mc(ServerProcess::Kind::kMemcached);
+  ASSERT_EQ(exec(run_args(mc.url(), "engine-m")), 0) << err();
+  EXPECT_GT(report()["remote"]["stored"].get<std::uint64_t>(), 0u);
+  EXPECT_TRUE(report()["all_verified"].get<bool>());
+  RedisCluster cluster;
+  ASSERT_EQ(exec(run_args(cluster.url(), "engine-c1")), 0) << err();
+  ASSERT_EQ(exec(run_args(cluster.url(), "engine-c2")), 0) << err();
+  EXPECT_GT(report()["remote"]["promoted"].get<std::uint64_t>(), 0u);
+  EXPECT_TRUE(report()["all_verified"].get<bool>());
+}
+
+TEST_F(RemoteRunTest, RemoteCheckReportsNodesAndSlotCoverage) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  ASSERT_EQ(exec({"remote", "check", redis.url(), "--json"}), 0) << err();
+  json r = report();
+  EXPECT_TRUE(r["reachable"].get<bool>());
+  ASSERT_EQ(r["nodes"].size(), 1u);
+  EXPECT_EQ(r["nodes"][0]["role"], "standalone");
+  EXPECT_GT(r["nodes"][0]["rtt_ms"].get<double>(), 0.0);
+
+  RedisCluster cluster;
+  ASSERT_EQ(exec({"remote", "check", cluster.url(), "--json"}), 0) << err();
+  r = report();
+  EXPECT_EQ(r["slots_covered"], 16384);
+  ASSERT_EQ(r["nodes"].size(), 3u);
+  std::uint64_t slots = 0;
+  for (const auto& n : r["nodes"]) slots += n["slots"].get<std::uint64_t>();
+  EXPECT_EQ(slots, 16384u);
+  ASSERT_EQ(exec({"remote", "check", cluster.url()}), 0);
+  EXPECT_THAT(out(), HasSubstr("slot coverage 16384 / 16384"));
+
+  const int port = kvoffload::testing::free_port();
+  EXPECT_EQ(exec({"remote", "check", "redis://127.0.0.1:" + std::to_string(port)}), 1);
+  EXPECT_THAT(err(), HasSubstr("is unreachable"));
+}
+
+struct UsageCase {
+  std::string url;
+  std::string mentions;
+};
+
+class RemoteUsageTest : public RemoteRunTest, public ::testing::WithParamInterface<UsageCase> {};
+
+TEST_P(RemoteUsageTest, BadUrlsAreUsageErrorsNamingWhatIsWrong) {
+  EXPECT_EQ(exec(run_args(GetParam().url, "engine-x")), 2);
+  EXPECT_THAT(err(), HasSubstr(GetParam().mentions));
+  EXPECT_TRUE(fs::is_empty(shm_)) << "nothing is created before the URL is checked";
+  EXPECT_EQ(exec({"remote", "check", GetParam().url}), 2);
+  EXPECT_THAT(err(), HasSubstr(GetParam().mentions));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Urls, RemoteUsageTest,
+    ::testing::Values(UsageCase{"mongodb://h:1", "unknown scheme 'mongodb'"},
+                      UsageCase{"redis://:6379", "has no host"},
+                      UsageCase{"redis://h", "'h' has no port"},
+                      UsageCase{"redis://h:65536", "port 65536 is out of range; allowed 1..65535"},
+                      UsageCase{"memcached://h:1,", "an empty node"}));
+
+}  // namespace
