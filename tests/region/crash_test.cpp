@@ -15,6 +15,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
+#include "private_tmpfs.hpp"
 #include "test_env.hpp"
 
 namespace kvoffload {
@@ -183,20 +184,11 @@ TEST(JoinerWait, FailedCreatorProbeIsReportedAndReleasesEverything) {
   EXPECT_EQ(testing::fd_snapshot(), fds);
 }
 
-// A real tmpfs of 4 MiB in a private mount namespace (needs CAP_SYS_ADMIN; skipped otherwise).
+// A real tmpfs of 4 MiB in a private mount namespace (needs CAP_SYS_ADMIN; skipped, with the
+// failing step and errno, otherwise).
 TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
-  constexpr int kSkip = 77;
-  const pid_t pid = testing::fork_child([] {
-    if (::unshare(CLONE_NEWNS) != 0) return kSkip;
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return kSkip;
-    const TempDir dir("/tmp");
-    if (::mount("tmpfs", dir.path().c_str(), "tmpfs", 0, "size=4m,mode=0700") != 0) return kSkip;
-    // Unmounted on every way out, so that TempDir can remove the (then empty) mount point.
-    struct Unmount {
-      const std::filesystem::path& path;
-      ~Unmount() { (void)::umount(path.c_str()); }
-    } unmount{dir.path()};
-    auto opts = small_options(dir.path(), "big", 0);
+  const auto result = testing::run_on_private_tmpfs("4m", [](const std::filesystem::path& mnt) {
+    auto opts = small_options(mnt, "big", 0);
     opts.layout = {.num_chunks = 256, .slot_bytes = 16384, .world_size = 2};  // 8 MiB
     try {
       (void)Region::create_or_join(opts);
@@ -212,19 +204,18 @@ TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
         }
       }
     }
-    if (!dir.entries().empty()) return 4;
+    if (!std::filesystem::is_empty(mnt)) return 4;
     // One that fits is created.
     opts.layout.num_chunks = 16;
     Region ok = Region::create_or_join(opts);
     if (ok.role() != RegionRole::kCreator) return 5;
     ok.close();
-    if (!dir.entries().empty()) return 6;
+    if (!std::filesystem::is_empty(mnt)) return 6;
     return 0;
   });
-  const int status = testing::wait_child(pid);
-  ASSERT_TRUE(WIFEXITED(status)) << status;
-  if (WEXITSTATUS(status) == kSkip) GTEST_SKIP() << "no permission for a private mount namespace";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
+  ASSERT_TRUE(WIFEXITED(result.wait_status)) << result.wait_status;
+  EXPECT_EQ(result.exit_code, 0);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -144,6 +145,36 @@ class FaultIo : public FileTierIo {
     if (int e = check("flock", path_of(fd), 0)) return fail(e);
     return FileTierIo::flock(fd, op);
   }
+  // The real statvfs, except, when a size is set, that of a filesystem of `bytes` bytes holding
+  // only the tier: f_bavail is what the files under the tier's root (the directory of the locked
+  // file fstatvfs is asked about) leave of it, in 4 KiB blocks. Writes use it up, unlinks free
+  // it, and a smaller size set later is the disk filling up from elsewhere.
+  int fstatvfs(int fd, struct statvfs* st) override {
+    const std::string path = path_of(fd);
+    if (int e = check("fstatvfs", path, 0)) return fail(e);
+    const int rc = FileTierIo::fstatvfs(fd, st);
+    std::optional<std::uint64_t> size;
+    {
+      std::lock_guard lock(mutex_);
+      size = filesystem_bytes_;
+    }
+    if (rc == 0 && size) {
+      std::uint64_t used = 0;
+      std::error_code ec;
+      for (const auto& e : std::filesystem::recursive_directory_iterator(
+               std::filesystem::path(path).parent_path(), ec)) {
+        std::error_code fec;
+        if (e.is_regular_file(fec)) used += (e.file_size(fec) + 4095) / 4096 * 4096;
+      }
+      st->f_frsize = 4096;
+      st->f_bavail = used >= *size ? 0 : (*size - used) / 4096;
+    }
+    return rc;
+  }
+  void set_filesystem_bytes(std::optional<std::uint64_t> bytes) {
+    std::lock_guard lock(mutex_);
+    filesystem_bytes_ = bytes;
+  }
 
   // The O_DIRECT flag of the call being checked, for rules that refuse O_DIRECT only.
   static thread_local int current_flags;
@@ -180,6 +211,7 @@ class FaultIo : public FileTierIo {
   std::vector<int> direct_opens_;
   std::map<int, std::string> paths_;
   std::map<int, int> flags_;
+  std::optional<std::uint64_t> filesystem_bytes_;
 };
 
 inline thread_local int FaultIo::current_flags = 0;

@@ -16,6 +16,13 @@
 // miss. The default (kNone) therefore does not fsync; kData fdatasyncs each record before the
 // rename (durable contents), kFull also fsyncs the directory after it (durable name).
 //
+// Note [Full disk]: the capacity in use is never more than the filesystem can hold: the
+// configured value, capped by (bytes of the records held + the free space of the root's
+// filesystem), measured at open and again at every put batch (one fstatvfs per batch, not per
+// record). When a write still fails with ENOSPC (another process filled the disk meanwhile), the
+// tier evicts its oldest records to make room for the record and retries it once. Failures are
+// logged rate-limited (one line per cause per interval, with a count; util/rate_limited_log.hpp).
+//
 // O_DIRECT (kAuto): records are written and read with O_DIRECT through aligned bounce buffers;
 // when the filesystem refuses it (EINVAL at open, or at the first read/write), the tier logs once
 // and continues buffered for good. kBuffered never tries.
@@ -23,6 +30,7 @@
 #include <kvoffload/tier.hpp>
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -51,6 +59,7 @@ class FileTierIo {
   virtual int unlink(const char* path);
   virtual int mkdir(const char* path, mode_t mode);
   virtual int flock(int fd, int operation);
+  virtual int fstatvfs(int fd, struct statvfs* st);  // free space of the root's filesystem
 
   // The real system calls (a process-wide instance).
   static std::shared_ptr<FileTierIo> system();
@@ -61,7 +70,8 @@ enum class DirectIoMode : std::uint8_t { kAuto, kBuffered };
 
 struct FileTierOptions {
   std::filesystem::path root;            // created (one level) when missing; parent must exist
-  std::uint64_t capacity_bytes = 0;      // > 0: file bytes kept; the oldest records go beyond it
+  std::uint64_t capacity_bytes = 0;      // > 0: file bytes kept; the oldest records go beyond it.
+                                         // Capped by the filesystem: see Note [Full disk]
   unsigned io_threads = 4;               // 1..256
   DirectIoMode direct_io = DirectIoMode::kAuto;
   FsyncPolicy fsync = FsyncPolicy::kNone;

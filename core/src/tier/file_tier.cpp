@@ -4,9 +4,11 @@
 #include "kvoffload/log.hpp"
 #include "tier/crc32c.hpp"
 #include "tier/io_pool.hpp"
+#include "util/rate_limited_log.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <iterator>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -44,6 +47,7 @@ int FileTierIo::rename(const char* from, const char* to) { return ::rename(from,
 int FileTierIo::unlink(const char* path) { return ::unlink(path); }
 int FileTierIo::mkdir(const char* path, mode_t mode) { return ::mkdir(path, mode); }
 int FileTierIo::flock(int fd, int operation) { return ::flock(fd, operation); }
+int FileTierIo::fstatvfs(int fd, struct statvfs* st) { return ::fstatvfs(fd, st); }
 
 std::shared_ptr<FileTierIo> FileTierIo::system() {
   static const auto instance = std::make_shared<FileTierIo>();
@@ -136,10 +140,13 @@ struct FileTier::Impl {
   std::atomic<bool> direct{false};
   std::once_flag fallback_logged;
 
-  mutable std::mutex mutex;  // index, lru, used_bytes, counters, closed
+  mutable std::mutex mutex;  // index, lru, used_bytes, ready_bytes, capacity, counters, closed
   std::unordered_map<BlockKey, Entry, BlockKeyHash> index;
   std::list<BlockKey> lru;   // ready records, least recently used first
   std::uint64_t used_bytes = 0;  // ready + reserved by puts in flight
+  std::uint64_t ready_bytes = 0;  // ready records only (what the files hold on disk)
+  std::uint64_t capacity = 0;     // in force now: Note [Full disk] in file_tier.hpp
+  detail::RateLimitedLog warnings;
   std::uint64_t next_epoch = 1;
   std::uint64_t next_temp = 1;
   TierStats counters;
@@ -241,7 +248,9 @@ struct FileTier::Impl {
 
   void close_fd(int fd, const std::filesystem::path& path) {
     if (io->close(fd) != 0) {
-      log().warn("file tier '{}': {}", options.name, errno_text("close " + path.string(), errno));
+      const int e = errno;
+      warnings.warn("close " + errno_name(e), "file tier '{}': {}", options.name,
+                    errno_text("close " + path.string(), e));
     }
   }
 
@@ -256,7 +265,8 @@ struct FileTier::Impl {
     const auto path = record_path(key);
     if (io->unlink(path.c_str()) != 0 && errno != ENOENT) {
       const int e = errno;
-      log().warn("file tier '{}': {}", options.name, errno_text("unlink " + path.string(), e));
+      warnings.warn("unlink " + errno_name(e), "file tier '{}': {}", options.name,
+                    errno_text("unlink " + path.string(), e));
       return e;
     }
     return 0;
@@ -266,10 +276,99 @@ struct FileTier::Impl {
   bool erase_locked(const BlockKey& key, std::optional<std::uint64_t> epoch) {
     auto it = index.find(key);
     if (it == index.end() || (epoch && it->second.epoch != *epoch)) return false;
-    if (it->second.ready) lru.erase(it->second.lru);
+    if (it->second.ready) {
+      lru.erase(it->second.lru);
+      ready_bytes -= it->second.file_bytes;
+    }
     used_bytes -= it->second.file_bytes;
     index.erase(it);
     return true;
+  }
+
+  // Writes `buf` to the new file `temp` (creating the fan-out directory when missing), syncs it
+  // as the policy says and closes it. On failure nothing is left: the temp file is removed.
+  ItemOutcome write_temp(const std::byte* buf, std::size_t rec, const std::filesystem::path& temp,
+                         const std::filesystem::path& dir) {
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
+    bool used_direct = false;
+    int fd = open_record(temp, flags, used_direct);
+    if (fd < 0 && errno == ENOENT) {  // fan-out directory not made yet
+      if (io->mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        return ItemOutcome::failed("mkdir " + dir.string(), errno);
+      }
+      fd = open_record(temp, flags, used_direct);
+    }
+    if (fd < 0) return ItemOutcome::failed("open " + temp.string(), errno);
+
+    auto fail_with_temp = [&](ItemOutcome o) {
+      if (fd >= 0) close_fd(fd, temp);
+      if (io->unlink(temp.c_str()) != 0 && errno != ENOENT) {
+        const int e = errno;
+        warnings.warn("unlink " + errno_name(e), "file tier '{}': {}", options.name,
+                      errno_text("unlink " + temp.string(), e));
+      }
+      return o;
+    };
+    if (auto o = write_all(fd, buf, rec, used_direct, temp)) return fail_with_temp(std::move(*o));
+    if (options.fsync != FsyncPolicy::kNone && io->fdatasync(fd) != 0) {
+      return fail_with_temp(ItemOutcome::failed("fdatasync " + temp.string(), errno));
+    }
+    const int closed_fd = fd;
+    fd = -1;
+    if (io->close(closed_fd) != 0) {
+      return fail_with_temp(ItemOutcome::failed("close " + temp.string(), errno));
+    }
+    return {};
+  }
+
+  // Free bytes of the root's filesystem for an unprivileged writer (f_bavail), or nullopt when
+  // fstatvfs fails (logged; the capacity in force stays).
+  std::optional<std::uint64_t> free_bytes() {
+    struct statvfs vfs {};
+    if (io->fstatvfs(lock_fd, &vfs) != 0) {
+      const int e = errno;
+      warnings.warn("fstatvfs " + errno_name(e), "file tier '{}': {}; keeping capacity {}",
+                    options.name, errno_text("fstatvfs " + root.string(), e), capacity);
+      return std::nullopt;
+    }
+    return static_cast<std::uint64_t>(vfs.f_bavail) * static_cast<std::uint64_t>(vfs.f_frsize);
+  }
+
+  // Note [Full disk]: capacity = min(configured, held + free). Caller holds mutex.
+  void set_capacity_locked(std::uint64_t free) {
+    const std::uint64_t fits = ready_bytes + free;
+    const std::uint64_t cap = std::min(options.capacity_bytes, fits);
+    if (cap != capacity && cap < options.capacity_bytes) {
+      warnings.warn("capacity", "file tier '{}': capacity {} bytes, below the configured {}: the "
+                    "filesystem of {} has {} bytes free besides the {} bytes of records held",
+                    options.name, cap, options.capacity_bytes, root.string(), free, ready_bytes);
+    }
+    capacity = cap;
+    counters.capacity_bytes = cap;
+  }
+
+  // After ENOSPC: evicts the oldest ready records (never `keep`) until `need` bytes are freed or
+  // none is left, removes their files, and re-measures the capacity. Returns how many it evicted.
+  std::size_t make_room(const BlockKey& keep, std::uint64_t need) {
+    std::vector<BlockKey> victims;
+    {
+      std::lock_guard lock(mutex);
+      std::uint64_t freed = 0;
+      for (auto it = lru.begin(); it != lru.end() && freed < need;) {
+        const BlockKey victim = *it++;
+        if (victim == keep) continue;
+        freed += index.at(victim).file_bytes;
+        erase_locked(victim, std::nullopt);
+        ++counters.evictions;
+        victims.push_back(victim);
+      }
+    }
+    for (const auto& v : victims) reclaim(v);
+    if (const auto free = free_bytes()) {
+      std::lock_guard lock(mutex);
+      set_capacity_locked(*free);
+    }
+    return victims.size();
   }
 
   ItemOutcome do_put(detail::IoWorker& worker, const TierPut& item, std::uint64_t epoch,
@@ -291,34 +390,33 @@ struct FileTier::Impl {
     const auto final_path = record_path(item.key);
     const auto dir = final_path.parent_path();
     const auto temp = dir / ("." + item.key.to_hex() + "." + std::to_string(temp_id) + kTempSuffix);
-    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
-    bool used_direct = false;
-    int fd = open_record(temp, flags, used_direct);
-    if (fd < 0 && errno == ENOENT) {  // fan-out directory not made yet
-      if (io->mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-        return ItemOutcome::failed("mkdir " + dir.string(), errno);
+    auto unlink_temp = [&] {
+      if (io->unlink(temp.c_str()) != 0 && errno != ENOENT) {
+        const int e = errno;
+        warnings.warn("unlink " + errno_name(e), "file tier '{}': {}", options.name,
+                      errno_text("unlink " + temp.string(), e));
       }
-      fd = open_record(temp, flags, used_direct);
+    };
+    ItemOutcome written = write_temp(buf, rec, temp, dir);
+    if (written.status == TierItemStatus::kFailed && written.err == ENOSPC) {
+      // Note [Full disk]: the disk filled behind our capacity (another writer, or a capacity
+      // measured before the last put): make room from the oldest records and retry once.
+      const std::size_t evicted = make_room(item.key, rec);
+      warnings.log(spdlog::level::info, "enospc retry",
+                   "file tier '{}': {}; evicted the {} oldest records, retrying once", options.name,
+                   written.detail, evicted);
+      if (evicted > 0) written = write_temp(buf, rec, temp, dir);
+      if (written.status == TierItemStatus::kFailed && written.err == ENOSPC) {
+        written.detail += evicted > 0 ? " (again after evicting " + std::to_string(evicted) + " records)"
+                                      : " (no record left to evict)";
+      }
     }
-    if (fd < 0) return ItemOutcome::failed("open " + temp.string(), errno);
+    if (written.status != TierItemStatus::kOk) return written;
 
     auto fail_with_temp = [&](ItemOutcome o) {
-      if (fd >= 0) close_fd(fd, temp);
-      if (io->unlink(temp.c_str()) != 0 && errno != ENOENT) {
-        log().warn("file tier '{}': {}", options.name, errno_text("unlink " + temp.string(), errno));
-      }
+      unlink_temp();
       return o;
     };
-    if (auto o = write_all(fd, buf, rec, used_direct, temp)) return fail_with_temp(std::move(*o));
-    if (options.fsync != FsyncPolicy::kNone && io->fdatasync(fd) != 0) {
-      return fail_with_temp(ItemOutcome::failed("fdatasync " + temp.string(), errno));
-    }
-    const int closed_fd = fd;
-    fd = -1;
-    if (io->close(closed_fd) != 0) {
-      return fail_with_temp(ItemOutcome::failed("close " + temp.string(), errno));
-    }
-
     {
       std::lock_guard name(name_lock(item.key));
       bool still_wanted = false;
@@ -340,6 +438,7 @@ struct FileTier::Impl {
       if (it != index.end() && it->second.epoch == epoch) {
         it->second.ready = true;
         it->second.lru = lru.insert(lru.end(), item.key);
+        ready_bytes += it->second.file_bytes;
       }
     }
     if (options.fsync == FsyncPolicy::kFull) {
@@ -460,7 +559,6 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
   impl->io = options.io ? options.io : FileTierIo::system();
   impl->root = options.root;
   impl->direct.store(options.direct_io == DirectIoMode::kAuto);
-  impl->counters.capacity_bytes = options.capacity_bytes;
   FileTierIo& io = *impl->io;
   const std::string& name = options.name;
 
@@ -556,8 +654,17 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
       e.lru = impl->lru.insert(impl->lru.end(), f.key);
       impl->index.emplace(f.key, e);
       impl->used_bytes += f.bytes;
+      impl->ready_bytes += f.bytes;
     }
-    while (impl->used_bytes > options.capacity_bytes && !impl->lru.empty()) {
+    // Note [Full disk]: never more than the filesystem can hold. A filesystem whose free space
+    // cannot be read at open is an error (there would be no bound at all).
+    struct statvfs vfs {};
+    if (io.fstatvfs(impl->lock_fd, &vfs) != 0) {
+      throw_system_error("fstatvfs", errno, "file tier '" + name + "' root " + impl->root.string());
+    }
+    impl->set_capacity_locked(static_cast<std::uint64_t>(vfs.f_bavail) *
+                              static_cast<std::uint64_t>(vfs.f_frsize));
+    while (impl->used_bytes > impl->capacity && !impl->lru.empty()) {
       const BlockKey victim = impl->lru.front();
       impl->erase_locked(victim, std::nullopt);
       impl->reclaim(victim);
@@ -569,7 +676,7 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
     log().info("file tier '{}': opened {} ({} records, {} bytes, {} stale temp files removed, {} "
                "evicted to fit {} bytes; {} I/O threads, {})",
                name, impl->root.string(), impl->index.size(), impl->used_bytes, stale_temps,
-               evicted, options.capacity_bytes, options.io_threads,
+               evicted, impl->capacity, options.io_threads,
                impl->direct.load() ? "O_DIRECT when supported" : "buffered");
   } catch (...) {
     undo();
@@ -604,9 +711,12 @@ TierBatch FileTier::put(std::span<const TierPut> items) {
   std::vector<Immediate> immediate;
   std::vector<BlockKey> evicted;
   std::vector<detail::IoPool::Task> tasks;
+  // Note [Full disk]: re-measured once per batch, before the index lock (a system call).
+  const std::optional<std::uint64_t> free = items.empty() ? std::nullopt : s.free_bytes();
   {
     std::lock_guard lock(s.mutex);
     s.check_open_locked();
+    if (free) s.set_capacity_locked(*free);
     for (std::size_t i = 0; i < items.size(); ++i) {
       const TierPut& item = items[i];
       if (s.index.contains(item.key)) {
@@ -614,20 +724,24 @@ TierBatch FileTier::put(std::span<const TierPut> items) {
         continue;
       }
       const std::uint64_t rec = file_tier_record_bytes(item.bytes.size());
-      if (rec > s.options.capacity_bytes) {
+      if (rec > s.capacity) {
         ++s.counters.puts_failed;
         immediate.push_back({i, TierItemStatus::kFailed, ENOSPC,
                              "record of " + std::to_string(rec) + " bytes exceeds capacity " +
-                                 std::to_string(s.options.capacity_bytes)});
+                                 std::to_string(s.capacity) +
+                                 (s.capacity < s.options.capacity_bytes
+                                      ? " (configured " + std::to_string(s.options.capacity_bytes) +
+                                            ", capped by the free space of " + s.root.string() + ")"
+                                      : std::string())});
         continue;
       }
-      while (s.used_bytes + rec > s.options.capacity_bytes && !s.lru.empty()) {
+      while (s.used_bytes + rec > s.capacity && !s.lru.empty()) {
         const BlockKey victim = s.lru.front();
         s.erase_locked(victim, std::nullopt);
         ++s.counters.evictions;
         evicted.push_back(victim);
       }
-      if (s.used_bytes + rec > s.options.capacity_bytes) {
+      if (s.used_bytes + rec > s.capacity) {
         ++s.counters.puts_failed;
         immediate.push_back({i, TierItemStatus::kFailed, ENOSPC,
                              "capacity is held by writes in flight"});
@@ -654,6 +768,11 @@ TierBatch FileTier::put(std::span<const TierPut> items) {
             ++s.counters.puts_failed;
           }
           s.reclaim(item.key);
+          if (o.err != ECANCELED) {  // a remove overtaking its put is not a failure to report
+            s.warnings.warn("put " + (o.err != 0 ? errno_name(o.err) : std::string("error")),
+                            "file tier '{}': put of {} failed: {}", s.options.name,
+                            item.key.to_hex(), o.detail);
+          }
         } else {
           std::lock_guard guard(s.mutex);
           ++s.counters.puts_ok;
@@ -663,13 +782,25 @@ TierBatch FileTier::put(std::span<const TierPut> items) {
       });
     }
   }
-  for (auto& im : immediate) promise.set(im.index, im.status, im.err, std::move(im.detail));
+  for (auto& im : immediate) {
+    if (im.status == TierItemStatus::kFailed) {
+      s.warnings.warn("put " + errno_name(im.err), "file tier '{}': put of {} failed: {}",
+                      s.options.name, items[im.index].key.to_hex(), im.detail);
+    }
+    promise.set(im.index, im.status, im.err, std::move(im.detail));
+  }
+  // The victims' files go first: on a full disk the writes below need the space they free
+  // (Note [Full disk]); queued after them, every write would meet ENOSPC and evict twice.
+  std::vector<detail::IoPool::Task> ordered;
+  ordered.reserve(evicted.size() + tasks.size());
   for (const auto& victim : evicted) {
-    tasks.push_back([&s, victim](detail::IoWorker&) {
+    ordered.push_back([&s, victim](detail::IoWorker&) {
       s.reclaim(victim);
       s.end_flight();
     });
   }
+  std::move(tasks.begin(), tasks.end(), std::back_inserter(ordered));
+  tasks = std::move(ordered);
   s.begin_flight(tasks.size());
   s.pool->submit_many(std::move(tasks));
   return promise.batch();
@@ -725,7 +856,7 @@ TierBatch FileTier::get(std::span<const TierGet> items) {
           }
         }
         if (drop) {
-          log().warn("file tier '{}': record {} unusable ({}); dropped", s.options.name,
+          s.warnings.warn("unusable record", "file tier '{}': record {} unusable ({}); dropped", s.options.name,
                      item.key.to_hex(), o.detail);
           s.reclaim(item.key);
         }
@@ -811,6 +942,7 @@ bool FileTier::close() noexcept {
     }
     s.lock_fd = -1;
   }
+  (void)s.warnings.flush("file tier '" + s.options.name + "'");
   log().info("file tier '{}': closed", s.options.name);
   return ok;
 }
