@@ -57,7 +57,9 @@ struct Tier {
   }
 };
 
-DirectIoMode mode_of(std::int64_t arg) { return arg == 0 ? DirectIoMode::kAuto : DirectIoMode::kBuffered; }
+DirectIoMode mode_of(std::int64_t arg) {
+  return arg == 0 ? DirectIoMode::kAuto : DirectIoMode::kBuffered;
+}
 
 void BM_Put(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
@@ -103,8 +105,14 @@ void BM_Get(benchmark::State& state) {
 }
 
 // record bytes x {0: O_DIRECT (auto), 1: buffered}
-BENCHMARK(BM_Put)->ArgsProduct({{256 << 10, 512 << 10, 1 << 20, 2 << 20}, {0, 1}})->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Get)->ArgsProduct({{256 << 10, 512 << 10, 1 << 20, 2 << 20}, {0, 1}})->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Put)
+    ->ArgsProduct({{256 << 10, 512 << 10, 1 << 20, 2 << 20}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Get)
+    ->ArgsProduct({{256 << 10, 512 << 10, 1 << 20, 2 << 20}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -23,11 +23,11 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using testing::expect_error;
-using testing::FaultSyscalls;
-using testing::Op;
-using testing::small_options;
-using testing::TempDir;
+using test::expect_error;
+using test::FaultSyscalls;
+using test::Op;
+using test::small_options;
+using test::TempDir;
 
 struct KillPoint {
   const char* name;
@@ -40,7 +40,7 @@ struct KillPoint {
 class CreatorKilled : public ::testing::TestWithParam<KillPoint> {};
 
 void run_creator_killed_at(const KillPoint& k, const RegionOptions& opts) {
-  const pid_t pid = testing::fork_child([&] {
+  const pid_t pid = test::fork_child([&] {
     FaultSyscalls sys;
     auto hook = [] { ::raise(SIGKILL); };
     if (k.before) {
@@ -53,7 +53,7 @@ void run_creator_killed_at(const KillPoint& k, const RegionOptions& opts) {
     Region r = Region::create_or_join(o);
     return 50;  // the kill point was never reached
   });
-  const int status = testing::wait_child(pid);
+  const int status = test::wait_child(pid);
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
 }
 
@@ -103,7 +103,7 @@ struct StalledCreator {
   explicit StalledCreator(const RegionOptions& opts) {
     int fds[2];
     if (::pipe(fds) != 0) throw std::runtime_error("pipe");
-    pid = testing::fork_child([&] {
+    pid = test::fork_child([&] {
       ::close(fds[0]);
       FaultSyscalls sys;
       sys.before(Op::kFallocate, 1, [&] {
@@ -125,7 +125,7 @@ struct StalledCreator {
   void kill() {
     if (pid > 0) {
       ::kill(pid, SIGKILL);
-      testing::wait_child(pid);
+      test::wait_child(pid);
       pid = -1;
     }
   }
@@ -139,14 +139,14 @@ TEST(JoinerWait, TimesOutNamingPathStateAndSeconds) {
   auto joiner = opts;
   joiner.rank = 1;
   joiner.join_timeout = std::chrono::milliseconds(150);
-  const auto fds = testing::fd_snapshot();
-  const auto maps = testing::maps_snapshot();
+  const auto fds = test::fd_snapshot();
+  const auto maps = test::maps_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(joiner); });
   EXPECT_EQ(e.code(), ErrorCode::kTimeout);
   EXPECT_THAT(e.what(), AllOf(HasSubstr((dir.path() / "kvoffload_slow.region").string()), HasSubstr("'ready'"),
                               HasSubstr("'creating'"), HasSubstr(" s ")));
-  EXPECT_EQ(testing::fd_snapshot(), fds);
-  EXPECT_EQ(testing::maps_snapshot(), maps);
+  EXPECT_EQ(test::fd_snapshot(), fds);
+  EXPECT_EQ(test::maps_snapshot(), maps);
   // The stalled stub is in use: clean keeps it.
   EXPECT_EQ(clean_regions(dir.path()).kept.size(), 1U);
   creator.kill();
@@ -177,17 +177,17 @@ TEST(JoinerWait, FailedCreatorProbeIsReportedAndReleasesEverything) {
   auto joiner = opts;
   joiner.rank = 1;
   joiner.syscalls = sys.get();
-  const auto fds = testing::fd_snapshot();
+  const auto fds = test::fd_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(joiner); });
   EXPECT_EQ(e.call(), "fcntl");
   EXPECT_EQ(e.sys_errno(), ENOLCK);
-  EXPECT_EQ(testing::fd_snapshot(), fds);
+  EXPECT_EQ(test::fd_snapshot(), fds);
 }
 
 // A real tmpfs of 4 MiB in a private mount namespace (needs CAP_SYS_ADMIN; skipped, with the
 // failing step and errno, otherwise).
 TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
-  const auto result = testing::run_on_private_tmpfs("4m", [](const std::filesystem::path& mnt) {
+  const auto result = test::run_on_private_tmpfs("4m", [](const std::filesystem::path& mnt) {
     auto opts = small_options(mnt, "big", 0);
     opts.layout = {.num_chunks = 256, .slot_bytes = 16384, .world_size = 2};  // 8 MiB
     try {

@@ -16,8 +16,8 @@ namespace kvoffload {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::FaultSyscalls;
-using testing::Op;
+using test::FaultSyscalls;
+using test::Op;
 
 class AnonShared {
  public:

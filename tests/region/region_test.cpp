@@ -24,11 +24,11 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::expect_error;
-using testing::FaultSyscalls;
-using testing::Op;
-using testing::small_options;
-using testing::TempDir;
+using test::expect_error;
+using test::FaultSyscalls;
+using test::Op;
+using test::small_options;
+using test::TempDir;
 
 TEST(Region, CreatorAndJoinerShareOneMapping) {
   const TempDir dir;
@@ -150,11 +150,11 @@ TEST(Region, GeometryMismatchNamesBothValues) {
   Region a = Region::create_or_join(small_options(dir.path(), "geo"));
   auto other = small_options(dir.path(), "geo", 1);
   other.layout.slot_bytes = 4000;
-  const auto before_fds = testing::fd_snapshot();
+  const auto before_fds = test::fd_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(other); });
   EXPECT_EQ(e.code(), ErrorCode::kMismatch);
   EXPECT_THAT(e.what(), AllOf(HasSubstr("slot_bytes=3000"), HasSubstr("slot_bytes=4000"), HasSubstr(a.path().string())));
-  EXPECT_EQ(testing::fd_snapshot(), before_fds);
+  EXPECT_EQ(test::fd_snapshot(), before_fds);
   other.layout.slot_bytes = 3000;
   other.layout.replicated = true;
   EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(other); }).what(), HasSubstr("replicated=true"));
@@ -163,7 +163,7 @@ TEST(Region, GeometryMismatchNamesBothValues) {
 TEST(Region, StaleRegionIsReclaimedOnCreate) {
   const TempDir dir;
   const auto opts = small_options(dir.path(), "stale");
-  testing::make_stale_region(opts);
+  test::make_stale_region(opts);
   auto listed = list_regions(dir.path());
   ASSERT_EQ(listed.size(), 1U);
   EXPECT_TRUE(listed[0].stale);
@@ -210,7 +210,7 @@ TEST(Region, StaleReclaimNeverRemovesANewerRegionAtThePath) {
   const TempDir dir;
   const TempDir elsewhere;
   const auto opts = small_options(dir.path(), "swapstale");
-  testing::make_stale_region(opts);
+  test::make_stale_region(opts);
   const auto path = dir.path() / "kvoffload_swapstale.region";
   std::optional<Region> live;
   struct stat live_st {};
@@ -237,8 +237,8 @@ TEST(Region, StaleReclaimNeverRemovesANewerRegionAtThePath) {
 
 TEST(Region, CleanRemovesOnlyStaleRegions) {
   const TempDir dir;
-  testing::make_stale_region(small_options(dir.path(), "dead1"));
-  testing::make_stale_region(small_options(dir.path(), "dead2"));
+  test::make_stale_region(small_options(dir.path(), "dead1"));
+  test::make_stale_region(small_options(dir.path(), "dead2"));
   Region live = Region::create_or_join(small_options(dir.path(), "live"));
   { std::ofstream(dir.path() / "unrelated.txt") << "x"; }
 
@@ -258,7 +258,7 @@ TEST(Region, CleanRemovesOnlyStaleRegions) {
 TEST(Region, CleanNeverRemovesANewerFileAtThePath) {
   const TempDir dir;
   const auto opts = small_options(dir.path(), "swap");
-  testing::make_stale_region(opts);
+  test::make_stale_region(opts);
   const auto path = dir.path() / "kvoffload_swap.region";
   FaultSyscalls sys;
   // Between clean's open and its lock, the stale file is replaced by a newer one.
@@ -278,7 +278,7 @@ TEST(Region, CleanNeverRemovesANewerFileAtThePath) {
 
 TEST(Region, ListAndCleanReportFailingCalls) {
   const TempDir dir;
-  testing::make_stale_region(small_options(dir.path(), "lc"));
+  test::make_stale_region(small_options(dir.path(), "lc"));
   FaultSyscalls list_sys;
   list_sys.fail(Op::kReadFile, 1, EACCES);  // /proc/locks
   const Error le = expect_error([&] { (void)list_regions(dir.path(), list_sys.get()); });
@@ -298,7 +298,7 @@ TEST(Region, ListAndCleanReportFailingCalls) {
 // child under alarm() first, so a blocking open fails the test in seconds instead of hanging it.
 TEST(Region, HostileEntriesAreListedWithTheirReasonAndNeverRemoved) {
   const TempDir dir;
-  testing::make_stale_region(small_options(dir.path(), "real"));
+  test::make_stale_region(small_options(dir.path(), "real"));
   const auto p = [&](const std::string& id) { return dir.path() / ("kvoffload_" + id + ".region"); };
   ASSERT_EQ(::mkfifo(p("fifo").c_str(), 0600), 0);
   std::filesystem::create_directory(p("dir"));
@@ -307,13 +307,13 @@ TEST(Region, HostileEntriesAreListedWithTheirReasonAndNeverRemoved) {
   { std::ofstream(p("junk")) << std::string(8192, 'j'); }
   ASSERT_EQ(::chmod(p("junk").c_str(), 0600), 0);
 
-  const pid_t child = testing::fork_child([&] {
+  const pid_t child = test::fork_child([&] {
     ::alarm(30);  // a blocking open() of the FIFO would otherwise hang here
     (void)list_regions(dir.path());
     (void)clean_regions(dir.path(), std::string("fifo"));
     return 0;
   });
-  const int status = testing::wait_child(child);
+  const int status = test::wait_child(child);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
       << "list/clean did not finish (status " << status << ", signal "
       << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
@@ -376,7 +376,7 @@ TEST(Region, AnotherUsersRegionIsRefusedAndNeverReclaimed) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown a file to another uid";
   const TempDir dir;
   const auto opts = small_options(dir.path(), "other");
-  testing::make_stale_region(opts);  // stale: root would reclaim it if it skipped the owner check
+  test::make_stale_region(opts);  // stale: root would reclaim it if it skipped the owner check
   const auto path = dir.path() / "kvoffload_other.region";
   ASSERT_EQ(::chown(path.c_str(), 12345, 12345), 0);
   const Error e = expect_error([&] { (void)Region::create_or_join(opts); });

@@ -23,7 +23,7 @@
 
 #include "kvoffload/syscalls.hpp"
 
-namespace kvoffload::testing {
+namespace kvoffload::test {
 
 enum class Op {
   kOpenat, kClose, kFstat, kFstatat, kFstatvfs, kFchmod, kFallocate, kPread, kPwrite, kLinkat,
@@ -215,4 +215,4 @@ class FaultSyscalls {
   int fired_ = 0;
 };
 
-}  // namespace kvoffload::testing
+}  // namespace kvoffload::test

@@ -4,7 +4,7 @@
 // tested without touching the machine's. Needs CAP_SYS_ADMIN; when the namespace or the mount
 // cannot be made, the result carries the step and its errno so the test can skip with a reason:
 //
-//   const auto r = testing::run_on_private_tmpfs("1m", [](const std::filesystem::path& mnt) {
+//   const auto r = test::run_on_private_tmpfs("1m", [](const std::filesystem::path& mnt) {
 //     ...; return 0;   // the child's exit code; an exception exits 100 (what() on stderr)
 //   });
 //   if (!r.skip_reason.empty()) GTEST_SKIP() << r.skip_reason;
@@ -28,19 +28,20 @@
 
 #include "test_env.hpp"
 
-namespace kvoffload::testing {
+namespace kvoffload::test {
 
 struct PrivateTmpfsResult {
-  int exit_code = -1;       // the body's return value; -1 when the child did not exit normally
+  int exit_code = -1;  // the body's return value; -1 when the child did not exit normally
   int wait_status = 0;
   std::string skip_reason;  // set when the tmpfs could not be made (the body did not run)
 };
 
-inline PrivateTmpfsResult run_on_private_tmpfs(const std::string& size,
-                                               const std::function<int(const std::filesystem::path&)>& body) {
+inline PrivateTmpfsResult run_on_private_tmpfs(
+    const std::string& size, const std::function<int(const std::filesystem::path&)>& body) {
   const TempDir dir("/tmp");
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    throw std::system_error(errno, std::generic_category(), "pipe2");
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) throw std::system_error(errno, std::generic_category(), "fork");
@@ -48,16 +49,19 @@ inline PrivateTmpfsResult run_on_private_tmpfs(const std::string& size,
     ::close(fds[0]);
     auto refuse = [&](const char* step) {
       const int err = errno;
-      const std::string why = std::string(step) + " failed: " +
-                              (strerrorname_np(err) != nullptr ? strerrorname_np(err) : "?") + " (" +
-                              std::strerror(err) + "); a private tmpfs needs CAP_SYS_ADMIN";
+      const std::string why =
+          std::string(step) +
+          " failed: " + (strerrorname_np(err) != nullptr ? strerrorname_np(err) : "?") + " (" +
+          std::strerror(err) + "); a private tmpfs needs CAP_SYS_ADMIN";
       (void)!::write(fds[1], why.data(), why.size());
       ::_exit(0);
     };
     if (::unshare(CLONE_NEWNS) != 0) refuse("unshare(CLONE_NEWNS)");
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) refuse("mount(MS_PRIVATE)");
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+      refuse("mount(MS_PRIVATE)");
     const std::string options = "size=" + size + ",mode=0700";
-    if (::mount("tmpfs", dir.path().c_str(), "tmpfs", 0, options.c_str()) != 0) refuse("mount(tmpfs)");
+    if (::mount("tmpfs", dir.path().c_str(), "tmpfs", 0, options.c_str()) != 0)
+      refuse("mount(tmpfs)");
     ::close(fds[1]);
     int code = 100;
     try {
@@ -83,4 +87,4 @@ inline PrivateTmpfsResult run_on_private_tmpfs(const std::string& size,
   return r;
 }
 
-}  // namespace kvoffload::testing
+}  // namespace kvoffload::test

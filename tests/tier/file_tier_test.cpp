@@ -22,7 +22,7 @@ namespace kvoffload {
 namespace {
 
 using test::FaultIo;
-using test::TempDir;
+using TempDir = test::DiskTempDir;
 
 std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
   std::vector<std::byte> v(n);

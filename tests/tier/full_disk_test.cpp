@@ -27,7 +27,7 @@ namespace kvoffload {
 namespace {
 
 using test::FaultIo;
-using test::TempDir;
+using TempDir = test::DiskTempDir;
 using ::testing::HasSubstr;
 
 constexpr std::size_t kPayload = 60000;
@@ -35,7 +35,8 @@ const std::uint64_t kRec = file_tier_record_bytes(kPayload);  // 61440
 
 std::vector<std::byte> payload(std::uint64_t seed) {
   std::vector<std::byte> v(kPayload);
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::byte>((seed * 131 + i * 7) & 0xFF);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<std::byte>((seed * 131 + i * 7) & 0xFF);
   return v;
 }
 
@@ -103,7 +104,8 @@ TEST(RateLimitedLog, OneLinePerCausePerIntervalWithTheCountHeldBack) {
   LogCapture capture;
   EXPECT_EQ(limiter.flush("tier x"), 1U);  // ENOSPC holds one; EIO none
   EXPECT_EQ(capture.lines_with("tier x"),
-            std::vector<std::string>{"tier x: 1 more 'ENOSPC' events held back since the last such line"});
+            std::vector<std::string>{
+                "tier x: 1 more 'ENOSPC' events held back since the last such line"});
   EXPECT_EQ(limiter.flush("tier x"), 0U);
   now += std::chrono::seconds(10);
   EXPECT_TRUE(limiter.warn("ENOSPC", "put {} failed", 7));
@@ -124,7 +126,8 @@ TEST(FullDisk, CapacityIsCappedByTheFreeSpaceAtOpen) {
   EXPECT_EQ(st.entries, 5U);
   EXPECT_EQ(st.evictions, 3U);
   EXPECT_EQ(st.puts_failed, 0U);
-  for (std::uint64_t id = 1; id <= 3; ++id) EXPECT_FALSE(tier->contains(BlockKey::from_u64(id))) << id;
+  for (std::uint64_t id = 1; id <= 3; ++id)
+    EXPECT_FALSE(tier->contains(BlockKey::from_u64(id))) << id;
   for (std::uint64_t id = 4; id <= 8; ++id) EXPECT_TRUE(reads_back(*tier, id)) << id;
   EXPECT_EQ(test::files_under(dir.path() / "t").size(), 6U);  // 5 records + the lock file
 }
@@ -134,12 +137,14 @@ TEST(FullDisk, CapacityIsRecheckedAsItRuns) {
   auto io = std::make_shared<FaultIo>();
   io->set_filesystem_bytes(10 * kRec);
   auto tier = FileTier::open(opts(dir.path() / "t", io));
-  for (std::uint64_t id = 1; id <= 4; ++id) ASSERT_EQ(put_one(*tier, id, payload(id)).status, TierItemStatus::kOk);
+  for (std::uint64_t id = 1; id <= 4; ++id)
+    ASSERT_EQ(put_one(*tier, id, payload(id)).status, TierItemStatus::kOk);
   EXPECT_EQ(tier->stats().capacity_bytes, 10 * kRec);
   // Someone else fills the disk: one record's worth is left besides our four.
   io->set_filesystem_bytes(5 * kRec);
   std::vector<std::vector<std::byte>> data{payload(5), payload(6), payload(7)};
-  const std::vector<TierPut> puts{{BlockKey::from_u64(5), data[0]}, {BlockKey::from_u64(6), data[1]},
+  const std::vector<TierPut> puts{{BlockKey::from_u64(5), data[0]},
+                                  {BlockKey::from_u64(6), data[1]},
                                   {BlockKey::from_u64(7), data[2]}};
   for (const auto& r : tier->put(puts).wait()) EXPECT_EQ(r.status, TierItemStatus::kOk) << r.detail;
   tier->drain();
@@ -156,7 +161,8 @@ TEST(FullDisk, EnospcEvictsTheOldestAndRetriesOnce) {
   const TempDir dir;
   auto io = std::make_shared<FaultIo>();
   auto tier = FileTier::open(opts(dir.path() / "t", io));
-  for (std::uint64_t id = 1; id <= 3; ++id) ASSERT_EQ(put_one(*tier, id, payload(id)).status, TierItemStatus::kOk);
+  for (std::uint64_t id = 1; id <= 3; ++id)
+    ASSERT_EQ(put_one(*tier, id, payload(id)).status, TierItemStatus::kOk);
   const std::string key4 = BlockKey::from_u64(4).to_hex();
   std::atomic<int> writes4{0};
   io->set_rule([&](std::string_view op, const std::string& path) {
@@ -215,7 +221,8 @@ TEST(FullDisk, RepeatedFailuresAreRateLimitedAndCounted) {
   ASSERT_FALSE(lines.empty());
   EXPECT_LT(lines.size(), 300U);
   std::uint64_t total = 0;
-  const std::regex held(R"(\((\d+) more like this held back)"), flushed(R"(: (\d+) more 'put ENOSPC' events)");
+  const std::regex held(R"(\((\d+) more like this held back)"),
+      flushed(R"(: (\d+) more 'put ENOSPC' events)");
   for (const auto& line : lines) {
     EXPECT_THAT(line, HasSubstr("capped by the free space of"));
     total += 1;
@@ -233,7 +240,7 @@ TEST(FullDisk, RepeatedFailuresAreRateLimitedAndCounted) {
 // A real 1 MiB tmpfs in a private mount namespace (needs CAP_SYS_ADMIN; skipped with the failing
 // step and errno otherwise).
 TEST(FullDisk, RealSmallTmpfsStaysWithinItsSpaceAndSurvivesAFullDisk) {
-  const auto result = kvoffload::testing::run_on_private_tmpfs("1m", [](const std::filesystem::path& mnt) {
+  const auto result = test::run_on_private_tmpfs("1m", [](const std::filesystem::path& mnt) {
     int code = 0;
     auto check = [&](bool ok, int fail_code, const std::string& what) {
       if (!ok && code == 0) {

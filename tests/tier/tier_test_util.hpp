@@ -1,8 +1,9 @@
 #pragma once
-// Small helpers for the tier tests: a temporary directory, a fault-injecting FileTierIo, and
-// snapshots of this process's descriptors and mappings (for "nothing leaked" checks).
+// Helpers for the tier tests: a disk-backed temporary directory and a fault-injecting FileTierIo.
+// Directories, descriptor and mapping snapshots come from the shared kit (tests/support).
 
 #include "kvoffload/file_tier.hpp"
+#include "test_env.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -22,61 +23,13 @@
 
 namespace kvoffload::test {
 
-class TempDir {
+// Tier files live on a disk filesystem by default (O_DIRECT, real fsync), unlike the kit's
+// TempDir, which defaults to /dev/shm.
+class DiskTempDir : public TempDir {
  public:
-  explicit TempDir(const std::filesystem::path& base = std::filesystem::temp_directory_path()) {
-    std::string templ = (base / "kvo-tier-XXXXXX").string();
-    if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = templ;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
+  DiskTempDir() : TempDir(std::filesystem::temp_directory_path()) {}
+  explicit DiskTempDir(const std::filesystem::path& base) : TempDir(base) {}
 };
-
-// Every file (not directory) below `dir`, relative paths, sorted.
-inline std::set<std::string> files_under(const std::filesystem::path& dir) {
-  std::set<std::string> out;
-  std::error_code ec;
-  if (!std::filesystem::exists(dir, ec)) return out;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
-    if (!e.is_directory()) out.insert(std::filesystem::relative(e.path(), dir).string());
-  }
-  return out;
-}
-
-// Open descriptors of this process: fd -> target.
-inline std::set<std::string> fd_snapshot() {
-  std::set<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code ec;
-    const auto target = std::filesystem::read_symlink(e.path(), ec);
-    // The iterator's own descriptor shows up too and vanishes; skip unreadable entries.
-    if (ec) continue;
-    out.insert(e.path().filename().string() + " -> " + target.string());
-  }
-  return out;
-}
-
-// File-backed mappings of this process (anonymous memory churns with the allocator; what a leak
-// looks like here is a mapped file).
-inline std::set<std::string> file_mapping_snapshot() {
-  std::set<std::string> out;
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    const auto slash = line.find('/');
-    if (slash != std::string::npos) out.insert(line);
-  }
-  return out;
-}
 
 // FileTierIo that fails chosen calls: a predicate over (operation, path) decides, thread-safe.
 class FaultIo : public FileTierIo {

@@ -17,7 +17,7 @@
 namespace kvoffload {
 namespace {
 
-using test::TempDir;
+using TempDir = test::DiskTempDir;
 
 constexpr std::uint64_t kSlotBytes = 5000;  // not page-aligned: rows carry padding
 constexpr std::uint32_t kWorld = 2;
@@ -211,8 +211,8 @@ TEST_F(TieredFixture, PromoteWithoutRoomChangesNothing) {
 // ---- initialisation ---------------------------------------------------------------------------
 
 struct Snapshot {
-  std::set<std::string> fds = test::fd_snapshot();
-  std::set<std::string> maps = test::file_mapping_snapshot();
+  std::map<int, std::string> fds = test::fd_snapshot();
+  std::vector<std::string> maps = test::maps_snapshot();
 };
 
 struct Injected : Error {

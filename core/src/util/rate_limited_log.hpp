@@ -30,7 +30,8 @@ class RateLimitedLog {
   using Clock = std::chrono::steady_clock;
   using Now = std::function<Clock::time_point()>;
 
-  explicit RateLimitedLog(Clock::duration interval = std::chrono::seconds(10), Now now = &Clock::now)
+  explicit RateLimitedLog(Clock::duration interval = std::chrono::seconds(10),
+                          Now now = &Clock::now)
       : interval_(interval), now_(std::move(now)) {}
 
   // nullopt: hold this event back (counted). Otherwise the number held back for `cause` since its
@@ -56,7 +57,8 @@ class RateLimitedLog {
     const auto held = admit(cause);
     if (!held) return false;
     std::string line = fmt::format(fmt, std::forward<Args>(args)...);
-    if (*held > 0) line += fmt::format(" ({} more like this held back since the last such line)", *held);
+    if (*held > 0)
+      line += fmt::format(" ({} more like this held back since the last such line)", *held);
     kvoffload::log().log(level, "{}", line);
     return true;
   }
@@ -76,7 +78,8 @@ class RateLimitedLog {
       }
     }
     for (const auto& [cause, n] : held) {
-      kvoffload::log().warn("{}: {} more '{}' events held back since the last such line", what, n, cause);
+      kvoffload::log().warn("{}: {} more '{}' events held back since the last such line", what, n,
+                            cause);
     }
     return held.size();
   }
