@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -327,6 +328,28 @@ TEST(FileTier, PartialWriteFailureIsReportedPerItemAndLeavesNoTemp) {
   io->set_rule(nullptr);
   EXPECT_EQ(tier->put(std::span(&puts[1], 1)).wait()[0].status, TierItemStatus::kOk);
   expect_round_trip(*tier, data);
+}
+
+// An interrupted read or write is retried (util/retry_eintr.hpp), never reported.
+TEST(FileTier, InterruptedReadsAndWritesAreRetried) {
+  TempDir dir;
+  auto io = std::make_shared<FaultIo>();
+  auto o = options_for(dir.path() / "t");
+  o.io = io;
+  auto tier = FileTier::open(o);
+  std::atomic<int> writes{0};
+  std::atomic<int> reads{0};
+  io->set_rule([&](std::string_view op, const std::string&) {
+    if (op == "pwrite") return ++writes == 1 ? EINTR : 0;
+    if (op == "pread") return ++reads == 1 ? EINTR : 0;
+    return 0;
+  });
+  const auto data = put_keys(*tier, 1, 6000);
+  expect_round_trip(*tier, data);
+  EXPECT_EQ(writes.load(), 2);
+  EXPECT_EQ(reads.load(), 2);
+  EXPECT_EQ(tier->stats().puts_failed, 0u);
+  EXPECT_EQ(tier->stats().gets_failed, 0u);
 }
 
 TEST(FileTier, RenameFailureIsReportedAndLeavesNoTemp) {

@@ -1,6 +1,7 @@
 #include "tier/direct_io.hpp"
 
 #include "kvoffload/log.hpp"
+#include "util/retry_eintr.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -101,10 +102,10 @@ std::optional<ItemOutcome> DirectIo::write_all(int fd, const std::byte* buf, std
                                                const std::filesystem::path& path) {
   std::size_t off = 0;
   while (off < n) {
-    const ssize_t r = io_.pwrite(fd, buf + off, n - off, static_cast<off_t>(off));
+    const ssize_t r =
+        retry_eintr([&] { return io_.pwrite(fd, buf + off, n - off, static_cast<off_t>(off)); });
     if (r < 0) {
       const int e = errno;
-      if (e == EINTR) continue;
       if (e == EINVAL && used_direct) {
         used_direct = false;
         if (drop_direct(fd, path, "write")) continue;
@@ -123,10 +124,10 @@ std::optional<ItemOutcome> DirectIo::read_all(int fd, std::byte* buf, std::size_
                                               const std::filesystem::path& path) {
   std::size_t off = 0;
   while (off < n) {
-    const ssize_t r = io_.pread(fd, buf + off, n - off, static_cast<off_t>(off));
+    const ssize_t r =
+        retry_eintr([&] { return io_.pread(fd, buf + off, n - off, static_cast<off_t>(off)); });
     if (r < 0) {
       const int e = errno;
-      if (e == EINTR) continue;
       if (e == EINVAL && used_direct) {
         used_direct = false;
         if (drop_direct(fd, path, "read")) continue;

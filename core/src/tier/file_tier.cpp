@@ -152,16 +152,27 @@ struct FileTier::Impl {
     return static_cast<std::uint64_t>(vfs.f_bavail) * static_cast<std::uint64_t>(vfs.f_frsize);
   }
 
+  // What a capacity change below the configured value is logged with (after the index mutex is
+  // released: the log writes to stderr, and contains() must never wait for a system call).
+  struct CapacityChange {
+    std::uint64_t capacity = 0;
+    std::uint64_t free = 0;
+    std::uint64_t held = 0;
+  };
+
   // Note [Full disk]: capacity = min(configured, held + free). Caller holds mutex.
-  void set_capacity_locked(std::uint64_t free) {
+  std::optional<CapacityChange> set_capacity_locked(std::uint64_t free) {
     const std::uint64_t before = index.capacity();
     const std::uint64_t cap = index.set_free_bytes(free);
-    if (cap != before && cap < index.configured()) {
-      warnings.warn("capacity", "file tier '{}': capacity {} bytes, below the configured {}: the "
-                    "filesystem of {} has {} bytes free besides the {} bytes of records held",
-                    options.name, cap, index.configured(), root.string(), free, index.ready_bytes());
-    }
     counters.capacity_bytes = cap;
+    if (cap == before || cap >= index.configured()) return std::nullopt;
+    return CapacityChange{cap, free, index.ready_bytes()};
+  }
+  void log_capacity(const std::optional<CapacityChange>& c) {
+    if (!c) return;
+    warnings.warn("capacity", "file tier '{}': capacity {} bytes, below the configured {}: the "
+                  "filesystem of {} has {} bytes free besides the {} bytes of records held",
+                  options.name, c->capacity, index.configured(), root.string(), c->free, c->held);
   }
 
   // After ENOSPC: evicts the oldest ready records (never `keep`) until `need` bytes are freed or
@@ -182,8 +193,12 @@ struct FileTier::Impl {
     }
     for (const auto& v : victims) reclaim(v);
     if (const auto free = free_bytes()) {
-      std::lock_guard lock(mutex);
-      set_capacity_locked(*free);
+      std::optional<CapacityChange> change;
+      {
+        std::lock_guard lock(mutex);
+        change = set_capacity_locked(*free);
+      }
+      log_capacity(change);
     }
     return victims.size();
   }
@@ -380,8 +395,8 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
     if (io.fstatvfs(impl->lock_fd, &vfs) != 0) {
       throw_system_error("fstatvfs", errno, "file tier '" + name + "' root " + impl->root.string());
     }
-    impl->set_capacity_locked(static_cast<std::uint64_t>(vfs.f_bavail) *
-                              static_cast<std::uint64_t>(vfs.f_frsize));
+    impl->log_capacity(impl->set_capacity_locked(static_cast<std::uint64_t>(vfs.f_bavail) *
+                                                 static_cast<std::uint64_t>(vfs.f_frsize)));
     std::uint64_t evicted = 0;
     while (impl->index.used_bytes() > impl->index.capacity()) {
       const auto victim = impl->index.oldest();
@@ -433,10 +448,11 @@ TierBatch FileTier::put(std::span<const TierPut> items) {
   std::vector<detail::IoPool::Task> tasks;
   // Note [Full disk]: re-measured once per batch, before the index lock (a system call).
   const std::optional<std::uint64_t> free = items.empty() ? std::nullopt : s.free_bytes();
+  std::optional<Impl::CapacityChange> capacity_change;
   {
     std::lock_guard lock(s.mutex);
     s.check_open_locked();
-    if (free) s.set_capacity_locked(*free);
+    if (free) capacity_change = s.set_capacity_locked(*free);
     for (std::size_t i = 0; i < items.size(); ++i) {
       const TierPut& item = items[i];
       if (s.index.holds(item.key)) {
@@ -498,6 +514,7 @@ TierBatch FileTier::put(std::span<const TierPut> items) {
       });
     }
   }
+  s.log_capacity(capacity_change);
   for (auto& im : immediate) {
     if (im.status == TierItemStatus::kFailed) {
       s.warnings.warn("put " + errno_name(im.err), "file tier '{}': put of {} failed: {}",
