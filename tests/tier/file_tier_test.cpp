@@ -126,7 +126,7 @@ TEST(FileTier, ForcedBufferedNeverUsesODirect) {
   auto io = std::make_shared<FaultIo>();
   auto o = options_for(dir.path() / "t");
   o.direct_io = DirectIoMode::kBuffered;
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   EXPECT_FALSE(tier->stats().direct_io);
   expect_round_trip(*tier, put_keys(*tier, 3, 5000));
@@ -140,7 +140,7 @@ TEST(FileTier, FallsBackWhenOpenRefusesODirect) {
     return op == "open" && (FaultIo::current_flags & O_DIRECT) != 0 ? EINVAL : 0;
   });
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   EXPECT_TRUE(tier->stats().direct_io);  // not tried yet
   const auto data = put_keys(*tier, 4, 9000);
@@ -163,7 +163,7 @@ TEST(FileTier, FallsBackWhenFirstWriteRefusesODirect) {
                                                                                          : 0;
   });
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   const auto data = put_keys(*tier, 4, 9000);
   EXPECT_FALSE(tier->stats().direct_io);
@@ -265,7 +265,7 @@ TEST(FileTier, PartialReadFailureIsReportedPerItem) {
   TempDir dir;
   auto io = std::make_shared<FaultIo>();
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   const auto data = put_keys(*tier, 4, 8192);
   const std::string bad = tier->record_path(BlockKey::from_u64(3)).string();
@@ -299,7 +299,7 @@ TEST(FileTier, PartialWriteFailureIsReportedPerItemAndLeavesNoTemp) {
   TempDir dir;
   auto io = std::make_shared<FaultIo>();
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   const std::string bad_hex = BlockKey::from_u64(2).to_hex();
   io->set_rule([bad_hex](std::string_view op, const std::string& path) {
@@ -335,7 +335,7 @@ TEST(FileTier, InterruptedReadsAndWritesAreRetried) {
   TempDir dir;
   auto io = std::make_shared<FaultIo>();
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   std::atomic<int> writes{0};
   std::atomic<int> reads{0};
@@ -357,7 +357,7 @@ TEST(FileTier, RenameFailureIsReportedAndLeavesNoTemp) {
   auto io = std::make_shared<FaultIo>();
   io->set_rule([](std::string_view op, const std::string&) { return op == "rename" ? EXDEV : 0; });
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   const auto d = pattern(100, 1);
   const TierPut p{BlockKey::from_u64(1), d};
@@ -373,7 +373,7 @@ TEST(FileTier, ContainsDoesNotWaitForDiskIo) {
   TempDir dir;
   auto io = std::make_shared<FaultIo>();
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   o.io_threads = 1;
   auto tier = FileTier::open(o);
   put_keys(*tier, 2, 100);
@@ -513,7 +513,7 @@ TEST(FileTier, FailedOpenLeavesNothingBehind) {
   auto io = std::make_shared<FaultIo>();
   io->set_rule([](std::string_view op, const std::string&) { return op == "flock" ? ENOLCK : 0; });
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   const auto fds = test::fd_snapshot();
   try {
     (void)FileTier::open(o);

@@ -51,12 +51,12 @@ bool reads_back(SecondaryTier& tier, std::uint64_t id) {
   return tier.get(std::span(&g, 1)).wait()[0].status == TierItemStatus::kOk && out == payload(id);
 }
 
-FileTierOptions opts(const std::filesystem::path& root, std::shared_ptr<FileTierIo> io = nullptr) {
+FileTierOptions opts(const std::filesystem::path& root, const std::shared_ptr<FaultIo>& io = nullptr) {
   FileTierOptions o;
   o.root = root;
   o.capacity_bytes = 1ULL << 30;  // the run command's default: far more than the disk holds
   o.io_threads = 1;               // one worker: task order is submission order
-  o.io = std::move(io);
+  o.syscalls = io ? io->get() : nullptr;
   return o;
 }
 

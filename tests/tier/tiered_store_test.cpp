@@ -373,7 +373,7 @@ TEST_F(TieredFixture, FailureInsideATierStepReleasesEarlierTiersAndRegion) {
   InitHooks hooks;
   hooks.make_file_tier = [&](const FileTierOptions& o) -> std::unique_ptr<SecondaryTier> {
     FileTierOptions copy = o;
-    if (o.name == "tier1") copy.io = fault;
+    if (o.name == "tier1") copy.syscalls = fault->get();
     return FileTier::open(copy);
   };
   try {

@@ -40,30 +40,7 @@
 
 namespace kvoffload {
 
-// The system calls the file tier makes, as a seam: tests derive from it to fail a chosen call
-// with a chosen errno. POSIX conventions (-1 and errno). Implementations must be thread-safe:
-// the tier calls them from its I/O threads.
-class FileTierIo {
- public:
-  virtual ~FileTierIo() = default;
-  virtual int open(const char* path, int flags, mode_t mode);
-  virtual int close(int fd);
-  virtual ssize_t pread(int fd, void* buf, std::size_t count, off_t offset);
-  virtual ssize_t pwrite(int fd, const void* buf, std::size_t count, off_t offset);
-  virtual int fdatasync(int fd);
-  virtual int fsync(int fd);
-  virtual int fstat(int fd, struct stat* st);
-  virtual int fcntl_setfl(int fd, int flags);  // fcntl(fd, F_SETFL, flags)
-  virtual int fcntl_getfl(int fd);             // fcntl(fd, F_GETFL)
-  virtual int rename(const char* from, const char* to);
-  virtual int unlink(const char* path);
-  virtual int mkdir(const char* path, mode_t mode);
-  virtual int flock(int fd, int operation);
-  virtual int fstatvfs(int fd, struct statvfs* st);  // free space of the root's filesystem
-
-  // The real system calls (a process-wide instance).
-  static std::shared_ptr<FileTierIo> system();
-};
+struct Syscalls;  // kvoffload/syscalls.hpp
 
 enum class FsyncPolicy : std::uint8_t { kNone, kData, kFull };
 enum class DirectIoMode : std::uint8_t { kAuto, kBuffered };
@@ -76,7 +53,10 @@ struct FileTierOptions {
   DirectIoMode direct_io = DirectIoMode::kAuto;
   FsyncPolicy fsync = FsyncPolicy::kNone;
   std::string name = "file";             // for logs and stats
-  std::shared_ptr<FileTierIo> io;        // nullptr: FileTierIo::system()
+  // The system calls the tier makes (kvoffload/syscalls.hpp, the seam the region uses too):
+  // tests pass a table that fails chosen calls. nullptr: the real calls. A table given here must
+  // outlive the tier and be safe to call from its I/O threads.
+  const Syscalls* syscalls = nullptr;
 };
 
 // Bytes a record of `payload_bytes` occupies on disk (header + payload, rounded to 4 KiB).

@@ -4,6 +4,7 @@
 // retried and partial transfers continued.
 
 #include "kvoffload/file_tier.hpp"
+#include "kvoffload/syscalls.hpp"
 #include "tier/file_record.hpp"
 
 #include <atomic>
@@ -18,9 +19,9 @@ namespace kvoffload::detail {
 
 class DirectIo {
  public:
-  // `io` must outlive this object; `enabled`: start with O_DIRECT (kAuto).
-  DirectIo(FileTierIo& io, std::string tier_name, bool enabled) noexcept
-      : io_(io), name_(std::move(tier_name)), direct_(enabled) {}
+  // `sys` must outlive this object; `enabled`: start with O_DIRECT (kAuto).
+  DirectIo(const Syscalls& sys, std::string tier_name, bool enabled) noexcept
+      : sys_(sys), name_(std::move(tier_name)), direct_(enabled) {}
 
   // O_DIRECT in use right now.
   [[nodiscard]] bool enabled() const noexcept { return direct_.load(); }
@@ -42,7 +43,7 @@ class DirectIo {
   // Clears O_DIRECT on an open descriptor after the filesystem refused a transfer with EINVAL.
   bool drop_direct(int fd, const std::filesystem::path& path, std::string_view where);
 
-  FileTierIo& io_;
+  const Syscalls& sys_;
   const std::string name_;
   std::atomic<bool> direct_;
   std::once_flag fallback_logged_;

@@ -7,6 +7,7 @@
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/log.hpp"
+#include "region/sys.hpp"
 #include "tier/direct_io.hpp"
 #include "tier/file_record.hpp"
 #include "tier/file_tier_recovery.hpp"
@@ -36,17 +37,17 @@ using detail::errno_text;
 using detail::ItemOutcome;
 
 struct FileTier::Impl {
-  Impl(const FileTierOptions& o, std::shared_ptr<FileTierIo> io_in)
+  Impl(const FileTierOptions& o, const Syscalls& sys_in)
       : options(o),
-        io(std::move(io_in)),
+        sys(sys_in),
         root(o.root),
-        dio(*io, o.name, o.direct_io == DirectIoMode::kAuto),
+        dio(sys, o.name, o.direct_io == DirectIoMode::kAuto),
         index(o.capacity_bytes) {}
 
   FileTierOptions options;
-  std::shared_ptr<FileTierIo> io;
+  const Syscalls& sys;  // the platform seam, shared with the region (kvoffload/syscalls.hpp)
   std::filesystem::path root;
-  int lock_fd = -1;
+  detail::UniqueFd lock_fd;  // the root's lock file, flock'ed exclusively while the tier is open
   detail::DirectIo dio;
 
   mutable std::mutex mutex;  // index, next_temp, counters, closed
@@ -75,15 +76,19 @@ struct FileTier::Impl {
   }
 
   void close_fd(int fd, const std::filesystem::path& path) {
-    if (io->close(fd) != 0) {
+    if (sys.close(sys.context, fd) != 0) {
       const int e = errno;
       warnings.warn("close " + errno_name(e), "file tier '{}': {}", options.name,
                     errno_text("close " + path.string(), e));
     }
   }
 
+  int unlink_path(const std::filesystem::path& path) {
+    return sys.unlinkat(sys.context, AT_FDCWD, path.c_str(), 0);
+  }
+
   void unlink_quietly(const std::filesystem::path& path) {
-    if (io->unlink(path.c_str()) != 0 && errno != ENOENT) {
+    if (unlink_path(path) != 0 && errno != ENOENT) {
       const int e = errno;
       warnings.warn("unlink " + errno_name(e), "file tier '{}': {}", options.name,
                     errno_text("unlink " + path.string(), e));
@@ -99,7 +104,7 @@ struct FileTier::Impl {
       if (index.holds(key)) return 0;
     }
     const auto path = record_path(key);
-    if (io->unlink(path.c_str()) != 0 && errno != ENOENT) {
+    if (unlink_path(path) != 0 && errno != ENOENT) {
       const int e = errno;
       warnings.warn("unlink " + errno_name(e), "file tier '{}': {}", options.name,
                     errno_text("unlink " + path.string(), e));
@@ -116,7 +121,7 @@ struct FileTier::Impl {
     bool used_direct = false;
     int fd = dio.open_record(temp, flags, used_direct);
     if (fd < 0 && errno == ENOENT) {  // fan-out directory not made yet
-      if (io->mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      if (sys.mkdirat(sys.context, AT_FDCWD, dir.c_str(), 0700) != 0 && errno != EEXIST) {
         return ItemOutcome::failed("mkdir " + dir.string(), errno);
       }
       fd = dio.open_record(temp, flags, used_direct);
@@ -129,11 +134,11 @@ struct FileTier::Impl {
       return o;
     };
     if (auto o = dio.write_all(fd, buf, rec, used_direct, temp)) return fail_with_temp(std::move(*o));
-    if (options.fsync != FsyncPolicy::kNone && io->fdatasync(fd) != 0) {
+    if (options.fsync != FsyncPolicy::kNone && sys.fdatasync(sys.context, fd) != 0) {
       return fail_with_temp(ItemOutcome::failed("fdatasync " + temp.string(), errno));
     }
     const int closed_fd = std::exchange(fd, -1);
-    if (io->close(closed_fd) != 0) {
+    if (sys.close(sys.context, closed_fd) != 0) {
       return fail_with_temp(ItemOutcome::failed("close " + temp.string(), errno));
     }
     return {};
@@ -143,7 +148,7 @@ struct FileTier::Impl {
   // fstatvfs fails (logged; the capacity in force stays).
   std::optional<std::uint64_t> free_bytes() {
     struct statvfs vfs {};
-    if (io->fstatvfs(lock_fd, &vfs) != 0) {
+    if (sys.fstatvfs(sys.context, lock_fd.get(), &vfs) != 0) {
       const int e = errno;
       warnings.warn("fstatvfs " + errno_name(e), "file tier '{}': {}; keeping the capacity in force",
                     options.name, errno_text("fstatvfs " + root.string(), e));
@@ -240,7 +245,7 @@ struct FileTier::Impl {
         unlink_quietly(temp);
         return ItemOutcome{TierItemStatus::kFailed, ECANCELED, "removed while being stored", false};
       }
-      if (io->rename(temp.c_str(), final_path.c_str()) != 0) {
+      if (sys.renameat(sys.context, AT_FDCWD, temp.c_str(), AT_FDCWD, final_path.c_str()) != 0) {
         const int e = errno;
         unlink_quietly(temp);
         return ItemOutcome::failed("rename " + temp.string() + " -> " + final_path.string(), e);
@@ -249,12 +254,11 @@ struct FileTier::Impl {
       index.mark_ready(item.key, epoch);
     }
     if (options.fsync == FsyncPolicy::kFull) {
-      const int dfd = io->open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-      if (dfd < 0) return ItemOutcome::failed("open " + dir.string(), errno);
-      const int rc = io->fsync(dfd);
-      const int e = errno;
-      close_fd(dfd, dir);
-      if (rc != 0) return ItemOutcome::failed("fsync " + dir.string(), e);
+      const int raw = detail::retry_eintr(
+          [&] { return sys.openat(sys.context, AT_FDCWD, dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0); });
+      if (raw < 0) return ItemOutcome::failed("open " + dir.string(), errno);
+      detail::UniqueFd dfd(sys, raw);
+      if (sys.fsync(sys.context, dfd.get()) != 0) return ItemOutcome::failed("fsync " + dir.string(), errno);
     }
     return {};
   }
@@ -262,20 +266,16 @@ struct FileTier::Impl {
   ItemOutcome do_get(detail::IoWorker& worker, const TierGet& item) {
     const auto path = record_path(item.key);
     bool used_direct = false;
-    const int fd = dio.open_record(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, used_direct);
-    if (fd < 0) {
+    const int raw = dio.open_record(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, used_direct);
+    if (raw < 0) {
       if (errno == ENOENT) return ItemOutcome::miss("record file missing", true);
       return ItemOutcome::failed("open " + path.string(), errno);
     }
-    struct FdCloser {
-      Impl* impl;
-      int fd;
-      const std::filesystem::path& path;
-      ~FdCloser() { impl->close_fd(fd, path); }
-    } closer{this, fd, path};
+    const detail::UniqueFd owned(sys, raw);  // closed on every way out (a read-only descriptor)
+    const int fd = owned.get();
 
     struct stat st {};
-    if (io->fstat(fd, &st) != 0) return ItemOutcome::failed("fstat " + path.string(), errno);
+    if (sys.fstat(sys.context, fd, &st) != 0) return ItemOutcome::failed("fstat " + path.string(), errno);
     const std::uint64_t rec = file_tier_record_bytes(item.into.size());
     if (static_cast<std::uint64_t>(st.st_size) != rec) {
       return ItemOutcome::miss("record is " + std::to_string(st.st_size) + " bytes, expected " +
@@ -347,23 +347,22 @@ void FileTier::validate(const FileTierOptions& o) {
 std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
   namespace fs = std::filesystem;
   validate(options);
-  auto impl = std::make_unique<Impl>(options, options.io ? options.io : FileTierIo::system());
-  FileTierIo& io = *impl->io;
+  const Syscalls& sys = options.syscalls != nullptr ? *options.syscalls : real_syscalls();
+  auto impl = std::make_unique<Impl>(options, sys);
   const std::string& name = options.name;
 
   bool created_root = false;
-  if (io.mkdir(impl->root.c_str(), 0700) == 0) {
+  if (sys.mkdirat(sys.context, AT_FDCWD, impl->root.c_str(), 0700) == 0) {
     created_root = true;
   } else if (errno != EEXIST) {
     throw_system_error("mkdir", errno, "file tier '" + name + "' root " + impl->root.string());
   }
   // Undo on failure: what this call created, in reverse order; the original error propagates.
   auto undo = [&]() noexcept {
-    if (impl->lock_fd >= 0) {
+    if (impl->lock_fd.valid()) {
       const auto lock_path = impl->root / detail::kTierLockName;
-      if (created_root) io.unlink(lock_path.c_str());
-      io.close(impl->lock_fd);
-      impl->lock_fd = -1;
+      if (created_root) (void)impl->unlink_path(lock_path);
+      (void)impl->lock_fd.reset();
     }
     if (created_root) {
       std::error_code ec;
@@ -374,9 +373,12 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
 
   try {
     const auto lock_path = impl->root / detail::kTierLockName;
-    impl->lock_fd = io.open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (impl->lock_fd < 0) throw_system_error("open", errno, lock_path.string());
-    if (io.flock(impl->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int raw = detail::retry_eintr([&] {
+      return sys.openat(sys.context, AT_FDCWD, lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    });
+    if (raw < 0) throw_system_error("open", errno, lock_path.string());
+    impl->lock_fd = detail::UniqueFd(sys, raw);
+    if (sys.flock(sys.context, impl->lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
       const int e = errno;
       if (e == EWOULDBLOCK) {
         throw Error(ErrorCode::kState,
@@ -387,12 +389,12 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
       throw_system_error("flock", e, lock_path.string());
     }
 
-    const detail::Recovery found = detail::recover_root(io, impl->root, name);
+    const detail::Recovery found = detail::recover_root(sys, impl->root, name);
     for (const auto& r : found.records) impl->index.add_ready(r.key, r.file_bytes);
     // Note [Full disk]: never more than the filesystem can hold. A filesystem whose free space
     // cannot be read at open is an error (there would be no bound at all).
     struct statvfs vfs {};
-    if (io.fstatvfs(impl->lock_fd, &vfs) != 0) {
+    if (sys.fstatvfs(sys.context, impl->lock_fd.get(), &vfs) != 0) {
       throw_system_error("fstatvfs", errno, "file tier '" + name + "' root " + impl->root.string());
     }
     impl->log_capacity(impl->set_capacity_locked(static_cast<std::uint64_t>(vfs.f_bavail) *
@@ -662,13 +664,10 @@ bool FileTier::close() noexcept {
   }
   bool ok = true;
   s.pool.reset();  // runs everything queued, then joins: no batch is left unfinished
-  if (s.lock_fd >= 0) {
-    // The lock file stays (another opener needs a file to lock); closing releases the flock.
-    if (s.io->close(s.lock_fd) != 0) {
-      ok = false;
-      log().warn("file tier '{}': {}", s.options.name, errno_text("close lock file", errno));
-    }
-    s.lock_fd = -1;
+  // The lock file stays (another opener needs a file to lock); closing releases the flock.
+  if (const int e = s.lock_fd.reset(); e != 0) {
+    ok = false;
+    log().warn("file tier '{}': {}", s.options.name, errno_text("close lock file", e));
   }
   (void)s.warnings.flush("file tier '" + s.options.name + "'");
   log().info("file tier '{}': closed", s.options.name);

@@ -9,7 +9,7 @@
 
 namespace kvoffload::detail {
 
-Recovery recover_root(FileTierIo& io, const std::filesystem::path& root,
+Recovery recover_root(const Syscalls& sys, const std::filesystem::path& root,
                       const std::string& tier_name) {
   namespace fs = std::filesystem;
   struct Found {
@@ -31,7 +31,8 @@ Recovery recover_root(FileTierIo& io, const std::filesystem::path& root,
       std::error_code fec;
       if (!f.is_regular_file(fec)) continue;
       if (fname.starts_with(".") && fname.ends_with(kTempSuffix)) {
-        if (io.unlink(f.path().c_str()) == 0) ++out.stale_temps_removed;
+        if (sys.unlinkat(sys.context, AT_FDCWD, f.path().c_str(), 0) == 0)
+          ++out.stale_temps_removed;
         continue;
       }
       if (!fname.ends_with(kRecordSuffix)) continue;

@@ -5,6 +5,7 @@
 
 #include "kvoffload/block_key.hpp"
 #include "kvoffload/file_tier.hpp"
+#include "kvoffload/syscalls.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -24,7 +25,7 @@ struct Recovery {
 };
 
 // Throws Error(kSystem) when a directory of the root cannot be read.
-Recovery recover_root(FileTierIo& io, const std::filesystem::path& root,
+Recovery recover_root(const Syscalls& sys, const std::filesystem::path& root,
                       const std::string& tier_name);
 
 }  // namespace kvoffload::detail
