@@ -190,7 +190,8 @@ detaches.)")
       .def_readonly("attached", &RegionInfo::attached)
       .def_readonly("stale", &RegionInfo::stale)
       .def_readonly("complete", &RegionInfo::complete)
-      .def_readonly("geometry", &RegionInfo::geometry);
+      .def_readonly("geometry", &RegionInfo::geometry)
+      .def_readonly("problem", &RegionInfo::problem);
   m.def("list_regions", [](std::filesystem::path shm_dir) { return list_regions(shm_dir); },
         py::arg("shm_dir"), "Regions in shm_dir (counted without taking any lock)");
   m.def(

@@ -104,7 +104,7 @@ def test_unranked_mapper_and_listing(shm_dir):
         assert e.value.code == kvoffload.ErrorCode.STATE
         infos = kvoffload.list_regions(shm_dir)
         assert [i.engine_id for i in infos] == ["py-region"]
-        assert infos[0].attached >= 1 and not infos[0].stale
+        assert infos[0].attached == 2 and not infos[0].stale and infos[0].problem == ""
         removed, kept = kvoffload.clean_regions(shm_dir)
         assert removed == [] and len(kept) == 1
         assert str(kvoffload.region_path(shm_dir, "py-region")) == str(r0.path)

@@ -15,6 +15,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
+#include "private_tmpfs.hpp"
 #include "test_env.hpp"
 
 namespace kvoffload {
@@ -22,11 +23,11 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using testing::expect_error;
-using testing::FaultSyscalls;
-using testing::Op;
-using testing::small_options;
-using testing::TempDir;
+using test::expect_error;
+using test::FaultSyscalls;
+using test::Op;
+using test::small_options;
+using test::TempDir;
 
 struct KillPoint {
   const char* name;
@@ -39,7 +40,7 @@ struct KillPoint {
 class CreatorKilled : public ::testing::TestWithParam<KillPoint> {};
 
 void run_creator_killed_at(const KillPoint& k, const RegionOptions& opts) {
-  const pid_t pid = testing::fork_child([&] {
+  const pid_t pid = test::fork_child([&] {
     FaultSyscalls sys;
     auto hook = [] { ::raise(SIGKILL); };
     if (k.before) {
@@ -52,7 +53,7 @@ void run_creator_killed_at(const KillPoint& k, const RegionOptions& opts) {
     Region r = Region::create_or_join(o);
     return 50;  // the kill point was never reached
   });
-  const int status = testing::wait_child(pid);
+  const int status = test::wait_child(pid);
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
 }
 
@@ -103,7 +104,7 @@ struct StalledCreator {
   explicit StalledCreator(const RegionOptions& opts) {
     int fds[2];
     if (::pipe(fds) != 0) throw std::runtime_error("pipe");
-    pid = testing::fork_child([&] {
+    pid = test::fork_child([&] {
       ::close(fds[0]);
       FaultSyscalls sys;
       sys.before(Op::kMmap, 1, [&] {
@@ -125,7 +126,7 @@ struct StalledCreator {
   void kill() {
     if (pid > 0) {
       ::kill(pid, SIGKILL);
-      testing::wait_child(pid);
+      test::wait_child(pid);
       pid = -1;
     }
   }
@@ -139,14 +140,14 @@ TEST(JoinerWait, TimesOutNamingPathStateAndSeconds) {
   auto joiner = opts;
   joiner.rank = 1;
   joiner.join_timeout = std::chrono::milliseconds(150);
-  const auto fds = testing::fd_snapshot();
-  const auto maps = testing::maps_snapshot();
+  const auto fds = test::fd_snapshot();
+  const auto maps = test::maps_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(joiner); });
   EXPECT_EQ(e.code(), ErrorCode::kTimeout);
   EXPECT_THAT(e.what(), AllOf(HasSubstr((dir.path() / "kvoffload_slow.region").string()), HasSubstr("'ready'"),
                               HasSubstr("'creating'"), HasSubstr(" s ")));
-  EXPECT_EQ(testing::fd_snapshot(), fds);
-  EXPECT_EQ(testing::maps_snapshot(), maps);
+  EXPECT_EQ(test::fd_snapshot(), fds);
+  EXPECT_EQ(test::maps_snapshot(), maps);
   // The stalled stub is in use: clean keeps it.
   EXPECT_EQ(clean_regions(dir.path()).kept.size(), 1U);
   creator.kill();
@@ -177,27 +178,18 @@ TEST(JoinerWait, FailedCreatorProbeIsReportedAndReleasesEverything) {
   auto joiner = opts;
   joiner.rank = 1;
   joiner.syscalls = sys.get();
-  const auto fds = testing::fd_snapshot();
+  const auto fds = test::fd_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(joiner); });
   EXPECT_EQ(e.call(), "fcntl");
   EXPECT_EQ(e.sys_errno(), ENOLCK);
-  EXPECT_EQ(testing::fd_snapshot(), fds);
+  EXPECT_EQ(test::fd_snapshot(), fds);
 }
 
-// A real tmpfs of 4 MiB in a private mount namespace (needs CAP_SYS_ADMIN; skipped otherwise).
+// A real tmpfs of 4 MiB in a private mount namespace (needs CAP_SYS_ADMIN; skipped, with the
+// failing step and errno, otherwise).
 TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
-  constexpr int kSkip = 77;
-  const pid_t pid = testing::fork_child([] {
-    if (::unshare(CLONE_NEWNS) != 0) return kSkip;
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return kSkip;
-    const TempDir dir("/tmp");
-    if (::mount("tmpfs", dir.path().c_str(), "tmpfs", 0, "size=4m,mode=0700") != 0) return kSkip;
-    // Unmounted on every way out, so that TempDir can remove the (then empty) mount point.
-    struct Unmount {
-      const std::filesystem::path& path;
-      ~Unmount() { (void)::umount(path.c_str()); }
-    } unmount{dir.path()};
-    auto opts = small_options(dir.path(), "big", 0);
+  const auto result = test::run_on_private_tmpfs("4m", [](const std::filesystem::path& mnt) {
+    auto opts = small_options(mnt, "big", 0);
     opts.layout = {.num_chunks = 256, .slot_bytes = 16384, .world_size = 2};  // 8 MiB
     try {
       (void)Region::create_or_join(opts);
@@ -213,19 +205,18 @@ TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
         }
       }
     }
-    if (!dir.entries().empty()) return 4;
+    if (!std::filesystem::is_empty(mnt)) return 4;
     // One that fits is created.
     opts.layout.num_chunks = 16;
     Region ok = Region::create_or_join(opts);
     if (ok.role() != RegionRole::kCreator) return 5;
     ok.close();
-    if (!dir.entries().empty()) return 6;
+    if (!std::filesystem::is_empty(mnt)) return 6;
     return 0;
   });
-  const int status = testing::wait_child(pid);
-  ASSERT_TRUE(WIFEXITED(status)) << status;
-  if (WEXITSTATUS(status) == kSkip) GTEST_SKIP() << "no permission for a private mount namespace";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
+  ASSERT_TRUE(WIFEXITED(result.wait_status)) << result.wait_status;
+  EXPECT_EQ(result.exit_code, 0);
 }
 
 }  // namespace

@@ -17,13 +17,13 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using testing::expect_error;
-using testing::FaultSyscalls;
-using testing::fd_snapshot;
-using testing::maps_snapshot;
-using testing::Op;
-using testing::small_options;
-using testing::TempDir;
+using test::expect_error;
+using test::FaultSyscalls;
+using test::fd_snapshot;
+using test::maps_snapshot;
+using test::Op;
+using test::small_options;
+using test::TempDir;
 
 struct CreateFault {
   Op op;
@@ -33,7 +33,7 @@ struct CreateFault {
 };
 
 std::string fault_name(const CreateFault& f) {
-  return std::string(testing::op_name(f.op)) + "_" + std::to_string(f.nth) + "_" + errno_name(f.err);
+  return std::string(test::op_name(f.op)) + "_" + std::to_string(f.nth) + "_" + errno_name(f.err);
 }
 
 class CreatePathFault : public ::testing::TestWithParam<CreateFault> {};
@@ -51,7 +51,7 @@ TEST_P(CreatePathFault, CallerSeesTheOriginalErrorAndNothingIsLeft) {
   EXPECT_EQ(sys.faults_fired(), 1);
   EXPECT_EQ(e.code(), f.code) << e.what();
   EXPECT_EQ(e.sys_errno(), f.err) << e.what();
-  EXPECT_EQ(e.call(), testing::op_name(f.op)) << e.what();
+  EXPECT_EQ(e.call(), test::op_name(f.op)) << e.what();
   EXPECT_THAT(e.what(), HasSubstr(errno_name(f.err)));
   EXPECT_TRUE(dir.entries().empty());
   EXPECT_EQ(fd_snapshot(), fds);
@@ -144,7 +144,7 @@ TEST(CreatePathFault, EveryCallFailedInTurn) {
     try {
       Region r = Region::create_or_join(opts);
       const Op op = sys.calls()[static_cast<std::size_t>(i - 1)];
-      EXPECT_TRUE(op == Op::kFcntlLock || op == Op::kReadFile) << testing::op_name(op);
+      EXPECT_TRUE(op == Op::kFcntlLock || op == Op::kReadFile) << test::op_name(op);
       EXPECT_TRUE(r.close());
     } catch (const Error& e) {
       EXPECT_EQ(e.sys_errno(), EIO) << e.what();
@@ -193,7 +193,7 @@ TEST(JoinPathFault, EveryCallFailedInTurn) {
   }
   // The sweep covered the join path's system calls.
   for (Op op : {Op::kOpenat, Op::kFstat, Op::kFlock, Op::kFstatat, Op::kPread, Op::kMmap, Op::kMadvise}) {
-    EXPECT_GT(failed_ops[op], 0) << testing::op_name(op);
+    EXPECT_GT(failed_ops[op], 0) << test::op_name(op);
   }
   EXPECT_EQ(owner.role(), RegionRole::kCreator);
   owner.close();
@@ -241,7 +241,7 @@ INSTANTIATE_TEST_SUITE_P(EachStep, TeardownPathFault,
                                            TeardownFault{Op::kFstatat, true},
                                            TeardownFault{Op::kUnlinkat, false},
                                            TeardownFault{Op::kClose, false}),
-                         [](const auto& param_info) { return std::string(testing::op_name(param_info.param.op)); });
+                         [](const auto& param_info) { return std::string(test::op_name(param_info.param.op)); });
 
 TEST(TeardownPathFault, UnlinkFailureLeavesAStaleFileThatTheNextCreateReclaims) {
   const TempDir dir;

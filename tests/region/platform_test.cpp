@@ -17,9 +17,9 @@ namespace kvoffload {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::FaultSyscalls;
-using testing::Op;
-using testing::TempDir;
+using test::FaultSyscalls;
+using test::Op;
+using test::TempDir;
 
 // A table whose read_file serves canned file contents (ENOENT for anything else).
 struct CannedFiles {

@@ -16,8 +16,8 @@ namespace kvoffload {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::FaultSyscalls;
-using testing::Op;
+using test::FaultSyscalls;
+using test::Op;
 
 class AnonShared {
  public:
@@ -61,8 +61,10 @@ TEST_P(Populate, RankedMapperMakesOnlyItsSlotsResidentAndKeepsBytes) {
   ASSERT_EQ(g.row_stride(), 5 * page);
   AnonShared mem(g.data_bytes());
   // A peer already wrote into rank 1's pages of rows 3 and 9 (and a non-target page of row 4).
-  const std::size_t sentinel_a = g.slot_offset(3, 1) + 17;
-  const std::size_t sentinel_b = 9 * g.row_stride() + 2 * page + 5;  // the slot's second page
+  // Sentinels a and b sit on the first byte of a target page, the byte the fallback touch
+  // writes, so a touch that stores anything but the byte already there is caught.
+  const std::size_t sentinel_a = 3 * g.row_stride() + 1 * page;  // rank 0's tail, page 1 of row 3
+  const std::size_t sentinel_b = 9 * g.row_stride() + 2 * page;  // the slot's second page
   const std::size_t sentinel_c = g.slot_offset(4, 0);
   std::memset(mem.data() + sentinel_a, 0xA5, 1);
   std::memset(mem.data() + sentinel_b, 0x5A, 1);
@@ -96,8 +98,9 @@ TEST_P(Populate, UnrankedMapperMakesEveryPageResidentAndKeepsBytes) {
   const std::size_t page = platform::page_size();
   const auto g = RegionGeometry::compute({.num_chunks = 40, .slot_bytes = 3000, .world_size = 2}, page);
   AnonShared mem(g.data_bytes());
-  for (std::size_t off = 0; off < g.data_bytes(); off += 7 * page + 13) {
-    mem.data()[off] = static_cast<std::byte>(off % 251 + 1);
+  // Every third page holds a byte where the fallback touch writes (its first byte).
+  for (std::size_t off = 0; off < g.data_bytes(); off += 3 * page) {
+    mem.data()[off] = static_cast<std::byte>(off / page % 251 + 1);
   }
   FaultSyscalls sys;
   if (GetParam().fallback) sys.fail(Op::kMadvise, 1, EINVAL);
@@ -106,8 +109,8 @@ TEST_P(Populate, UnrankedMapperMakesEveryPageResidentAndKeepsBytes) {
   EXPECT_EQ(report.method, GetParam().fallback ? PopulateMethod::kFallback : PopulateMethod::kMadvise);
   EXPECT_EQ(report.bytes, g.data_bytes());
   for (const bool r : mem.resident()) ASSERT_TRUE(r);
-  for (std::size_t off = 0; off < g.data_bytes(); off += 7 * page + 13) {
-    ASSERT_EQ(mem.data()[off], static_cast<std::byte>(off % 251 + 1)) << off;
+  for (std::size_t off = 0; off < g.data_bytes(); off += 3 * page) {
+    ASSERT_EQ(mem.data()[off], static_cast<std::byte>(off / page % 251 + 1)) << off;
   }
 }
 

@@ -16,7 +16,7 @@
 namespace kvoffload {
 namespace {
 
-using testing::TempDir;
+using test::TempDir;
 
 constexpr std::uint32_t kThreads = 8;
 constexpr std::uint32_t kProcesses = 4;
@@ -68,7 +68,7 @@ TEST(RegionRace, OneCreatorManyJoinersAcrossThreadsAndProcesses) {
     // Processes first (forked while this process has a single thread), then the threads.
     std::vector<pid_t> children;
     for (std::uint32_t p = 0; p < kProcesses; ++p) {
-      children.push_back(testing::fork_child([&, p] { return participate(dir.path(), kThreads + p, round); }));
+      children.push_back(test::fork_child([&, p] { return participate(dir.path(), kThreads + p, round); }));
     }
     std::atomic<int> creators{0};
     std::atomic<int> failures{0};
@@ -87,7 +87,7 @@ TEST(RegionRace, OneCreatorManyJoinersAcrossThreadsAndProcesses) {
     }
     for (auto& th : threads) th.join();
     for (const pid_t pid : children) {
-      const int status = testing::wait_child(pid);
+      const int status = test::wait_child(pid);
       ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
       const int rc = WEXITSTATUS(status);
       if (rc == 1) ++creators;

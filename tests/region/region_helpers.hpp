@@ -10,7 +10,7 @@
 #include "kvoffload/region.hpp"
 #include "test_env.hpp"
 
-namespace kvoffload::testing {
+namespace kvoffload::test {
 
 inline RegionOptions small_options(const std::filesystem::path& dir, const std::string& id,
                                    std::optional<std::uint32_t> rank = 0) {
@@ -46,4 +46,4 @@ inline void make_stale_region(const RegionOptions& options) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 }
 
-}  // namespace kvoffload::testing
+}  // namespace kvoffload::test

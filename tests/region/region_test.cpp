@@ -7,6 +7,8 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include "fault_syscalls.hpp"
@@ -22,11 +24,11 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::expect_error;
-using testing::FaultSyscalls;
-using testing::Op;
-using testing::small_options;
-using testing::TempDir;
+using test::expect_error;
+using test::FaultSyscalls;
+using test::Op;
+using test::small_options;
+using test::TempDir;
 
 TEST(Region, CreatorAndJoinerShareOneMapping) {
   const TempDir dir;
@@ -148,11 +150,11 @@ TEST(Region, GeometryMismatchNamesBothValues) {
   Region a = Region::create_or_join(small_options(dir.path(), "geo"));
   auto other = small_options(dir.path(), "geo", 1);
   other.layout.slot_bytes = 4000;
-  const auto before_fds = testing::fd_snapshot();
+  const auto before_fds = test::fd_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(other); });
   EXPECT_EQ(e.code(), ErrorCode::kMismatch);
   EXPECT_THAT(e.what(), AllOf(HasSubstr("slot_bytes=3000"), HasSubstr("slot_bytes=4000"), HasSubstr(a.path().string())));
-  EXPECT_EQ(testing::fd_snapshot(), before_fds);
+  EXPECT_EQ(test::fd_snapshot(), before_fds);
   other.layout.slot_bytes = 3000;
   other.layout.replicated = true;
   EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(other); }).what(), HasSubstr("replicated=true"));
@@ -161,7 +163,7 @@ TEST(Region, GeometryMismatchNamesBothValues) {
 TEST(Region, StaleRegionIsReclaimedOnCreate) {
   const TempDir dir;
   const auto opts = small_options(dir.path(), "stale");
-  testing::make_stale_region(opts);
+  test::make_stale_region(opts);
   auto listed = list_regions(dir.path());
   ASSERT_EQ(listed.size(), 1U);
   EXPECT_TRUE(listed[0].stale);
@@ -172,10 +174,71 @@ TEST(Region, StaleRegionIsReclaimedOnCreate) {
   EXPECT_TRUE(dir.entries().empty());
 }
 
+// Allocation apart from populate: with populate off, nothing touches the pages, so the blocks
+// the file holds are what bring-up allocated. An unranked mapper may touch every page, so every
+// page of the file must be allocated before the region is ready (DESIGN §2 point 3).
+TEST(Region, BringUpAllocatesEveryPageWithoutPopulate) {
+  const TempDir dir;
+  auto opts = small_options(dir.path(), "alloc", std::nullopt);
+  opts.populate = false;
+  Region r = Region::create_or_join(opts);
+  EXPECT_EQ(r.populate_report().method, PopulateMethod::kNone);
+  struct stat st {};
+  ASSERT_EQ(::stat(r.path().c_str(), &st), 0);
+  const std::uint64_t file_bytes = platform::page_size() + r.geometry().data_bytes();
+  ASSERT_EQ(static_cast<std::uint64_t>(st.st_size), file_bytes);
+  EXPECT_EQ(static_cast<std::uint64_t>(st.st_blocks) * 512, file_bytes);  // tmpfs: whole pages
+}
+
+// The last process out unlinks the path only while it still names the inode it holds.
+TEST(Region, CloseNeverRemovesANewerFileAtThePath) {
+  const TempDir dir;
+  Region r = Region::create_or_join(small_options(dir.path(), "swapclose"));
+  const auto tmp = dir.path() / "newer";
+  { std::ofstream(tmp) << "newer"; }
+  std::filesystem::rename(tmp, r.path());
+  EXPECT_TRUE(r.close());
+  std::ifstream in(dir.path() / "kvoffload_swapclose.region");
+  std::string content;
+  in >> content;
+  EXPECT_EQ(content, "newer");
+}
+
+// Stale reclaim: between the winning LOCK_EX on the stale file and its unlink, a live region
+// replaces it at the path. The reclaim must leave it, and the caller joins the live one.
+TEST(Region, StaleReclaimNeverRemovesANewerRegionAtThePath) {
+  const TempDir dir;
+  const TempDir elsewhere;
+  const auto opts = small_options(dir.path(), "swapstale");
+  test::make_stale_region(opts);
+  const auto path = dir.path() / "kvoffload_swapstale.region";
+  std::optional<Region> live;
+  struct stat live_st {};
+  FaultSyscalls sys;
+  sys.before(Op::kFlock, 1, [&] {
+    live.emplace(Region::create_or_join(small_options(elsewhere.path(), "swapstale")));
+    ASSERT_EQ(::stat(live->path().c_str(), &live_st), 0);
+    std::filesystem::rename(live->path(), path);
+  });
+  auto joiner_opts = small_options(dir.path(), "swapstale", 1);
+  joiner_opts.syscalls = sys.get();
+  Region r = Region::create_or_join(joiner_opts);
+  ASSERT_TRUE(live.has_value());
+  EXPECT_EQ(r.role(), RegionRole::kJoiner);
+  struct stat now {};
+  ASSERT_EQ(::stat(path.c_str(), &now), 0);
+  EXPECT_EQ(now.st_ino, live_st.st_ino);
+  // One memory: what the live region writes, the joiner reads.
+  std::memset(live->slot(1).data(), 0x6B, live->slot(1).size());
+  EXPECT_EQ(r.slot(1, 0)[0], std::byte{0x6B});
+  r.close();
+  live->close();
+}
+
 TEST(Region, CleanRemovesOnlyStaleRegions) {
   const TempDir dir;
-  testing::make_stale_region(small_options(dir.path(), "dead1"));
-  testing::make_stale_region(small_options(dir.path(), "dead2"));
+  test::make_stale_region(small_options(dir.path(), "dead1"));
+  test::make_stale_region(small_options(dir.path(), "dead2"));
   Region live = Region::create_or_join(small_options(dir.path(), "live"));
   { std::ofstream(dir.path() / "unrelated.txt") << "x"; }
 
@@ -195,7 +258,7 @@ TEST(Region, CleanRemovesOnlyStaleRegions) {
 TEST(Region, CleanNeverRemovesANewerFileAtThePath) {
   const TempDir dir;
   const auto opts = small_options(dir.path(), "swap");
-  testing::make_stale_region(opts);
+  test::make_stale_region(opts);
   const auto path = dir.path() / "kvoffload_swap.region";
   FaultSyscalls sys;
   // Between clean's open and its lock, the stale file is replaced by a newer one.
@@ -215,7 +278,7 @@ TEST(Region, CleanNeverRemovesANewerFileAtThePath) {
 
 TEST(Region, ListAndCleanReportFailingCalls) {
   const TempDir dir;
-  testing::make_stale_region(small_options(dir.path(), "lc"));
+  test::make_stale_region(small_options(dir.path(), "lc"));
   FaultSyscalls list_sys;
   list_sys.fail(Op::kReadFile, 1, EACCES);  // /proc/locks
   const Error le = expect_error([&] { (void)list_regions(dir.path(), list_sys.get()); });
@@ -228,6 +291,64 @@ TEST(Region, ListAndCleanReportFailingCalls) {
   EXPECT_EQ(ce.sys_errno(), ENOLCK);
   EXPECT_EQ(dir.entries().size(), 1U);  // nothing removed on an unanswered question
   EXPECT_EQ(clean_regions(dir.path()).removed.size(), 1U);
+}
+
+// Note [Hostile entries] in listing.cpp: a FIFO, a directory, a symbolic link and a file without
+// a region header, all named like regions, next to one real stale region. list and clean run in a
+// child under alarm() first, so a blocking open fails the test in seconds instead of hanging it.
+TEST(Region, HostileEntriesAreListedWithTheirReasonAndNeverRemoved) {
+  const TempDir dir;
+  test::make_stale_region(small_options(dir.path(), "real"));
+  const auto p = [&](const std::string& id) { return dir.path() / ("kvoffload_" + id + ".region"); };
+  ASSERT_EQ(::mkfifo(p("fifo").c_str(), 0600), 0);
+  std::filesystem::create_directory(p("dir"));
+  { std::ofstream(dir.path() / "target") << "keep"; }
+  std::filesystem::create_symlink(dir.path() / "target", p("link"));
+  { std::ofstream(p("junk")) << std::string(8192, 'j'); }
+  ASSERT_EQ(::chmod(p("junk").c_str(), 0600), 0);
+
+  const pid_t child = test::fork_child([&] {
+    ::alarm(30);  // a blocking open() of the FIFO would otherwise hang here
+    (void)list_regions(dir.path());
+    (void)clean_regions(dir.path(), std::string("fifo"));
+    return 0;
+  });
+  const int status = test::wait_child(child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "list/clean did not finish (status " << status << ", signal "
+      << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+
+  const auto listed = list_regions(dir.path());
+  ASSERT_EQ(listed.size(), 5U);
+  std::map<std::string, RegionInfo> by_id;
+  for (const auto& info : listed) by_id[info.engine_id] = info;
+  EXPECT_EQ(by_id["dir"].problem, "a directory, not a region file");
+  EXPECT_EQ(by_id["fifo"].problem, "a FIFO, not a region file");
+  EXPECT_EQ(by_id["link"].problem, "a symbolic link, not a region file");
+  EXPECT_EQ(by_id["junk"].problem, "no region header (bad magic or version); not a region file");
+  EXPECT_EQ(by_id["junk"].file_bytes, 8192U);
+  EXPECT_FALSE(by_id["junk"].geometry.has_value());
+  EXPECT_EQ(by_id["real"].problem, "");
+  EXPECT_TRUE(by_id["real"].stale);
+  EXPECT_TRUE(by_id["real"].complete);
+  EXPECT_TRUE(by_id["real"].geometry.has_value());
+  for (const char* id : {"dir", "fifo", "link"}) {
+    EXPECT_FALSE(by_id[id].stale) << id;  // nothing clean would act on
+    EXPECT_EQ(by_id[id].file_bytes, 0U) << id;
+  }
+
+  const CleanResult cleaned = clean_regions(dir.path());
+  EXPECT_THAT(cleaned.removed, ElementsAre(p("real")));
+  EXPECT_TRUE(cleaned.kept.empty());
+  std::vector<std::string> skipped;
+  for (const auto& s : cleaned.skipped) skipped.push_back(s.path.filename().string() + ": " + s.reason);
+  EXPECT_THAT(skipped, ElementsAre("kvoffload_dir.region: a directory, not a region file",
+                                   "kvoffload_fifo.region: a FIFO, not a region file",
+                                   "kvoffload_junk.region: no region header (bad magic or version); not a region file",
+                                   "kvoffload_link.region: a symbolic link, not a region file"));
+  EXPECT_THAT(dir.entries(), ElementsAre("kvoffload_dir.region", "kvoffload_fifo.region", "kvoffload_junk.region",
+                                         "kvoffload_link.region", "target"));
+  EXPECT_EQ(std::filesystem::file_size(dir.path() / "target"), 4U);
 }
 
 TEST(Region, SymlinkAtThePathIsRefused) {
@@ -255,7 +376,7 @@ TEST(Region, AnotherUsersRegionIsRefusedAndNeverReclaimed) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown a file to another uid";
   const TempDir dir;
   const auto opts = small_options(dir.path(), "other");
-  testing::make_stale_region(opts);  // stale: root would reclaim it if it skipped the owner check
+  test::make_stale_region(opts);  // stale: root would reclaim it if it skipped the owner check
   const auto path = dir.path() / "kvoffload_other.region";
   ASSERT_EQ(::chown(path.c_str(), 12345, 12345), 0);
   const Error e = expect_error([&] { (void)Region::create_or_join(opts); });

@@ -23,11 +23,12 @@
 
 #include "kvoffload/syscalls.hpp"
 
-namespace kvoffload::testing {
+namespace kvoffload::test {
 
 enum class Op {
   kOpenat, kClose, kFstat, kFstatat, kFstatvfs, kFchmod, kFallocate, kFtruncate, kPread, kPwrite, kLinkat,
-  kUnlinkat, kMmap, kMunmap, kMadvise, kFlock, kFcntlLock, kReadFile, kListDir,
+  kUnlinkat, kMmap, kMunmap, kMadvise, kFlock, kFcntlLock, kReadFile, kListDir, kFsync, kFdatasync,
+  kFcntlInt, kRenameat, kMkdirat,
 };
 
 inline std::string_view op_name(Op op) {
@@ -51,6 +52,11 @@ inline std::string_view op_name(Op op) {
     case Op::kFcntlLock: return "fcntl";
     case Op::kReadFile: return "read";
     case Op::kListDir: return "readdir";
+    case Op::kFsync: return "fsync";
+    case Op::kFdatasync: return "fdatasync";
+    case Op::kFcntlInt: return "fcntl";
+    case Op::kRenameat: return "rename";
+    case Op::kMkdirat: return "mkdir";
   }
   return "?";
 }
@@ -115,6 +121,21 @@ class FaultSyscalls {
     };
     table_.list_dir = [](void* c, int d, std::vector<std::string>* names) {
       return self(c)->run<int>(Op::kListDir, -1, [&] { return real().list_dir(nullptr, d, names); });
+    };
+    table_.fsync = [](void* c, int fd) {
+      return self(c)->run<int>(Op::kFsync, -1, [&] { return real().fsync(nullptr, fd); });
+    };
+    table_.fdatasync = [](void* c, int fd) {
+      return self(c)->run<int>(Op::kFdatasync, -1, [&] { return real().fdatasync(nullptr, fd); });
+    };
+    table_.fcntl_int = [](void* c, int fd, int cmd, int arg) {
+      return self(c)->run<int>(Op::kFcntlInt, -1, [&] { return real().fcntl_int(nullptr, fd, cmd, arg); });
+    };
+    table_.renameat = [](void* c, int od, const char* op, int nd, const char* np) {
+      return self(c)->run<int>(Op::kRenameat, -1, [&] { return real().renameat(nullptr, od, op, nd, np); });
+    };
+    table_.mkdirat = [](void* c, int d, const char* p, mode_t m) {
+      return self(c)->run<int>(Op::kMkdirat, -1, [&] { return real().mkdirat(nullptr, d, p, m); });
     };
   }
   FaultSyscalls(const FaultSyscalls&) = delete;
@@ -219,4 +240,4 @@ class FaultSyscalls {
   int fired_ = 0;
 };
 
-}  // namespace kvoffload::testing
+}  // namespace kvoffload::test

@@ -1,7 +1,8 @@
 #pragma once
-// Shared helpers for tests that touch files, descriptors, mappings and processes:
+// The test kit shared by every suite (namespace kvoffload::test; `::testing` stays gtest's):
 //   TempDir            a unique directory (under /dev/shm by default: tmpfs, like a real shm dir),
 //                      removed with its contents at the end of the test
+//   files_under(dir)   every file (not directory) below dir, relative paths, sorted
 //   fd_snapshot()      open descriptors of this process with what they point to
 //   maps_snapshot()    file-backed mappings of this process
 //   fork_child(fn)     runs fn in a child that _exits with fn's result (100 on an exception)
@@ -23,17 +24,18 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
 
-namespace kvoffload::testing {
+namespace kvoffload::test {
 
 class TempDir {
  public:
-  explicit TempDir(const std::string& base = "/dev/shm") {
-    std::string tmpl = base + "/kvoffload-test-XXXXXX";
+  explicit TempDir(const std::filesystem::path& base = "/dev/shm") {
+    std::string tmpl = (base / "kvoffload-test-XXXXXX").string();
     if (::mkdtemp(tmpl.data()) == nullptr) {
       throw std::system_error(errno, std::generic_category(), "mkdtemp " + tmpl);
     }
@@ -57,6 +59,17 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Every file (not directory) below `dir`, relative paths, sorted.
+inline std::set<std::string> files_under(const std::filesystem::path& dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) return out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (!e.is_directory()) out.insert(std::filesystem::relative(e.path(), dir).string());
+  }
+  return out;
+}
 
 // fd -> target of /proc/self/fd/N (the descriptor used to list the directory is left out).
 inline std::map<int, std::string> fd_snapshot() {
@@ -121,4 +134,4 @@ inline std::string unique_id(const std::string& prefix) {
   return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
-}  // namespace kvoffload::testing
+}  // namespace kvoffload::test

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -22,7 +23,7 @@ namespace kvoffload {
 namespace {
 
 using test::FaultIo;
-using test::TempDir;
+using TempDir = test::DiskTempDir;
 
 std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
   std::vector<std::byte> v(n);
@@ -125,7 +126,7 @@ TEST(FileTier, ForcedBufferedNeverUsesODirect) {
   auto io = std::make_shared<FaultIo>();
   auto o = options_for(dir.path() / "t");
   o.direct_io = DirectIoMode::kBuffered;
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   EXPECT_FALSE(tier->stats().direct_io);
   expect_round_trip(*tier, put_keys(*tier, 3, 5000));
@@ -139,7 +140,7 @@ TEST(FileTier, FallsBackWhenOpenRefusesODirect) {
     return op == "open" && (FaultIo::current_flags & O_DIRECT) != 0 ? EINVAL : 0;
   });
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   EXPECT_TRUE(tier->stats().direct_io);  // not tried yet
   const auto data = put_keys(*tier, 4, 9000);
@@ -162,7 +163,7 @@ TEST(FileTier, FallsBackWhenFirstWriteRefusesODirect) {
                                                                                          : 0;
   });
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   const auto data = put_keys(*tier, 4, 9000);
   EXPECT_FALSE(tier->stats().direct_io);
@@ -264,7 +265,7 @@ TEST(FileTier, PartialReadFailureIsReportedPerItem) {
   TempDir dir;
   auto io = std::make_shared<FaultIo>();
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   const auto data = put_keys(*tier, 4, 8192);
   const std::string bad = tier->record_path(BlockKey::from_u64(3)).string();
@@ -298,11 +299,12 @@ TEST(FileTier, PartialWriteFailureIsReportedPerItemAndLeavesNoTemp) {
   TempDir dir;
   auto io = std::make_shared<FaultIo>();
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   const std::string bad_hex = BlockKey::from_u64(2).to_hex();
   io->set_rule([bad_hex](std::string_view op, const std::string& path) {
-    return op == "pwrite" && path.find(bad_hex) != std::string::npos ? ENOSPC : 0;
+    // EIO: an ENOSPC would evict and retry (Note [Full disk]; full_disk_test.cpp).
+    return op == "pwrite" && path.find(bad_hex) != std::string::npos ? EIO : 0;
   });
   std::vector<std::vector<std::byte>> data;
   std::vector<TierPut> puts;
@@ -311,7 +313,7 @@ TEST(FileTier, PartialWriteFailureIsReportedPerItemAndLeavesNoTemp) {
   const auto results = tier->put(puts).wait();
   EXPECT_EQ(results[0].status, TierItemStatus::kOk);
   EXPECT_EQ(results[1].status, TierItemStatus::kFailed);
-  EXPECT_EQ(results[1].sys_errno, ENOSPC);
+  EXPECT_EQ(results[1].sys_errno, EIO);
   EXPECT_EQ(results[2].status, TierItemStatus::kOk);
   tier->drain();
   EXPECT_TRUE(tier->contains(BlockKey::from_u64(1)));
@@ -328,12 +330,34 @@ TEST(FileTier, PartialWriteFailureIsReportedPerItemAndLeavesNoTemp) {
   expect_round_trip(*tier, data);
 }
 
+// An interrupted read or write is retried (util/retry_eintr.hpp), never reported.
+TEST(FileTier, InterruptedReadsAndWritesAreRetried) {
+  TempDir dir;
+  auto io = std::make_shared<FaultIo>();
+  auto o = options_for(dir.path() / "t");
+  o.syscalls = io->get();
+  auto tier = FileTier::open(o);
+  std::atomic<int> writes{0};
+  std::atomic<int> reads{0};
+  io->set_rule([&](std::string_view op, const std::string&) {
+    if (op == "pwrite") return ++writes == 1 ? EINTR : 0;
+    if (op == "pread") return ++reads == 1 ? EINTR : 0;
+    return 0;
+  });
+  const auto data = put_keys(*tier, 1, 6000);
+  expect_round_trip(*tier, data);
+  EXPECT_EQ(writes.load(), 2);
+  EXPECT_EQ(reads.load(), 2);
+  EXPECT_EQ(tier->stats().puts_failed, 0u);
+  EXPECT_EQ(tier->stats().gets_failed, 0u);
+}
+
 TEST(FileTier, RenameFailureIsReportedAndLeavesNoTemp) {
   TempDir dir;
   auto io = std::make_shared<FaultIo>();
   io->set_rule([](std::string_view op, const std::string&) { return op == "rename" ? EXDEV : 0; });
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   auto tier = FileTier::open(o);
   const auto d = pattern(100, 1);
   const TierPut p{BlockKey::from_u64(1), d};
@@ -349,7 +373,7 @@ TEST(FileTier, ContainsDoesNotWaitForDiskIo) {
   TempDir dir;
   auto io = std::make_shared<FaultIo>();
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   o.io_threads = 1;
   auto tier = FileTier::open(o);
   put_keys(*tier, 2, 100);
@@ -489,7 +513,7 @@ TEST(FileTier, FailedOpenLeavesNothingBehind) {
   auto io = std::make_shared<FaultIo>();
   io->set_rule([](std::string_view op, const std::string&) { return op == "flock" ? ENOLCK : 0; });
   auto o = options_for(dir.path() / "t");
-  o.io = io;
+  o.syscalls = io->get();
   const auto fds = test::fd_snapshot();
   try {
     (void)FileTier::open(o);

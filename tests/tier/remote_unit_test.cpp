@@ -228,13 +228,6 @@ TEST(CircuitBreaker, OpensAfterFailuresProbesAfterBackoffAndDoubles) {
   EXPECT_FALSE(b.on_failure(t0 + 600ms));  // the count restarted
 }
 
-TEST(RateLimitedWarning, SuppressesWithinTheInterval) {
-  detail::RateLimitedWarning w(std::chrono::hours(1));
-  w.warn("first {}", 1);
-  w.warn("second {}", 2);
-  w.warn("third {}", 3);
-  EXPECT_EQ(w.suppressed(), 2u);
-}
 
 }  // namespace
 }  // namespace kvoffload

@@ -1,8 +1,10 @@
 #pragma once
-// Small helpers for the tier tests: a temporary directory, a fault-injecting FileTierIo, and
-// snapshots of this process's descriptors and mappings (for "nothing leaked" checks).
+// Helpers for the tier tests: a disk-backed temporary directory and a fault-injecting Syscalls table.
+// Directories, descriptor and mapping snapshots come from the shared kit (tests/support).
 
 #include "kvoffload/file_tier.hpp"
+#include "kvoffload/syscalls.hpp"
+#include "test_env.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -15,77 +17,125 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 namespace kvoffload::test {
 
-class TempDir {
+// Tier files live on a disk filesystem by default (O_DIRECT, real fsync), unlike the kit's
+// TempDir, which defaults to /dev/shm.
+class DiskTempDir : public TempDir {
  public:
-  explicit TempDir(const std::filesystem::path& base = std::filesystem::temp_directory_path()) {
-    std::string templ = (base / "kvo-tier-XXXXXX").string();
-    if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = templ;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
+  DiskTempDir() : TempDir(std::filesystem::temp_directory_path()) {}
+  explicit DiskTempDir(const std::filesystem::path& base) : TempDir(base) {}
 };
 
-// Every file (not directory) below `dir`, relative paths, sorted.
-inline std::set<std::string> files_under(const std::filesystem::path& dir) {
-  std::set<std::string> out;
-  std::error_code ec;
-  if (!std::filesystem::exists(dir, ec)) return out;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
-    if (!e.is_directory()) out.insert(std::filesystem::relative(e.path(), dir).string());
-  }
-  return out;
-}
-
-// Open descriptors of this process: fd -> target.
-inline std::set<std::string> fd_snapshot() {
-  std::set<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code ec;
-    const auto target = std::filesystem::read_symlink(e.path(), ec);
-    // The iterator's own descriptor shows up too and vanishes; skip unreadable entries.
-    if (ec) continue;
-    out.insert(e.path().filename().string() + " -> " + target.string());
-  }
-  return out;
-}
-
-// File-backed mappings of this process (anonymous memory churns with the allocator; what a leak
-// looks like here is a mapped file).
-inline std::set<std::string> file_mapping_snapshot() {
-  std::set<std::string> out;
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    const auto slash = line.find('/');
-    if (slash != std::string::npos) out.insert(line);
-  }
-  return out;
-}
-
-// FileTierIo that fails chosen calls: a predicate over (operation, path) decides, thread-safe.
-class FaultIo : public FileTierIo {
+// A Syscalls table (the seam the region uses too) that fails chosen calls of the file tier: a
+// predicate over (operation, path) decides, thread-safe. fd-based calls are judged by the path
+// the descriptor was opened with. Pass get() as FileTierOptions::syscalls; the object must
+// outlive the tier.
+class FaultIo {
  public:
   // Return an errno to fail the call with it, or 0 to let it through.
   using Rule = std::function<int(std::string_view op, const std::string& path)>;
 
+  FaultIo() {
+    table_ = real_syscalls();
+    table_.context = this;
+    table_.openat = [](void* c, int dirfd, const char* path, int flags, mode_t mode) {
+      FaultIo& f = self(c);
+      {
+        std::lock_guard lock(f.mutex_);
+        f.direct_opens_.push_back((flags & O_DIRECT) != 0 ? 1 : 0);
+      }
+      if (int e = f.check("open", path, flags)) return fail(e);
+      const int fd = real().openat(nullptr, dirfd, path, flags, mode);
+      if (fd >= 0) {
+        std::lock_guard lock(f.mutex_);
+        f.paths_[fd] = path;
+        f.flags_[fd] = flags;
+      }
+      return fd;
+    };
+    table_.close = [](void* c, int fd) {
+      FaultIo& f = self(c);
+      {
+        std::lock_guard lock(f.mutex_);
+        f.paths_.erase(fd);
+        f.flags_.erase(fd);
+      }
+      return real().close(nullptr, fd);
+    };
+    table_.pwrite = [](void* c, int fd, const void* buf, std::size_t n, off_t off) -> ssize_t {
+      FaultIo& f = self(c);
+      if (int e = f.check("pwrite", f.path_of(fd), f.flags_of(fd))) return fail(e);
+      return real().pwrite(nullptr, fd, buf, n, off);
+    };
+    table_.pread = [](void* c, int fd, void* buf, std::size_t n, off_t off) -> ssize_t {
+      FaultIo& f = self(c);
+      if (int e = f.check("pread", f.path_of(fd), f.flags_of(fd))) return fail(e);
+      return real().pread(nullptr, fd, buf, n, off);
+    };
+    table_.fcntl_int = [](void* c, int fd, int cmd, int arg) {
+      FaultIo& f = self(c);
+      const int rc = real().fcntl_int(nullptr, fd, cmd, arg);
+      if (rc == 0 && cmd == F_SETFL) {
+        std::lock_guard lock(f.mutex_);
+        f.flags_[fd] = (f.flags_[fd] & ~O_DIRECT) | (arg & O_DIRECT);
+      }
+      return rc;
+    };
+    table_.renameat = [](void* c, int od, const char* from, int nd, const char* to) {
+      if (int e = self(c).check("rename", to, 0)) return fail(e);
+      return real().renameat(nullptr, od, from, nd, to);
+    };
+    table_.flock = [](void* c, int fd, int op) {
+      FaultIo& f = self(c);
+      if (int e = f.check("flock", f.path_of(fd), 0)) return fail(e);
+      return real().flock(nullptr, fd, op);
+    };
+    // The real statvfs, except, when a size is set, that of a filesystem of `bytes` bytes
+    // holding only the tier: f_bavail is what the files under the tier's root (the directory of
+    // the locked file fstatvfs is asked about) leave of it, in 4 KiB blocks. Writes use it up,
+    // unlinks free it, and a smaller size set later is the disk filling up from elsewhere.
+    table_.fstatvfs = [](void* c, int fd, struct statvfs* st) {
+      FaultIo& f = self(c);
+      const std::string path = f.path_of(fd);
+      if (int e = f.check("fstatvfs", path, 0)) return fail(e);
+      const int rc = real().fstatvfs(nullptr, fd, st);
+      std::optional<std::uint64_t> size;
+      {
+        std::lock_guard lock(f.mutex_);
+        size = f.filesystem_bytes_;
+      }
+      if (rc == 0 && size) {
+        std::uint64_t used = 0;
+        std::error_code ec;
+        for (const auto& e :
+             std::filesystem::recursive_directory_iterator(std::filesystem::path(path).parent_path(), ec)) {
+          std::error_code fec;
+          if (e.is_regular_file(fec)) used += (e.file_size(fec) + 4095) / 4096 * 4096;
+        }
+        st->f_frsize = 4096;
+        st->f_bavail = used >= *size ? 0 : (*size - used) / 4096;
+      }
+      return rc;
+    };
+  }
+  FaultIo(const FaultIo&) = delete;
+  FaultIo& operator=(const FaultIo&) = delete;
+
+  [[nodiscard]] const Syscalls* get() const noexcept { return &table_; }
+
   void set_rule(Rule rule) {
     std::lock_guard lock(mutex_);
     rule_ = std::move(rule);
+  }
+  void set_filesystem_bytes(std::optional<std::uint64_t> bytes) {
+    std::lock_guard lock(mutex_);
+    filesystem_bytes_ = bytes;
   }
   [[nodiscard]] int count(std::string_view op) const {
     std::lock_guard lock(mutex_);
@@ -98,57 +148,12 @@ class FaultIo : public FileTierIo {
     return direct_opens_;
   }
 
-  int open(const char* path, int flags, mode_t mode) override {
-    {
-      std::lock_guard lock(mutex_);
-      direct_opens_.push_back((flags & O_DIRECT) != 0 ? 1 : 0);
-    }
-    if (int e = check("open", path, flags)) return fail(e);
-    const int fd = FileTierIo::open(path, flags, mode);
-    if (fd >= 0) {
-      std::lock_guard lock(mutex_);
-      paths_[fd] = path;
-      flags_[fd] = flags;
-    }
-    return fd;
-  }
-  int close(int fd) override {
-    {
-      std::lock_guard lock(mutex_);
-      paths_.erase(fd);
-      flags_.erase(fd);
-    }
-    return FileTierIo::close(fd);
-  }
-  ssize_t pwrite(int fd, const void* buf, std::size_t n, off_t off) override {
-    if (int e = check("pwrite", path_of(fd), flags_of(fd))) return fail(e);
-    return FileTierIo::pwrite(fd, buf, n, off);
-  }
-  ssize_t pread(int fd, void* buf, std::size_t n, off_t off) override {
-    if (int e = check("pread", path_of(fd), flags_of(fd))) return fail(e);
-    return FileTierIo::pread(fd, buf, n, off);
-  }
-  int fcntl_setfl(int fd, int flags) override {
-    const int rc = FileTierIo::fcntl_setfl(fd, flags);
-    if (rc == 0) {
-      std::lock_guard lock(mutex_);
-      flags_[fd] = (flags_[fd] & ~O_DIRECT) | (flags & O_DIRECT);
-    }
-    return rc;
-  }
-  int rename(const char* from, const char* to) override {
-    if (int e = check("rename", to, 0)) return fail(e);
-    return FileTierIo::rename(from, to);
-  }
-  int flock(int fd, int op) override {
-    if (int e = check("flock", path_of(fd), 0)) return fail(e);
-    return FileTierIo::flock(fd, op);
-  }
-
   // The O_DIRECT flag of the call being checked, for rules that refuse O_DIRECT only.
   static thread_local int current_flags;
 
  private:
+  static FaultIo& self(void* ctx) { return *static_cast<FaultIo*>(ctx); }
+  static const Syscalls& real() { return real_syscalls(); }
   int check(std::string_view op, const std::string& path, int flags) {
     Rule rule;
     {
@@ -174,12 +179,14 @@ class FaultIo : public FileTierIo {
     return it == flags_.end() ? 0 : it->second;
   }
 
+  Syscalls table_{};
   mutable std::mutex mutex_;
   Rule rule_;
   std::vector<std::string> ops_;
   std::vector<int> direct_opens_;
   std::map<int, std::string> paths_;
   std::map<int, int> flags_;
+  std::optional<std::uint64_t> filesystem_bytes_;
 };
 
 inline thread_local int FaultIo::current_flags = 0;

@@ -11,12 +11,13 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <random>
 
 namespace kvoffload {
 namespace {
 
-using test::TempDir;
+using TempDir = test::DiskTempDir;
 
 constexpr std::uint64_t kSlotBytes = 5000;  // not page-aligned: rows carry padding
 constexpr std::uint32_t kWorld = 2;
@@ -156,6 +157,41 @@ TEST_F(TieredFixture, DamagedRecordPromotesAsFailureAndFreesItsSlot) {
   EXPECT_FALSE(tier->contains(BlockKey::from_u64(2)));
 }
 
+// Note [Promotion fall-through]: the first tier holding a key misses (its record is damaged);
+// the promotion reads the key from the next tier that holds it instead of failing it.
+TEST_F(TieredFixture, PromotionThatMissesInTheFirstTierTriesTheNext) {
+  auto s = OffloadStack::build(config(2));
+  store(*s, keys_of({1, 2, 3}));
+  s->store().drain();
+  auto* first = dynamic_cast<FileTier*>(s->tiers()[0].get());
+  auto* second = dynamic_cast<FileTier*>(s->tiers()[1].get());
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  store(*s, keys_of({11, 12, 13, 14}));
+  s->store().drain();
+  std::filesystem::resize_file(first->record_path(BlockKey::from_u64(2)), 4096);   // miss in tier0
+  std::filesystem::resize_file(first->record_path(BlockKey::from_u64(3)), 4096);   // ... and in
+  std::filesystem::resize_file(second->record_path(BlockKey::from_u64(3)), 4096);  // tier1 too
+  const auto want = keys_of({1, 2, 3});
+  const PromoteTicket t = s->store().promote(want);
+  ASSERT_EQ(t.keys.size(), 3u);
+  const auto done = s->store().drain();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].promoted, keys_of({1, 2}));
+  ASSERT_EQ(done[0].failed.size(), 1u);
+  EXPECT_EQ(done[0].failed[0].key, BlockKey::from_u64(3));
+  EXPECT_EQ(done[0].failed[0].status, TierItemStatus::kMiss);
+  expect_row(*s, BlockKey::from_u64(1));
+  expect_row(*s, BlockKey::from_u64(2));
+  EXPECT_EQ(s->manager().state_of(BlockKey::from_u64(3)), LookupResult::kMiss);
+  EXPECT_EQ(s->manager().stats().write_pending, 0u);
+  EXPECT_FALSE(first->contains(BlockKey::from_u64(2)));  // dropped as damaged
+  EXPECT_TRUE(second->contains(BlockKey::from_u64(2)));
+  EXPECT_EQ(s->store().stats().promoted, 2u);
+  EXPECT_EQ(s->store().stats().promote_failed, 1u);
+  EXPECT_TRUE(s->close());
+}
+
 TEST_F(TieredFixture, PromoteWithoutRoomChangesNothing) {
   auto s = OffloadStack::build(config());
   store(*s, keys_of({1}));
@@ -175,8 +211,8 @@ TEST_F(TieredFixture, PromoteWithoutRoomChangesNothing) {
 // ---- initialisation ---------------------------------------------------------------------------
 
 struct Snapshot {
-  std::set<std::string> fds = test::fd_snapshot();
-  std::set<std::string> maps = test::file_mapping_snapshot();
+  std::map<int, std::string> fds = test::fd_snapshot();
+  std::vector<std::string> maps = test::maps_snapshot();
 };
 
 struct Injected : Error {
@@ -260,6 +296,75 @@ TEST_F(TieredFixture, FailureAtEachStackStepSurfacesOriginalErrorAndLeaksNothing
   }
 }
 
+// A tier that records its close in a shared log (the release order of the stack).
+class RecordingTier : public FailingCloseTier {
+ public:
+  RecordingTier(std::unique_ptr<SecondaryTier> inner, std::vector<std::string>* events)
+      : FailingCloseTier(std::move(inner)), events_(events) {}
+  bool close() noexcept override {
+    if (!closed) events_->push_back(name() + ".close");
+    (void)FailingCloseTier::close();
+    return true;
+  }
+
+ private:
+  std::vector<std::string>* events_;
+};
+
+// Note [Initialisation failures]: release is the reverse of construction, on success and after a
+// failure at every step. Evidence comes from the resources themselves (the region's teardown
+// hook runs inside Region::close, a tier's close) interleaved with the stack's after_release
+// reports, so closing the region first, or the tiers in build order, changes the sequence.
+TEST_F(TieredFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
+  struct Case {
+    std::optional<InitStep> fail;  // nullopt: build succeeds, then close()
+    std::size_t index = 0;
+    std::vector<std::string> want;
+  };
+  const std::vector<std::string> all = {"released:tiered_store", "tier1.close", "released:secondary#1",
+                                        "tier0.close", "released:secondary#0", "released:primary",
+                                        "region.teardown", "released:region"};
+  const std::vector<Case> cases = {
+      {std::nullopt, 0, all},
+      {InitStep::kRegion, 0, {}},
+      {InitStep::kPrimary, 0, {"region.teardown", "released:region"}},
+      {InitStep::kSecondary, 0, {"released:primary", "region.teardown", "released:region"}},
+      {InitStep::kSecondary, 1,
+       {"tier0.close", "released:secondary#0", "released:primary", "region.teardown", "released:region"}},
+      {InitStep::kTieredStore, 0, std::vector<std::string>(all.begin() + 1, all.end())},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.fail ? std::string(to_string(*c.fail)) + " #" + std::to_string(c.index) : "success");
+    std::vector<std::string> events;
+    InitHooks hooks;
+    hooks.before_step = [&](InitStep step, std::size_t index) {
+      if (c.fail && step == *c.fail && index == c.index) throw Injected("injected");
+    };
+    hooks.make_region = [&](const RegionOptions& o) {
+      Region r = Region::create_or_join(o);
+      r.add_teardown_hook([&events] { events.push_back("region.teardown"); });
+      return r;
+    };
+    hooks.make_file_tier = [&](const FileTierOptions& o) {
+      return std::make_unique<RecordingTier>(FileTier::open(o), &events);
+    };
+    hooks.after_release = [&](InitStep step, std::size_t index) {
+      events.push_back("released:" + std::string(to_string(step)) +
+                       (step == InitStep::kSecondary ? "#" + std::to_string(index) : std::string()));
+    };
+    if (c.fail) {
+      EXPECT_THROW((void)OffloadStack::build(config(2), hooks), Injected);
+    } else {
+      auto s = OffloadStack::build(config(2), hooks);
+      EXPECT_TRUE(events.empty());
+      EXPECT_TRUE(s->close());
+      EXPECT_TRUE(s->close());  // idempotent: nothing released twice
+    }
+    EXPECT_EQ(events, c.want);
+    EXPECT_TRUE(test::files_under(shm_.path()).empty());
+  }
+}
+
 TEST_F(TieredFixture, FailureInsideATierStepReleasesEarlierTiersAndRegion) {
   OffloadStack::build(config(2))->close();
   const Snapshot before;
@@ -268,7 +373,7 @@ TEST_F(TieredFixture, FailureInsideATierStepReleasesEarlierTiersAndRegion) {
   InitHooks hooks;
   hooks.make_file_tier = [&](const FileTierOptions& o) -> std::unique_ptr<SecondaryTier> {
     FileTierOptions copy = o;
-    if (o.name == "tier1") copy.io = fault;
+    if (o.name == "tier1") copy.syscalls = fault->get();
     return FileTier::open(copy);
   };
   try {
@@ -380,6 +485,84 @@ TEST_F(WorkerFixture, FailureAtEachWorkerStepReleasesItsRegion) {
     const Snapshot after;
     EXPECT_EQ(after.fds, before.fds);
     EXPECT_EQ(after.maps, before.maps);
+  }
+}
+
+TEST_F(WorkerFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
+  struct Case {
+    std::optional<InitStep> fail;
+    std::vector<std::string> want;
+  };
+  const std::vector<Case> cases = {
+      {std::nullopt, {"released:transfer_engine", "released:runtime", "region.teardown", "released:region"}},
+      {InitStep::kRegion, {}},
+      {InitStep::kRuntime, {"region.teardown", "released:region"}},
+      {InitStep::kTransferEngine, {"released:runtime", "region.teardown", "released:region"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.fail ? std::string(to_string(*c.fail)) : "success");
+    std::vector<std::string> events;
+    InitHooks hooks;
+    hooks.before_step = [&](InitStep step, std::size_t) {
+      if (c.fail && step == *c.fail) throw Injected("injected");
+    };
+    hooks.make_region = [&](const RegionOptions& o) {
+      Region r = Region::create_or_join(o);
+      r.add_teardown_hook([&events] { events.push_back("region.teardown"); });
+      return r;
+    };
+    hooks.after_release = [&](InitStep step, std::size_t) {
+      events.push_back("released:" + std::string(to_string(step)));
+    };
+    if (c.fail) {
+      EXPECT_THROW((void)OffloadWorker::build(worker_config(), hooks), Injected);
+    } else {
+      auto w = OffloadWorker::build(worker_config(), hooks);
+      EXPECT_TRUE(w->close());
+      EXPECT_TRUE(w->close());
+    }
+    EXPECT_EQ(events, c.want);
+    EXPECT_TRUE(test::files_under(shm_.path()).empty());
+  }
+}
+
+// The whole worker configuration is checked before the region exists.
+TEST_F(WorkerFixture, InvalidConfigurationCreatesNothing) {
+  auto expect_refused = [&](const WorkerConfig& w, ErrorCode code, std::string_view needle) {
+    bool region_made = false;
+    InitHooks hooks;
+    hooks.make_region = [&](const RegionOptions& o) {
+      region_made = true;
+      return Region::create_or_join(o);
+    };
+    try {
+      (void)OffloadWorker::build(w, hooks);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(region_made) << needle;
+    EXPECT_TRUE(test::files_under(shm_.path()).empty()) << needle;
+  };
+  auto w = worker_config();
+  w.backend = "nvidia";
+  expect_refused(w, ErrorCode::kInvalidArgument, "backend 'nvidia' is not a backend name (auto, host, cuda or hip)");
+  w = worker_config();
+  w.blocks_per_chunk = 3;  // 3 x 4096 bytes do not fit the 8192-byte slot
+  expect_refused(w, ErrorCode::kInvalidArgument,
+                 "host slot of 8192 bytes is too small for 3 blocks per chunk x 4096 bytes per block");
+  w = worker_config();
+  w.groups[0].tensors[0].page_bytes = 0;
+  expect_refused(w, ErrorCode::kInvalidArgument, "kv layout");
+  w = worker_config();
+  w.region.rank = 1;  // world_size 1
+  expect_refused(w, ErrorCode::kInvalidArgument, "rank");
+  for (const auto& b : list_backends()) {
+    if (b.built) continue;
+    w = worker_config();
+    w.backend = b.name;
+    expect_refused(w, ErrorCode::kNotAvailable, "backend '" + b.name + "' is not available");
   }
 }
 

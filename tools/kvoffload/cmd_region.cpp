@@ -395,7 +395,12 @@ int run_list(const ListOptions& o) {
       item["row_stride"] = r.geometry->row_stride();
       item["data_bytes"] = r.geometry->data_bytes();
     }
+    if (!r.problem.empty()) item["problem"] = r.problem;
     items.push_back(std::move(item));
+    if (!r.problem.empty()) {  // named like a region, but not one we could read: say why, go on
+      text << r.engine_id << "  not a region: " << r.problem << "  " << r.path.string() << "\n";
+      continue;
+    }
     text << r.engine_id << "  " << human_bytes(r.file_bytes) << "  " << r.attached << " attached  "
          << (r.stale ? "stale" : "in use") << (r.complete ? "" : ", incomplete");
     if (r.geometry) {
@@ -429,11 +434,16 @@ int run_clean(const CleanOptions& o) {
     kept.push_back(p.string());
     text << "kept    " << p.string() << " (in use)\n";
   }
-  if (result.removed.empty() && result.kept.empty()) {
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const auto& sk : result.skipped) {
+    skipped.push_back({{"path", sk.path.string()}, {"reason", sk.reason}});
+    text << "skipped " << sk.path.string() << " (" << sk.reason << ")\n";
+  }
+  if (result.removed.empty() && result.kept.empty() && result.skipped.empty()) {
     text << "no regions" << (o.engine_id ? " of engine " + *o.engine_id : std::string()) << " in "
          << shm_dir.string() << "\n";
   }
-  emit(o.json, nlohmann::json{{"removed", removed}, {"kept", kept}}, text.str());
+  emit(o.json, nlohmann::json{{"removed", removed}, {"kept", kept}, {"skipped", skipped}}, text.str());
   return kExitOk;
 }
 

@@ -16,6 +16,13 @@
 // miss. The default (kNone) therefore does not fsync; kData fdatasyncs each record before the
 // rename (durable contents), kFull also fsyncs the directory after it (durable name).
 //
+// Note [Full disk]: the capacity in use is never more than the filesystem can hold: the
+// configured value, capped by (bytes of the records held + the free space of the root's
+// filesystem), measured at open and again at every put batch (one fstatvfs per batch, not per
+// record). When a write still fails with ENOSPC (another process filled the disk meanwhile), the
+// tier evicts its oldest records to make room for the record and retries it once. Failures are
+// logged rate-limited (one line per cause per interval, with a count; util/rate_limited_log.hpp).
+//
 // O_DIRECT (kAuto): records are written and read with O_DIRECT through aligned bounce buffers;
 // when the filesystem refuses it (EINVAL at open, or at the first read/write), the tier logs once
 // and continues buffered for good. kBuffered never tries.
@@ -23,6 +30,7 @@
 #include <kvoffload/tier.hpp>
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -32,41 +40,23 @@
 
 namespace kvoffload {
 
-// The system calls the file tier makes, as a seam: tests derive from it to fail a chosen call
-// with a chosen errno. POSIX conventions (-1 and errno). Implementations must be thread-safe:
-// the tier calls them from its I/O threads.
-class FileTierIo {
- public:
-  virtual ~FileTierIo() = default;
-  virtual int open(const char* path, int flags, mode_t mode);
-  virtual int close(int fd);
-  virtual ssize_t pread(int fd, void* buf, std::size_t count, off_t offset);
-  virtual ssize_t pwrite(int fd, const void* buf, std::size_t count, off_t offset);
-  virtual int fdatasync(int fd);
-  virtual int fsync(int fd);
-  virtual int fstat(int fd, struct stat* st);
-  virtual int fcntl_setfl(int fd, int flags);  // fcntl(fd, F_SETFL, flags)
-  virtual int fcntl_getfl(int fd);             // fcntl(fd, F_GETFL)
-  virtual int rename(const char* from, const char* to);
-  virtual int unlink(const char* path);
-  virtual int mkdir(const char* path, mode_t mode);
-  virtual int flock(int fd, int operation);
-
-  // The real system calls (a process-wide instance).
-  static std::shared_ptr<FileTierIo> system();
-};
+struct Syscalls;  // kvoffload/syscalls.hpp
 
 enum class FsyncPolicy : std::uint8_t { kNone, kData, kFull };
 enum class DirectIoMode : std::uint8_t { kAuto, kBuffered };
 
 struct FileTierOptions {
   std::filesystem::path root;            // created (one level) when missing; parent must exist
-  std::uint64_t capacity_bytes = 0;      // > 0: file bytes kept; the oldest records go beyond it
+  std::uint64_t capacity_bytes = 0;      // > 0: file bytes kept; the oldest records go beyond it.
+                                         // Capped by the filesystem: see Note [Full disk]
   unsigned io_threads = 4;               // 1..256
   DirectIoMode direct_io = DirectIoMode::kAuto;
   FsyncPolicy fsync = FsyncPolicy::kNone;
   std::string name = "file";             // for logs and stats
-  std::shared_ptr<FileTierIo> io;        // nullptr: FileTierIo::system()
+  // The system calls the tier makes (kvoffload/syscalls.hpp, the seam the region uses too):
+  // tests pass a table that fails chosen calls. nullptr: the real calls. A table given here must
+  // outlive the tier and be safe to call from its I/O threads.
+  const Syscalls* syscalls = nullptr;
 };
 
 // Bytes a record of `payload_bytes` occupies on disk (header + payload, rounded to 4 KiB).

@@ -51,6 +51,9 @@ struct InitHooks {
   std::function<std::unique_ptr<SecondaryTier>(const FileTierOptions&)> make_file_tier;
   std::function<std::unique_ptr<SecondaryTier>(const RemoteTierOptions&)> make_remote_tier;
   std::function<std::unique_ptr<DeviceRuntime>(std::string_view, const RuntimeOptions&)> make_runtime;
+  // Called by close() right after each resource is released (also on a failed build), so tests
+  // can record the release order. Kept by the built object; must not throw.
+  std::function<void(InitStep step, std::size_t index)> after_release;
 };
 
 struct StackConfig {
@@ -87,6 +90,7 @@ class OffloadStack {
   std::unique_ptr<Manager> manager_;
   std::vector<std::unique_ptr<SecondaryTier>> tiers_;
   std::unique_ptr<TieredStore> store_;
+  std::function<void(InitStep, std::size_t)> after_release_;
 };
 
 struct WorkerConfig {
@@ -98,6 +102,10 @@ struct WorkerConfig {
   EngineOptions engine;
 };
 
+// The whole worker configuration, before any resource exists: region options and rank, the
+// backend name (kNotAvailable for one not built into this library) and the KV layout against this
+// rank's slot (KvLayout::validate on the region's geometry). Throws kInvalidArgument naming the
+// value; touches nothing.
 void validate(const WorkerConfig& config);
 
 class OffloadWorker {
@@ -119,6 +127,7 @@ class OffloadWorker {
   std::optional<Region> region_;
   std::unique_ptr<DeviceRuntime> runtime_;
   std::unique_ptr<TransferEngine> engine_;
+  std::function<void(InitStep, std::size_t)> after_release_;
 };
 
 }  // namespace kvoffload

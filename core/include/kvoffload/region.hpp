@@ -164,15 +164,25 @@ struct RegionInfo {
   bool stale = false;             // no holder
   bool complete = false;          // header says the region finished creation
   std::optional<RegionGeometry> geometry;  // when the header is readable
+  // Empty for a region file; otherwise why this entry, named like a region, is not one we could
+  // read ("a FIFO, not a region file", "a directory, ...", "no region header ..."). Such entries
+  // are listed, never opened for blocking reads or followed, and never removed by clean.
+  std::string problem;
 };
 
-// Regions in `shm_dir`, counted without taking any lock.
+// Regions in `shm_dir`, counted without taking any lock. An entry that is not a readable region
+// is listed with its `problem`; it never fails or stalls the listing.
 std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
                                      const Syscalls* syscalls = nullptr);
 
 struct CleanResult {
   std::vector<std::filesystem::path> removed;
   std::vector<std::filesystem::path> kept;    // in use (or not ours to remove)
+  struct Skipped {
+    std::filesystem::path path;
+    std::string reason;                       // "a FIFO, not a region file", ...
+  };
+  std::vector<Skipped> skipped;               // named like a region but not one: left alone
 };
 
 // Removes stale regions (all, or only `engine_id`'s). Never removes a region in use, another

@@ -1,7 +1,7 @@
 #pragma once
 // The test seam of the platform layer (STYLE.md "Test seams"): every system call the region code
-// makes on its create, join, populate, teardown, list and clean paths goes through one of these
-// function pointers. The real table is real_syscalls(); tests copy it and replace entries with
+// makes on its create, join, populate, teardown, list and clean paths, and every call the file
+// tier makes on its records, goes through one of these function pointers. The real table is real_syscalls(); tests copy it and replace entries with
 // functions that fail the Nth call with a chosen errno, record the call order, or pause / kill the
 // process at a chosen point. There is no global state: `context` is handed back to every call, so
 // tests with different fault plans can run side by side.
@@ -49,6 +49,13 @@ struct Syscalls {
   // Lists the names in the directory `dirfd` refers to (not "." / ".."); dirfd stays open and
   // owned by the caller. Returns 0, or -1 with errno set.
   int (*list_dir)(void* ctx, int dirfd, std::vector<std::string>* names) = nullptr;
+  // The file tier's record I/O (FileTierOptions::syscalls).
+  int (*fsync)(void* ctx, int fd) = nullptr;
+  int (*fdatasync)(void* ctx, int fd) = nullptr;
+  // fcntl with an int argument (F_GETFL / F_SETFL).
+  int (*fcntl_int)(void* ctx, int fd, int cmd, int arg) = nullptr;
+  int (*renameat)(void* ctx, int olddirfd, const char* oldpath, int newdirfd, const char* newpath) = nullptr;
+  int (*mkdirat)(void* ctx, int dirfd, const char* path, mode_t mode) = nullptr;
 };
 
 // The table of the real system calls. Never null entries.

@@ -31,6 +31,9 @@
 #include <vector>
 
 namespace kvoffload {
+namespace detail {
+class RateLimitedLog;
+}
 
 class Region;
 
@@ -120,20 +123,31 @@ class TieredStore {
     TierBatch batch;
     std::vector<BlockKey> keys;
   };
+  // Note [Promotion fall-through]: a key is read from the first tier that holds it; when that
+  // read misses or fails, the next tier that holds the key is tried, into the same slot, before
+  // the key is reported failed.
+  struct PromotionRead {
+    std::size_t tier = 0;
+    TierBatch batch;
+    std::vector<TierGet> gets;
+    bool consumed = false;
+  };
   struct Promotion {
     std::uint64_t id = 0;
-    std::vector<TierBatch> batches;  // one per tier used
+    std::vector<PromotionRead> reads;  // one per tier asked, fall-through reads appended
+    std::vector<BlockKey> promoted;
+    std::vector<TierItemResult> failed;
   };
 
   std::vector<PromoteCompletion> progress(bool block);
+  // Folds the results of a finished read into `p`, starting fall-through reads; true when a
+  // fall-through read was started.
+  bool consume(Promotion& p, PromotionRead& read);
 
   Manager& primary_;
   PrimaryRows rows_;
   std::vector<SecondaryTier*> tiers_;
   std::vector<Offload> offloads_;
-  // Failed tier writes warn at most once per 5 s (a dead remote store fails every batch).
-  std::chrono::steady_clock::time_point offload_warned_at_{};
-  std::uint64_t offload_warnings_suppressed_ = 0;
   std::vector<Promotion> promotions_;
   std::uint64_t next_id_ = 1;
   TieredStats stats_;
@@ -148,6 +162,7 @@ class TieredStore {
   std::vector<TierPresence> presence_;
   std::vector<TierLocation> locations_;
   std::vector<std::size_t> source_tier_;
+  std::unique_ptr<detail::RateLimitedLog> warnings_;  // Note [Rate-limited warnings]
 };
 
 }  // namespace kvoffload

@@ -1,4 +1,11 @@
 // `region list` and `region clean` (DESIGN §2 point 6 and its notes).
+//
+// Note [Hostile entries]: anything can sit in a shm dir under a region's name: a FIFO, a
+// directory, a symbolic link, a socket, a file someone else wrote. Every candidate is opened with
+// O_NONBLOCK (a FIFO would block open() until a writer comes) and O_NOFOLLOW (a link is never
+// followed), its type is checked with fstat before a byte is read, and a bad entry is reported
+// with its reason while the command goes on with the others. `clean` removes only regular files
+// that carry a region header; everything else is left alone.
 #include <sys/file.h>
 
 #include <algorithm>
@@ -32,6 +39,83 @@ std::vector<std::string> region_names(const Syscalls& sys, int dirfd, const std:
   return names;
 }
 
+// What a non-regular file is, for the reason shown next to it.
+std::string type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+std::string not_a_region(mode_t mode) { return type_name(mode) + ", not a region file"; }
+
+// One opened candidate: the descriptor (invalid when open failed), its stat, and the reason it is
+// not a region ("" when it is a regular file we could open).
+struct Candidate {
+  detail::UniqueFd fd;
+  struct stat st {};
+  bool have_stat = false;
+  std::string problem;
+  bool gone = false;  // removed while we looked
+};
+
+Candidate open_candidate(const Syscalls& sys, int dirfd, const std::string& name) {
+  Candidate c;
+  // Read-only and never locked here (see the note on list in DESIGN §2). O_NONBLOCK: see
+  // Note [Hostile entries].
+  const int raw = detail::retry_eintr([&] {
+    return sys.openat(sys.context, dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+  });
+  if (raw < 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      c.gone = true;
+      return c;
+    }
+    // Learn what it is without following it: ELOOP is a link, ENXIO a socket, EACCES a file of
+    // another user.
+    if (sys.fstatat(sys.context, dirfd, name.c_str(), &c.st, AT_SYMLINK_NOFOLLOW) == 0) {
+      c.have_stat = true;
+      c.problem = S_ISREG(c.st.st_mode) ? "cannot open it: " + errno_name(err) : not_a_region(c.st.st_mode);
+    } else {
+      c.gone = errno == ENOENT;
+      c.problem = "cannot open it: " + errno_name(err);
+    }
+    return c;
+  }
+  c.fd = detail::UniqueFd(sys, raw);
+  if (sys.fstat(sys.context, c.fd.get(), &c.st) != 0) {
+    c.problem = "fstat failed: " + errno_name(errno);
+    return c;
+  }
+  c.have_stat = true;
+  if (!S_ISREG(c.st.st_mode)) c.problem = not_a_region(c.st.st_mode);
+  return c;
+}
+
+// Reads the header of a regular candidate; nullopt with `problem` set when there is none.
+std::optional<detail::RegionHeader> candidate_header(const Syscalls& sys, const Candidate& c,
+                                                     const std::string& path, std::string& problem) {
+  detail::RegionHeader header{};
+  try {
+    if (!detail::read_header(sys, c.fd.get(), header, path)) {
+      problem = "shorter than a region header; not a region file";
+      return std::nullopt;
+    }
+  } catch (const Error& e) {
+    problem = "cannot read its header: " + errno_name(e.sys_errno());
+    return std::nullopt;
+  }
+  if (!detail::header_layout(header)) {
+    problem = "no region header (bad magic or version); not a region file";
+    return std::nullopt;
+  }
+  return header;
+}
+
 }  // namespace
 
 std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir, const Syscalls* syscalls) {
@@ -47,37 +131,22 @@ std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir, const
     RegionInfo info;
     info.path = shm_dir / name;
     info.engine_id = detail::engine_id_from_file_name(name);
-    // Opened read-only and never locked: a probing lock here could beat the last process out to
-    // its exclusive lock and leave a stale file behind.
-    const int raw = detail::retry_eintr([&] {
-      return sys.openat(sys.context, dirfd.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
-    });
-    if (raw < 0) {
-      if (errno == ENOENT) continue;  // removed while listing
-      // Not readable by us (another user's file, a symlink): listed with what we know.
-      struct stat st {};
-      if (sys.fstatat(sys.context, dirfd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-        info.file_bytes = static_cast<std::uint64_t>(st.st_size);
-        info.attached = detail::count_flock_holders(locks, st.st_dev, st.st_ino);
-        info.stale = info.attached == 0;
-      }
-      out.push_back(std::move(info));
-      continue;
+    Candidate c = open_candidate(sys, dirfd.get(), name);
+    if (c.gone) continue;  // removed while listing
+    info.problem = std::move(c.problem);
+    if (c.have_stat && S_ISREG(c.st.st_mode)) {
+      info.file_bytes = static_cast<std::uint64_t>(c.st.st_size);
+      info.attached = detail::count_flock_holders(locks, c.st.st_dev, c.st.st_ino);
+      info.stale = info.attached == 0;
     }
-    const detail::UniqueFd fd(sys, raw);
-    struct stat st {};
-    if (sys.fstat(sys.context, fd.get(), &st) != 0) throw_system_error("fstat", errno, info.path.string());
-    info.file_bytes = static_cast<std::uint64_t>(st.st_size);
-    info.attached = detail::count_flock_holders(locks, st.st_dev, st.st_ino);
-    info.stale = info.attached == 0;
-    detail::RegionHeader header{};
-    if (detail::read_header(sys, fd.get(), header, info.path.string())) {
-      if (const auto layout = detail::header_layout(header)) {
-        info.complete = header.state == static_cast<std::uint32_t>(detail::RegionState::kReady);
+    if (c.fd.valid() && info.problem.empty()) {
+      if (const auto header = candidate_header(sys, c, info.path.string(), info.problem)) {
+        info.complete = header->state == static_cast<std::uint32_t>(detail::RegionState::kReady);
         try {
-          info.geometry = RegionGeometry::compute(*layout, static_cast<std::size_t>(header.page_size));
-        } catch (const Error&) {
-          // A corrupt header: listed without geometry.
+          info.geometry = RegionGeometry::compute(*detail::header_layout(*header),
+                                                  static_cast<std::size_t>(header->page_size));
+        } catch (const Error& e) {
+          info.problem = std::string("corrupt header: ") + e.what();
         }
       }
     }
@@ -95,32 +164,40 @@ CleanResult clean_regions(const std::filesystem::path& shm_dir, const std::optio
   CleanResult result;
   for (const std::string& name : region_names(sys, dirfd.get(), dir, engine_id)) {
     const std::filesystem::path path = shm_dir / name;
-    const int raw = detail::retry_eintr([&] {
-      return sys.openat(sys.context, dirfd.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
-    });
-    if (raw < 0) {
-      if (errno == ENOENT) continue;
-      log().info("clean: keeping {}: cannot open it ({})", path.string(), errno_name(errno));
-      result.kept.push_back(path);
+    Candidate c = open_candidate(sys, dirfd.get(), name);
+    if (c.gone) continue;
+    const auto skip = [&](std::string reason) {
+      log().info("clean: leaving {} alone: {}", path.string(), reason);
+      result.skipped.push_back({path, std::move(reason)});
+    };
+    if (!c.problem.empty()) {
+      if (c.have_stat && S_ISREG(c.st.st_mode)) {
+        log().info("clean: keeping {}: {}", path.string(), c.problem);
+        result.kept.push_back(path);  // a region we cannot open (another user's): not ours
+      } else {
+        skip(std::move(c.problem));
+      }
       continue;
     }
-    const detail::UniqueFd fd(sys, raw);
-    struct stat st {};
-    if (sys.fstat(sys.context, fd.get(), &st) != 0) throw_system_error("fstat", errno, path.string());
     try {
-      detail::check_owner_and_mode(st, path.string());  // before the stale test
+      detail::check_owner_and_mode(c.st, path.string());  // before the stale test
     } catch (const Error& e) {
       log().info("clean: keeping {}: {}", path.string(), e.what());
       result.kept.push_back(path);
       continue;
     }
+    std::string problem;
+    if (!candidate_header(sys, c, path.string(), problem)) {
+      skip(std::move(problem));
+      continue;
+    }
     // clean may lock: winning the exclusive lock means no one is attached, and it unlinks.
-    if (sys.flock(sys.context, fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (sys.flock(sys.context, c.fd.get(), LOCK_EX | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK) throw_system_error("flock", errno, "(LOCK_EX|LOCK_NB) of " + path.string());
       result.kept.push_back(path);  // in use
       continue;
     }
-    if (!detail::path_names_inode(sys, dirfd.get(), name, st)) {
+    if (!detail::path_names_inode(sys, dirfd.get(), name, c.st)) {
       continue;  // replaced by a newer region (or removed) since we opened it: not ours to judge
     }
     if (sys.unlinkat(sys.context, dirfd.get(), name.c_str(), 0) != 0) {

@@ -7,17 +7,9 @@
 #include <utility>
 
 #include "kvoffload/syscalls.hpp"
+#include "util/retry_eintr.hpp"  // retry_eintr, shared with the file tier
 
 namespace kvoffload::detail {
-
-// Runs `call` again while it fails with EINTR (for calls where a retry is correct; never close).
-template <typename F>
-auto retry_eintr(F&& call) {
-  for (;;) {
-    auto result = call();
-    if (!(result == -1 && errno == EINTR)) return result;
-  }
-}
 
 // An owned file descriptor closed through the table that opened it. Move-only.
 class UniqueFd {

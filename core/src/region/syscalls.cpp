@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace kvoffload {
@@ -93,6 +94,14 @@ int real_list_dir(void*, int dirfd, std::vector<std::string>* names) {
   return err == 0 ? 0 : -1;
 }
 
+int real_fsync(void*, int fd) { return ::fsync(fd); }
+int real_fdatasync(void*, int fd) { return ::fdatasync(fd); }
+int real_fcntl_int(void*, int fd, int cmd, int arg) { return ::fcntl(fd, cmd, arg); }
+int real_renameat(void*, int olddirfd, const char* oldpath, int newdirfd, const char* newpath) {
+  return ::renameat(olddirfd, oldpath, newdirfd, newpath);
+}
+int real_mkdirat(void*, int dirfd, const char* path, mode_t mode) { return ::mkdirat(dirfd, path, mode); }
+
 constexpr Syscalls kReal{
     .context = nullptr,
     .openat = real_openat,
@@ -114,6 +123,11 @@ constexpr Syscalls kReal{
     .fcntl_lock = real_fcntl_lock,
     .read_file = real_read_file,
     .list_dir = real_list_dir,
+    .fsync = real_fsync,
+    .fdatasync = real_fdatasync,
+    .fcntl_int = real_fcntl_int,
+    .renameat = real_renameat,
+    .mkdirat = real_mkdirat,
 };
 
 }  // namespace

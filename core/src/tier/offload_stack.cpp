@@ -44,6 +44,16 @@ void run_hook(const InitHooks& hooks, InitStep step, std::size_t index) {
   if (hooks.before_step) hooks.before_step(step, index);
 }
 
+// Reports one released resource to the test hook; a throwing hook must not stop the teardown.
+void released(const std::function<void(InitStep, std::size_t)>& hook, InitStep step, std::size_t index) noexcept {
+  if (!hook) return;
+  try {
+    hook(step, index);
+  } catch (...) {
+    log().error("offload stack: after_release hook threw at {} #{}", to_string(step), index);
+  }
+}
+
 Region make_region(const InitHooks& hooks, const RegionOptions& o) {
   run_hook(hooks, InitStep::kRegion, 0);
   return hooks.make_region ? hooks.make_region(o) : Region::create_or_join(o);
@@ -98,11 +108,34 @@ void validate(const StackConfig& config) {
 }
 
 void validate(const WorkerConfig& config) {
-  validate_region(config.region);
+  const RegionGeometry g = validate_region(config.region);
   if (!config.region.rank) throw_invalid("worker: region.rank is required (the worker's rank)");
   if (config.blocks_per_chunk == 0) throw_invalid("worker: blocks_per_chunk is 0");
   if (config.groups.empty()) throw_invalid("worker: no KV groups");
-  if (config.backend.empty()) throw_invalid("worker: backend name is empty");
+  const std::string& b = config.backend;
+  if (b != "auto" && b != "host" && b != "cuda" && b != "hip") {
+    throw_invalid("worker: backend '" + b + "' is not a backend name (auto, host, cuda or hip)");
+  }
+  if (b != "auto") {
+    for (const BackendInfo& info : list_backends()) {
+      if (info.name == b && !info.built) {
+        throw Error(ErrorCode::kNotAvailable, "worker: backend '" + b + "' is not available: " + info.detail);
+      }
+    }
+  }
+  // The KV layout against this rank's slots, as the transfer engine will check it, from the
+  // geometry alone. KvLayout::validate reads only sizes and offsets; `base` just has to be set.
+  static std::byte placeholder{};
+  KvLayout layout;
+  layout.groups = config.groups;
+  layout.blocks_per_chunk = config.blocks_per_chunk;
+  layout.host = HostSlots{.base = &placeholder,
+                          .buffer_bytes = g.data_bytes(),
+                          .num_chunks = g.num_chunks(),
+                          .row_stride = g.row_stride(),
+                          .slot_offset = static_cast<std::uint64_t>(g.copy_index(*config.region.rank)) * g.slot_bytes(),
+                          .slot_bytes = g.slot_bytes()};
+  layout.validate();
 }
 
 // ---- OffloadStack -------------------------------------------------------------------------------
@@ -110,6 +143,7 @@ void validate(const WorkerConfig& config) {
 std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config, const InitHooks& hooks) {
   validate(config);  // before any resource exists
   std::unique_ptr<OffloadStack> s(new OffloadStack());
+  s->after_release_ = hooks.after_release;
   try {
     s->region_.emplace(make_region(hooks, config.region));
 
@@ -165,15 +199,22 @@ bool OffloadStack::close() noexcept {
       log().error("offload stack: draining the tiered store: {}", e.what());
     }
     store_.reset();  // its destructor drains again (nothing left) and never throws
+    released(after_release_, InitStep::kTieredStore, 0);
   }
-  for (auto it = tiers_.rbegin(); it != tiers_.rend(); ++it) {
-    if (*it && !(*it)->close()) ok = false;
+  for (std::size_t i = tiers_.size(); i-- > 0;) {
+    if (tiers_[i] && !tiers_[i]->close()) ok = false;
+    tiers_[i].reset();
+    released(after_release_, InitStep::kSecondary, i);
   }
   tiers_.clear();
-  manager_.reset();
+  if (manager_) {
+    manager_.reset();
+    released(after_release_, InitStep::kPrimary, 0);
+  }
   if (region_) {
     if (!region_->close()) ok = false;
     region_.reset();
+    released(after_release_, InitStep::kRegion, 0);
   }
   return ok;
 }
@@ -182,8 +223,9 @@ bool OffloadStack::close() noexcept {
 
 std::unique_ptr<OffloadWorker> OffloadWorker::build(const WorkerConfig& config,
                                                     const InitHooks& hooks) {
-  validate(config);
+  validate(config);  // before any resource exists
   std::unique_ptr<OffloadWorker> w(new OffloadWorker());
+  w->after_release_ = hooks.after_release;
   try {
     w->region_.emplace(make_region(hooks, config.region));
 
@@ -211,11 +253,16 @@ bool OffloadWorker::close() noexcept {
   if (engine_) {
     engine_->shutdown();  // drains and unregisters the host memory (before munmap)
     engine_.reset();
+    released(after_release_, InitStep::kTransferEngine, 0);
   }
-  runtime_.reset();
+  if (runtime_) {
+    runtime_.reset();
+    released(after_release_, InitStep::kRuntime, 0);
+  }
   if (region_) {
     if (!region_->close()) ok = false;
     region_.reset();
+    released(after_release_, InitStep::kRegion, 0);
   }
   return ok;
 }

@@ -3,6 +3,9 @@ target_sources(kvoffload PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/crc32c.cpp
   ${CMAKE_CURRENT_LIST_DIR}/io_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tier.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file_record.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/direct_io.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file_tier_recovery.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file_tier.cpp)
 target_sources(kvoffload PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/tiered_store.cpp

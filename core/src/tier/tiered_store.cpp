@@ -3,6 +3,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/log.hpp"
 #include "kvoffload/region.hpp"
+#include "util/rate_limited_log.hpp"
 
 #include <algorithm>
 #include <unordered_map>
@@ -27,7 +28,10 @@ std::span<std::byte> PrimaryRows::row(SlotIndex slot) const {
 }
 
 TieredStore::TieredStore(Manager& primary, PrimaryRows rows, std::vector<SecondaryTier*> tiers)
-    : primary_(primary), rows_(rows), tiers_(std::move(tiers)) {
+    : primary_(primary),
+      rows_(rows),
+      tiers_(std::move(tiers)),
+      warnings_(std::make_unique<detail::RateLimitedLog>()) {
   if (rows_.base == nullptr || rows_.row_bytes == 0 || rows_.row_bytes > rows_.row_stride) {
     throw_invalid("tiered store: primary rows are empty or row_bytes exceeds row_stride");
   }
@@ -46,6 +50,7 @@ TieredStore::~TieredStore() {
   } catch (const std::exception& e) {
     log().error("tiered store: draining at destruction failed: {}", e.what());
   }
+  (void)warnings_->flush("tiered store");
 }
 
 void TieredStore::ask_tiers(std::span<const BlockKey> keys) {
@@ -173,14 +178,15 @@ PromoteTicket TieredStore::promote(std::span<const BlockKey> keys,
   try {
     for (; t < tiers_.size(); ++t) {
       if (gets[t].empty()) continue;
-      p.batches.push_back(tiers_[t]->get(gets[t]));
+      TierBatch batch = tiers_[t]->get(gets[t]);
+      p.reads.push_back(PromotionRead{t, std::move(batch), std::move(gets[t])});
     }
   } catch (...) {
     // Keys not handed to a tier free their slots now; those handed over finish in poll().
     std::vector<BlockKey> unsent;
     for (; t < tiers_.size(); ++t) unsent.insert(unsent.end(), by_tier[t].begin(), by_tier[t].end());
     if (!unsent.empty()) primary_.complete_store(unsent, false);
-    if (!p.batches.empty()) promotions_.push_back(std::move(p));
+    if (!p.reads.empty()) promotions_.push_back(std::move(p));
     throw;
   }
   stats_.promote_keys += ticket.keys.size();
@@ -198,54 +204,52 @@ std::vector<PromoteCompletion> TieredStore::progress(bool block) {
     }
     std::size_t failed = 0;
     std::string first_failure;
+    int first_errno = 0;
     for (const auto& r : it->batch.wait()) {
       if (r.status == TierItemStatus::kOk) {
         ++stats_.offload_ok;
       } else {
         ++stats_.offload_failed;
-        if (failed++ == 0) first_failure = r.key.to_hex() + ": " + r.detail;
+        if (failed++ == 0) {
+          first_failure = r.key.to_hex() + ": " + r.detail;
+          first_errno = r.sys_errno;
+        }
       }
     }
     if (failed > 0) {
-      const auto now = std::chrono::steady_clock::now();
-      if (offload_warned_at_ == std::chrono::steady_clock::time_point{} ||
-          now - offload_warned_at_ >= std::chrono::seconds(5)) {
-        log().warn("tiered store: {} of {} keys were not written to a secondary tier (first: {}){}",
-                   failed, it->keys.size(), first_failure,
-                   offload_warnings_suppressed_ == 0
-                       ? std::string()
-                       : fmt::format("; {} similar warnings suppressed", offload_warnings_suppressed_));
-        offload_warned_at_ = now;
-        offload_warnings_suppressed_ = 0;
-      } else {
-        ++offload_warnings_suppressed_;
-      }
+      warnings_->warn("offload " + (first_errno != 0 ? errno_name(first_errno) : std::string("error")),
+                      "tiered store: {} of {} keys were not written to a secondary tier (first: {})",
+                      failed, it->keys.size(), first_failure);
     }
     primary_.complete_load(it->keys);
     it = offloads_.erase(it);
   }
-  // Promotions: complete the primary stores.
+  // Promotions: fold finished reads in (falling through to later tiers), then complete the
+  // primary stores of promotions whose reads are all done.
   std::vector<PromoteCompletion> done;
   for (auto it = promotions_.begin(); it != promotions_.end();) {
-    const bool ready = std::all_of(it->batches.begin(), it->batches.end(),
-                                   [](const TierBatch& b) { return b.ready(); });
-    if (!block && !ready) {
+    bool pending = false;
+    // consume() may append reads; index, not iterators, and re-check the size each round.
+    for (std::size_t r = 0; r < it->reads.size(); ++r) {
+      if (it->reads[r].consumed) continue;
+      if (!block && !it->reads[r].batch.ready()) {
+        pending = true;
+        continue;
+      }
+      if (consume(*it, it->reads[r]) && !block) pending = true;
+    }
+    for (const auto& read : it->reads) pending = pending || !read.consumed;
+    if (pending) {
       ++it;
       continue;
     }
     PromoteCompletion c;
     c.id = it->id;
+    c.promoted = std::move(it->promoted);
+    c.failed = std::move(it->failed);
     std::vector<BlockKey> failed_keys;
-    for (const auto& b : it->batches) {
-      for (const auto& r : b.wait()) {
-        if (r.status == TierItemStatus::kOk) {
-          c.promoted.push_back(r.key);
-        } else {
-          c.failed.push_back(r);
-          failed_keys.push_back(r.key);
-        }
-      }
-    }
+    failed_keys.reserve(c.failed.size());
+    for (const auto& f : c.failed) failed_keys.push_back(f.key);
     // Primary (not this->complete_store): promoted keys are already in the tier they came from.
     if (!c.promoted.empty()) primary_.complete_store(c.promoted, true);
     if (!failed_keys.empty()) primary_.complete_store(failed_keys, false);
@@ -255,6 +259,46 @@ std::vector<PromoteCompletion> TieredStore::progress(bool block) {
     it = promotions_.erase(it);
   }
   return done;
+}
+
+bool TieredStore::consume(Promotion& p, PromotionRead& read) {
+  read.consumed = true;
+  const std::vector<TierItemResult> results = read.batch.wait();
+  const std::size_t from = read.tier;
+  // Fall-through gets per later tier (Note [Promotion fall-through]); `read` may dangle once
+  // p.reads grows, so everything needed from it is copied first.
+  std::vector<std::vector<TierGet>> again(tiers_.size());
+  bool any = false;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const TierItemResult& r = results[i];
+    if (r.status == TierItemStatus::kOk) {
+      p.promoted.push_back(r.key);
+      continue;
+    }
+    std::size_t next = from + 1;
+    while (next < tiers_.size() && !tiers_[next]->contains(r.key)) ++next;
+    if (next == tiers_.size()) {
+      p.failed.push_back(r);
+      continue;
+    }
+    log().debug("tiered store: promotion of {} from tier '{}' gave {} ({}); trying tier '{}'",
+                r.key.to_hex(), tiers_[from]->name(), to_string(r.status), r.detail, tiers_[next]->name());
+    again[next].push_back(read.gets[i]);
+    any = true;
+  }
+  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    if (again[t].empty()) continue;
+    try {
+      TierBatch batch = tiers_[t]->get(again[t]);
+      p.reads.push_back(PromotionRead{t, std::move(batch), std::move(again[t])});
+    } catch (const std::exception& e) {
+      for (const auto& g : again[t]) {
+        p.failed.push_back(TierItemResult{g.key, TierItemStatus::kFailed, 0,
+                                          "tier '" + tiers_[t]->name() + "' get: " + e.what()});
+      }
+    }
+  }
+  return any;
 }
 
 std::vector<PromoteCompletion> TieredStore::poll() { return progress(false); }

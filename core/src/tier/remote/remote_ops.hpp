@@ -220,43 +220,6 @@ class CircuitBreaker {
   RemoteClock::time_point retry_at_{};
 };
 
-// At most one warning per interval; the next one says how many were suppressed meanwhile.
-// (A small local helper; the file tier's own rate limiter may replace it when they are unified.)
-class RateLimitedWarning {
- public:
-  explicit RateLimitedWarning(std::chrono::milliseconds interval) : interval_(interval) {}
-  template <typename... Args>
-  void warn(fmt::format_string<Args...> format, Args&&... args) {
-    const auto now = RemoteClock::now();
-    std::uint64_t suppressed = 0;
-    {
-      std::lock_guard lock(mutex_);
-      if (emitted_ && now - last_ < interval_) {
-        ++suppressed_;
-        return;
-      }
-      emitted_ = true;
-      last_ = now;
-      suppressed = suppressed_;
-      suppressed_ = 0;
-    }
-    const std::string text = fmt::format(format, std::forward<Args>(args)...);
-    if (suppressed > 0) {
-      log().warn("{} ({} similar warnings suppressed)", text, suppressed);
-    } else {
-      log().warn("{}", text);
-    }
-  }
-  [[nodiscard]] std::uint64_t suppressed() const {
-    std::lock_guard lock(mutex_);
-    return suppressed_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::chrono::milliseconds interval_;
-  bool emitted_ = false;
-  RemoteClock::time_point last_{};
   std::uint64_t suppressed_ = 0;
 };
 

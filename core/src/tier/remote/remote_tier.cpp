@@ -13,6 +13,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/log.hpp"
 #include "remote_ops.hpp"
+#include "util/rate_limited_log.hpp"
 
 #include <libmemcached/memcached.h>
 
@@ -118,7 +119,7 @@ struct RemoteTier::Impl {
   std::size_t outstanding = 0;  // batches not finished
 
   std::atomic<bool> closed{false};
-  RateLimitedWarning warn{std::chrono::milliseconds(5000)};
+  detail::RateLimitedLog warn;  // Note [Rate-limited warnings]
 
   std::atomic<std::uint64_t> stored{0}, put_errors{0}, loaded{0}, get_misses{0}, corrupt{0},
       get_errors{0}, lookups{0}, lookup_present{0}, lookup_absent{0}, lookup_errors{0},
@@ -191,10 +192,10 @@ struct RemoteTier::Impl {
   void node_failed(Node& node, const std::string& error) {
     if (node.breaker.on_failure(RemoteClock::now())) {
       ++breaker_opens;
-      warn.warn("remote tier {}: node {} failed ({}); its chunks miss for {} ms, then it is probed",
+      warn.warn("breaker " + node.name, "remote tier {}: node {} failed ({}); its chunks miss for {} ms, then it is probed",
                 o.name, node.name, error, o.breaker_backoff.count());
     } else {
-      warn.warn("remote tier {}: node {}: {}", o.name, node.name, error);
+      warn.warn("node " + node.name, "remote tier {}: node {}: {}", o.name, node.name, error);
     }
     if (o.url.kind == RemoteKind::kRedisCluster) request_refresh();
   }
@@ -575,7 +576,7 @@ struct RemoteTier::Impl {
         errors += std::string(" ") + e.what() + ";";
       }
     }
-    warn.warn("remote tier {}: no cluster node gave a slot map:{}", o.name, errors);
+    warn.warn("slot map", "remote tier {}: no cluster node gave a slot map:{}", o.name, errors);
     return false;
   }
 

@@ -1,0 +1,52 @@
+#pragma once
+// The file tier's record I/O: O_DIRECT while the filesystem takes it, buffered for good after its
+// first refusal (DirectIoMode::kAuto in file_tier.hpp), whole-buffer reads and writes with EINTR
+// retried and partial transfers continued.
+
+#include "kvoffload/file_tier.hpp"
+#include "kvoffload/syscalls.hpp"
+#include "tier/file_record.hpp"
+
+#include <atomic>
+#include <cstddef>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kvoffload::detail {
+
+class DirectIo {
+ public:
+  // `sys` must outlive this object; `enabled`: start with O_DIRECT (kAuto).
+  DirectIo(const Syscalls& sys, std::string tier_name, bool enabled) noexcept
+      : sys_(sys), name_(std::move(tier_name)), direct_(enabled) {}
+
+  // O_DIRECT in use right now.
+  [[nodiscard]] bool enabled() const noexcept { return direct_.load(); }
+
+  // Opens a record file, with O_DIRECT while the tier uses it. On EINVAL the filesystem refused
+  // O_DIRECT: buffered from now on. Returns fd or -1 with errno set.
+  int open_record(const std::filesystem::path& path, int flags, bool& used_direct);
+
+  // Writes n bytes at offset 0; nullopt on success, else the failure.
+  std::optional<ItemOutcome> write_all(int fd, const std::byte* buf, std::size_t n,
+                                       bool& used_direct, const std::filesystem::path& path);
+  // Reads n bytes at offset 0; nullopt on success, a miss when the file ended early, a failure
+  // otherwise.
+  std::optional<ItemOutcome> read_all(int fd, std::byte* buf, std::size_t n, bool& used_direct,
+                                      const std::filesystem::path& path);
+
+ private:
+  void disable(std::string_view where, const std::filesystem::path& path);
+  // Clears O_DIRECT on an open descriptor after the filesystem refused a transfer with EINVAL.
+  bool drop_direct(int fd, const std::filesystem::path& path, std::string_view where);
+
+  const Syscalls& sys_;
+  const std::string name_;
+  std::atomic<bool> direct_;
+  std::once_flag fallback_logged_;
+};
+
+}  // namespace kvoffload::detail

@@ -1,0 +1,58 @@
+#pragma once
+// The file tier's on-disk record (Note [File tier record]) and the small pieces every part of the
+// tier shares: names of files and directories, per-item outcomes, errno text.
+
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/tier.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace kvoffload::detail {
+
+// O_DIRECT needs offsets, lengths and buffers aligned to the logical block size; 4 KiB covers
+// every common device and keeps records page-sized for the page cache in buffered mode.
+inline constexpr std::size_t kRecordAlign = 4096;
+inline constexpr const char* kRecordSuffix = ".kvb";
+inline constexpr const char* kTempSuffix = ".tmp";
+inline constexpr const char* kTierLockName = ".kvoffload-tier.lock";
+
+// The fan-out directory of a key: its last two hex digits (uniform for hashed keys and for small
+// integer keys alike).
+std::string fan_dir_name(const BlockKey& key);
+
+// "call: description (ENAME)".
+std::string errno_text(std::string_view call, int err);
+
+// Writes the record of `key` holding `payload` into `buf` (file_tier_record_bytes(payload.size())
+// bytes): header, payload, zero padding.
+void encode_record(std::byte* buf, const BlockKey& key, std::span<const std::byte> payload);
+
+// Checks a record read whole into `buf` for `key` and `payload_bytes`: nullopt when it verifies,
+// else why it is a miss (bad magic, checksums, another key or length).
+std::optional<std::string> check_record(const std::byte* buf, const BlockKey& key,
+                                        std::uint64_t payload_bytes);
+
+// Where a record's payload starts in its file.
+std::size_t record_payload_offset() noexcept;
+
+// Carries a per-item failure out of a worker task without an exception for expected outcomes.
+struct ItemOutcome {
+  TierItemStatus status = TierItemStatus::kOk;
+  int err = 0;
+  std::string detail;
+  bool damaged = false;  // a miss caused by a bad record (drop it from the index and disk)
+
+  static ItemOutcome failed(std::string_view call, int e) {
+    return {TierItemStatus::kFailed, e, errno_text(call, e), false};
+  }
+  static ItemOutcome miss(std::string why, bool damaged_record) {
+    return {TierItemStatus::kMiss, 0, std::move(why), damaged_record};
+  }
+};
+
+}  // namespace kvoffload::detail
