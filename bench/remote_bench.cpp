@@ -24,8 +24,8 @@
 namespace {
 
 using kvoffload::BlockKey;
-using kvoffload::testing::RedisCluster;
-using kvoffload::testing::ServerProcess;
+using kvoffload::test::RedisCluster;
+using kvoffload::test::ServerProcess;
 
 constexpr std::size_t kBatch = 32;
 constexpr unsigned kConnections = 4;
@@ -106,7 +106,7 @@ void BM_RedisBenchmark(benchmark::State& state) {
   const std::uint64_t n = std::max<std::uint64_t>(200, (256ULL << 20) / bytes);
   double rps = 0;
   for (auto _ : state) {
-    std::vector<std::string> argv = {kvoffload::testing::which("redis-benchmark"),
+    std::vector<std::string> argv = {kvoffload::test::which("redis-benchmark"),
                                      "-h",
                                      "127.0.0.1",
                                      "-p",
@@ -124,7 +124,7 @@ void BM_RedisBenchmark(benchmark::State& state) {
                                      "--csv"};
     if (store == 1) argv.emplace_back("--cluster");
     std::string out;
-    if (kvoffload::testing::run_command(argv, &out) != 0) {
+    if (kvoffload::test::run_command(argv, &out) != 0) {
       state.SkipWithError(("redis-benchmark failed: " + out).c_str());
       return;
     }
@@ -173,7 +173,7 @@ BENCHMARK(BM_RedisBenchmark)
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   const std::string missing =
-      kvoffload::testing::missing_binary({"redis-server", "redis-cli", "redis-benchmark"});
+      kvoffload::test::missing_binary({"redis-server", "redis-cli", "redis-benchmark"});
   if (!missing.empty()) {
     std::fprintf(stderr, "remote_bench: %s is not installed (Debian: redis-server redis-tools)\n",
                  missing.c_str());

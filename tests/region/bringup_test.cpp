@@ -26,12 +26,12 @@ namespace kvoffload {
 namespace {
 
 using ::testing::AllOf;
-using testing::expect_error;
-using testing::FaultSyscalls;
+using test::expect_error;
+using test::FaultSyscalls;
 using ::testing::HasSubstr;
-using testing::Op;
-using testing::small_options;
-using testing::TempDir;
+using test::Op;
+using test::small_options;
+using test::TempDir;
 
 constexpr int kSkip = 77;
 
@@ -51,7 +51,7 @@ std::vector<std::string> entries(const std::filesystem::path& dir) {
 // Runs `fn(dir)` in a child with a private mount namespace and a tmpfs of `size` mounted on a
 // fresh directory; returns the child's wait status. The child exits kSkip without CAP_SYS_ADMIN.
 int in_small_tmpfs(const char* size, const std::function<int(const std::filesystem::path&)>& fn) {
-  return testing::wait_child(testing::fork_child([&] {
+  return test::wait_child(test::fork_child([&] {
     if (::unshare(CLONE_NEWNS) != 0) return kSkip;
     if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return kSkip;
     const TempDir dir("/tmp");
@@ -135,7 +135,7 @@ TEST(Bringup, AllocationFailureWithoutPopulateIsACapacityErrorAndLeavesNothing) 
   FaultSyscalls sys;
   sys.fail(Op::kFallocate, 3, ENOSPC);
   opts.syscalls = sys.get();
-  const auto fds = testing::fd_snapshot();
+  const auto fds = test::fd_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(opts); });
   EXPECT_EQ(e.code(), ErrorCode::kCapacity) << e.what();
   EXPECT_EQ(e.call(), "fallocate");
@@ -143,7 +143,7 @@ TEST(Bringup, AllocationFailureWithoutPopulateIsACapacityErrorAndLeavesNothing) 
               AllOf(HasSubstr("ran out of space after the creator's capacity check"),
                     HasSubstr("still needed"), HasSubstr("shortfall"), HasSubstr("--shm-size")));
   EXPECT_TRUE(dir.entries().empty());
-  EXPECT_EQ(testing::fd_snapshot(), fds);
+  EXPECT_EQ(test::fd_snapshot(), fds);
 }
 
 // MADV_POPULATE_WRITE reports a page it could not allocate as EFAULT (the fault's SIGBUS) or

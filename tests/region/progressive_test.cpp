@@ -26,12 +26,12 @@ namespace kvoffload {
 namespace {
 
 using ::testing::AllOf;
-using testing::expect_error;
-using testing::FaultSyscalls;
+using test::expect_error;
+using test::FaultSyscalls;
 using ::testing::HasSubstr;
-using testing::Op;
-using testing::small_options;
-using testing::TempDir;
+using test::Op;
+using test::small_options;
+using test::TempDir;
 
 // Holds a thread at a chosen point until the test releases it.
 class Gate {
@@ -165,8 +165,8 @@ TEST(Progressive, PieceSizeIsValidatedAndAtLeastOneRow) {
 // rows it made ready, and the failure is visible to every process in the header.
 TEST(Progressive, CapacityShortfallAtPieceKIsAFailedStateNotACrash) {
   const TempDir dir;
-  const auto fds = testing::fd_snapshot();
-  const auto maps = testing::maps_snapshot();
+  const auto fds = test::fd_snapshot();
+  const auto maps = test::maps_snapshot();
   {
     FaultSyscalls sys;
     sys.fail(Op::kMadvise, first_madvise_of_piece(2) + 1, EFAULT);  // piece 2's first row
@@ -190,8 +190,8 @@ TEST(Progressive, CapacityShortfallAtPieceKIsAFailedStateNotACrash) {
     EXPECT_TRUE(r.close());
   }
   EXPECT_TRUE(dir.entries().empty());
-  EXPECT_EQ(testing::fd_snapshot(), fds);
-  EXPECT_EQ(testing::maps_snapshot(), maps);
+  EXPECT_EQ(test::fd_snapshot(), fds);
+  EXPECT_EQ(test::maps_snapshot(), maps);
   // Reclaimable: the same engine id comes up again.
   Region again = Region::create_or_join(progressive_options(dir.path(), "short", 0));
   again.wait_bringup();
@@ -214,7 +214,7 @@ TEST(Progressive, RegistrationFailingAtPieceKIsAFailedStateAndReleasesThePieces)
     const std::lock_guard lock(mu);
     registered.push_back(std::move(reg));
   };
-  const auto maps = testing::maps_snapshot();
+  const auto maps = test::maps_snapshot();
   {
     Region r = Region::create_or_join(opts);
     bool released_before_unmap = false;
@@ -242,7 +242,7 @@ TEST(Progressive, RegistrationFailingAtPieceKIsAFailedStateAndReleasesThePieces)
   }
   for (const auto& reg : registered) EXPECT_FALSE(static_cast<bool>(reg));
   EXPECT_TRUE(dir.entries().empty());
-  EXPECT_EQ(testing::maps_snapshot(), maps);
+  EXPECT_EQ(test::maps_snapshot(), maps);
 }
 
 // A rank killed while it brings up piece 2: the header keeps what it published (running, 4 rows);
@@ -251,7 +251,7 @@ TEST(Progressive, RegistrationFailingAtPieceKIsAFailedStateAndReleasesThePieces)
 TEST(Progressive, RankKilledHalfwayLeavesAClearStateAndTheRegionIsReclaimed) {
   const TempDir dir;
   auto run_killed_rank = [&] {
-    const pid_t pid = testing::fork_child([&] {
+    const pid_t pid = test::fork_child([&] {
       FaultSyscalls sys;
       sys.before(Op::kMadvise, first_madvise_of_piece(2), [] { ::raise(SIGKILL); });
       auto o = progressive_options(dir.path(), "killed", 0);
@@ -263,7 +263,7 @@ TEST(Progressive, RankKilledHalfwayLeavesAClearStateAndTheRegionIsReclaimed) {
       }
       return 50;  // never reached: killed in piece 2
     });
-    const int status = testing::wait_child(pid);
+    const int status = test::wait_child(pid);
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
   };
 

@@ -27,13 +27,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using kvoffload::testing::RedisCluster;
-using kvoffload::testing::ServerProcess;
+using kvoffload::test::RedisCluster;
+using kvoffload::test::ServerProcess;
 using ::testing::HasSubstr;
 
 #define SKIP_WITHOUT(...)                                                          \
   do {                                                                             \
-    const std::string missing = kvoffload::testing::missing_binary({__VA_ARGS__}); \
+    const std::string missing = kvoffload::test::missing_binary({__VA_ARGS__}); \
     if (!missing.empty())                                                          \
       GTEST_SKIP() << missing << " is not installed (Debian: "                     \
                    << "redis-server, redis-tools, memcached)";                     \
@@ -143,7 +143,7 @@ TEST_F(RemoteRunTest, TwoEnginesShareChunksThroughOneRedis) {
 }
 
 TEST_F(RemoteRunTest, UnreachableServerAtStartWarnsAndTheRunSucceeds) {
-  const int port = kvoffload::testing::free_port();
+  const int port = kvoffload::test::free_port();
   ASSERT_EQ(exec(run_args("redis://127.0.0.1:" + std::to_string(port), "engine-u")), 0) << err();
   EXPECT_THAT(err(), HasSubstr("unreachable at start"));
   const json r = report();
@@ -220,7 +220,7 @@ TEST_F(RemoteRunTest, RemoteCheckReportsNodesAndSlotCoverage) {
   ASSERT_EQ(exec({"remote", "check", cluster.url()}), 0);
   EXPECT_THAT(out(), HasSubstr("slot coverage 16384 / 16384"));
 
-  const int port = kvoffload::testing::free_port();
+  const int port = kvoffload::test::free_port();
   EXPECT_EQ(exec({"remote", "check", "redis://127.0.0.1:" + std::to_string(port)}), 1);
   EXPECT_THAT(err(), HasSubstr("is unreachable"));
 }

@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-namespace kvoffload::testing {
+namespace kvoffload::test {
 
 inline std::string which(const std::string& name) {
   for (const char* dir : {"/usr/bin", "/usr/local/bin", "/usr/sbin", "/bin"}) {
@@ -438,4 +438,4 @@ class FakeResp {
   std::thread thread_;
 };
 
-}  // namespace kvoffload::testing
+}  // namespace kvoffload::test

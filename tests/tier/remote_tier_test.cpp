@@ -21,17 +21,17 @@ namespace kvoffload {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::FakeResp;
+using test::FakeResp;
 using ::testing::HasSubstr;
-using testing::RedisCluster;
-using testing::ServerProcess;
+using test::RedisCluster;
+using test::ServerProcess;
 
 constexpr std::uint64_t kSlot = 5000;  // not page-aligned on purpose
 constexpr std::uint32_t kWorld = 2;
 
 #define SKIP_WITHOUT(...)                                               \
   do {                                                                  \
-    const std::string missing = testing::missing_binary({__VA_ARGS__}); \
+    const std::string missing = test::missing_binary({__VA_ARGS__}); \
     if (!missing.empty())                                               \
       GTEST_SKIP() << missing << " is not installed (Debian: "          \
                    << "redis-server, redis-tools, memcached)";          \
@@ -332,7 +332,7 @@ TEST(RemoteRedis, FrozenNodeAnswersPendingThenMissWithinTheBudget) {
 }
 
 TEST(RemoteRedis, UnreachableAtStartWarnsAndDegrades) {
-  const int port = testing::free_port();  // nothing listens there
+  const int port = test::free_port();  // nothing listens there
   auto tier = RemoteTier::open(options("redis://127.0.0.1:" + std::to_string(port)));
   EXPECT_EQ(tier->remote_stats().nodes_open, 1u);
   const auto keys = keys_from(1, 2);
@@ -344,7 +344,7 @@ TEST(RemoteRedis, UnreachableAtStartWarnsAndDegrades) {
 TEST(RemoteRedis, TwoEnginesShareChunksThroughTheirTieredStores) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);
-  testing::TempDir shm;
+  test::TempDir shm;
   struct Engine {
     std::optional<Region> region;
     std::unique_ptr<Manager> manager;
@@ -628,8 +628,8 @@ TEST(RemoteCluster, MovedDuringReshardingWhileLoadsRun) {
   // Move every slot of master 0 to master 1 while the loads run (MIGRATE key by key: ASK, then
   // MOVED once the slot's owner changed).
   std::string out;
-  const int rc = testing::run_command(
-      {testing::which("redis-cli"), "--cluster", "reshard", cluster.node(0).endpoint(),
+  const int rc = test::run_command(
+      {test::which("redis-cli"), "--cluster", "reshard", cluster.node(0).endpoint(),
        "--cluster-from", cluster.node_id(0), "--cluster-to", cluster.node_id(1), "--cluster-slots",
        "16384", "--cluster-yes"},
       &out);
