@@ -101,7 +101,8 @@ class RemoteRunTest : public ::testing::Test {
         "host", "--world-size",       "2",           "--layers",        "4",    "--block-bytes",
         "4K",   "--blocks-per-chunk", "2",           "--gpu-blocks",    "64",   "--host-pool",
         "512K", "--prefixes",         "6",           "--prefix-chunks", "4",    "--unique-chunks",
-        "1",    "--remote-tier",      url,           "--json"};
+        "1",    "--remote-tier",      url,           "--json",
+        "--bringup", "blocking"};  // blocking: two runs of one seed make the same decisions
     a.insert(a.end(), more.begin(), more.end());
     return a;
   }

@@ -67,8 +67,13 @@ struct RemoteGeometry {
   std::uint64_t block_bytes = 0;       // bytes of one GPU block of one tensor (0: not given)
   std::uint32_t blocks_per_chunk = 0;  // GPU blocks per chunk (0: not given)
   std::string dtype = "bytes";         // element type tag, e.g. "bf16", "fp8_e4m3"
+  // Bytes from one rank's slot to the next in a region row (the region's aligned slot stride,
+  // RegionGeometry::slot_stride()); 0: slot_bytes (packed). A host layout detail: values carry
+  // slot_bytes, so it is not part of the fingerprint.
+  std::uint64_t slot_stride = 0;
 
   [[nodiscard]] std::uint32_t copies() const noexcept { return replicated ? 1 : world_size; }
+  [[nodiscard]] std::uint64_t stride() const noexcept { return slot_stride != 0 ? slot_stride : slot_bytes; }
   // xxh3-64 of describe(); includes the value format version.
   [[nodiscard]] std::uint64_t fingerprint() const;
   // The canonical text the fingerprint hashes.

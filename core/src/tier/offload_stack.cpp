@@ -96,11 +96,13 @@ void validate(const StackConfig& config) {
     t.validate();
     const RemoteGeometry& rg = t.geometry;
     if (rg.slot_bytes != g.slot_bytes() || rg.world_size != g.world_size() ||
-        rg.replicated != g.replicated()) {
+        rg.replicated != g.replicated() || rg.stride() != g.slot_stride()) {
       throw_invalid("remote tier '" + t.name + "': geometry (slot_bytes " +
-                    std::to_string(rg.slot_bytes) + ", world_size " + std::to_string(rg.world_size) +
+                    std::to_string(rg.slot_bytes) + ", slot_stride " + std::to_string(rg.stride()) +
+                    ", world_size " + std::to_string(rg.world_size) +
                     ", replicated " + (rg.replicated ? "yes" : "no") +
                     ") differs from the region's (slot_bytes " + std::to_string(g.slot_bytes()) +
+                    ", slot_stride " + std::to_string(g.slot_stride()) +
                     ", world_size " + std::to_string(g.world_size()) + ", replicated " +
                     (g.replicated() ? "yes" : "no") + ")");
     }

@@ -5,6 +5,8 @@
 #include "workload.hpp"
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/geometry.hpp>
+#include <kvoffload/platform.hpp>
 #include <kvoffload/log.hpp>
 #include <kvoffload/offload_stack.hpp>
 
@@ -199,7 +201,9 @@ RunOutcome run_scheduler(const RunConfig& config) {
                        .tensor_layout = "kvoffload-run layers=" + std::to_string(config.layers),
                        .block_bytes = config.block_bytes,
                        .blocks_per_chunk = config.blocks_per_chunk,
-                       .dtype = "u8"};
+                       .dtype = "u8",
+                       .slot_stride = RegionGeometry::compute(stack_config.region.layout, platform::page_size())
+                                          .slot_stride()};
     stack_config.remote_tiers.push_back(remote);
   }
   std::unique_ptr<OffloadStack> stack = OffloadStack::build(stack_config);

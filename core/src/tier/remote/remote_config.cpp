@@ -159,6 +159,11 @@ void RemoteTierOptions::validate() const {
   if (url.nodes.empty()) throw_invalid("remote tier: the URL names no node");
   if (geometry.slot_bytes == 0) throw_invalid("remote tier: geometry.slot_bytes is 0");
   if (geometry.world_size == 0) throw_invalid("remote tier: geometry.world_size is 0");
+  if (geometry.slot_stride != 0 && geometry.slot_stride < geometry.slot_bytes) {
+    throw_invalid("remote tier: geometry.slot_stride " + std::to_string(geometry.slot_stride) +
+                  " is smaller than slot_bytes " + std::to_string(geometry.slot_bytes) +
+                  "; give the region's slot stride, or 0 for packed slots");
+  }
   // Redis refuses bulk strings over 512 MiB (proto-max-bulk-len).
   if (geometry.slot_bytes > (512ULL << 20) - detail::kRemoteHeaderBytes) {
     throw_invalid("remote tier: slot_bytes " + std::to_string(geometry.slot_bytes) +

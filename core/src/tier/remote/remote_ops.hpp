@@ -220,9 +220,6 @@ class CircuitBreaker {
   RemoteClock::time_point retry_at_{};
 };
 
-  std::uint64_t suppressed_ = 0;
-};
-
 // Connections (remote_redis.cpp, remote_memcached.cpp). Throw kvoffload::Error on failure.
 // `pool` (may be null: plain malloc) holds GET values; it must outlive the connection's values.
 std::unique_ptr<StoreConnection> connect_redis(const RemoteEndpoint& endpoint, unsigned db,

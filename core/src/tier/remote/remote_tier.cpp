@@ -89,6 +89,7 @@ struct RemoteTier::Impl {
   std::uint64_t fingerprint = 0;
   std::uint32_t copies = 1;
   std::uint64_t slot = 0;
+  std::uint64_t stride = 0;  // rank r's slot starts at r * stride in a row
   std::uint64_t window = 0;  // wire bytes per task
   RemoteClock::duration absent_ttl{};
 
@@ -129,6 +130,7 @@ struct RemoteTier::Impl {
     fingerprint = o.geometry.fingerprint();
     copies = o.geometry.copies();
     slot = o.geometry.slot_bytes;
+    stride = o.geometry.stride();
     absent_ttl = std::max(o.negative_ttl, o.lookup_timeout);
     // Enough recycled buffers for every node's in-flight window.
     pool = std::make_unique<ValuePool>(
@@ -371,7 +373,7 @@ struct RemoteTier::Impl {
       case OpKind::kGet:
         if (ok) {
           for (std::uint32_t c = 0; c < copies; ++c) {
-            std::memcpy(row.into.data() + c * slot, ops[c].value.bytes.data() + kRemoteHeaderBytes,
+            std::memcpy(row.into.data() + c * stride, ops[c].value.bytes.data() + kRemoteHeaderBytes,
                         slot);
           }
           ++loaded;
@@ -743,7 +745,7 @@ TierBatch RemoteTier::put(std::span<const TierPut> items) {
   m.begin(ctx);
   std::vector<std::uint32_t> indices;
   indices.reserve(ctx->ops.size());
-  const std::uint64_t row_bytes = m.slot * m.copies;
+  const std::uint64_t row_bytes = m.stride * m.copies;  // as TieredStore hands rows: copies x slot stride
   for (std::size_t r = 0; r < items.size(); ++r) {
     m.init_row(*ctx, r, items[r].key);
     const bool sized = items[r].bytes.size() == row_bytes;
@@ -755,7 +757,7 @@ TierBatch RemoteTier::put(std::span<const TierPut> items) {
                       std::to_string(row_bytes));
         continue;
       }
-      ctx->ops[i].payload = items[r].bytes.subspan(c * m.slot, m.slot);
+      ctx->ops[i].payload = items[r].bytes.subspan(c * m.stride, m.slot);
       indices.push_back(i);
     }
   }
@@ -775,7 +777,7 @@ TierBatch RemoteTier::get(std::span<const TierGet> items) {
   m.begin(ctx);
   std::vector<std::uint32_t> indices;
   indices.reserve(ctx->ops.size());
-  const std::uint64_t row_bytes = m.slot * m.copies;
+  const std::uint64_t row_bytes = m.stride * m.copies;  // as TieredStore hands rows: copies x slot stride
   for (std::size_t r = 0; r < items.size(); ++r) {
     m.init_row(*ctx, r, items[r].key);
     ctx->rows[r].into = items[r].into;
