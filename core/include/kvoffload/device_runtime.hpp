@@ -29,6 +29,8 @@
 // public functions wrap them into owners. The backend factory functions are declared in
 // core/src/transfer/backend_factories.hpp (add core/src to the backend's include path).
 
+#include <kvoffload/export.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -58,8 +60,8 @@ enum class CopyKind : std::uint8_t {
   kHostToHost = 3,
 };
 
-std::string_view to_string(CopyPath path) noexcept;   // "dma" | "kernel"
-std::string_view to_string(CopyKind kind) noexcept;   // "h2d" | "d2h" | "d2d" | "h2h"
+KVOFFLOAD_API std::string_view to_string(CopyPath path) noexcept;  // "dma" | "kernel"
+KVOFFLOAD_API std::string_view to_string(CopyKind kind) noexcept;  // "h2d" | "d2h" | "d2d" | "h2h"
 
 // One contiguous copy. For the kernel path the host-side pointer must be the device pointer of a
 // registered range (HostRegistration::device_pointer); for DMA the host pointer itself.
@@ -71,7 +73,7 @@ struct CopyDescriptor {
 
 // ---- views -----------------------------------------------------------------------------------
 
-class StreamView {
+class KVOFFLOAD_API StreamView {
  public:
   constexpr StreamView() noexcept = default;
   StreamView(int) = delete;
@@ -86,7 +88,7 @@ class StreamView {
   std::uintptr_t handle_ = 0;
 };
 
-class EventView {
+class KVOFFLOAD_API EventView {
  public:
   constexpr EventView() noexcept = default;
   EventView(int) = delete;
@@ -103,7 +105,7 @@ class EventView {
 
 // ---- owners ----------------------------------------------------------------------------------
 
-class Stream {
+class KVOFFLOAD_API Stream {
  public:
   Stream() noexcept = default;
   Stream(int) = delete;
@@ -127,7 +129,7 @@ class Stream {
   std::uintptr_t handle_ = 0;
 };
 
-class Event {
+class KVOFFLOAD_API Event {
  public:
   Event() noexcept = default;
   Event(int) = delete;
@@ -152,7 +154,7 @@ class Event {
 
 // A registered (page-locked, device-mapped) host range. Unregisters on destruction; unregister
 // failures are logged, never thrown (teardown keeps going).
-class HostRegistration {
+class KVOFFLOAD_API HostRegistration {
  public:
   HostRegistration() noexcept = default;
   HostRegistration(int) = delete;
@@ -186,7 +188,7 @@ class HostRegistration {
 };
 
 // Device memory (host memory on the host backend); for tests, benchmarks and calibration.
-class DeviceBuffer {
+class KVOFFLOAD_API DeviceBuffer {
  public:
   DeviceBuffer() noexcept = default;
   DeviceBuffer(int) = delete;
@@ -235,16 +237,17 @@ struct BackendInfo {
 };
 
 // Every backend this library knows, built or not, in the order auto tries them (cuda, hip, host).
-std::vector<BackendInfo> list_backends();
+KVOFFLOAD_API std::vector<BackendInfo> list_backends();
 
 // name: "host" | "cuda" | "hip" | "auto" (cuda if built with a device, else hip, else host).
 // Throws kNotAvailable naming the backend and why (not built / no device), kInvalidArgument for
 // an unknown name.
-std::unique_ptr<DeviceRuntime> make_runtime(std::string_view name, const RuntimeOptions& options = {});
+KVOFFLOAD_API std::unique_ptr<DeviceRuntime> make_runtime(std::string_view name,
+                                                          const RuntimeOptions& options = {});
 
 // ---- the interface ---------------------------------------------------------------------------
 
-class DeviceRuntime {
+class KVOFFLOAD_API DeviceRuntime {
  public:
   DeviceRuntime() = default;
   DeviceRuntime(const DeviceRuntime&) = delete;

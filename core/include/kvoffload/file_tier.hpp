@@ -20,6 +20,7 @@
 // when the filesystem refuses it (EINVAL at open, or at the first read/write), the tier logs once
 // and continues buffered for good. kBuffered never tries.
 
+#include <kvoffload/export.h>
 #include <kvoffload/tier.hpp>
 
 #include <sys/stat.h>
@@ -35,7 +36,7 @@ namespace kvoffload {
 // The system calls the file tier makes, as a seam: tests derive from it to fail a chosen call
 // with a chosen errno. POSIX conventions (-1 and errno). Implementations must be thread-safe:
 // the tier calls them from its I/O threads.
-class FileTierIo {
+class KVOFFLOAD_API FileTierIo {
  public:
   virtual ~FileTierIo() = default;
   virtual int open(const char* path, int flags, mode_t mode);
@@ -70,9 +71,9 @@ struct FileTierOptions {
 };
 
 // Bytes a record of `payload_bytes` occupies on disk (header + payload, rounded to 4 KiB).
-std::uint64_t file_tier_record_bytes(std::uint64_t payload_bytes) noexcept;
+KVOFFLOAD_API std::uint64_t file_tier_record_bytes(std::uint64_t payload_bytes) noexcept;
 
-class FileTier final : public SecondaryTier {
+class KVOFFLOAD_API FileTier final : public SecondaryTier {
  public:
   // Checks the options without touching anything but stat/access on the root and its parent:
   // empty or relative root, a root that is not a directory or not writable, a missing parent,

@@ -5,6 +5,8 @@
 //   rank r's slot in chunk c starts at c·R + copy(r)·P, where copy(r) = r, or 0 when replicated.
 // All arithmetic is overflow-checked; invalid input throws Error(kInvalidArgument) naming the value.
 
+#include <kvoffload/export.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -17,7 +19,7 @@ struct RegionLayout {
   bool replicated = false;        // MLA: every rank shares slot 0 (C = 1)
 };
 
-class RegionGeometry {
+class KVOFFLOAD_API RegionGeometry {
  public:
   // Validates and computes. page_size must be a power of two (the system page, normally).
   static RegionGeometry compute(const RegionLayout& layout, std::size_t page_size);
@@ -48,6 +50,6 @@ class RegionGeometry {
   std::size_t page_size_ = 0;
 };
 
-bool operator==(const RegionLayout& a, const RegionLayout& b) noexcept;
+KVOFFLOAD_API bool operator==(const RegionLayout& a, const RegionLayout& b) noexcept;
 
 }  // namespace kvoffload

@@ -12,6 +12,7 @@
 // releasing is logged and never replaces it. Every step goes through InitHooks, so a test can fail
 // any step (before_step) or substitute a factory that fails inside it.
 
+#include <kvoffload/export.h>
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/file_tier.hpp>
 #include <kvoffload/kv_layout.hpp>
@@ -40,7 +41,7 @@ enum class InitStep : std::uint8_t {
   kRuntime = 4,         // worker: the device runtime
   kTransferEngine = 5,  // worker: the transfer engine (host registration)
 };
-std::string_view to_string(InitStep step) noexcept;
+KVOFFLOAD_API std::string_view to_string(InitStep step) noexcept;
 
 struct InitHooks {
   // Called before each step; throwing from it fails that step (tests).
@@ -58,9 +59,9 @@ struct StackConfig {
 };
 
 // Throws kInvalidArgument naming the field; touches nothing (stat/access of tier roots only).
-void validate(const StackConfig& config);
+KVOFFLOAD_API void validate(const StackConfig& config);
 
-class OffloadStack {
+class KVOFFLOAD_API OffloadStack {
  public:
   static std::unique_ptr<OffloadStack> build(const StackConfig& config, const InitHooks& hooks = {});
   ~OffloadStack();
@@ -93,9 +94,9 @@ struct WorkerConfig {
   EngineOptions engine;
 };
 
-void validate(const WorkerConfig& config);
+KVOFFLOAD_API void validate(const WorkerConfig& config);
 
-class OffloadWorker {
+class KVOFFLOAD_API OffloadWorker {
  public:
   static std::unique_ptr<OffloadWorker> build(const WorkerConfig& config, const InitHooks& hooks = {});
   ~OffloadWorker();

@@ -12,6 +12,7 @@
 // Errors are kvoffload::Error; nothing is left behind (file, descriptor, mapping) when
 // create_or_join throws.
 
+#include <kvoffload/export.h>
 #include <kvoffload/geometry.hpp>
 
 #include <chrono>
@@ -32,8 +33,9 @@ struct Syscalls;  // kvoffload/syscalls.hpp: the test seam for every system call
 enum class RegionRole { kCreator, kJoiner };
 enum class PopulateMethod { kMadvise, kFallback, kNone };
 
-std::string_view to_string(RegionRole role) noexcept;      // "creator" | "joiner"
-std::string_view to_string(PopulateMethod m) noexcept;     // "madvise" | "fallback" | "none"
+KVOFFLOAD_API std::string_view to_string(RegionRole role) noexcept;  // "creator" | "joiner"
+KVOFFLOAD_API std::string_view to_string(
+    PopulateMethod m) noexcept;  // "madvise" | "fallback" | "none"
 
 struct RegionOptions {
   std::string engine_id;                     // 1..128 of [A-Za-z0-9._-], not "." or ".."
@@ -56,7 +58,7 @@ struct PopulateReport {
 // One process's attachment to the region. Move-only; not synchronised: close() and the
 // destructor must not race other calls on the same object (distinct Region objects, in one
 // process or many, are independent attachments with their own lock).
-class Region {
+class KVOFFLOAD_API Region {
  public:
   // Creates the region, or joins it when another process created it (or is creating it).
   static Region create_or_join(const RegionOptions& options);
@@ -100,9 +102,10 @@ class Region {
 };
 
 // The path a region of `engine_id` has in `shm_dir` (validates the id).
-std::filesystem::path region_path(const std::filesystem::path& shm_dir, const std::string& engine_id);
+KVOFFLOAD_API std::filesystem::path region_path(const std::filesystem::path& shm_dir,
+                                                const std::string& engine_id);
 // The directory used when none is given: $KVOFFLOAD_SHM_DIR, else /dev/shm.
-std::filesystem::path default_shm_dir();
+KVOFFLOAD_API std::filesystem::path default_shm_dir();
 
 struct RegionInfo {
   std::filesystem::path path;
@@ -115,8 +118,8 @@ struct RegionInfo {
 };
 
 // Regions in `shm_dir`, counted without taking any lock.
-std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
-                                     const Syscalls* syscalls = nullptr);
+KVOFFLOAD_API std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
+                                                   const Syscalls* syscalls = nullptr);
 
 struct CleanResult {
   std::vector<std::filesystem::path> removed;
@@ -125,8 +128,8 @@ struct CleanResult {
 
 // Removes stale regions (all, or only `engine_id`'s). Never removes a region in use, another
 // user's file, or a newer file that replaced the one inspected.
-CleanResult clean_regions(const std::filesystem::path& shm_dir,
-                          const std::optional<std::string>& engine_id = std::nullopt,
-                          const Syscalls* syscalls = nullptr);
+KVOFFLOAD_API CleanResult clean_regions(const std::filesystem::path& shm_dir,
+                                        const std::optional<std::string>& engine_id = std::nullopt,
+                                        const Syscalls* syscalls = nullptr);
 
 }  // namespace kvoffload
