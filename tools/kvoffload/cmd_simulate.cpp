@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -178,9 +179,13 @@ const CommandRegistrar kRegister("simulate", [](CLI::App& top) {
   auto opt = std::make_shared<Options>();
   app->add_option("--trace", opt->trace, "Trace file")->required();
   app->add_option("--policy", opt->policy, "Eviction policy: lru or arc (default lru)");
-  app->add_option("--chunks", opt->chunks, "Chunk slots in the simulated region")->required();
+  // The manager's limit: slot indexes are 32-bit and one value is reserved.
+  app->add_option("--chunks", opt->chunks, "Chunk slots in the simulated region")
+      ->required()
+      ->check(whole_range(1, 0xFFFFFFFEULL));
   app->add_option("--store-threshold", opt->store_threshold,
-                  "Store a chunk only after it was looked up this many times (0: always)");
+                  "Store a chunk only after it was looked up this many times (0: always)")
+      ->check(whole_range(0, std::numeric_limits<std::uint32_t>::max()));
   app->add_flag("--json", opt->json, "Print one JSON object");
   return Command{app, [opt] { return run_simulate(*opt); }};
 });
