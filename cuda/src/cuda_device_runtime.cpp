@@ -13,6 +13,8 @@
 #include "cuda_device_runtime.hpp"
 
 #include "cuda_check.hpp"
+#include "util/clock.hpp"
+#include "util/version_text.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
@@ -52,17 +54,8 @@ cudaMemcpyKind to_memcpy_kind(CopyKind kind) noexcept {
   return cudaMemcpyDefault;
 }
 
-// CUDA_VERSION encoding: major * 1000 + minor * 10.
-std::string version_string(int v) {
-  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
-}
-
 std::string range_string(const void* ptr, std::size_t bytes) {
   return fmt::format("[{}, +{} bytes)", ptr, bytes);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace
@@ -138,8 +131,8 @@ CudaRuntime::CudaRuntime(const RuntimeOptions& options) : options_(options), dev
              "cudaStreamCreateWithFlags");
 
   log().info("cuda: device {} {} ({}), driver {}, runtime {}; dma: {}; kernel: {}", device_,
-             device_name_, arch_, version_string(driver_version_),
-             version_string(runtime_version_), batch_.detail(), kernel_detail_);
+             device_name_, arch_, util::cuda_version_string(driver_version_),
+             util::cuda_version_string(runtime_version_), batch_.detail(), kernel_detail_);
 }
 
 CudaRuntime::~CudaRuntime() {
@@ -186,8 +179,8 @@ BackendInfo CudaRuntime::info() const {
   return BackendInfo{
       "cuda", true, count,
       fmt::format("device {} {} ({}), driver {}, runtime {}; dma: {}; kernel: {}", device_,
-                  device_name_, arch_, version_string(driver_version_),
-                  version_string(runtime_version_),
+                  device_name_, arch_, util::cuda_version_string(driver_version_),
+                  util::cuda_version_string(runtime_version_),
                   batch_enabled_.load(std::memory_order_relaxed) ? batch_.detail()
                                                                  : std::string("per-copy loop"),
                   kernel_detail_)};
@@ -295,7 +288,7 @@ DeviceRuntime::RegistrationRecord CudaRuntime::do_register_host(void* ptr, std::
     }
   }
 
-  const double secs = seconds_since(start);
+  const double secs = util::seconds_since(start);
   log().info("cuda: registered {} in {} piece(s) in {:.3f} s ({:.2f} GB/s)", range_string(ptr, bytes),
              reg->pieces.size(), secs, secs > 0 ? static_cast<double>(bytes) / secs / 1e9 : 0.0);
 

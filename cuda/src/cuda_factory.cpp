@@ -3,6 +3,7 @@
 #include "cuda_device_runtime.hpp"
 
 #include "transfer/backend_factories.hpp"
+#include "util/version_text.hpp"
 
 #include <kvoffload/error.hpp>
 
@@ -18,11 +19,6 @@ namespace {
 std::string visible_devices_hint() {
   const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
   return env != nullptr ? std::string(" (CUDA_VISIBLE_DEVICES=") + env + ")" : std::string();
-}
-
-// CUDA_VERSION encoding: major * 1000 + minor * 10.
-std::string version_string(int v) {
-  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
 }
 
 }  // namespace
@@ -41,7 +37,8 @@ BackendInfo probe_cuda() {
     (void)cudaDriverGetVersion(&driver);
     (void)cudaRuntimeGetVersion(&runtime);
     info.device_count = count;
-    info.detail = "driver " + version_string(driver) + ", runtime " + version_string(runtime);
+    info.detail = "driver " + util::cuda_version_string(driver) + ", runtime " +
+                  util::cuda_version_string(runtime);
     if (count == 0) {
       info.detail += "; no CUDA device visible" + visible_devices_hint();
     }

@@ -2,6 +2,7 @@
 #include "hip_batch_memcpy.hpp"
 
 #include "hip_check.hpp"
+#include "util/version_text.hpp"
 
 #include <dlfcn.h>
 
@@ -20,9 +21,7 @@ using BatchFn = hipError_t (*)(void** dsts, void** srcs, std::size_t* sizes, std
 constexpr int kFirstVersion = 70100000;    // HIP 7.1: HIP_VERSION encoding major*1e7 + minor*1e5
 constexpr int kNextUnknownMajor = 80000000;
 
-std::string hip_version_string(int v) {
-  return std::to_string(v / 10000000) + "." + std::to_string((v / 100000) % 100);
-}
+using util::hip_version_string;
 
 }  // namespace
 

@@ -20,6 +20,8 @@
 #include "hip_device_runtime.hpp"
 
 #include "hip_check.hpp"
+#include "util/clock.hpp"
+#include "util/version_text.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
@@ -62,17 +64,8 @@ hipMemcpyKind to_memcpy_kind(CopyKind kind) noexcept {
   return hipMemcpyDefault;
 }
 
-// HIP_VERSION encoding: major * 10000000 + minor * 100000 + patch.
-std::string version_string(int v) {
-  return std::to_string(v / 10000000) + "." + std::to_string((v / 100000) % 100);
-}
-
 std::string range_string(const void* ptr, std::size_t bytes) {
   return fmt::format("[{}, +{} bytes)", ptr, bytes);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace
@@ -148,8 +141,8 @@ HipRuntime::HipRuntime(const RuntimeOptions& options) : options_(options), devic
              "hipStreamCreateWithFlags");
 
   log().info("hip: device {} {} ({}), driver {}, runtime {}; dma: {}; kernel: {}", device_,
-             device_name_, arch_, version_string(driver_version_),
-             version_string(runtime_version_), batch_.detail(), kernel_detail_);
+             device_name_, arch_, util::hip_version_string(driver_version_),
+             util::hip_version_string(runtime_version_), batch_.detail(), kernel_detail_);
 }
 
 HipRuntime::~HipRuntime() {
@@ -196,8 +189,8 @@ BackendInfo HipRuntime::info() const {
   return BackendInfo{
       "hip", true, count,
       fmt::format("device {} {} ({}), driver {}, runtime {}; dma: {}; kernel: {}", device_,
-                  device_name_, arch_, version_string(driver_version_),
-                  version_string(runtime_version_),
+                  device_name_, arch_, util::hip_version_string(driver_version_),
+                  util::hip_version_string(runtime_version_),
                   batch_enabled_.load(std::memory_order_relaxed) ? batch_.detail()
                                                                  : std::string("per-copy loop"),
                   kernel_detail_)};
@@ -329,7 +322,7 @@ DeviceRuntime::RegistrationRecord HipRuntime::do_register_host(void* ptr, std::s
     }
   }
 
-  const double secs = seconds_since(start);
+  const double secs = util::seconds_since(start);
   log().info("hip: registered {} in {} piece(s) in {:.3f} s ({:.2f} GB/s)", range_string(ptr, bytes),
              reg->pieces.size(), secs, secs > 0 ? static_cast<double>(bytes) / secs / 1e9 : 0.0);
 

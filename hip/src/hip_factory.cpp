@@ -3,6 +3,7 @@
 #include "hip_device_runtime.hpp"
 
 #include "transfer/backend_factories.hpp"
+#include "util/version_text.hpp"
 
 #include <kvoffload/error.hpp>
 
@@ -25,11 +26,6 @@ std::string visible_devices_hint() {
   return hint;
 }
 
-// HIP_VERSION encoding: major * 10000000 + minor * 100000 + patch.
-std::string version_string(int v) {
-  return std::to_string(v / 10000000) + "." + std::to_string((v / 100000) % 100);
-}
-
 }  // namespace
 
 BackendInfo probe_hip() {
@@ -47,7 +43,8 @@ BackendInfo probe_hip() {
     (void)hipDriverGetVersion(&driver);
     (void)hipRuntimeGetVersion(&runtime);
     info.device_count = count;
-    info.detail = "driver " + version_string(driver) + ", runtime " + version_string(runtime);
+    info.detail = "driver " + util::hip_version_string(driver) + ", runtime " +
+                  util::hip_version_string(runtime);
     if (count == 0) {
       info.detail += "; no HIP device visible (is /dev/kfd available?)" + visible_devices_hint();
     }
