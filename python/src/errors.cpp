@@ -46,6 +46,8 @@ class Error(RuntimeError):
 
   // Kept alive for the process: the translator runs until interpreter shutdown.
   static py::object* error_class = new py::object(error_type);
+  // pybind11 stores translators as void (*)(std::exception_ptr): the parameter must be by value.
+  // NOLINTNEXTLINE(performance-unnecessary-value-param)
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -134,7 +134,7 @@ CLI::Validator whole_range(std::uint64_t lo, std::uint64_t hi) {
 CLI::Validator real_range(double lo, double hi, const std::string& unit) {
   auto bound = [](double v) {
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%.15g", v);
+    (void)std::snprintf(buf, sizeof buf, "%.15g", v);
     return std::string(buf);
   };
   const std::string range = bound(lo) + " to " + bound(hi) + " " + unit;
@@ -173,7 +173,7 @@ std::string human_bytes(std::uint64_t bytes) {
     ++unit;
   }
   char buf[64];
-  std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.2f %s", v, kUnits[unit]);
+  (void)std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.2f %s", v, kUnits[unit]);
   return buf;
 }
 
