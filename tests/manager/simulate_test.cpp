@@ -39,7 +39,7 @@ class Simulate : public ::testing::Test {
   }
 
   fs::path write(const std::string& name, const std::string& text) {
-    const fs::path p = tmp_ / name;
+    fs::path p = tmp_ / name;  // not const: returned by move
     std::ofstream(p) << text;
     return p;
   }

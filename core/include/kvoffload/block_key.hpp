@@ -70,6 +70,8 @@ class KVOFFLOAD_API BlockKey {
   }
 
   friend constexpr bool operator==(const BlockKey&, const BlockKey&) noexcept = default;
+  // clang-tidy 14 misreads the defaulted <=> as comparing with a literal 0 (LLVM issue 46235).
+  // NOLINTNEXTLINE(modernize-use-nullptr)
   friend constexpr std::strong_ordering operator<=>(const BlockKey&, const BlockKey&) noexcept = default;
 
  private:
