@@ -45,7 +45,7 @@ using util::seconds_since;
 
 std::string hex_byte(unsigned value) {
   char buf[8];
-  std::snprintf(buf, sizeof(buf), "0x%02x", value & 0xffU);
+  (void)std::snprintf(buf, sizeof(buf), "0x%02x", value & 0xffU);
   return buf;
 }
 

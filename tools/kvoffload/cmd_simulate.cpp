@@ -25,6 +25,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvoffload::cli {
@@ -63,9 +64,12 @@ Trace read_trace(const std::string& path) {
         } catch (const Error& e) {
           why = e.what();
         }
-        throw_invalid("simulate: trace '" + path + "' line " + std::to_string(line_no) + ": token '" +
-                      std::string(token.substr(0, 64)) + "' is not a key (" + why +
-                      "); a request line lists hexadecimal chunk keys separated by spaces");
+        std::string message = "simulate: trace '";
+        message.append(path).append("' line ").append(std::to_string(line_no));
+        message.append(": token '").append(token.substr(0, 64)).append("' is not a key (");
+        message.append(why).append(
+            "); a request line lists hexadecimal chunk keys separated by spaces");
+        throw_invalid(std::move(message));
       }
       trace.keys.push_back(*key);
       i = end;
@@ -155,17 +159,18 @@ int run_simulate(const Options& opt) {
       {"requests_per_second", seconds > 0 ? static_cast<double>(requests) / seconds : 0.0},
   };
   char buf[512];
-  std::snprintf(buf, sizeof(buf),
-                "simulate %s over %llu chunks: %llu requests, %llu chunks looked up\n"
-                "  hits %llu, misses %llu, hit rate %.2f%%\n"
-                "  evictions %llu, chunks stored %llu, requests that could not store %llu\n"
-                "  %.3g manager calls/s (%.3g chunk keys/s), %.3f s",
-                std::string(policy_kind_name(policy)).c_str(), static_cast<unsigned long long>(opt.chunks),
-                static_cast<unsigned long long>(requests), static_cast<unsigned long long>(looked_up),
-                static_cast<unsigned long long>(hits), static_cast<unsigned long long>(looked_up - hits),
-                100.0 * hit_rate, static_cast<unsigned long long>(stats.evictions),
-                static_cast<unsigned long long>(stats.stores_completed),
-                static_cast<unsigned long long>(cannot_store), ops_per_second, keys_per_second, seconds);
+  (void)std::snprintf(
+      buf, sizeof(buf),
+      "simulate %s over %llu chunks: %llu requests, %llu chunks looked up\n"
+      "  hits %llu, misses %llu, hit rate %.2f%%\n"
+      "  evictions %llu, chunks stored %llu, requests that could not store %llu\n"
+      "  %.3g manager calls/s (%.3g chunk keys/s), %.3f s",
+      std::string(policy_kind_name(policy)).c_str(), static_cast<unsigned long long>(opt.chunks),
+      static_cast<unsigned long long>(requests), static_cast<unsigned long long>(looked_up),
+      static_cast<unsigned long long>(hits), static_cast<unsigned long long>(looked_up - hits),
+      100.0 * hit_rate, static_cast<unsigned long long>(stats.evictions),
+      static_cast<unsigned long long>(stats.stores_completed),
+      static_cast<unsigned long long>(cannot_store), ops_per_second, keys_per_second, seconds);
   emit(opt.json, out, buf);
   return kExitOk;
 }
