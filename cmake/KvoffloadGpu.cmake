@@ -24,6 +24,12 @@ if(NOT KVOFFLOAD_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES ${KVOFFLOAD_CUDA_ARCHITECTURES})
     endif()
     enable_language(CUDA)
+    # Every target whose objects include CUDA code (libkvoffload, and the tests and benchmarks
+    # that link kvoffload_objects) gets CUDA flags from the Makefile generator, which derives the
+    # CUDA dialect from the C++ one (cxx_std_20 -> CUDA20); CMake 3.25 knows no CUDA20 flag for
+    # nvcc 13 and fails at generate time. The .cu sources are C++17, so say so for all targets.
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
     set(KVOFFLOAD_WITH_CUDA ON)
   elseif(KVOFFLOAD_CUDA STREQUAL "ON")
@@ -39,6 +45,7 @@ if(NOT KVOFFLOAD_HIP STREQUAL "OFF")
       set(CMAKE_HIP_ARCHITECTURES ${KVOFFLOAD_HIP_ARCHITECTURES})
     endif()
     enable_language(HIP)
+    set(CMAKE_HIP_STANDARD 17)  # as CMAKE_CUDA_STANDARD above: the kernels are C++17
     find_package(hip CONFIG REQUIRED)
     set(KVOFFLOAD_WITH_HIP ON)
     set(KVOFFLOAD_HIP_MODE "language")

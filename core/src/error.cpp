@@ -7,19 +7,11 @@ namespace kvoffload {
 
 std::string_view error_code_name(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kOk: return "ok";
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kCapacity: return "capacity";
-    case ErrorCode::kSystem: return "system";
-    case ErrorCode::kTimeout: return "timeout";
-    case ErrorCode::kMismatch: return "mismatch";
-    case ErrorCode::kPermission: return "permission";
-    case ErrorCode::kNotAvailable: return "not_available";
-    case ErrorCode::kDevice: return "device";
-    case ErrorCode::kTransferFailed: return "transfer_failed";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kState: return "state";
-    case ErrorCode::kInternal: return "internal";
+#define KVOFFLOAD_ERROR_CODE_CASE_(value, upper, camel, name) \
+  case ErrorCode::k##camel:                                   \
+    return name;
+    KVOFFLOAD_ERROR_CODES(KVOFFLOAD_ERROR_CODE_CASE_)
+#undef KVOFFLOAD_ERROR_CODE_CASE_
   }
   return "unknown";
 }
@@ -30,8 +22,11 @@ std::string errno_name(int err) {
   return "errno " + std::to_string(err);
 }
 
+// std::runtime_error has no std::string&& constructor, so the message is copied once whatever the
+// parameter type; taking it by value keeps error.hpp's signature (changing it is an ABI change).
+// NOLINTNEXTLINE(performance-unnecessary-value-param)
 Error::Error(ErrorCode code, std::string message, int sys_errno, std::string call)
-    : std::runtime_error(std::move(message)), code_(code), errno_(sys_errno), call_(std::move(call)) {}
+    : std::runtime_error(message), code_(code), errno_(sys_errno), call_(std::move(call)) {}
 
 void throw_system_error(std::string_view call, int err, std::string_view context) {
   std::string msg(call);

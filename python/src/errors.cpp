@@ -11,20 +11,13 @@ namespace kvoffload::python {
 
 void bind_errors(py::module_& m) {
   // py::arithmetic: codes compare and convert like ints (they equal the C API's kvo_status values).
-  py::enum_<ErrorCode>(m, "ErrorCode", py::arithmetic(), "Stable error codes (the C API's kvo_status)")
-      .value("OK", ErrorCode::kOk)
-      .value("INVALID_ARGUMENT", ErrorCode::kInvalidArgument)
-      .value("CAPACITY", ErrorCode::kCapacity)
-      .value("SYSTEM", ErrorCode::kSystem)
-      .value("TIMEOUT", ErrorCode::kTimeout)
-      .value("MISMATCH", ErrorCode::kMismatch)
-      .value("PERMISSION", ErrorCode::kPermission)
-      .value("NOT_AVAILABLE", ErrorCode::kNotAvailable)
-      .value("DEVICE", ErrorCode::kDevice)
-      .value("TRANSFER_FAILED", ErrorCode::kTransferFailed)
-      .value("NOT_FOUND", ErrorCode::kNotFound)
-      .value("STATE", ErrorCode::kState)
-      .value("INTERNAL", ErrorCode::kInternal);
+  py::enum_<ErrorCode> codes(m, "ErrorCode", py::arithmetic(),
+                             "Stable error codes (the C API's kvo_status)");
+  // Every code of error_codes.h, named as in C without the KVO_ prefix.
+#define KVOFFLOAD_PY_ERROR_CODE_(number, upper, camel, name) \
+  codes.value(#upper, ErrorCode::k##camel);
+  KVOFFLOAD_ERROR_CODES(KVOFFLOAD_PY_ERROR_CODE_)
+#undef KVOFFLOAD_PY_ERROR_CODE_
 
   // Error(message, code=ErrorCode.INTERNAL, errno=0, call="") is defined in Python so it is an
   // ordinary class users can subclass and construct; the translator fills its attributes.
@@ -53,6 +46,8 @@ class Error(RuntimeError):
 
   // Kept alive for the process: the translator runs until interpreter shutdown.
   static py::object* error_class = new py::object(error_type);
+  // pybind11 stores translators as void (*)(std::exception_ptr): the parameter must be by value.
+  // NOLINTNEXTLINE(performance-unnecessary-value-param)
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -26,6 +27,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -69,6 +71,7 @@ pid_t spawn(const std::vector<std::string>& args, int stdout_fd, const fs::path&
   std::vector<std::string> argv_storage{bin};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
+  argv.reserve(argv_storage.size() + 1);
   for (auto& a : argv_storage) argv.push_back(a.data());
   argv.push_back(nullptr);
 
@@ -136,7 +139,8 @@ class CliTest : public ::testing::Test {
     fs::remove_all(dir_, ec);
   }
 
-  Result run(std::vector<std::string> args, const std::map<std::string, std::string>& env = {}) {
+  Result run(const std::vector<std::string>& args,
+             const std::map<std::string, std::string>& env = {}) {
     const fs::path out = logs_ / ("out" + std::to_string(counter_));
     const fs::path err = logs_ / ("err" + std::to_string(counter_++));
     const pid_t pid = spawn(args, -1, out, err, env);
@@ -520,6 +524,24 @@ TEST_P(CliUsageTest, ExitsWithUsageError) {
   EXPECT_TRUE(shm_is_empty());
 }
 
+// The hidden `run-worker` subcommand (the scheduler starts it) checks its one number too.
+TEST_F(CliTest, RunWorkerFdOutOfRange) {
+  const Result r = run({"run-worker", "--fd", "-1"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--fd: -1 is out of range; allowed 0 to 2^31-1"));
+}
+
+// Sizes take K/M/G/T (powers of two) in any case, with an optional B or iB.
+TEST_F(CliTest, SizeSuffixesArePowersOfTwo) {
+  int n = 0;
+  for (const auto& [text, bytes] : std::vector<std::pair<std::string, std::uint64_t>>{
+           {"8192", 8192}, {"8k", 8192}, {"8KiB", 8192}, {"8kb", 8192}, {"1M", 1U << 20}}) {
+    const json j = run_json({"region", "create", "--shm-dir", shm_.string(), "--engine-id",
+                             "size" + std::to_string(n++), "--chunks", "1", "--slot-bytes", text});
+    EXPECT_EQ(j.value("slot_bytes", 0UL), bytes) << text << ": " << j.dump();
+  }
+}
+
 const std::vector<std::string> kOk{"--engine-id", "e", "--chunks", "4", "--slot-bytes", "4K"};
 
 std::vector<std::string> with(std::vector<std::string> more) {
@@ -531,17 +553,58 @@ std::vector<std::string> with(std::vector<std::string> more) {
 INSTANTIATE_TEST_SUITE_P(
     Flags, CliUsageTest,
     ::testing::Values(
-        UsageCase{"bad_size_suffix", {"--engine-id", "e", "--chunks", "4", "--slot-bytes", "4X"}, "'4X'"},
-        UsageCase{"rank_not_below_world_size", with({"--world-size", "2", "--rank", "2"}), "--rank 2"},
+        UsageCase{
+            "bad_size_suffix", {"--engine-id", "e", "--chunks", "4", "--slot-bytes", "4X"}, "'4X'"},
+        UsageCase{"rank_not_below_world_size", with({"--world-size", "2", "--rank", "2"}),
+                  "--rank 2"},
         UsageCase{"rank_and_unranked", with({"--rank", "1", "--unranked"}), "--unranked"},
         UsageCase{"missing_engine_id", {"--chunks", "4", "--slot-bytes", "4K"}, "--engine-id"},
-        UsageCase{"bad_engine_id", {"--engine-id", "a/b", "--chunks", "4", "--slot-bytes", "4K"}, "a/b"},
-        UsageCase{"dotdot_engine_id", {"--engine-id", "..", "--chunks", "4", "--slot-bytes", "4K"}, ".."},
-        UsageCase{"zero_chunks", {"--engine-id", "e", "--chunks", "0", "--slot-bytes", "4K"}, "--chunks"},
+        UsageCase{
+            "bad_engine_id", {"--engine-id", "a/b", "--chunks", "4", "--slot-bytes", "4K"}, "a/b"},
+        UsageCase{
+            "dotdot_engine_id", {"--engine-id", "..", "--chunks", "4", "--slot-bytes", "4K"}, ".."},
+        UsageCase{"zero_chunks",
+                  {"--engine-id", "e", "--chunks", "0", "--slot-bytes", "4K"},
+                  "--chunks: 0 is out of range; allowed 1 to 2^64-1"},
+        UsageCase{"too_many_chunks",
+                  {"--engine-id", "e", "--chunks", "18446744073709551616", "--slot-bytes", "4K"},
+                  "--chunks: 18446744073709551616 is out of range; allowed 1 to 2^64-1"},
+        UsageCase{"chunks_not_a_number",
+                  {"--engine-id", "e", "--chunks", "1e3", "--slot-bytes", "4K"},
+                  "--chunks: '1e3' is not a whole number; allowed 1 to 2^64-1"},
+        UsageCase{"zero_slot_bytes",
+                  {"--engine-id", "e", "--chunks", "4", "--slot-bytes", "0"},
+                  "--slot-bytes: 0 is out of range; allowed 1 to 1T bytes"},
+        UsageCase{"slot_bytes_too_big",
+                  {"--engine-id", "e", "--chunks", "4", "--slot-bytes", "2T"},
+                  "--slot-bytes: 2T is out of range; allowed 1 to 1T bytes"},
+        UsageCase{"slot_bytes_overflow",
+                  {"--engine-id", "e", "--chunks", "4", "--slot-bytes", "16777216T"},
+                  "--slot-bytes '16777216T': too large"},
+        UsageCase{"slot_bytes_digits_overflow",
+                  {"--engine-id", "e", "--chunks", "4", "--slot-bytes", "99999999999999999999"},
+                  "--slot-bytes '99999999999999999999': too large"},
+        UsageCase{"slot_bytes_not_a_number",
+                  {"--engine-id", "e", "--chunks", "4", "--slot-bytes", "K"},
+                  "--slot-bytes 'K': not a number"},
+        UsageCase{"zero_world_size", with({"--world-size", "0"}),
+                  "--world-size: 0 is out of range; allowed 1 to 2^32-1"},
+        UsageCase{"negative_rank", with({"--rank", "-1"}),
+                  "--rank: -1 is out of range; allowed 0 to 4294967294"},
+        UsageCase{"negative_join_timeout", with({"--join-timeout", "-1"}),
+                  "--join-timeout: -1 is out of range; allowed 0 to 1000000000 seconds"},
+        UsageCase{"join_timeout_not_a_number", with({"--join-timeout", "later"}),
+                  "--join-timeout: 'later' is not a number; allowed 0 to 1000000000 seconds"},
+        UsageCase{"too_many_threads", with({"--threads", "1025"}),
+                  "--threads: 1025 is out of range; allowed 1 to 1024"},
         UsageCase{"fill_too_big", with({"--fill", "256"}), "'256'"},
         UsageCase{"check_not_hex", with({"--check", "0xZZ"}), "'0xZZ'"},
-        UsageCase{"zero_threads", with({"--threads", "0"}), "--threads"},
-        UsageCase{"negative_hold", with({"--hold", "-1"}), "--hold"},
+        UsageCase{"zero_threads", with({"--threads", "0"}),
+                  "--threads: 0 is out of range; allowed 1 to 1024"},
+        UsageCase{"negative_hold", with({"--hold", "-1"}),
+                  "--hold: -1 is out of range; allowed 0 to 1000000000 seconds"},
+        UsageCase{"nan_hold", with({"--hold", "nan"}),
+                  "--hold: 'nan' is not a number; allowed 0 to 1000000000 seconds"},
         UsageCase{"unknown_flag", with({"--bogus"}), "--bogus"},
         UsageCase{"region_without_subcommand", {"region"}, "subcommand", true},
         UsageCase{"clean_bad_engine_id", {"region", "clean", "--engine-id", "x y"}, "x y", true}),

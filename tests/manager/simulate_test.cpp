@@ -39,7 +39,7 @@ class Simulate : public ::testing::Test {
   }
 
   fs::path write(const std::string& name, const std::string& text) {
-    const fs::path p = tmp_ / name;
+    fs::path p = tmp_ / name;  // not const: returned by move
     std::ofstream(p) << text;
     return p;
   }
@@ -165,11 +165,26 @@ TEST_F(Simulate, UsageErrors) {
   r = run("simulate --trace " + trace.string() + " --policy lfu --chunks 4");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("lfu"), std::string::npos) << r.err;
+  // Numeric options: the message names the flag, the value and the range.
   r = run("simulate --trace " + trace.string() + " --chunks 0");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("--chunks"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--chunks: 0 is out of range; allowed 1 to 4294967294"), std::string::npos)
+      << r.err;
+  r = run("simulate --trace " + trace.string() + " --chunks 4294967295");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--chunks: 4294967295 is out of range; allowed 1 to 4294967294"),
+            std::string::npos)
+      << r.err;
   r = run("simulate --trace " + trace.string() + " --chunks many");
   EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--chunks: 'many' is not a whole number; allowed 1 to 4294967294"),
+            std::string::npos)
+      << r.err;
+  r = run("simulate --trace " + trace.string() + " --chunks 4 --store-threshold -1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--store-threshold: -1 is out of range; allowed 0 to 2^32-1"),
+            std::string::npos)
+      << r.err;
   r = run("simulate --trace " + (tmp_ / "missing.trace").string() + " --chunks 4");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("missing.trace"), std::string::npos) << r.err;

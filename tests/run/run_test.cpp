@@ -52,6 +52,7 @@ class RunTest : public ::testing::Test {
   pid_t start(std::vector<std::string> args) {
     args.insert(args.begin(), {binary(), "run", "--shm-dir", shm_.string()});
     std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     const std::string out = (dir_ / "out").string();
@@ -268,16 +269,46 @@ TEST_P(RunUsageTest, BadOptionsAreUsageErrorsNamingTheValue) {
 
 INSTANTIATE_TEST_SUITE_P(
     Options, RunUsageTest,
-    ::testing::Values(UsageCase{{"--world-size", "0"}, "--world-size 0"},
-                      UsageCase{{"--world-size", "65"}, "--world-size 65"},
-                      UsageCase{{"--host-pool", "1K"}, "--host-pool"},
-                      UsageCase{{"--backend", "tpu"}, "--backend 'tpu'"},
-                      UsageCase{{"--block-bytes", "12Q"}, "--block-bytes '12Q'"},
-                      UsageCase{{"--gpu-blocks", "3"}, "--gpu-blocks 3"},
-                      UsageCase{{"--duration", "0"}, "--requests"},
-                      UsageCase{{"--layers", "x"}, "--layers"},
-                      UsageCase{{"--no-such-flag"}, "no-such-flag"},
-                      UsageCase{{"--bringup", "lazy"}, "--bringup 'lazy'"},
-                      UsageCase{{"--bringup-piece", "0"}, "--bringup-piece 0"}));
+    ::testing::Values(
+        // Every numeric option: its range is checked as the command line is parsed, and the
+        // message names the flag, the value and the allowed range.
+        UsageCase{{"--world-size", "0"}, "--world-size: 0 is out of range; allowed 1 to 64"},
+        UsageCase{{"--world-size", "65"}, "--world-size: 65 is out of range; allowed 1 to 64"},
+        UsageCase{{"--layers", "x"}, "--layers: 'x' is not a whole number; allowed 1 to 1024"},
+        UsageCase{{"--layers", "0"}, "--layers: 0 is out of range; allowed 1 to 1024"},
+        UsageCase{{"--block-bytes", "0"},
+                  "--block-bytes: 0 is out of range; allowed 1 to 64M bytes"},
+        UsageCase{{"--block-bytes", "128M"},
+                  "--block-bytes: 128M is out of range; allowed 1 to 64M bytes"},
+        UsageCase{{"--blocks-per-chunk", "1025"},
+                  "--blocks-per-chunk: 1025 is out of range; allowed 1 to 1024"},
+        UsageCase{{"--gpu-blocks", "0"}, "--gpu-blocks: 0 is out of range; allowed 1 to 2^32"},
+        UsageCase{{"--host-pool", "0"},
+                  "--host-pool: 0 is out of range; allowed 1 to 2^64-1 bytes"},
+        UsageCase{{"--duration", "-1"},
+                  "--duration: -1 is out of range; allowed 0 to 86400 seconds"},
+        UsageCase{{"--duration", "soon"},
+                  "--duration: 'soon' is not a number; allowed 0 to 86400 seconds"},
+        UsageCase{{"--requests", "-5"}, "--requests: -5 is out of range; allowed 0 to 2^64-1"},
+        UsageCase{{"--requests", "18446744073709551616"},
+                  "--requests: 18446744073709551616 is out of range; allowed 0 to 2^64-1"},
+        UsageCase{{"--prefixes", "0"}, "--prefixes: 0 is out of range; allowed 1 to 2^20"},
+        UsageCase{{"--prefix-chunks", "4097"},
+                  "--prefix-chunks: 4097 is out of range; allowed 1 to 4096"},
+        UsageCase{{"--unique-chunks", "-1"},
+                  "--unique-chunks: -1 is out of range; allowed 0 to 4096"},
+        UsageCase{{"--seed", "1.5"}, "--seed: '1.5' is not a whole number; allowed 0 to 2^64-1"},
+        UsageCase{{"--file-tier-bytes", "0"},
+                  "--file-tier-bytes: 0 is out of range; allowed 1 to 2^64-1 bytes"},
+        UsageCase{{"--threads", "257"}, "--threads: 257 is out of range; allowed 1 to 256"},
+        // What depends on several flags, and what is not a number.
+        UsageCase{{"--host-pool", "1K"}, "--host-pool"},
+        UsageCase{{"--backend", "tpu"}, "--backend 'tpu'"},
+        UsageCase{{"--block-bytes", "12Q"}, "--block-bytes '12Q': unknown suffix 'Q'"},
+        UsageCase{{"--gpu-blocks", "3"}, "--gpu-blocks 3"},
+        UsageCase{{"--duration", "0"}, "--requests"},
+        UsageCase{{"--no-such-flag"}, "no-such-flag"},
+        UsageCase{{"--bringup", "lazy"}, "--bringup 'lazy'"},
+        UsageCase{{"--bringup-piece", "0"}, "--bringup-piece: 0 is out of range"}));
 
 }  // namespace

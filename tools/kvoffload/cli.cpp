@@ -2,8 +2,14 @@
 
 #include <kvoffload/error.hpp>
 
+#include <algorithm>
+#include <bit>
 #include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -26,36 +32,126 @@ std::uint64_t parse_size(std::string_view flag, std::string_view text) {
     throw_invalid(std::string(flag) + " '" + std::string(text) + "': " + std::string(why) +
                   "; use plain bytes or a K/M/G/T suffix (powers of two), e.g. 4096, 64K, 2G");
   };
-  std::size_t i = 0;
-  std::uint64_t value = 0;
   if (text.empty()) return fail("empty size");
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) {
-    const std::uint64_t digit = static_cast<std::uint64_t>(text[i] - '0');
-    if (value > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) return fail("too large");
-    value = value * 10 + digit;
-    ++i;
+  const auto digits_end = std::find_if_not(text.begin(), text.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c)) != 0;
+  });
+  if (digits_end == text.begin()) return fail("not a number");
+  const std::string suffix(digits_end, text.end());
+  // CLI11's AsSizeValue(false) reads the number and the unit, K = 1024 (not 1000), any case, with
+  // an optional "B" or "iB". It throws ValidationError both for an unknown unit and for a product
+  // that overflows, so the unit is tried alone first to tell the two apart.
+  const CLI::AsSizeValue as_size(/*kb_is_1000=*/false);
+  if (!suffix.empty()) {
+    const bool letters_only = std::all_of(suffix.begin(), suffix.end(), [](char c) {
+      return std::isalpha(static_cast<unsigned char>(c)) != 0;
+    });
+    std::string unit_alone = "1" + suffix;
+    try {
+      if (!letters_only) throw CLI::ValidationError("not a unit");
+      (void)as_size(unit_alone);
+    } catch (const CLI::ValidationError&) {
+      std::string upper;
+      for (char c : suffix) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      return fail("unknown suffix '" + upper + "'");
+    }
   }
-  if (i == 0) return fail("not a number");
-  std::string suffix;
-  for (; i < text.size(); ++i) suffix += static_cast<char>(std::toupper(static_cast<unsigned char>(text[i])));
-  unsigned shift = 0;
-  if (suffix.empty() || suffix == "B") shift = 0;
-  else if (suffix == "K" || suffix == "KB" || suffix == "KIB") shift = 10;
-  else if (suffix == "M" || suffix == "MB" || suffix == "MIB") shift = 20;
-  else if (suffix == "G" || suffix == "GB" || suffix == "GIB") shift = 30;
-  else if (suffix == "T" || suffix == "TB" || suffix == "TIB") shift = 40;
-  else return fail("unknown suffix '" + suffix + "'");
-  if (shift != 0 && value > (std::numeric_limits<std::uint64_t>::max() >> shift)) return fail("too large");
-  return value << shift;
+  std::string converted(text);
+  try {
+    (void)as_size(converted);
+  } catch (const CLI::ValidationError&) {
+    return fail("too large");  // the digits, or digits x unit, do not fit in 64 bits
+  }
+  std::uint64_t value = 0;
+  const auto [end, ec] =
+      std::from_chars(converted.data(), converted.data() + converted.size(), value);
+  if (ec != std::errc{} || end != converted.data() + converted.size()) return fail("too large");
+  return value;
+}
+
+std::string format_count(std::uint64_t value) {
+  if (value == std::numeric_limits<std::uint64_t>::max()) return "2^64-1";
+  if (value >= (1ULL << 16) && std::has_single_bit(value)) {
+    return "2^" + std::to_string(std::countr_zero(value));
+  }
+  if (value >= (1ULL << 16) && std::has_single_bit(value + 1)) {
+    return "2^" + std::to_string(std::countr_zero(value + 1)) + "-1";
+  }
+  return std::to_string(value);
+}
+
+std::string format_size(std::uint64_t bytes) {
+  static constexpr const char* kSuffixes[] = {"T", "G", "M", "K"};
+  for (int i = 0; i < 4; ++i) {
+    const unsigned shift = 40U - 10U * static_cast<unsigned>(i);
+    if (bytes != 0 && bytes % (1ULL << shift) == 0) {
+      return std::to_string(bytes >> shift) + kSuffixes[i];
+    }
+  }
+  return format_count(bytes);
 }
 
 CLI::Option* add_size_option(CLI::App& app, const std::string& name, std::uint64_t& out,
-                             const std::string& description) {
+                             const std::string& description, std::uint64_t lo, std::uint64_t hi) {
   const std::string flag = name.substr(0, name.find(','));
   return app
       .add_option_function<std::string>(
-          name, [&out, flag](const std::string& text) { out = parse_size(flag, text); }, description)
+          name,
+          [&out, flag, lo, hi](const std::string& text) {
+            const std::uint64_t value = parse_size(flag, text);
+            if (value < lo || value > hi) {
+              throw_invalid(flag + ": " + text + " is out of range; allowed " + format_size(lo) +
+                            " to " + format_size(hi) + " bytes");
+            }
+            out = value;
+          },
+          description)
       ->type_name("SIZE");
+}
+
+CLI::Validator whole_range(std::uint64_t lo, std::uint64_t hi) {
+  const std::string range = format_count(lo) + " to " + format_count(hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        std::string_view digits = text;
+        const bool negative = !digits.empty() && digits.front() == '-';
+        if (negative) digits.remove_prefix(1);
+        const bool numeric =
+            !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) {
+              return std::isdigit(static_cast<unsigned char>(c)) != 0;
+            });
+        if (!numeric) return "'" + text + "' is not a whole number; allowed " + range;
+        std::uint64_t value = 0;
+        const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+        if (negative || ec != std::errc{} || value < lo || value > hi) {
+          return text + " is out of range; allowed " + range;
+        }
+        return {};
+      },
+      range);
+}
+
+CLI::Validator real_range(double lo, double hi, const std::string& unit) {
+  auto bound = [](double v) {
+    char buf[32];
+    (void)std::snprintf(buf, sizeof buf, "%.15g", v);
+    return std::string(buf);
+  };
+  const std::string range = bound(lo) + " to " + bound(hi) + " " + unit;
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double value = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || std::isnan(value)) {
+          return "'" + text + "' is not a number; allowed " + range;
+        }
+        if (errno == ERANGE || !(value >= lo && value <= hi)) {
+          return text + " is out of range; allowed " + range;
+        }
+        return {};
+      },
+      range);
 }
 
 void emit(bool json, const nlohmann::json& object, const std::string& human_text) {
@@ -77,7 +173,7 @@ std::string human_bytes(std::uint64_t bytes) {
     ++unit;
   }
   char buf[64];
-  std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.2f %s", v, kUnits[unit]);
+  (void)std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.2f %s", v, kUnits[unit]);
   return buf;
 }
 

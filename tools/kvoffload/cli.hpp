@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -37,9 +38,23 @@ struct CommandRegistrar {
 // or 'iB'). Throws kvoffload::Error(kInvalidArgument) naming the flag and the value otherwise.
 std::uint64_t parse_size(std::string_view flag, std::string_view text);
 
-// Adds a size option that accepts the suffixes above and stores into `out`.
+// Adds a size option that accepts the suffixes above and stores into `out`. A size outside
+// [lo, hi] is a usage error naming the flag, the value and the range.
 CLI::Option* add_size_option(CLI::App& app, const std::string& name, std::uint64_t& out,
-                             const std::string& description);
+                             const std::string& description, std::uint64_t lo = 0,
+                             std::uint64_t hi = std::numeric_limits<std::uint64_t>::max());
+
+// Range checks for numeric options, run on the text when the command line is parsed. A value
+// outside the range, or text that is not a number, is a usage error that names the flag, the
+// value and the range, e.g. "--gpu-blocks: 0 is out of range; allowed 1 to 2^32" (CLI11 puts the
+// flag in front). Bounds at or above 2^16 that are powers of two read as 2^N.
+CLI::Validator whole_range(std::uint64_t lo, std::uint64_t hi);            // non-negative integers
+CLI::Validator real_range(double lo, double hi, const std::string& unit);  // e.g. "seconds"
+
+// How a bound reads in those messages: "64", "2^32", "2^32-1" (whole_range) and "64M" (sizes,
+// which fall back to format_count when no K/M/G/T suffix is exact).
+std::string format_count(std::uint64_t value);
+std::string format_size(std::uint64_t bytes);
 
 // Output of one subcommand: JSON on stdout when --json was given, otherwise the human text.
 void emit(bool json, const nlohmann::json& object, const std::string& human_text);

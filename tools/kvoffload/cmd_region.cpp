@@ -11,6 +11,7 @@
 // list:   the regions in the shm dir with size, attached process count and stale flag.
 // clean:  removes stale regions only; a region in use is never removed.
 #include "cli.hpp"
+#include "util/clock.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/region.hpp>
@@ -27,6 +28,7 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -39,13 +41,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using util::seconds_since;
 
 std::string hex_byte(unsigned value) {
   char buf[8];
-  std::snprintf(buf, sizeof(buf), "0x%02x", value & 0xffU);
+  (void)std::snprintf(buf, sizeof(buf), "0x%02x", value & 0xffU);
   return buf;
 }
 
@@ -462,13 +462,18 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
   create->add_option("--chunks", c->chunks, "Number of chunks (rows)")
       ->required()
       ->type_name("N")
-      ->check(CLI::PositiveNumber);
-  add_size_option(*create, "--slot-bytes", c->slot_bytes, "Bytes of one rank's slot per chunk (K/M/G)")
+      // The flag's own range; what fits is the region geometry's and the filesystem's call.
+      ->check(whole_range(1, std::numeric_limits<std::uint64_t>::max()));
+  add_size_option(*create, "--slot-bytes", c->slot_bytes,
+                  "Bytes of one rank's slot per chunk (K/M/G)", 1, 1ULL << 40)
       ->required();
   create->add_option("--world-size", c->world_size, "Ranks sharing the region (default 1)")
       ->type_name("C")
-      ->check(CLI::PositiveNumber);
-  auto* rank = create->add_option("--rank", c->rank, "This process's rank (default 0)")->type_name("R");
+      ->check(whole_range(1, std::numeric_limits<std::uint32_t>::max()));
+  auto* rank =
+      create->add_option("--rank", c->rank, "This process's rank (default 0)")
+          ->type_name("R")
+          ->check(whole_range(0, std::numeric_limits<std::uint32_t>::max() - 1));  // < --world-size
   auto* unranked =
       create->add_flag("--unranked", c->unranked, "Map without a rank (as the scheduler does)");
   rank->excludes(unranked);
@@ -476,19 +481,20 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
   add_size_option(*create, "--slot-align", c->slot_align,
                   "Alignment of every slot: a power of two from 16 to the page size (default 256)");
   create->add_option("--shm-dir", c->shm_dir, kShmDirHelp)->type_name("DIR");
-  create->add_option("--join-timeout", c->join_timeout_s,
-                     "Seconds a joiner waits for the creator to finish (default 30)")
+  create
+      ->add_option("--join-timeout", c->join_timeout_s,
+                   "Seconds a joiner waits for the creator to finish (default 30)")
       ->type_name("SECONDS")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(real_range(0.0, 1e9, "seconds"));
   create->add_option("--threads", c->threads, "Threads for populate, fill and check (default 1)")
       ->type_name("T")
-      ->check(CLI::Range(1U, 1024U));
+      ->check(whole_range(1, 1024));
   add_byte_option(*create, "--fill", c->fill, "Write BYTE over this rank's slots (unranked: all data)");
   add_byte_option(*create, "--check", c->check,
                   "Verify every byte of this rank's slots (unranked: every slot) equals BYTE");
   create->add_option("--hold", c->hold_s, "Stay attached this many seconds (SIGINT/SIGTERM end it)")
       ->type_name("SECONDS")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(real_range(0.0, 1e9, "seconds"));
   create->add_flag("--json", c->json, "Print one JSON object");
 
   auto* list = app->add_subcommand("list", "List regions with size, attached processes and stale flag");

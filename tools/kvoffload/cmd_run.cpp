@@ -9,6 +9,8 @@
 
 #include <unistd.h>
 
+#include <cstdint>
+#include <limits>
 #include <memory>
 
 namespace kvoffload::cli {
@@ -21,39 +23,65 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
       "shared prefixes are stored, evicted under pressure and loaded back into other device blocks, "
       "and every byte that comes back is verified");
   auto config = std::make_shared<run::RunConfig>();
-  app->add_option("--world-size", config->world_size, "Rank processes (1..64)")->capture_default_str();
-  app->add_option("--layers", config->layers, "KV tensors per rank (one per layer)")->capture_default_str();
+  // Ranges are checked as the command line is parsed (the messages name flag, value and range);
+  // RunConfig::finalize() then checks what depends on several flags (--gpu-blocks, --host-pool).
+  constexpr std::uint64_t kU64Max = std::numeric_limits<std::uint64_t>::max();
+  app->add_option("--world-size", config->world_size, "Rank processes")
+      ->capture_default_str()
+      ->check(whole_range(1, 64));
+  app->add_option("--layers", config->layers, "KV tensors per rank (one per layer)")
+      ->capture_default_str()
+      ->check(whole_range(1, 1024));
   add_size_option(*app, "--block-bytes", config->block_bytes,
-                  "Bytes of one GPU block of one layer on one rank (default 16K)");
-  app->add_option("--blocks-per-chunk", config->blocks_per_chunk, "GPU blocks per host chunk")->capture_default_str();
-  app->add_option("--gpu-blocks", config->gpu_blocks, "Device cache blocks per layer per rank")->capture_default_str();
-  add_size_option(*app, "--host-pool", config->host_pool_bytes, "Host region size (default 64M)");
+                  "Bytes of one GPU block of one layer on one rank (default 16K)", 1, 64ULL << 20);
+  app->add_option("--blocks-per-chunk", config->blocks_per_chunk, "GPU blocks per host chunk")
+      ->capture_default_str()
+      ->check(whole_range(1, 1024));
+  app->add_option("--gpu-blocks", config->gpu_blocks, "Device cache blocks per layer per rank")
+      ->capture_default_str()
+      ->check(whole_range(1, 1ULL << 32));
+  add_size_option(*app, "--host-pool", config->host_pool_bytes, "Host region size (default 64M)", 1,
+                  kU64Max);
   app->add_option("--backend", config->backend, "host, sim, cuda, hip or auto (auto never picks sim)")
       ->capture_default_str();
   app->add_option("--devices", config->devices,
                   "Devices of the ranks, comma-separated (rank r takes entry r mod count); default: rank r "
                   "on device r mod the device count");
-  app->add_option("--duration", config->duration_seconds, "Seconds to run (0: use --requests)")->capture_default_str();
-  app->add_option("--requests", config->requests, "Requests to run (0: until --duration)")->capture_default_str();
-  app->add_option("--prefixes", config->prefixes, "Distinct shared prefixes")->capture_default_str();
-  app->add_option("--prefix-chunks", config->prefix_chunks, "Longest shared prefix in chunks")->capture_default_str();
-  app->add_option("--unique-chunks", config->unique_chunks, "Chunks unique to each request")->capture_default_str();
-  app->add_option("--seed", config->seed, "Workload seed")->capture_default_str();
+  app->add_option("--duration", config->duration_seconds, "Seconds to run (0: use --requests)")
+      ->capture_default_str()
+      ->check(real_range(0.0, 24 * 3600.0, "seconds"));
+  app->add_option("--requests", config->requests, "Requests to run (0: until --duration)")
+      ->capture_default_str()
+      ->check(whole_range(0, kU64Max));
+  app->add_option("--prefixes", config->prefixes, "Distinct shared prefixes")
+      ->capture_default_str()
+      ->check(whole_range(1, 1U << 20));
+  app->add_option("--prefix-chunks", config->prefix_chunks, "Longest shared prefix in chunks")
+      ->capture_default_str()
+      ->check(whole_range(1, 4096));
+  app->add_option("--unique-chunks", config->unique_chunks, "Chunks unique to each request")
+      ->capture_default_str()
+      ->check(whole_range(0, 4096));
+  app->add_option("--seed", config->seed, "Workload seed")
+      ->capture_default_str()
+      ->check(whole_range(0, kU64Max));
   app->add_option("--engine-id", config->engine_id, "Engine id (default run-<pid>)");
   app->add_option("--shm-dir", config->shm_dir, "Directory of the region (default $KVOFFLOAD_SHM_DIR or /dev/shm)");
   app->add_option("--file-tier", config->file_tier, "Directory of a secondary file tier (off by default)");
   add_size_option(*app, "--file-tier-bytes", config->file_tier_bytes,
-                  "Capacity of the file tier (default 1G)");
+                  "Capacity of the file tier (default 1G)", 1, kU64Max);
   app->add_option("--remote-tier", config->remote_tier,
                   "Distributed tier shared with other engines: redis://host:port[/db], "
                   "redis-cluster://host:port[,...] or memcached://host:port[,...] (off by default)");
-  app->add_option("--threads", config->populate_threads, "Populate threads")->capture_default_str();
+  app->add_option("--threads", config->populate_threads, "Populate threads")
+      ->capture_default_str()
+      ->check(whole_range(1, 256));
   app->add_option("--bringup", config->bringup,
                   "background: serve at once on the rows every rank made ready while the pool comes "
                   "up in pieces; blocking: bring the whole pool up first")
       ->capture_default_str();
   add_size_option(*app, "--bringup-piece", config->bringup_piece_bytes,
-                  "Region bytes per bring-up piece (default 1G)");
+                  "Region bytes per bring-up piece (default 1G)", 1, std::uint64_t{1} << 50);
   app->add_flag("--json", config->json, "Print one JSON object");
   return Command{app, [config] {
     if (config->engine_id.empty()) config->engine_id = "run-" + std::to_string(::getpid());
@@ -69,7 +97,9 @@ const CommandRegistrar kRegisterWorker("run-worker", [](CLI::App& top) {
   auto* app = top.add_subcommand("run-worker", "A rank process of `kvoffload run` (internal)");
   app->group("");  // hidden from --help
   auto fd = std::make_shared<int>(-1);
-  app->add_option("--fd", *fd, "Channel to the scheduler")->required();
+  app->add_option("--fd", *fd, "Channel to the scheduler")
+      ->required()
+      ->check(whole_range(0, static_cast<std::uint64_t>(std::numeric_limits<int>::max())));
   return Command{app, [fd] { return run::run_worker(*fd); }};
 });
 

@@ -22,10 +22,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string_view>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvoffload::cli {
@@ -192,7 +194,7 @@ int run_simulate(const Options& opt) {
       {"requests_per_second", seconds > 0 ? static_cast<double>(requests) / seconds : 0.0},
   };
   char buf[512];
-  std::snprintf(buf, sizeof(buf),
+  (void)std::snprintf(buf, sizeof(buf),
                 "simulate %s over %llu chunks: %llu requests, %llu chunks looked up\n"
                 "  hits %llu, misses %llu, hit rate %.2f%%\n"
                 "  evictions %llu, chunks stored %llu, requests that could not store %llu\n"
@@ -217,9 +219,13 @@ const CommandRegistrar kRegister("simulate", [](CLI::App& top) {
   auto opt = std::make_shared<Options>();
   app->add_option("--trace", opt->trace, "Trace file")->required();
   app->add_option("--policy", opt->policy, "Eviction policy: lru or arc (default lru)");
-  app->add_option("--chunks", opt->chunks, "Chunk slots in the simulated region")->required();
+  // The manager's limit: slot indexes are 32-bit and one value is reserved.
+  app->add_option("--chunks", opt->chunks, "Chunk slots in the simulated region")
+      ->required()
+      ->check(whole_range(1, 0xFFFFFFFEULL));
   app->add_option("--store-threshold", opt->store_threshold,
-                  "Store a chunk only after it was looked up this many times (0: always)");
+                  "Store a chunk only after it was looked up this many times (0: always)")
+      ->check(whole_range(0, std::numeric_limits<std::uint32_t>::max()));
   app->add_flag("--json", opt->json, "Print one JSON object");
   return Command{app, [opt] { return run_simulate(*opt); }};
 });

@@ -11,6 +11,7 @@
 // zero-padded on the left (so "ff" and "000...0ff" are the same key). Formatting always gives 32
 // lower-case digits. Byte form: 16 bytes, big-endian (the same order as the hex text).
 
+#include <kvoffload/export.h>
 #include <kvoffload/error.hpp>
 
 #include <array>
@@ -25,7 +26,7 @@
 
 namespace kvoffload {
 
-class BlockKey {
+class KVOFFLOAD_API BlockKey {
  public:
   static constexpr std::size_t kBytes = 16;
   static constexpr std::size_t kHexDigits = 2 * kBytes;
@@ -69,6 +70,8 @@ class BlockKey {
   }
 
   friend constexpr bool operator==(const BlockKey&, const BlockKey&) noexcept = default;
+  // clang-tidy 14 misreads the defaulted <=> as comparing with a literal 0 (LLVM issue 46235).
+  // NOLINTNEXTLINE(modernize-use-nullptr)
   friend constexpr std::strong_ordering operator<=>(const BlockKey&, const BlockKey&) noexcept = default;
 
  private:

@@ -32,6 +32,8 @@
 // public functions wrap them into owners. The backend factory functions are declared in
 // core/src/transfer/backend_factories.hpp (add core/src to the backend's include path).
 
+#include <kvoffload/export.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -61,8 +63,8 @@ enum class CopyKind : std::uint8_t {
   kHostToHost = 3,
 };
 
-std::string_view to_string(CopyPath path) noexcept;   // "dma" | "kernel"
-std::string_view to_string(CopyKind kind) noexcept;   // "h2d" | "d2h" | "d2d" | "h2h"
+KVOFFLOAD_API std::string_view to_string(CopyPath path) noexcept;  // "dma" | "kernel"
+KVOFFLOAD_API std::string_view to_string(CopyKind kind) noexcept;  // "h2d" | "d2h" | "d2d" | "h2h"
 
 // One contiguous copy. For the kernel path the host-side pointer must be the device pointer of a
 // registered range (HostRegistration::device_pointer); for DMA the host pointer itself.
@@ -74,7 +76,7 @@ struct CopyDescriptor {
 
 // ---- views -----------------------------------------------------------------------------------
 
-class StreamView {
+class KVOFFLOAD_API StreamView {
  public:
   constexpr StreamView() noexcept = default;
   StreamView(int) = delete;
@@ -89,7 +91,7 @@ class StreamView {
   std::uintptr_t handle_ = 0;
 };
 
-class EventView {
+class KVOFFLOAD_API EventView {
  public:
   constexpr EventView() noexcept = default;
   EventView(int) = delete;
@@ -106,7 +108,7 @@ class EventView {
 
 // ---- owners ----------------------------------------------------------------------------------
 
-class Stream {
+class KVOFFLOAD_API Stream {
  public:
   Stream() noexcept = default;
   Stream(int) = delete;
@@ -130,7 +132,7 @@ class Stream {
   std::uintptr_t handle_ = 0;
 };
 
-class Event {
+class KVOFFLOAD_API Event {
  public:
   Event() noexcept = default;
   Event(int) = delete;
@@ -155,7 +157,7 @@ class Event {
 
 // A registered (page-locked, device-mapped) host range. Unregisters on destruction; unregister
 // failures are logged, never thrown (teardown keeps going).
-class HostRegistration {
+class KVOFFLOAD_API HostRegistration {
  public:
   HostRegistration() noexcept = default;
   HostRegistration(int) = delete;
@@ -189,7 +191,7 @@ class HostRegistration {
 };
 
 // Device memory (host memory on the host backend); for tests, benchmarks and calibration.
-class DeviceBuffer {
+class KVOFFLOAD_API DeviceBuffer {
  public:
   DeviceBuffer() noexcept = default;
   DeviceBuffer(int) = delete;
@@ -259,17 +261,18 @@ struct BackendInfo {
 
 // Every backend this library knows, built or not: cuda, hip, host (the order auto tries them),
 // then sim (never chosen by auto).
-std::vector<BackendInfo> list_backends();
+KVOFFLOAD_API std::vector<BackendInfo> list_backends();
 
 // name: "host" | "sim" | "cuda" | "hip" | "auto" (cuda if its module loads and sees a device,
 // else hip, else host; never sim).
 // Throws kNotAvailable naming the backend and why (not built / no device), kInvalidArgument for
 // an unknown name.
-std::unique_ptr<DeviceRuntime> make_runtime(std::string_view name, const RuntimeOptions& options = {});
+KVOFFLOAD_API std::unique_ptr<DeviceRuntime> make_runtime(std::string_view name,
+                                                          const RuntimeOptions& options = {});
 
 // ---- the interface ---------------------------------------------------------------------------
 
-class DeviceRuntime {
+class KVOFFLOAD_API DeviceRuntime {
  public:
   DeviceRuntime() = default;
   DeviceRuntime(const DeviceRuntime&) = delete;

@@ -4,6 +4,9 @@
 // Teardown paths never throw; they record the first failure and finish every step (see Note
 // [Teardown keeps going] in DESIGN notes of the README).
 
+#include <kvoffload/error_codes.h>
+#include <kvoffload/export.h>
+
 #include <cerrno>
 #include <stdexcept>
 #include <string>
@@ -11,30 +14,25 @@
 
 namespace kvoffload {
 
-// Stable numeric codes: the C API returns these values, so never renumber them.
+// Stable numeric codes, listed once in error_codes.h (with the C API's kvo_status and Python's
+// ErrorCode): the C API returns these values, so never renumber them.
 enum class ErrorCode : int {
-  kOk = 0,
-  kInvalidArgument = 1,   // bad input from the caller; nothing was touched
-  kCapacity = 2,          // not enough shared memory / space for what was asked
-  kSystem = 3,            // a system call failed (errno is set)
-  kTimeout = 4,           // waited too long for another process
-  kMismatch = 5,          // an existing object disagrees with what the caller expects
-  kPermission = 6,        // ownership or mode refused
-  kNotAvailable = 7,      // a backend/feature not built or no device
-  kDevice = 8,            // the device runtime reported an error
-  kTransferFailed = 9,    // a copy job failed
-  kNotFound = 10,         // a key, job or file that does not exist
-  kState = 11,            // an operation not valid in the object's current state
-  kInternal = 12,         // a bug: an invariant did not hold
+#define KVOFFLOAD_ERROR_CODE_ENUMERATOR_(value, upper, camel, name) k##camel = (value),
+  KVOFFLOAD_ERROR_CODES(KVOFFLOAD_ERROR_CODE_ENUMERATOR_)
+#undef KVOFFLOAD_ERROR_CODE_ENUMERATOR_
 };
 
-// Name of the code, e.g. "invalid_argument"; stable, used in JSON output.
-std::string_view error_code_name(ErrorCode code) noexcept;
+// Number of codes: they are 0 .. kErrorCodeCount - 1.
+inline constexpr int kErrorCodeCount = KVOFFLOAD_ERROR_CODE_COUNT;
+
+// Name of the code, e.g. "invalid_argument"; stable, used in JSON output; "unknown" for a value
+// outside the list.
+KVOFFLOAD_API std::string_view error_code_name(ErrorCode code) noexcept;
 
 // Symbolic errno name ("ENOSPC"), or "errno N" for unknown values.
-std::string errno_name(int err);
+KVOFFLOAD_API std::string errno_name(int err);
 
-class Error : public std::runtime_error {
+class KVOFFLOAD_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, std::string message, int sys_errno = 0, std::string call = {});
 
@@ -51,9 +49,10 @@ class Error : public std::runtime_error {
 };
 
 // Throws a kSystem error whose message reads "<call> <context>: <strerror> (<ENAME>)".
-[[noreturn]] void throw_system_error(std::string_view call, int err, std::string_view context);
+[[noreturn]] KVOFFLOAD_API void throw_system_error(std::string_view call, int err,
+                                                   std::string_view context);
 
 // Throws kInvalidArgument with the message as given.
-[[noreturn]] void throw_invalid(std::string message);
+[[noreturn]] KVOFFLOAD_API void throw_invalid(std::string message);
 
 }  // namespace kvoffload

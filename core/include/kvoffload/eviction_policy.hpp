@@ -19,6 +19,7 @@
 //
 // Policies are thread-compatible, like the Manager that drives them.
 
+#include <kvoffload/export.h>
 #include <kvoffload/block_key.hpp>
 
 #include <cstddef>
@@ -36,9 +37,9 @@ inline constexpr SlotIndex kNoSlot = 0xFFFFFFFFu;
 enum class PolicyKind : std::uint8_t { kLru = 0, kArc = 1 };
 
 // "lru" / "arc".
-std::string_view policy_kind_name(PolicyKind kind) noexcept;
+KVOFFLOAD_API std::string_view policy_kind_name(PolicyKind kind) noexcept;
 // Parses "lru" / "arc" (case-insensitive); throws Error(kInvalidArgument) otherwise.
-PolicyKind parse_policy_kind(std::string_view text);
+KVOFFLOAD_API PolicyKind parse_policy_kind(std::string_view text);
 
 // Slots the current eviction must not choose: those whose mark equals epoch. The Manager stamps the
 // slots of the keys in a call's protected set, so the test is one load and compare, inlined.
@@ -62,7 +63,7 @@ struct PolicyCounters {
   std::uint64_t recent_target = 0;   // ARC p, the adaptive target size of T1
 };
 
-class EvictionPolicy {
+class KVOFFLOAD_API EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
   EvictionPolicy() = default;
@@ -106,11 +107,11 @@ class EvictionPolicy {
 };
 
 // Least recently used over the evictable slots.
-std::unique_ptr<EvictionPolicy> make_lru_policy(std::uint32_t capacity);
+KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_lru_policy(std::uint32_t capacity);
 // Adaptive replacement cache (Megiddo & Modha, FAST'03) with ghost lists bounded as in the paper:
 // |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c.
-std::unique_ptr<EvictionPolicy> make_arc_policy(std::uint32_t capacity);
-std::unique_ptr<EvictionPolicy> make_policy(PolicyKind kind, std::uint32_t capacity);
+KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_arc_policy(std::uint32_t capacity);
+KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_policy(PolicyKind kind, std::uint32_t capacity);
 
 // vLLM's CachePolicy implementations (vllm/v1/kv_offload/cpu/policies/{lru,arc}.py), for
 // ManagerSemantics::kVllm. Unlike the native ones, every resident stays in its list, pinned or

@@ -27,6 +27,7 @@
 // when the filesystem refuses it (EINVAL at open, or at the first read/write), the tier logs once
 // and continues buffered for good. kBuffered never tries.
 
+#include <kvoffload/export.h>
 #include <kvoffload/tier.hpp>
 
 #include <sys/stat.h>
@@ -60,9 +61,9 @@ struct FileTierOptions {
 };
 
 // Bytes a record of `payload_bytes` occupies on disk (header + payload, rounded to 4 KiB).
-std::uint64_t file_tier_record_bytes(std::uint64_t payload_bytes) noexcept;
+KVOFFLOAD_API std::uint64_t file_tier_record_bytes(std::uint64_t payload_bytes) noexcept;
 
-class FileTier final : public SecondaryTier {
+class KVOFFLOAD_API FileTier final : public SecondaryTier {
  public:
   // Checks the options without touching anything but stat/access on the root and its parent:
   // empty or relative root, a root that is not a directory or not writable, a missing parent,

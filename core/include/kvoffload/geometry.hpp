@@ -12,6 +12,8 @@
 // asking for another value is refused.
 // All arithmetic is overflow-checked; invalid input throws Error(kInvalidArgument) naming the value.
 
+#include <kvoffload/export.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -28,7 +30,7 @@ struct RegionLayout {
 inline constexpr std::uint64_t kDefaultSlotAlign = 256;
 inline constexpr std::uint64_t kMinSlotAlign = 16;  // the copy kernels' vector width
 
-class RegionGeometry {
+class KVOFFLOAD_API RegionGeometry {
  public:
   // Validates and computes. page_size must be a power of two (the system page, normally).
   static RegionGeometry compute(const RegionLayout& layout, std::size_t page_size);
@@ -63,6 +65,6 @@ class RegionGeometry {
   std::size_t page_size_ = 0;
 };
 
-bool operator==(const RegionLayout& a, const RegionLayout& b) noexcept;
+KVOFFLOAD_API bool operator==(const RegionLayout& a, const RegionLayout& b) noexcept;
 
 }  // namespace kvoffload

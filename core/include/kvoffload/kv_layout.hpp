@@ -15,6 +15,8 @@
 // at position `skip` of the first listed chunk (a mid-chunk start): block i of a group lands at
 // chunk chunks[(skip + i) / bpc], position (skip + i) % bpc.
 
+#include <kvoffload/export.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -37,7 +39,7 @@ struct KvGroup {
 };
 
 // Where this rank's slots live in host memory.
-struct HostSlots {
+struct KVOFFLOAD_API HostSlots {
   std::byte* base = nullptr;        // start of the buffer (the region's data)
   std::uint64_t buffer_bytes = 0;   // >= num_chunks · row_stride
   std::uint64_t num_chunks = 0;
@@ -57,7 +59,7 @@ struct HostSlots {
   }
 };
 
-struct KvLayout {
+struct KVOFFLOAD_API KvLayout {
   std::vector<KvGroup> groups;        // at least one
   std::uint32_t blocks_per_chunk = 1; // GPU blocks per host chunk, > 0
   HostSlots host;
@@ -73,7 +75,7 @@ struct KvLayout {
 
 // Direction of a job: store = device → host (D2H), load = host → device (H2D).
 enum class Direction : std::uint8_t { kStore = 0, kLoad = 1 };
-std::string_view to_string(Direction d) noexcept;  // "store" | "load"
+KVOFFLOAD_API std::string_view to_string(Direction d) noexcept;  // "store" | "load"
 
 // One job's mapping. Spans are read only during submit()/plan(): callers may reuse them after.
 struct TransferSpec {

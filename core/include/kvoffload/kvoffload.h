@@ -26,34 +26,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvoffload/error_codes.h"
+#include "kvoffload/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#if defined(__GNUC__)
-#define KVO_API __attribute__((visibility("default")))
-#else
-#define KVO_API
-#endif
+/* Exported from libkvoffload.so (see export.h). */
+#define KVO_API KVOFFLOAD_API
 
 /* ---------------------------------------------------------------------------------------------
  * Status codes and errors. The values equal kvoffload::ErrorCode and never change.
  * ------------------------------------------------------------------------------------------- */
-typedef enum kvo_status {
-  KVO_OK = 0,
-  KVO_INVALID_ARGUMENT = 1, /* bad input from the caller; nothing was touched */
-  KVO_CAPACITY = 2,         /* not enough shared memory / space */
-  KVO_SYSTEM = 3,           /* a system call failed (kvo_last_error_errno()) */
-  KVO_TIMEOUT = 4,          /* waited too long for another process */
-  KVO_MISMATCH = 5,         /* an existing object disagrees with what the caller expects */
-  KVO_PERMISSION = 6,       /* ownership or mode refused */
-  KVO_NOT_AVAILABLE = 7,    /* backend or feature not built, or no device */
-  KVO_DEVICE = 8,           /* the device runtime reported an error */
-  KVO_TRANSFER_FAILED = 9,  /* a copy job failed */
-  KVO_NOT_FOUND = 10,       /* a key, job or file that does not exist */
-  KVO_STATE = 11,           /* not valid in the object's current state */
-  KVO_INTERNAL = 12         /* a bug: an invariant did not hold */
-} kvo_status;
+/* kvo_status: the codes and their names are listed once, in error_codes.h, with what each means:
+ *   KVO_OK = 0, KVO_INVALID_ARGUMENT = 1, KVO_CAPACITY, KVO_SYSTEM (see kvo_last_error_errno()),
+ *   KVO_TIMEOUT, KVO_MISMATCH, KVO_PERMISSION, KVO_NOT_AVAILABLE, KVO_DEVICE,
+ *   KVO_TRANSFER_FAILED, KVO_NOT_FOUND, KVO_STATE, KVO_INTERNAL = 12. */
+#define KVO_STATUS_ENUMERATOR_(value, upper, camel, name) KVO_##upper = (value),
+typedef enum kvo_status { KVOFFLOAD_ERROR_CODES(KVO_STATUS_ENUMERATOR_) } kvo_status;
+#undef KVO_STATUS_ENUMERATOR_
 
 /* Message of the last failure on this thread ("" when none). Never NULL. */
 KVO_API const char* kvo_last_error_message(void);

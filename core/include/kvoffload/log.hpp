@@ -3,13 +3,15 @@
 // Its level comes from KVOFFLOAD_LOG_LEVEL (trace, debug, info, warn, error, critical, off;
 // default "warn" so that libraries linked into an engine stay quiet unless asked).
 
+#include <kvoffload/export.h>
+
 #include <spdlog/spdlog.h>
 
 namespace kvoffload {
 
-spdlog::logger& log();
+KVOFFLOAD_API spdlog::logger& log();
 
 // Overrides the level from the environment (the CLI's --verbose uses it).
-void set_log_level(spdlog::level::level_enum level);
+KVOFFLOAD_API void set_log_level(spdlog::level::level_enum level);
 
 }  // namespace kvoffload

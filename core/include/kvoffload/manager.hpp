@@ -30,6 +30,7 @@
 // until the next call of the same method (or reset / destruction); take_events' view until the
 // next take_events.
 
+#include <kvoffload/export.h>
 #include <kvoffload/block_key.hpp>
 #include <kvoffload/eviction_policy.hpp>
 
@@ -85,7 +86,7 @@ enum class LookupResult : std::uint8_t {
   kHit = 1,         // ready: can be loaded now
   kHitPending = 2,  // a store of this key is in flight: present, not loadable yet
 };
-std::string_view lookup_result_name(LookupResult result) noexcept;
+KVOFFLOAD_API std::string_view lookup_result_name(LookupResult result) noexcept;
 
 enum class StoreStatus : std::uint8_t {
   kOk = 0,           // slots allocated (possibly zero, when every key was present or skipped)
@@ -100,11 +101,11 @@ enum class CannotStoreReason : std::uint8_t {
   // The call has more new keys than the region has slots.
   kTooManyKeys = 2,
 };
-std::string_view cannot_store_reason_name(CannotStoreReason reason) noexcept;
+KVOFFLOAD_API std::string_view cannot_store_reason_name(CannotStoreReason reason) noexcept;
 
 // Result of prepare_store: views into buffers the Manager reuses (valid until the next
 // prepare_store, reset or destruction).
-struct StorePlan {
+struct KVOFFLOAD_API StorePlan {
   StoreStatus status = StoreStatus::kOk;
   CannotStoreReason reason = CannotStoreReason::kNone;
   std::span<const BlockKey> keys;      // keys to store now, in call order, each once
@@ -160,7 +161,7 @@ struct ManagerStats {
   PolicyCounters policy;
 };
 
-class Manager {
+class KVOFFLOAD_API Manager {
  public:
   // Validates the configuration (kInvalidArgument naming the field) before allocating anything.
   explicit Manager(const ManagerConfig& config);

@@ -12,6 +12,7 @@
 // releasing is logged and never replaces it. Every step goes through InitHooks, so a test can fail
 // any step (before_step) or substitute a factory that fails inside it.
 
+#include <kvoffload/export.h>
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/file_tier.hpp>
 #include <kvoffload/kv_layout.hpp>
@@ -41,7 +42,7 @@ enum class InitStep : std::uint8_t {
   kRuntime = 4,         // worker: the device runtime
   kTransferEngine = 5,  // worker: the transfer engine (host registration)
 };
-std::string_view to_string(InitStep step) noexcept;
+KVOFFLOAD_API std::string_view to_string(InitStep step) noexcept;
 
 struct InitHooks {
   // Called before each step; throwing from it fails that step (tests).
@@ -66,9 +67,9 @@ struct StackConfig {
 };
 
 // Throws kInvalidArgument naming the field; touches nothing (stat/access of tier roots only).
-void validate(const StackConfig& config);
+KVOFFLOAD_API void validate(const StackConfig& config);
 
-class OffloadStack {
+class KVOFFLOAD_API OffloadStack {
  public:
   static std::unique_ptr<OffloadStack> build(const StackConfig& config, const InitHooks& hooks = {});
   ~OffloadStack();
@@ -106,9 +107,9 @@ struct WorkerConfig {
 // backend name (kNotAvailable for one not built into this library) and the KV layout against this
 // rank's slot (KvLayout::validate on the region's geometry). Throws kInvalidArgument naming the
 // value; touches nothing.
-void validate(const WorkerConfig& config);
+KVOFFLOAD_API void validate(const WorkerConfig& config);
 
-class OffloadWorker {
+class KVOFFLOAD_API OffloadWorker {
  public:
   static std::unique_ptr<OffloadWorker> build(const WorkerConfig& config, const InitHooks& hooks = {});
   ~OffloadWorker();

@@ -13,6 +13,7 @@
 // create_or_join throws.
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/export.h>
 #include <kvoffload/geometry.hpp>
 
 #include <chrono>
@@ -39,13 +40,13 @@ enum class BringupMode { kBlocking, kBackground };
 // A mapper's bring-up. Values are stored in the region header: do not renumber.
 enum class BringupState : std::uint32_t { kPending = 0, kRunning = 1, kReady = 2, kFailed = 3, kStopped = 4 };
 
-std::string_view to_string(RegionRole role) noexcept;      // "creator" | "joiner"
-std::string_view to_string(PopulateMethod m) noexcept;     // "madvise" | "fallback" | "none"
-std::string_view to_string(BringupMode m) noexcept;        // "blocking" | "background"
+KVOFFLOAD_API std::string_view to_string(RegionRole role) noexcept;      // "creator" | "joiner"
+KVOFFLOAD_API std::string_view to_string(PopulateMethod m) noexcept;     // "madvise" | "fallback" | "none"
+KVOFFLOAD_API std::string_view to_string(BringupMode m) noexcept;        // "blocking" | "background"
 // "pending" | "running" | "ready" | "failed" | "stopped"
-std::string_view to_string(BringupState s) noexcept;
+KVOFFLOAD_API std::string_view to_string(BringupState s) noexcept;
 // "blocking" | "background"; anything else throws kInvalidArgument naming the value.
-BringupMode parse_bringup_mode(std::string_view name);
+KVOFFLOAD_API BringupMode parse_bringup_mode(std::string_view name);
 
 inline constexpr std::uint64_t kDefaultBringupPieceBytes = std::uint64_t{1} << 30;
 
@@ -95,7 +96,7 @@ struct PopulateReport {
 // One process's attachment to the region. Move-only; not synchronised: close() and the
 // destructor must not race other calls on the same object (distinct Region objects, in one
 // process or many, are independent attachments with their own lock).
-class Region {
+class KVOFFLOAD_API Region {
  public:
   // Creates the region, or joins it when another process created it (or is creating it).
   static Region create_or_join(const RegionOptions& options);
@@ -152,9 +153,10 @@ class Region {
 };
 
 // The path a region of `engine_id` has in `shm_dir` (validates the id).
-std::filesystem::path region_path(const std::filesystem::path& shm_dir, const std::string& engine_id);
+KVOFFLOAD_API std::filesystem::path region_path(const std::filesystem::path& shm_dir,
+                                                const std::string& engine_id);
 // The directory used when none is given: $KVOFFLOAD_SHM_DIR, else /dev/shm.
-std::filesystem::path default_shm_dir();
+KVOFFLOAD_API std::filesystem::path default_shm_dir();
 
 struct RegionInfo {
   std::filesystem::path path;
@@ -172,7 +174,7 @@ struct RegionInfo {
 
 // Regions in `shm_dir`, counted without taking any lock. An entry that is not a readable region
 // is listed with its `problem`; it never fails or stalls the listing.
-std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
+KVOFFLOAD_API std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
                                      const Syscalls* syscalls = nullptr);
 
 struct CleanResult {
@@ -187,8 +189,8 @@ struct CleanResult {
 
 // Removes stale regions (all, or only `engine_id`'s). Never removes a region in use, another
 // user's file, or a newer file that replaced the one inspected.
-CleanResult clean_regions(const std::filesystem::path& shm_dir,
-                          const std::optional<std::string>& engine_id = std::nullopt,
-                          const Syscalls* syscalls = nullptr);
+KVOFFLOAD_API CleanResult clean_regions(const std::filesystem::path& shm_dir,
+                                        const std::optional<std::string>& engine_id = std::nullopt,
+                                        const Syscalls* syscalls = nullptr);
 
 }  // namespace kvoffload

@@ -34,7 +34,7 @@ namespace kvoffload {
 enum class RemoteKind : std::uint8_t { kRedis = 0, kRedisCluster = 1, kMemcached = 2 };
 std::string_view to_string(RemoteKind kind) noexcept;  // URL scheme: "redis" | ...
 
-struct RemoteEndpoint {
+struct KVOFFLOAD_API RemoteEndpoint {
   std::string host;
   std::uint16_t port = 0;
   [[nodiscard]] std::string to_string() const;  // host:port ([v6]:port)
@@ -46,7 +46,7 @@ struct RemoteEndpoint {
 //   redis-cluster://host:port[,host:port...]     Redis Cluster seed nodes
 //   memcached://host:port[,host:port...]         memcached servers
 // Hosts are names, IPv4 addresses or [IPv6]; the port is required (1..65535).
-struct RemoteUrl {
+struct KVOFFLOAD_API RemoteUrl {
   RemoteKind kind = RemoteKind::kRedis;
   std::vector<RemoteEndpoint> nodes;
   unsigned db = 0;
@@ -59,7 +59,7 @@ struct RemoteUrl {
 
 // What makes two engines' chunk bytes interchangeable. Engines with different fingerprints never
 // read each other's values (their keys differ, and the header is checked again on read).
-struct RemoteGeometry {
+struct KVOFFLOAD_API RemoteGeometry {
   std::uint64_t slot_bytes = 0;        // P: bytes of one rank's slot of one chunk (> 0)
   std::uint32_t world_size = 1;        // ranks (> 0)
   bool replicated = false;             // MLA: one copy shared by all ranks
@@ -80,7 +80,7 @@ struct RemoteGeometry {
   [[nodiscard]] std::string describe() const;
 };
 
-struct RemoteTierOptions {
+struct KVOFFLOAD_API RemoteTierOptions {
   RemoteUrl url;
   RemoteGeometry geometry;
   std::chrono::milliseconds connect_timeout{200};  // one TCP connect (+ SELECT)
@@ -108,7 +108,7 @@ struct RemoteTierOptions {
 };
 
 // Bytes of the value stored for one slot of `slot_bytes`.
-std::uint64_t remote_value_bytes(std::uint64_t slot_bytes) noexcept;
+KVOFFLOAD_API std::uint64_t remote_value_bytes(std::uint64_t slot_bytes) noexcept;
 
 struct RemoteStats {
   std::uint64_t stored = 0;          // rows written (every copy acknowledged)
@@ -133,7 +133,7 @@ struct RemoteStats {
   }
 };
 
-class RemoteTier final : public SecondaryTier {
+class KVOFFLOAD_API RemoteTier final : public SecondaryTier {
  public:
   // Validates, resolves nothing it cannot reach within connect_timeout, and starts the node
   // workers. An unreachable store logs a warning and the tier degrades to misses.
@@ -182,6 +182,6 @@ struct RemoteCheckReport {
   [[nodiscard]] bool reachable() const noexcept;  // at least one node answered
 };
 
-RemoteCheckReport check_remote(const RemoteUrl& url, std::chrono::milliseconds timeout);
+KVOFFLOAD_API RemoteCheckReport check_remote(const RemoteUrl& url, std::chrono::milliseconds timeout);
 
 }  // namespace kvoffload

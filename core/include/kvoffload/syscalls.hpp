@@ -9,6 +9,8 @@
 // Conventions: each entry behaves like the libc call of the same name (returns -1 / MAP_FAILED and
 // sets errno on failure). The real table retries nothing; callers handle EINTR where it applies.
 
+#include <kvoffload/export.h>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -59,6 +61,6 @@ struct Syscalls {
 };
 
 // The table of the real system calls. Never null entries.
-const Syscalls& real_syscalls() noexcept;
+KVOFFLOAD_API const Syscalls& real_syscalls() noexcept;
 
 }  // namespace kvoffload

@@ -13,6 +13,7 @@
 //
 // Tiers are thread-safe: put/get/remove/contains may be called from any thread.
 
+#include <kvoffload/export.h>
 #include <kvoffload/block_key.hpp>
 
 #include <chrono>
@@ -30,7 +31,8 @@ enum class TierItemStatus : std::uint8_t {
   kMiss = 1,    // get: nothing valid (absent, short, corrupt, other key or length); not an error
   kFailed = 2,  // an I/O or capacity error for this item (sys_errno / detail say which)
 };
-std::string_view to_string(TierItemStatus status) noexcept;  // "ok" | "miss" | "failed"
+KVOFFLOAD_API std::string_view to_string(
+    TierItemStatus status) noexcept;  // "ok" | "miss" | "failed"
 
 struct TierItemResult {
   BlockKey key{};
@@ -59,7 +61,7 @@ struct TierBatchState;
 }
 
 // Handle to an asynchronous batch; cheap to copy (shared state). Results are in submission order.
-class TierBatch {
+class KVOFFLOAD_API TierBatch {
  public:
   TierBatch() = default;  // an empty batch: ready, no items
 
@@ -83,7 +85,7 @@ class TierBatch {
 
 // Producer side of a batch, for tier implementations: one result per item, set exactly once,
 // from any thread. The batch becomes ready when the last item is set.
-class TierBatchPromise {
+class KVOFFLOAD_API TierBatchPromise {
  public:
   explicit TierBatchPromise(std::span<const BlockKey> keys);
   // For tiers that build items one by one: n items whose keys are set by `set`.
@@ -121,7 +123,7 @@ struct TierStats {
   bool direct_io = false;             // O_DIRECT in use right now
 };
 
-class SecondaryTier {
+class KVOFFLOAD_API SecondaryTier {
  public:
   virtual ~SecondaryTier() = default;
   SecondaryTier() = default;

@@ -19,6 +19,7 @@
 // Threading: like the Manager, thread-compatible: the scheduler calls it from one thread (the
 // tiers' I/O runs on their own threads; every Manager call happens in the caller's thread).
 
+#include <kvoffload/export.h>
 #include <kvoffload/block_key.hpp>
 #include <kvoffload/manager.hpp>
 #include <kvoffload/tier.hpp>
@@ -39,7 +40,7 @@ class Region;
 
 // The chunk rows of the primary tier as a tier sees them: row(slot) is the first row_bytes bytes
 // (all copies, without the page padding) of the slot's row.
-struct PrimaryRows {
+struct KVOFFLOAD_API PrimaryRows {
   std::byte* base = nullptr;
   std::uint64_t row_stride = 0;
   std::uint64_t row_bytes = 0;
@@ -90,7 +91,7 @@ struct TieredStats {
   std::uint64_t promotions_in_flight = 0;
 };
 
-class TieredStore {
+class KVOFFLOAD_API TieredStore {
  public:
   // `primary` and the tiers must outlive the store. Tiers are consulted in order (fastest first).
   TieredStore(Manager& primary, PrimaryRows rows, std::vector<SecondaryTier*> tiers);

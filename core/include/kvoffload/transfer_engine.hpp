@@ -22,6 +22,7 @@
 //   releases events, streams and finally the host registration.
 // The DeviceRuntime must outlive the engine. submit/poll/wait may be called from any threads.
 
+#include <kvoffload/export.h>
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/kv_layout.hpp>
 
@@ -47,7 +48,7 @@ struct JobResult {
 };
 
 // What a job waits for before its copies start.
-class WaitOn {
+class KVOFFLOAD_API WaitOn {
  public:
   constexpr WaitOn() noexcept = default;
   static constexpr WaitOn nothing() noexcept { return {}; }
@@ -110,7 +111,7 @@ struct CalibrationReport {
   bool ran = false;          // false when the kernel path is unavailable (nothing to compare)
 };
 
-class TransferEngine {
+class KVOFFLOAD_API TransferEngine {
  public:
   // Host slots from layout.host (any host buffer). Validates the layout.
   TransferEngine(DeviceRuntime& runtime, KvLayout layout, EngineOptions options = {});

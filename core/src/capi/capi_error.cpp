@@ -50,13 +50,13 @@ kvo_status set_last_error(const Error& error) noexcept {
 
 }  // namespace kvoffload::capi
 
-
-// The enum values are the C API's codes: a renumbering on either side must fail the build.
-static_assert(KVO_INVALID_ARGUMENT == static_cast<int>(kvoffload::ErrorCode::kInvalidArgument));
-static_assert(KVO_SYSTEM == static_cast<int>(kvoffload::ErrorCode::kSystem));
-static_assert(KVO_NOT_AVAILABLE == static_cast<int>(kvoffload::ErrorCode::kNotAvailable));
-static_assert(KVO_TRANSFER_FAILED == static_cast<int>(kvoffload::ErrorCode::kTransferFailed));
-static_assert(KVO_INTERNAL == static_cast<int>(kvoffload::ErrorCode::kInternal));
+// Both enums are generated from error_codes.h; this checks that the C++ side and the C side read
+// the list the same way (a hand-written enumerator on either side would fail here).
+#define KVO_SAME_CODE_(value, upper, camel, name) \
+  static_assert(KVO_##upper == (value) &&         \
+                static_cast<int>(kvoffload::ErrorCode::k##camel) == (value));
+KVOFFLOAD_ERROR_CODES(KVO_SAME_CODE_)
+#undef KVO_SAME_CODE_
 
 extern "C" {
 
@@ -70,7 +70,7 @@ const char* kvo_last_error_call(void) { return kvoffload::capi::last_error().cal
 
 const char* kvo_status_name(kvo_status status) {
   // error_code_name returns views of string literals, so .data() is NUL-terminated.
-  if (status < KVO_OK || status > KVO_INTERNAL) return "unknown";
+  if (status < 0 || status >= KVOFFLOAD_ERROR_CODE_COUNT) return "unknown";
   return kvoffload::error_code_name(static_cast<kvoffload::ErrorCode>(status)).data();
 }
 

@@ -1,5 +1,5 @@
 # The C API (core/include/kvoffload/kvoffload.h): thin extern "C" wrappers over the C++ API.
-target_sources(kvoffload PRIVATE
+target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/capi_error.cpp
   ${CMAKE_CURRENT_LIST_DIR}/capi_region.cpp
   ${CMAKE_CURRENT_LIST_DIR}/capi_manager.cpp

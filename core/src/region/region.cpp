@@ -22,6 +22,7 @@
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
 #include "region/sys.hpp"
+#include "util/clock.hpp"
 
 // Note [Region lifetime]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -165,7 +166,7 @@ void check_owner_and_mode(const struct stat& st, const std::string& path) {
   }
   if ((st.st_mode & 077) != 0) {
     char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    (void)std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
     throw Error(ErrorCode::kPermission, path + " has mode " + mode +
                                             ", wider than the 0600 regions are created with; refused");
   }
@@ -204,9 +205,7 @@ std::string describe_layout(const RegionLayout& l) {
          ", slot_align=" + std::to_string(l.slot_align) + "}";
 }
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+using util::seconds_since;
 
 // A short randomised pause between attempts, so that processes racing over a stale file do not
 // retry in lock step.
@@ -243,7 +242,7 @@ struct Attached {
 
 [[noreturn]] void throw_timeout(const Attempt& a) {
   char secs[32];
-  std::snprintf(secs, sizeof secs, "%.3f", seconds_since(a.started));
+  (void)std::snprintf(secs, sizeof secs, "%.3f", seconds_since(a.started));
   throw Error(ErrorCode::kTimeout,
               "timed out joining region " + a.path + " after " + secs +
                   " s (join_timeout): expected state 'ready', observed '" + a.last_observed +

@@ -1,5 +1,5 @@
 # The shared host region and the platform layer under it (DESIGN.md §2).
-target_sources(kvoffload PRIVATE
+target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/syscalls.cpp
   ${CMAKE_CURRENT_LIST_DIR}/platform.cpp
   ${CMAKE_CURRENT_LIST_DIR}/geometry.cpp

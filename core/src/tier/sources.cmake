@@ -1,5 +1,5 @@
 # Secondary tiers (file tier) and the tiered store over the manager.
-target_sources(kvoffload PRIVATE
+target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/crc32c.cpp
   ${CMAKE_CURRENT_LIST_DIR}/io_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tier.cpp
@@ -7,7 +7,7 @@ target_sources(kvoffload PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/direct_io.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file_tier_recovery.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file_tier.cpp)
-target_sources(kvoffload PRIVATE
+target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/tiered_store.cpp
   ${CMAKE_CURRENT_LIST_DIR}/offload_stack.cpp)
 
@@ -18,12 +18,12 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(KVO_HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 pkg_check_modules(KVO_MEMCACHED REQUIRED IMPORTED_TARGET libmemcached)
 pkg_check_modules(KVO_XXHASH REQUIRED IMPORTED_TARGET libxxhash)
-target_sources(kvoffload PRIVATE
+target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_value.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_memcached.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_tier.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_check.cpp)
-target_link_libraries(kvoffload PRIVATE PkgConfig::KVO_HIREDIS PkgConfig::KVO_MEMCACHED
-                                        PkgConfig::KVO_XXHASH)
+target_link_libraries(kvoffload_objects PUBLIC PkgConfig::KVO_HIREDIS PkgConfig::KVO_MEMCACHED
+                                               PkgConfig::KVO_XXHASH)

@@ -1,6 +1,6 @@
 # Transfer component: device-runtime interface + factory, host backend, fault-injecting decorator,
 # KV layout, planner and the transfer engine.
-target_sources(kvoffload PRIVATE
+target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/device_runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/host_runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fault_runtime.cpp

@@ -3,6 +3,7 @@
 #include "channel.hpp"
 #include "kv_pattern.hpp"
 #include "run_config.hpp"
+#include "util/clock.hpp"
 
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
@@ -26,9 +27,7 @@ std::atomic<bool> g_stop{false};
 extern "C" void on_stop_signal(int /*signal*/) { g_stop.store(true); }
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using util::seconds_since;
 
 // One job of a request, as the scheduler sent it.
 struct JobPart {
