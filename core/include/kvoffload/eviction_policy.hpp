@@ -121,8 +121,8 @@ KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_policy(PolicyKind kind, std::
 // slot to T2 (a write-pending one goes to T1's recent end) and adapts the (fractional) T1 target
 // on ghost hits (touch_missing); eviction takes T1's next candidate while the remaining |T1| is
 // at least floor(target), else T2's; B1 and B2 are each bounded by the capacity, oldest dropped.
-std::unique_ptr<EvictionPolicy> make_vllm_lru_policy(std::uint32_t capacity);
-std::unique_ptr<EvictionPolicy> make_vllm_arc_policy(std::uint32_t capacity);
-std::unique_ptr<EvictionPolicy> make_vllm_policy(PolicyKind kind, std::uint32_t capacity);
+KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_vllm_lru_policy(std::uint32_t capacity);
+KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_vllm_arc_policy(std::uint32_t capacity);
+KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_vllm_policy(PolicyKind kind, std::uint32_t capacity);
 
 }  // namespace kvoffload

@@ -59,7 +59,7 @@ enum class ManagerSemantics : std::uint8_t {
   // allowed with stores or loads in flight, records no event and keeps the threshold counts.
   kVllm = 1,
 };
-std::string_view manager_semantics_name(ManagerSemantics semantics) noexcept;
+KVOFFLOAD_API std::string_view manager_semantics_name(ManagerSemantics semantics) noexcept;
 
 struct ManagerConfig {
   std::uint64_t num_chunks = 0;        // slots in the region; 1 .. 2^32-2

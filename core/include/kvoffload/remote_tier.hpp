@@ -32,7 +32,7 @@
 namespace kvoffload {
 
 enum class RemoteKind : std::uint8_t { kRedis = 0, kRedisCluster = 1, kMemcached = 2 };
-std::string_view to_string(RemoteKind kind) noexcept;  // URL scheme: "redis" | ...
+KVOFFLOAD_API std::string_view to_string(RemoteKind kind) noexcept;  // URL scheme: "redis" | ...
 
 struct KVOFFLOAD_API RemoteEndpoint {
   std::string host;
@@ -175,7 +175,7 @@ struct RemoteNodeReport {
   std::string error;        // why it is unreachable
 };
 
-struct RemoteCheckReport {
+struct KVOFFLOAD_API RemoteCheckReport {
   RemoteUrl url;
   std::vector<RemoteNodeReport> nodes;
   std::uint32_t slots_covered = 0;  // cluster: slots with a master (16384 when complete)

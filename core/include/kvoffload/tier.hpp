@@ -106,7 +106,7 @@ enum class TierPresence : std::uint8_t {
   kPresent = 1,  // held: promotable (a strong hint; a get can still miss)
   kPending = 2,  // a check is in flight: ask again later (vLLM's LookupResult.RETRY)
 };
-std::string_view to_string(TierPresence presence) noexcept;  // "absent" | "present" | "pending"
+KVOFFLOAD_API std::string_view to_string(TierPresence presence) noexcept;  // "absent" | "present" | "pending"
 
 struct TierStats {
   std::uint64_t entries = 0;          // keys the tier holds (ready)
