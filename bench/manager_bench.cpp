@@ -61,13 +61,16 @@ Fixture& fixture(PolicyKind policy, std::uint64_t chunks) {
   return f;
 }
 
-PolicyKind policy_arg(const benchmark::State& state) { return state.range(0) == 0 ? PolicyKind::kLru : PolicyKind::kArc; }
+PolicyKind policy_arg(const benchmark::State& state) {
+  return state.range(0) == 0 ? PolicyKind::kLru : PolicyKind::kArc;
+}
 
 void label(benchmark::State& state, std::size_t keys_per_iteration) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * keys_per_iteration));
   // Seconds per key (printed with an SI prefix: "21.5n" is 21.5 ns).
-  state.counters["per_key"] = benchmark::Counter(static_cast<double>(state.iterations() * keys_per_iteration),
-                                                 benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["per_key"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * keys_per_iteration),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   state.SetLabel(state.range(0) == 0 ? "lru" : "arc");
 }
 
@@ -85,7 +88,8 @@ void BM_Lookup(benchmark::State& state) {
   std::vector<kvoffload::LookupResult> results(kBatch);
   std::size_t b = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(f.manager->lookup(std::span(keys.data() + b * kBatch, kBatch), results));
+    benchmark::DoNotOptimize(
+        f.manager->lookup(std::span(keys.data() + b * kBatch, kBatch), results));
     b = (b + 1) & 255;
   }
   label(state, kBatch);
@@ -141,10 +145,19 @@ void BM_EvictBatch(benchmark::State& state) {
 const std::vector<std::int64_t> kPolicies{0, 1};
 const std::vector<std::int64_t> kSizes{10'000, 100'000, 1'000'000};
 
-BENCHMARK(BM_Lookup)->ArgsProduct({kPolicies, kSizes})->ArgNames({"policy", "chunks"})->MinTime(0.1);
+BENCHMARK(BM_Lookup)
+    ->ArgsProduct({kPolicies, kSizes})
+    ->ArgNames({"policy", "chunks"})
+    ->MinTime(0.1);
 BENCHMARK(BM_Touch)->ArgsProduct({kPolicies, kSizes})->ArgNames({"policy", "chunks"})->MinTime(0.1);
-BENCHMARK(BM_StoreCycle)->ArgsProduct({kPolicies, kSizes})->ArgNames({"policy", "chunks"})->MinTime(0.1);
-BENCHMARK(BM_LoadCycle)->ArgsProduct({kPolicies, kSizes})->ArgNames({"policy", "chunks"})->MinTime(0.1);
+BENCHMARK(BM_StoreCycle)
+    ->ArgsProduct({kPolicies, kSizes})
+    ->ArgNames({"policy", "chunks"})
+    ->MinTime(0.1);
+BENCHMARK(BM_LoadCycle)
+    ->ArgsProduct({kPolicies, kSizes})
+    ->ArgNames({"policy", "chunks"})
+    ->MinTime(0.1);
 BENCHMARK(BM_EvictBatch)
     ->ArgsProduct({kPolicies, {16, 64, 256, 1024, 4096}})
     ->ArgNames({"policy", "batch"})

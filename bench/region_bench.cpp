@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -29,7 +30,6 @@
 #include <filesystem>
 #include <optional>
 #include <string>
-#include <algorithm>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -95,7 +95,8 @@ void BM_RegionCreatePopulate(benchmark::State& state) {
     }
     kvoffload::Region& region = *created;
     const kvoffload::PopulateReport& report = region.populate_report();
-    const auto expected = fallback ? kvoffload::PopulateMethod::kFallback : kvoffload::PopulateMethod::kMadvise;
+    const auto expected =
+        fallback ? kvoffload::PopulateMethod::kFallback : kvoffload::PopulateMethod::kMadvise;
     if (report.method != expected || region.role() != kvoffload::RegionRole::kCreator) {
       state.SkipWithError(("populate used " + std::string(kvoffload::to_string(report.method)) +
                            " as " + std::string(kvoffload::to_string(region.role())) +
@@ -114,7 +115,8 @@ void BM_RegionCreatePopulate(benchmark::State& state) {
     state.counters["populate_MiB"] = static_cast<double>(populated / state.iterations()) / kMiB;
     state.counters["populate_s"] = populate_seconds / static_cast<double>(state.iterations());
   }
-  state.SetLabel(std::string(fallback ? "fallback" : "madvise") + (unranked ? " unranked" : " ranked r0/2"));
+  state.SetLabel(std::string(fallback ? "fallback" : "madvise") +
+                 (unranked ? " unranked" : " ranked r0/2"));
 }
 
 // Args: MiB, threads. First touch of fresh anonymous memory, split among the threads.
@@ -163,9 +165,10 @@ bool read_all(int fd, void* buf, std::size_t n) {
 }
 
 enum Scheme : int {
-  kKvoffload = 0,     // Region::create_or_join, `threads` populate threads per rank
-  kSparse = 1,        // reference: vLLM's SharedOffloadRegion (sparse file, each rank populates)
-  kWholeFallocate = 2 // reference: kvoffload before issue 9 (rank 0 fallocates the whole file first)
+  kKvoffload = 0,  // Region::create_or_join, `threads` populate threads per rank
+  kSparse = 1,     // reference: vLLM's SharedOffloadRegion (sparse file, each rank populates)
+  kWholeFallocate =
+      2  // reference: kvoffload before issue 9 (rank 0 fallocates the whole file first)
 };
 
 // The reference schemes, as plain system calls: a sparse file of the region's size exists (made by
@@ -181,7 +184,9 @@ bool reference_rank(const std::string& path, Scheme scheme, std::uint32_t world,
     if (rank == 0) {
       ok = fallocate(fd, 0, 0, static_cast<off_t>(kRegionBytes)) == 0;
       const std::string release(world - 1, 'a');
-      ok = write(allocated_wr, release.data(), release.size()) == static_cast<ssize_t>(release.size()) && ok;
+      ok = write(allocated_wr, release.data(), release.size()) ==
+               static_cast<ssize_t>(release.size()) &&
+           ok;
     } else {
       char c = 0;
       ok = read_all(allocated_rd, &c, 1);
@@ -217,8 +222,10 @@ void BM_RegionBringupRanks(benchmark::State& state) {
   const auto world = static_cast<std::uint32_t>(state.range(1));
   const auto threads = static_cast<unsigned>(state.range(2));
   kvoffload::RegionOptions opts;
-  opts.layout = {.num_chunks = kRegionBytes / (kSlotBytes * world), .slot_bytes = kSlotBytes,
-                 .world_size = world, .replicated = false};
+  opts.layout = {.num_chunks = kRegionBytes / (kSlotBytes * world),
+                 .slot_bytes = kSlotBytes,
+                 .world_size = world,
+                 .replicated = false};
   opts.shm_dir = g_shm_dir;
   opts.populate_threads = threads;
   int round = 0;
@@ -316,16 +323,26 @@ void BM_RegionBringupRanks(benchmark::State& state) {
     state.counters["slowest_rank_s"] = slowest_rank_s / static_cast<double>(state.iterations());
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(kRegionBytes * state.iterations()));
-  static const char* const kNames[] = {"kvoffload", "reference sparse (vLLM)", "reference whole fallocate (old)"};
+  static const char* const kNames[] = {"kvoffload", "reference sparse (vLLM)",
+                                       "reference whole fallocate (old)"};
   state.SetLabel(std::string(kNames[scheme]) + ", W=" + std::to_string(world) + " processes");
 }
 
 // Every scheme at one W before the next W, so the schemes compared are measured close together.
 BENCHMARK(BM_RegionBringupRanks)
     ->ArgNames({"scheme", "W", "threads"})
-    ->Args({0, 1, 1})->Args({0, 1, 2})->Args({1, 1, 1})->Args({2, 1, 1})
-    ->Args({0, 2, 1})->Args({0, 2, 2})->Args({1, 2, 1})->Args({2, 2, 1})
-    ->Args({0, 4, 1})->Args({0, 4, 2})->Args({1, 4, 1})->Args({2, 4, 1})
+    ->Args({0, 1, 1})
+    ->Args({0, 1, 2})
+    ->Args({1, 1, 1})
+    ->Args({2, 1, 1})
+    ->Args({0, 2, 1})
+    ->Args({0, 2, 2})
+    ->Args({1, 2, 1})
+    ->Args({2, 2, 1})
+    ->Args({0, 4, 1})
+    ->Args({0, 4, 2})
+    ->Args({1, 4, 1})
+    ->Args({2, 4, 1})
     ->Iterations(5)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
@@ -340,7 +357,8 @@ BENCHMARK(BM_RegionCreatePopulate)
 
 BENCHMARK(BM_FirstTouchMemset)
     ->ArgNames({"MiB", "threads"})
-    ->ArgsProduct({{static_cast<std::int64_t>(kRegionBytes / kMiB / 2), static_cast<std::int64_t>(kRegionBytes / kMiB)},
+    ->ArgsProduct({{static_cast<std::int64_t>(kRegionBytes / kMiB / 2),
+                    static_cast<std::int64_t>(kRegionBytes / kMiB)},
                    {1, 2}})
     ->Iterations(3)
     ->UseRealTime()

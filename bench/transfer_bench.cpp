@@ -52,9 +52,12 @@ constexpr std::uint64_t kMaxTotal = 32ULL << 20;
 kvoffload::RuntimeOptions options_from_env() {
   kvoffload::RuntimeOptions o;
   // The kernel path's grid bound (the "at most 12 CTAs" case: =12).
-  if (const char* c = std::getenv("KVOFFLOAD_BENCH_KERNEL_CTAS")) o.kernel_max_blocks = static_cast<unsigned>(std::atoi(c));
-  if (const char* t = std::getenv("KVOFFLOAD_BENCH_HOST_THREADS")) o.host_copy_threads = static_cast<unsigned>(std::atoi(t));
-  if (const char* m = std::getenv("KVOFFLOAD_BENCH_HOST_SPLIT_MIN")) o.host_split_min_bytes = std::strtoull(m, nullptr, 10);
+  if (const char* c = std::getenv("KVOFFLOAD_BENCH_KERNEL_CTAS"))
+    o.kernel_max_blocks = static_cast<unsigned>(std::atoi(c));
+  if (const char* t = std::getenv("KVOFFLOAD_BENCH_HOST_THREADS"))
+    o.host_copy_threads = static_cast<unsigned>(std::atoi(t));
+  if (const char* m = std::getenv("KVOFFLOAD_BENCH_HOST_SPLIT_MIN"))
+    o.host_split_min_bytes = std::strtoull(m, nullptr, 10);
   return o;
 }
 
@@ -66,9 +69,11 @@ struct Setup {
   kvoffload::Stream stream;
   kvoffload::Event start;
   kvoffload::Event done;
-  double last_stream_seconds = 0;  // start -> done on the stream: the copy without submission latency
+  double last_stream_seconds =
+      0;  // start -> done on the stream: the copy without submission latency
 
-  explicit Setup(const std::string& backend) : rt(kvoffload::make_runtime(backend, options_from_env())) {
+  explicit Setup(const std::string& backend)
+      : rt(kvoffload::make_runtime(backend, options_from_env())) {
     device = rt->allocate_device(2 * kMaxTotal);
     rt->memset_sync(device.data(), 1, device.bytes());
     // Two fragments' worth for the cases, then one page for the gate's flag word.
@@ -144,8 +149,10 @@ double reference_once(Setup& s, bool store, std::uint64_t total) {
     s.last_stream_seconds = s.rt->elapsed_seconds(s.start.view(), s.done.view());
     return wall;
   }
-  const CopyDescriptor d = store ? CopyDescriptor{dev, s.host, total} : CopyDescriptor{s.host, dev, total};
-  return s.run_batch(std::span(&d, 1), store ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice, CopyPath::kDma);
+  const CopyDescriptor d =
+      store ? CopyDescriptor{dev, s.host, total} : CopyDescriptor{s.host, dev, total};
+  return s.run_batch(std::span(&d, 1), store ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice,
+                     CopyPath::kDma);
 }
 
 // One memcpy on the calling thread (no hand-off at all): what a synchronous copy would take.
@@ -168,24 +175,28 @@ bool g_bytes_wrong = false;
 std::uint8_t pattern(std::uint64_t i, std::uint64_t k, std::uint64_t salt) {
   return static_cast<std::uint8_t>((i * 131 + k * 7 + salt) & 0xff);
 }
-void fill_sources(Setup& s, bool store, std::uint64_t bytes, std::uint64_t count, std::uint64_t salt) {
+void fill_sources(Setup& s, bool store, std::uint64_t bytes, std::uint64_t count,
+                  std::uint64_t salt) {
   std::vector<std::byte> frag(bytes);
   for (std::uint64_t i = 0; i < count; ++i) {
     for (std::uint64_t k = 0; k < bytes; ++k) frag[k] = static_cast<std::byte>(pattern(i, k, salt));
     if (store) {
-      s.rt->memcpy_sync(static_cast<std::byte*>(s.device.data()) + 2 * i * bytes, frag.data(), bytes);
+      s.rt->memcpy_sync(static_cast<std::byte*>(s.device.data()) + 2 * i * bytes, frag.data(),
+                        bytes);
     } else {
       std::memcpy(s.host + 2 * i * bytes, frag.data(), bytes);
     }
   }
 }
-bool check_destinations(Setup& s, bool store, std::uint64_t bytes, std::uint64_t count, std::uint64_t salt) {
+bool check_destinations(Setup& s, bool store, std::uint64_t bytes, std::uint64_t count,
+                        std::uint64_t salt) {
   std::vector<std::byte> frag(bytes);
   for (std::uint64_t i = 0; i < count; ++i) {
     if (store) {
       std::memcpy(frag.data(), s.host + 2 * i * bytes, bytes);
     } else {
-      s.rt->memcpy_sync(frag.data(), static_cast<std::byte*>(s.device.data()) + 2 * i * bytes, bytes);
+      s.rt->memcpy_sync(frag.data(), static_cast<std::byte*>(s.device.data()) + 2 * i * bytes,
+                        bytes);
     }
     for (std::uint64_t k = 0; k < bytes; ++k) {
       if (frag[k] != static_cast<std::byte>(pattern(i, k, salt))) return false;
@@ -263,7 +274,8 @@ void bm_transfer(benchmark::State& state, Setup* s, bool store, CopyPath path) {
   // Bandwidth on the stream (first to last byte), i.e. without the submission/wake-up latency.
   state.counters["stream_GBps"] = moved / stream_seconds / 1e9;
   state.counters["stream_ratio"] = ref_stream_seconds / stream_seconds;
-  if (host_backend) state.counters["caller_memcpy_GBps"] = 3.0 * static_cast<double>(total) / caller_seconds / 1e9;
+  if (host_backend)
+    state.counters["caller_memcpy_GBps"] = 3.0 * static_cast<double>(total) / caller_seconds / 1e9;
 }
 
 // Both directions at once: a store and a load, each of `count` fragments of `bytes`, on two
@@ -277,8 +289,8 @@ void bm_bidirectional(benchmark::State& state, Setup* s, CopyPath path) {
   for (std::uint64_t i = 0; i < count; ++i) {
     std::byte* h = s->host + 2 * i * bytes;
     if (path == CopyPath::kKernel) h = static_cast<std::byte*>(s->reg.device_pointer(h));
-    stores.push_back({dev + 2 * i * bytes, h, bytes});                   // even halves
-    loads.push_back({h + bytes, dev + 2 * i * bytes + bytes, bytes});    // odd halves
+    stores.push_back({dev + 2 * i * bytes, h, bytes});                 // even halves
+    loads.push_back({h + bytes, dev + 2 * i * bytes + bytes, bytes});  // odd halves
   }
   kvoffload::Stream other = s->rt->create_stream();
   kvoffload::Event other_done = s->rt->create_event();
@@ -303,8 +315,8 @@ void bm_bidirectional(benchmark::State& state, Setup* s, CopyPath path) {
 // Host registration rate: register and unregister 1 GiB of populated memory (GPU backends).
 void bm_register(benchmark::State& state, Setup* s) {
   const std::size_t bytes = static_cast<std::size_t>(state.range(0)) << 20;
-  std::unique_ptr<std::byte, decltype(&std::free)> mem(static_cast<std::byte*>(std::aligned_alloc(4096, bytes)),
-                                                        &std::free);
+  std::unique_ptr<std::byte, decltype(&std::free)> mem(
+      static_cast<std::byte*>(std::aligned_alloc(4096, bytes)), &std::free);
   std::memset(mem.get(), 0, bytes);  // populated first, as a region is
   double seconds = 0;
   for (auto _ : state) {
@@ -315,7 +327,8 @@ void bm_register(benchmark::State& state, Setup* s) {
     seconds += sec;
     reg.reset();
   }
-  state.counters["s_per_GB"] = seconds / static_cast<double>(state.iterations()) / (static_cast<double>(bytes) / 1e9);
+  state.counters["s_per_GB"] =
+      seconds / static_cast<double>(state.iterations()) / (static_cast<double>(bytes) / 1e9);
 }
 
 void register_all() {
@@ -329,7 +342,8 @@ void register_all() {
   const std::string wanted = env != nullptr ? "," + std::string(env) + "," : std::string();
   for (const kvoffload::BackendInfo& b : kvoffload::list_backends()) {
     if (!b.built || b.device_count == 0) continue;
-    if (wanted.empty() ? b.name == "sim" : wanted.find("," + b.name + ",") == std::string::npos) continue;
+    if (wanted.empty() ? b.name == "sim" : wanted.find("," + b.name + ",") == std::string::npos)
+      continue;
     try {
       setups().push_back(std::make_unique<Setup>(b.name));
     } catch (const kvoffload::Error& e) {
@@ -340,14 +354,18 @@ void register_all() {
     for (bool store : {true, false}) {
       for (CopyPath path : {CopyPath::kDma, CopyPath::kKernel}) {
         if (path == CopyPath::kKernel && !s->rt->supports_kernel_path()) continue;
-        const std::string name = b.name + (store ? "/store" : "/load") + "/" + std::string(kvoffload::to_string(path));
+        const std::string name =
+            b.name + (store ? "/store" : "/load") + "/" + std::string(kvoffload::to_string(path));
         auto* bm = benchmark::RegisterBenchmark(name.c_str(), bm_transfer, s, store, path);
         for (std::uint64_t size : sizes) {
           for (std::uint64_t total : totals) {
             bm->Args({static_cast<std::int64_t>(size), static_cast<std::int64_t>(total / size)});
           }
         }
-        bm->ArgNames({"bytes", "count"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+        bm->ArgNames({"bytes", "count"})
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond)
+            ->MinTime(0.2);
       }
     }
     for (CopyPath path : {CopyPath::kDma, CopyPath::kKernel}) {
@@ -356,11 +374,18 @@ void register_all() {
       benchmark::RegisterBenchmark(name.c_str(), bm_bidirectional, s, path)
           ->Args({65536, 256})
           ->Args({2097152, 8})
-          ->ArgNames({"bytes", "count"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+          ->ArgNames({"bytes", "count"})
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.2);
     }
     if (b.name != "host") {
       benchmark::RegisterBenchmark((b.name + "/register").c_str(), bm_register, s)
-          ->Arg(1024)->ArgName("MiB")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+          ->Arg(1024)
+          ->ArgName("MiB")
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond)
+          ->Iterations(3);
     }
   }
 }

@@ -47,10 +47,14 @@ int run(int argc, char** argv) {
   std::string backend = "auto", shm_dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--rank") rank = static_cast<std::uint32_t>(std::stoul(argv[i + 1]));
-    else if (flag == "--world-size") world_size = static_cast<std::uint32_t>(std::stoul(argv[i + 1]));
-    else if (flag == "--backend") backend = argv[i + 1];
-    else if (flag == "--shm-dir") shm_dir = argv[i + 1];
+    if (flag == "--rank")
+      rank = static_cast<std::uint32_t>(std::stoul(argv[i + 1]));
+    else if (flag == "--world-size")
+      world_size = static_cast<std::uint32_t>(std::stoul(argv[i + 1]));
+    else if (flag == "--backend")
+      backend = argv[i + 1];
+    else if (flag == "--shm-dir")
+      shm_dir = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -75,14 +79,16 @@ int run(int argc, char** argv) {
   for (std::uint32_t t = 0; t < 2 * kLayers; ++t) {
     for (std::uint64_t b = 0; b < kNumGpuBlocks; ++b) {
       for (std::uint64_t i = 0; i < kPageBytes; ++i) page[i] = pattern(t, b, i);
-      runtime->memcpy_sync(static_cast<std::byte*>(caches[t].data()) + b * kPageBytes, page.data(), kPageBytes);
+      runtime->memcpy_sync(static_cast<std::byte*>(caches[t].data()) + b * kPageBytes, page.data(),
+                           kPageBytes);
     }
   }
 
   // 2. The region: one slot per rank per chunk, holding kBlocksPerChunk blocks of every tensor.
   kvo::RegionOptions region_options;
   region_options.engine_id = "example-engine";
-  region_options.layout = {kHostChunks, kBlocksPerChunk * 2 * kLayers * kPageBytes, world_size, false};
+  region_options.layout = {kHostChunks, kBlocksPerChunk * 2 * kLayers * kPageBytes, world_size,
+                           false};
   region_options.rank = rank;
   if (!shm_dir.empty()) region_options.shm_dir = shm_dir;
   kvo::Region region = kvo::Region::create_or_join(region_options);
@@ -96,7 +102,8 @@ int run(int argc, char** argv) {
 
   // The scheduler: which chunks hold which keys (block hashes). Two chunks of a request's prefix.
   kvo::Manager manager(kvo::ManagerConfig{.num_chunks = kHostChunks});
-  const std::vector<kvo::BlockKey> keys = {kvo::BlockKey::from_u64(0xA1), kvo::BlockKey::from_u64(0xA2)};
+  const std::vector<kvo::BlockKey> keys = {kvo::BlockKey::from_u64(0xA1),
+                                           kvo::BlockKey::from_u64(0xA2)};
   const kvo::StorePlan plan = manager.prepare_store(keys);
   if (!plan.ok()) throw kvo::Error(kvo::ErrorCode::kCapacity, plan.describe());
   std::vector<std::uint64_t> chunks(plan.slots.begin(), plan.slots.end());
@@ -111,7 +118,8 @@ int run(int argc, char** argv) {
   while (done.empty()) done = engine.poll();
   manager.complete_store(keys, done[0].success);
   if (!done[0].success) throw kvo::Error(kvo::ErrorCode::kTransferFailed, done[0].error);
-  std::printf("stored %llu bytes in %.6f s\n", static_cast<unsigned long long>(done[0].bytes), done[0].seconds);
+  std::printf("stored %llu bytes in %.6f s\n", static_cast<unsigned long long>(done[0].bytes),
+              done[0].seconds);
 
   // 4b. A later request with the same prefix: look up, pin, load into other GPU blocks.
   std::vector<kvo::LookupResult> results(keys.size());
@@ -131,7 +139,9 @@ int run(int argc, char** argv) {
   std::uint64_t bad = 0;
   for (std::uint32_t t = 0; t < 2 * kLayers; ++t) {
     for (std::uint64_t b = 0; b < 8; ++b) {
-      runtime->memcpy_sync(page.data(), static_cast<std::byte*>(caches[t].data()) + (32 + b) * kPageBytes, kPageBytes);
+      runtime->memcpy_sync(page.data(),
+                           static_cast<std::byte*>(caches[t].data()) + (32 + b) * kPageBytes,
+                           kPageBytes);
       for (std::uint64_t i = 0; i < kPageBytes; ++i) bad += page[i] != pattern(t, b, i);
     }
   }

@@ -7,13 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(call)                                                                       \
-  do {                                                                                  \
-    kvo_status s_ = (call);                                                             \
-    if (s_ != KVO_OK) {                                                                 \
-      fprintf(stderr, "%s failed: [%s] %s\n", #call, kvo_status_name(s_), kvo_last_error_message()); \
-      exit(1);                                                                          \
-    }                                                                                   \
+#define TRY(call)                                                         \
+  do {                                                                    \
+    kvo_status s_ = (call);                                               \
+    if (s_ != KVO_OK) {                                                   \
+      fprintf(stderr, "%s failed: [%s] %s\n", #call, kvo_status_name(s_), \
+              kvo_last_error_message());                                  \
+      exit(1);                                                            \
+    }                                                                     \
   } while (0)
 
 enum { BLOCKS = 16, PAGE = 4096, BPC = 2 };
@@ -87,7 +88,8 @@ int main(int argc, char** argv) {
   }
   for (t = 0; t < 2; ++t) {
     for (b = 0; b < 4; ++b) {
-      TRY(kvo_runtime_memcpy(rt, (uint64_t)(uintptr_t)back, dev[t] + (uint64_t)(8 + b) * PAGE, PAGE));
+      TRY(kvo_runtime_memcpy(rt, (uint64_t)(uintptr_t)back, dev[t] + (uint64_t)(8 + b) * PAGE,
+                             PAGE));
       memset(host, t * 16 + b, PAGE);
       if (memcmp(back, host, PAGE) != 0) {
         fprintf(stderr, "block %d of tensor %d came back wrong\n", 8 + b, t);

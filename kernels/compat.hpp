@@ -84,7 +84,9 @@ inline kvo_vec16 kvo_load_stream(const kvo_vec16* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void kvo_store_stream(kvo_vec16* p, kvo_vec16 v) { std::memcpy(p, &v, sizeof v); }
+inline void kvo_store_stream(kvo_vec16* p, kvo_vec16 v) {
+  std::memcpy(p, &v, sizeof v);
+}
 
 template <int Threads>
 struct kvo_block_scan {
@@ -121,8 +123,12 @@ using kvo_func_attributes = cudaFuncAttributes;
 
 using kvo_vec16 = uint4;
 
-__device__ __forceinline__ kvo_vec16 kvo_load_stream(const kvo_vec16* p) { return __ldcs(p); }
-__device__ __forceinline__ void kvo_store_stream(kvo_vec16* p, kvo_vec16 v) { __stcs(p, v); }
+__device__ __forceinline__ kvo_vec16 kvo_load_stream(const kvo_vec16* p) {
+  return __ldcs(p);
+}
+__device__ __forceinline__ void kvo_store_stream(kvo_vec16* p, kvo_vec16 v) {
+  __stcs(p, v);
+}
 
 template <int Threads>
 struct kvo_block_scan {

@@ -1,5 +1,5 @@
-// Device copy kernels, written once against compat.hpp and compiled by nvcc (KVO_BACKEND_NS = cuda),
-// by hipcc (KVO_BACKEND_NS = hip) and by the host compiler for the simulated device
+// Device copy kernels, written once against compat.hpp and compiled by nvcc (KVO_BACKEND_NS =
+// cuda), by hipcc (KVO_BACKEND_NS = hip) and by the host compiler for the simulated device
 // (KVO_BACKEND_NS = sim, core/src/gpu/sim/sim_kernel.cpp). The host entry points are declared in
 // include/kvoffload_kernels/copy_kernels.hpp.
 //
@@ -137,8 +137,8 @@ __global__ void __launch_bounds__(kThreads)
             src[u] = s.src[d] + off;
             dst[u] = s.dst[d] + off;
             len[u] = static_cast<unsigned>(left < 16 ? left : 16);
-            const auto mis = reinterpret_cast<std::uintptr_t>(src[u]) |
-                             reinterpret_cast<std::uintptr_t>(dst[u]);
+            const auto mis =
+                reinterpret_cast<std::uintptr_t>(src[u]) | reinterpret_cast<std::uintptr_t>(dst[u]);
             fast[u] = len[u] == 16 && (mis & 15u) == 0;
           }
         }
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kThreads)
       kvo_vec16 v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        v[u] = kvo_load_stream(fast[u] ? reinterpret_cast<const kvo_vec16*>(src[u])
-                                       : &g_idle_source);
+        v[u] =
+            kvo_load_stream(fast[u] ? reinterpret_cast<const kvo_vec16*>(src[u]) : &g_idle_source);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -179,8 +179,7 @@ void run_batch_copy_thread(const CopyDesc* descs, std::size_t count) {
 
 #else
 
-int launch_batch_copy(const CopyDesc* device_descs, std::size_t count, int max_ctas,
-                      void* stream) {
+int launch_batch_copy(const CopyDesc* device_descs, std::size_t count, int max_ctas, void* stream) {
   if (count == 0) {
     return static_cast<int>(kvoSuccess);
   }
@@ -189,7 +188,8 @@ int launch_batch_copy(const CopyDesc* device_descs, std::size_t count, int max_c
   }
   // Grid bounded on purpose: the copy shares the GPU with the model (see copy_kernels.hpp).
   constexpr int kMaxGrid = 65535;
-  const int grid = max_ctas <= 0 ? kDefaultBatchCopyCtas : (max_ctas < kMaxGrid ? max_ctas : kMaxGrid);
+  const int grid =
+      max_ctas <= 0 ? kDefaultBatchCopyCtas : (max_ctas < kMaxGrid ? max_ctas : kMaxGrid);
   // The launch API returns this launch's own status: a `<<<>>>` launch followed by
   // GetLastError would also report any earlier error left on the thread (by torch, say), and
   // a good launch would look failed (Note [Descriptor rings]).

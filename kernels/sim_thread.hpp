@@ -16,8 +16,8 @@ struct ThreadContext {
   Dim3 thread_idx;
   Dim3 block_idx;
   Dim3 grid_dim;
-  void* shared = nullptr;               // the CTA's shared memory
-  void (*sync)(void*) = nullptr;        // __syncthreads of the CTA
+  void* shared = nullptr;         // the CTA's shared memory
+  void (*sync)(void*) = nullptr;  // __syncthreads of the CTA
   void* sync_arg = nullptr;
 };
 

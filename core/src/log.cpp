@@ -17,8 +17,10 @@ std::shared_ptr<spdlog::logger> make_logger() {
     level = spdlog::level::from_str(env);  // unknown names map to "off" in spdlog; warn instead
     if (level == spdlog::level::off && std::string(env) != "off") {
       level = spdlog::level::warn;
-      logger->warn("KVOFFLOAD_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, "
-                   "critical, off); using warn", env);
+      logger->warn(
+          "KVOFFLOAD_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, "
+          "critical, off); using warn",
+          env);
     }
   }
   logger->set_level(level);
@@ -34,6 +36,8 @@ spdlog::logger& log() {
   return *logger;
 }
 
-void set_log_level(spdlog::level::level_enum level) { log().set_level(level); }
+void set_log_level(spdlog::level::level_enum level) {
+  log().set_level(level);
+}
 
 }  // namespace kvoffload

@@ -28,25 +28,48 @@ namespace kvoffload::gpu::cuda_api {
 
 namespace {
 
-cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
-cudaEvent_t ev(void* e) { return static_cast<cudaEvent_t>(e); }
-int rc(cudaError_t e) { return static_cast<int>(e); }
+cudaStream_t st(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
+cudaEvent_t ev(void* e) {
+  return static_cast<cudaEvent_t>(e);
+}
+int rc(cudaError_t e) {
+  return static_cast<int>(e);
+}
 
-const char* error_name(void*, int err) { return cudaGetErrorName(static_cast<cudaError_t>(err)); }
-const char* error_string(void*, int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
-int get_last_error(void*) { return rc(cudaGetLastError()); }
-int get_device_count(void*, int* n) { return rc(cudaGetDeviceCount(n)); }
-int get_device(void*, int* d) { return rc(cudaGetDevice(d)); }
-int set_device(void*, int d) { return rc(cudaSetDevice(d)); }
-int device_describe(void*, int d, char* name, std::size_t name_len, char* arch, std::size_t arch_len) {
+const char* error_name(void*, int err) {
+  return cudaGetErrorName(static_cast<cudaError_t>(err));
+}
+const char* error_string(void*, int err) {
+  return cudaGetErrorString(static_cast<cudaError_t>(err));
+}
+int get_last_error(void*) {
+  return rc(cudaGetLastError());
+}
+int get_device_count(void*, int* n) {
+  return rc(cudaGetDeviceCount(n));
+}
+int get_device(void*, int* d) {
+  return rc(cudaGetDevice(d));
+}
+int set_device(void*, int d) {
+  return rc(cudaSetDevice(d));
+}
+int device_describe(void*, int d, char* name, std::size_t name_len, char* arch,
+                    std::size_t arch_len) {
   cudaDeviceProp prop{};
   if (const cudaError_t e = cudaGetDeviceProperties(&prop, d); e != cudaSuccess) return rc(e);
   std::snprintf(name, name_len, "%s", prop.name);
   std::snprintf(arch, arch_len, "sm_%d%d", prop.major, prop.minor);
   return 0;
 }
-int driver_version(void*, int* v) { return rc(cudaDriverGetVersion(v)); }
-int runtime_version(void*, int* v) { return rc(cudaRuntimeGetVersion(v)); }
+int driver_version(void*, int* v) {
+  return rc(cudaDriverGetVersion(v));
+}
+int runtime_version(void*, int* v) {
+  return rc(cudaRuntimeGetVersion(v));
+}
 // CUDA_VERSION encoding: major * 1000 + minor * 10.
 void version_text(void*, int v, char* out, std::size_t len) {
   std::snprintf(out, len, "%d.%d", v / 1000, (v % 1000) / 10);
@@ -68,42 +91,75 @@ int legacy_stream_capturing(void*, int* capturing) {
 int stream_create(void*, void** s) {
   return rc(cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(s), cudaStreamNonBlocking));
 }
-int stream_destroy(void*, void* s) { return rc(cudaStreamDestroy(st(s))); }
-int stream_synchronize(void*, void* s) { return rc(cudaStreamSynchronize(st(s))); }
-int stream_wait_event(void*, void* s, void* e) { return rc(cudaStreamWaitEvent(st(s), ev(e), 0)); }
-int launch_host_func(void*, void* s, void (*fn)(void*), void* arg) { return rc(cudaLaunchHostFunc(st(s), fn, arg)); }
+int stream_destroy(void*, void* s) {
+  return rc(cudaStreamDestroy(st(s)));
+}
+int stream_synchronize(void*, void* s) {
+  return rc(cudaStreamSynchronize(st(s)));
+}
+int stream_wait_event(void*, void* s, void* e) {
+  return rc(cudaStreamWaitEvent(st(s), ev(e), 0));
+}
+int launch_host_func(void*, void* s, void (*fn)(void*), void* arg) {
+  return rc(cudaLaunchHostFunc(st(s), fn, arg));
+}
 int event_create(void*, void** e, int timing) {
   return rc(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e),
                                      timing != 0 ? cudaEventDefault : cudaEventDisableTiming));
 }
-int event_destroy(void*, void* e) { return rc(cudaEventDestroy(ev(e))); }
-int event_record(void*, void* e, void* s) { return rc(cudaEventRecord(ev(e), st(s))); }
-int event_query(void*, void* e) { return rc(cudaEventQuery(ev(e))); }
-int event_synchronize(void*, void* e) { return rc(cudaEventSynchronize(ev(e))); }
-int event_elapsed_ms(void*, float* ms, void* a, void* b) { return rc(cudaEventElapsedTime(ms, ev(a), ev(b))); }
+int event_destroy(void*, void* e) {
+  return rc(cudaEventDestroy(ev(e)));
+}
+int event_record(void*, void* e, void* s) {
+  return rc(cudaEventRecord(ev(e), st(s)));
+}
+int event_query(void*, void* e) {
+  return rc(cudaEventQuery(ev(e)));
+}
+int event_synchronize(void*, void* e) {
+  return rc(cudaEventSynchronize(ev(e)));
+}
+int event_elapsed_ms(void*, float* ms, void* a, void* b) {
+  return rc(cudaEventElapsedTime(ms, ev(a), ev(b)));
+}
 
 int host_register(void*, void* p, std::size_t n) {
   return rc(cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterMapped));
 }
-int host_unregister(void*, void* p) { return rc(cudaHostUnregister(p)); }
-int host_device_pointer(void*, void** d, void* h) { return rc(cudaHostGetDevicePointer(d, h, 0)); }
+int host_unregister(void*, void* p) {
+  return rc(cudaHostUnregister(p));
+}
+int host_device_pointer(void*, void** d, void* h) {
+  return rc(cudaHostGetDevicePointer(d, h, 0));
+}
 int host_alloc_mapped(void*, void** p, std::size_t n) {
   return rc(cudaHostAlloc(p, n, cudaHostAllocMapped | cudaHostAllocPortable));
 }
-int host_free(void*, void* p) { return rc(cudaFreeHost(p)); }
-int device_malloc(void*, void** p, std::size_t n) { return rc(cudaMalloc(p, n)); }
-int device_free(void*, void* p) { return rc(cudaFree(p)); }
-int device_free_async(void*, void* p, void* s) { return rc(cudaFreeAsync(p, st(s))); }
+int host_free(void*, void* p) {
+  return rc(cudaFreeHost(p));
+}
+int device_malloc(void*, void** p, std::size_t n) {
+  return rc(cudaMalloc(p, n));
+}
+int device_free(void*, void* p) {
+  return rc(cudaFree(p));
+}
+int device_free_async(void*, void* p, void* s) {
+  return rc(cudaFreeAsync(p, st(s)));
+}
 int pointer_is_device(void*, const void* p, int* is_device) {
   cudaPointerAttributes attr{};
   const cudaError_t e = cudaPointerGetAttributes(&attr, p);
-  *is_device = e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
+  *is_device =
+      e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
   return rc(e);
 }
 int memcpy_async(void*, void* d, const void* s, std::size_t n, int kind, void* stream) {
   return rc(cudaMemcpyAsync(d, s, n, static_cast<cudaMemcpyKind>(kind), st(stream)));
 }
-int memset_async(void*, void* d, int v, std::size_t n, void* s) { return rc(cudaMemsetAsync(d, v, n, st(s))); }
+int memset_async(void*, void* d, int v, std::size_t n, void* s) {
+  return rc(cudaMemsetAsync(d, v, n, st(s)));
+}
 
 // cuStreamWaitValue32 through the driver entry point (no libcuda link needed).
 using WaitValueFn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -112,13 +168,15 @@ int stream_wait_value32(void*, void* s, std::uint32_t* flag, std::uint32_t value
   if (g_wait_value == nullptr) return rc(cudaErrorNotSupported);
   void* dev = nullptr;
   if (const cudaError_t e = cudaHostGetDevicePointer(&dev, flag, 0); e != cudaSuccess) return rc(e);
-  const CUresult r = g_wait_value(st(s), reinterpret_cast<CUdeviceptr>(dev), value, CU_STREAM_WAIT_VALUE_EQ);
+  const CUresult r =
+      g_wait_value(st(s), reinterpret_cast<CUdeviceptr>(dev), value, CU_STREAM_WAIT_VALUE_EQ);
   return r == CUDA_SUCCESS ? 0 : rc(cudaErrorInvalidValue);
 }
 
 // ---- batched DMA: Note [Resolving cuMemcpyBatchAsync] ----
 using BatchFn12080 = CUresult(CUDAAPI*)(CUdeviceptr*, CUdeviceptr*, std::size_t*, std::size_t,
-                                        CUmemcpyAttributes*, std::size_t*, std::size_t, std::size_t*, CUstream);
+                                        CUmemcpyAttributes*, std::size_t*, std::size_t,
+                                        std::size_t*, CUstream);
 using BatchFn13000 = CUresult(CUDAAPI*)(CUdeviceptr*, CUdeviceptr*, std::size_t*, std::size_t,
                                         CUmemcpyAttributes*, std::size_t*, std::size_t, CUstream);
 using GetErrorFn = CUresult(CUDAAPI*)(CUresult, const char**);
@@ -130,7 +188,8 @@ std::string g_batch_detail;
 void* entry_point(const char* symbol, unsigned version) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableLegacyStream, &status) != cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableLegacyStream, &status) !=
+          cudaSuccess ||
       status != cudaDriverEntryPointSuccess) {
     (void)cudaGetLastError();
     return nullptr;
@@ -149,30 +208,34 @@ void resolve_driver_entries() {
   g_wait_value = reinterpret_cast<WaitValueFn>(entry_point("cuStreamWaitValue32", 12000));
   g_error_name = reinterpret_cast<GetErrorFn>(entry_point("cuGetErrorName", 12000));
   if (driver < 12080) {
-    g_batch_detail = "per-copy loop: driver " + std::to_string(driver) + " has no cuMemcpyBatchAsync (needs 12.8)";
+    g_batch_detail = "per-copy loop: driver " + std::to_string(driver) +
+                     " has no cuMemcpyBatchAsync (needs 12.8)";
     return;
   }
   g_batch = entry_point("cuMemcpyBatchAsync", version);
   g_batch_13000 = version >= 13000;
-  g_batch_detail = g_batch == nullptr ? "per-copy loop: the driver did not resolve cuMemcpyBatchAsync"
-                   : g_batch_13000    ? "cuMemcpyBatchAsync (CUDA 13 signature, 8 arguments)"
-                                      : "cuMemcpyBatchAsync (CUDA 12.8 signature, 9 arguments)";
+  g_batch_detail = g_batch == nullptr
+                       ? "per-copy loop: the driver did not resolve cuMemcpyBatchAsync"
+                   : g_batch_13000 ? "cuMemcpyBatchAsync (CUDA 13 signature, 8 arguments)"
+                                   : "cuMemcpyBatchAsync (CUDA 12.8 signature, 9 arguments)";
 }
 
 int memcpy_batch_async(void*, void** dsts, const void** srcs, std::size_t* sizes, std::size_t count,
                        int source_in_stream_order, void* stream, std::size_t* fail_index) {
   *fail_index = SIZE_MAX;
   CUmemcpyAttributes attr = {};  // location hints unused: neither side is managed memory
-  attr.srcAccessOrder = source_in_stream_order != 0 ? CU_MEMCPY_SRC_ACCESS_ORDER_STREAM : CU_MEMCPY_SRC_ACCESS_ORDER_ANY;
+  attr.srcAccessOrder = source_in_stream_order != 0 ? CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+                                                    : CU_MEMCPY_SRC_ACCESS_ORDER_ANY;
   attr.flags = CU_MEMCPY_FLAG_DEFAULT;
   std::size_t attr_idx = 0;  // the one attribute applies to every copy
   static_assert(sizeof(CUdeviceptr) == sizeof(void*));
   auto* d = reinterpret_cast<CUdeviceptr*>(dsts);
   auto* s = reinterpret_cast<CUdeviceptr*>(const_cast<void**>(srcs));
   const CUresult r = g_batch_13000
-                         ? reinterpret_cast<BatchFn13000>(g_batch)(d, s, sizes, count, &attr, &attr_idx, 1, st(stream))
-                         : reinterpret_cast<BatchFn12080>(g_batch)(d, s, sizes, count, &attr, &attr_idx, 1,
-                                                                    fail_index, st(stream));
+                         ? reinterpret_cast<BatchFn13000>(g_batch)(d, s, sizes, count, &attr,
+                                                                   &attr_idx, 1, st(stream))
+                         : reinterpret_cast<BatchFn12080>(g_batch)(
+                               d, s, sizes, count, &attr, &attr_idx, 1, fail_index, st(stream));
   return static_cast<int>(r);
 }
 const char* batch_error_text(void*, int code) {
@@ -184,9 +247,12 @@ int batch_error_is_permanent(void*, int code) {
   return code == CUDA_ERROR_NOT_SUPPORTED || code == CUDA_ERROR_NOT_PERMITTED ? 1 : 0;
 }
 
-int kernel_check(void*) { return kernels::cuda::check_batch_copy(); }
+int kernel_check(void*) {
+  return kernels::cuda::check_batch_copy();
+}
 int kernel_launch(void*, const VendorCopyDesc* descs, std::size_t count, int ctas, void* stream) {
-  return kernels::cuda::launch_batch_copy(reinterpret_cast<const kernels::CopyDesc*>(descs), count, ctas, stream);
+  return kernels::cuda::launch_batch_copy(reinterpret_cast<const kernels::CopyDesc*>(descs), count,
+                                          ctas, stream);
 }
 
 VendorApi make_table() {
@@ -210,8 +276,8 @@ VendorApi make_table() {
 
 }  // namespace kvoffload::gpu::cuda_api
 
-extern "C" __attribute__((visibility("default"))) const kvoffload::gpu::VendorApi* kvoffload_vendor_api_v1(
-    char* /*why*/, std::size_t /*why_len*/) {
+extern "C" __attribute__((visibility("default"))) const kvoffload::gpu::VendorApi*
+kvoffload_vendor_api_v1(char* /*why*/, std::size_t /*why_len*/) {
   // The runtime loaded with this module; a missing driver or device is for probe to report.
   static const kvoffload::gpu::VendorApi table = kvoffload::gpu::cuda_api::make_table();
   return &table;

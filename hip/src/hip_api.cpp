@@ -14,8 +14,8 @@
 // - The symbol exists from ROCm 7.1 with the CUDA 12.8 shape (9 arguments, failIdx before the
 //   stream); it takes no attributes, so there is no source order to choose. ROCm 5.2 lacks it.
 // - It, and hipFreeAsync, are looked up in the very libamdhip64 this module is linked to, through
-//   that library's own handle (dladdr of hipGetDeviceCount, then dlopen RTLD_NOLOAD): dlsym(RTLD_DEFAULT)
-//   misses when Python loaded us RTLD_LOCAL.
+//   that library's own handle (dladdr of hipGetDeviceCount, then dlopen RTLD_NOLOAD):
+//   dlsym(RTLD_DEFAULT) misses when Python loaded us RTLD_LOCAL.
 // - The signature is trusted only on the HIP major that published it (7.x).
 #include "gpu/vendor_api.hpp"
 
@@ -33,25 +33,48 @@ namespace kvoffload::gpu::hip_api {
 
 namespace {
 
-hipStream_t st(void* s) { return static_cast<hipStream_t>(s); }
-hipEvent_t ev(void* e) { return static_cast<hipEvent_t>(e); }
-int rc(hipError_t e) { return static_cast<int>(e); }
+hipStream_t st(void* s) {
+  return static_cast<hipStream_t>(s);
+}
+hipEvent_t ev(void* e) {
+  return static_cast<hipEvent_t>(e);
+}
+int rc(hipError_t e) {
+  return static_cast<int>(e);
+}
 
-const char* error_name(void*, int err) { return hipGetErrorName(static_cast<hipError_t>(err)); }
-const char* error_string(void*, int err) { return hipGetErrorString(static_cast<hipError_t>(err)); }
-int get_last_error(void*) { return rc(hipGetLastError()); }
-int get_device_count(void*, int* n) { return rc(hipGetDeviceCount(n)); }
-int get_device(void*, int* d) { return rc(hipGetDevice(d)); }
-int set_device(void*, int d) { return rc(hipSetDevice(d)); }
-int device_describe(void*, int d, char* name, std::size_t name_len, char* arch, std::size_t arch_len) {
+const char* error_name(void*, int err) {
+  return hipGetErrorName(static_cast<hipError_t>(err));
+}
+const char* error_string(void*, int err) {
+  return hipGetErrorString(static_cast<hipError_t>(err));
+}
+int get_last_error(void*) {
+  return rc(hipGetLastError());
+}
+int get_device_count(void*, int* n) {
+  return rc(hipGetDeviceCount(n));
+}
+int get_device(void*, int* d) {
+  return rc(hipGetDevice(d));
+}
+int set_device(void*, int d) {
+  return rc(hipSetDevice(d));
+}
+int device_describe(void*, int d, char* name, std::size_t name_len, char* arch,
+                    std::size_t arch_len) {
   hipDeviceProp_t prop{};
   if (const hipError_t e = hipGetDeviceProperties(&prop, d); e != hipSuccess) return rc(e);
   std::snprintf(name, name_len, "%s", prop.name);
   std::snprintf(arch, arch_len, "%s", prop.gcnArchName);
   return 0;
 }
-int driver_version(void*, int* v) { return rc(hipDriverGetVersion(v)); }
-int runtime_version(void*, int* v) { return rc(hipRuntimeGetVersion(v)); }
+int driver_version(void*, int* v) {
+  return rc(hipDriverGetVersion(v));
+}
+int runtime_version(void*, int* v) {
+  return rc(hipRuntimeGetVersion(v));
+}
 // HIP_VERSION encoding: major * 10000000 + minor * 100000 + patch.
 void version_text(void*, int v, char* out, std::size_t len) {
   std::snprintf(out, len, "%d.%d", v / 10000000, (v / 100000) % 100);
@@ -72,9 +95,15 @@ int legacy_stream_capturing(void*, int* capturing) {
 int stream_create(void*, void** s) {
   return rc(hipStreamCreateWithFlags(reinterpret_cast<hipStream_t*>(s), hipStreamNonBlocking));
 }
-int stream_destroy(void*, void* s) { return rc(hipStreamDestroy(st(s))); }
-int stream_synchronize(void*, void* s) { return rc(hipStreamSynchronize(st(s))); }
-int stream_wait_event(void*, void* s, void* e) { return rc(hipStreamWaitEvent(st(s), ev(e), 0)); }
+int stream_destroy(void*, void* s) {
+  return rc(hipStreamDestroy(st(s)));
+}
+int stream_synchronize(void*, void* s) {
+  return rc(hipStreamSynchronize(st(s)));
+}
+int stream_wait_event(void*, void* s, void* e) {
+  return rc(hipStreamWaitEvent(st(s), ev(e), 0));
+}
 int stream_wait_value32(void*, void* s, std::uint32_t* flag, std::uint32_t value) {
   void* dev = nullptr;
   if (const hipError_t e = hipHostGetDevicePointer(&dev, flag, 0); e != hipSuccess) return rc(e);
@@ -97,25 +126,47 @@ int launch_host_func(void*, void* s, void (*fn)(void*), void* arg) {
   return rc(e);
 }
 int event_create(void*, void** e, int timing) {
-  return rc(hipEventCreateWithFlags(reinterpret_cast<hipEvent_t*>(e), timing != 0 ? hipEventDefault : hipEventDisableTiming));
+  return rc(hipEventCreateWithFlags(reinterpret_cast<hipEvent_t*>(e),
+                                    timing != 0 ? hipEventDefault : hipEventDisableTiming));
 }
-int event_destroy(void*, void* e) { return rc(hipEventDestroy(ev(e))); }
-int event_record(void*, void* e, void* s) { return rc(hipEventRecord(ev(e), st(s))); }
-int event_query(void*, void* e) { return rc(hipEventQuery(ev(e))); }
-int event_synchronize(void*, void* e) { return rc(hipEventSynchronize(ev(e))); }
-int event_elapsed_ms(void*, float* ms, void* a, void* b) { return rc(hipEventElapsedTime(ms, ev(a), ev(b))); }
+int event_destroy(void*, void* e) {
+  return rc(hipEventDestroy(ev(e)));
+}
+int event_record(void*, void* e, void* s) {
+  return rc(hipEventRecord(ev(e), st(s)));
+}
+int event_query(void*, void* e) {
+  return rc(hipEventQuery(ev(e)));
+}
+int event_synchronize(void*, void* e) {
+  return rc(hipEventSynchronize(ev(e)));
+}
+int event_elapsed_ms(void*, float* ms, void* a, void* b) {
+  return rc(hipEventElapsedTime(ms, ev(a), ev(b)));
+}
 
 int host_register(void*, void* p, std::size_t n) {
   return rc(hipHostRegister(p, n, hipHostRegisterPortable | hipHostRegisterMapped));
 }
-int host_unregister(void*, void* p) { return rc(hipHostUnregister(p)); }
-int host_device_pointer(void*, void** d, void* h) { return rc(hipHostGetDevicePointer(d, h, 0)); }
-int host_alloc_mapped(void*, void** p, std::size_t n) {
-  return rc(hipHostMalloc(p, n, hipHostMallocMapped | hipHostMallocPortable | hipHostMallocCoherent));
+int host_unregister(void*, void* p) {
+  return rc(hipHostUnregister(p));
 }
-int host_free(void*, void* p) { return rc(hipHostFree(p)); }
-int device_malloc(void*, void** p, std::size_t n) { return rc(hipMalloc(p, n)); }
-int device_free(void*, void* p) { return rc(hipFree(p)); }
+int host_device_pointer(void*, void** d, void* h) {
+  return rc(hipHostGetDevicePointer(d, h, 0));
+}
+int host_alloc_mapped(void*, void** p, std::size_t n) {
+  return rc(
+      hipHostMalloc(p, n, hipHostMallocMapped | hipHostMallocPortable | hipHostMallocCoherent));
+}
+int host_free(void*, void* p) {
+  return rc(hipHostFree(p));
+}
+int device_malloc(void*, void** p, std::size_t n) {
+  return rc(hipMalloc(p, n));
+}
+int device_free(void*, void* p) {
+  return rc(hipFree(p));
+}
 int pointer_is_device(void*, const void* p, int* is_device) {
   hipPointerAttribute_t attr{};
   const hipError_t e = hipPointerGetAttributes(&attr, p);
@@ -125,13 +176,15 @@ int pointer_is_device(void*, const void* p, int* is_device) {
 int memcpy_async(void*, void* d, const void* s, std::size_t n, int kind, void* stream) {
   return rc(hipMemcpyAsync(d, s, n, static_cast<hipMemcpyKind>(kind), st(stream)));
 }
-int memset_async(void*, void* d, int v, std::size_t n, void* s) { return rc(hipMemsetAsync(d, v, n, st(s))); }
+int memset_async(void*, void* d, int v, std::size_t n, void* s) {
+  return rc(hipMemsetAsync(d, v, n, st(s)));
+}
 
 // ---- entry points resolved in our own libamdhip64: Note [Resolving hipMemcpyBatchAsync] ----
 using FreeAsyncFn = hipError_t (*)(void*, hipStream_t);
-using BatchFn = hipError_t (*)(void** dsts, void** srcs, std::size_t* sizes, std::size_t count, void* attrs,
-                               std::size_t* attrs_idxs, std::size_t num_attrs, std::size_t* fail_idx,
-                               hipStream_t stream);
+using BatchFn = hipError_t (*)(void** dsts, void** srcs, std::size_t* sizes, std::size_t count,
+                               void* attrs, std::size_t* attrs_idxs, std::size_t num_attrs,
+                               std::size_t* fail_idx, hipStream_t stream);
 FreeAsyncFn g_free_async = nullptr;
 BatchFn g_batch = nullptr;
 std::string g_batch_detail;
@@ -139,7 +192,9 @@ std::string g_batch_detail;
 void* runtime_symbol(const char* name) {
   Dl_info info{};
   // hipGetDeviceCount: not overloaded (hipMalloc is a template too), exported by libamdhip64.
-  if (::dladdr(reinterpret_cast<void*>(&hipGetDeviceCount), &info) == 0 || info.dli_fname == nullptr) return nullptr;
+  if (::dladdr(reinterpret_cast<void*>(&hipGetDeviceCount), &info) == 0 ||
+      info.dli_fname == nullptr)
+    return nullptr;
   void* handle = ::dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (handle == nullptr) return nullptr;
   void* sym = ::dlsym(handle, name);
@@ -158,26 +213,41 @@ void resolve_runtime_entries() {
   char v[32];
   version_text(nullptr, runtime, v, sizeof v);
   if (runtime < 70100000 || runtime >= 80000000) {
-    g_batch_detail = std::string("per-copy loop: hipMemcpyBatchAsync is used on HIP 7.1 to 7.x, runtime is ") + v;
+    g_batch_detail =
+        std::string("per-copy loop: hipMemcpyBatchAsync is used on HIP 7.1 to 7.x, runtime is ") +
+        v;
     return;
   }
   g_batch = reinterpret_cast<BatchFn>(runtime_symbol("hipMemcpyBatchAsync"));
-  g_batch_detail = g_batch != nullptr ? std::string("hipMemcpyBatchAsync (HIP ") + v + ", no attributes)"
-                                      : std::string("per-copy loop: HIP ") + v + " does not export hipMemcpyBatchAsync";
+  g_batch_detail =
+      g_batch != nullptr
+          ? std::string("hipMemcpyBatchAsync (HIP ") + v + ", no attributes)"
+          : std::string("per-copy loop: HIP ") + v + " does not export hipMemcpyBatchAsync";
 }
 
-int device_free_async(void*, void* p, void* s) { return rc(g_free_async(p, st(s))); }
+int device_free_async(void*, void* p, void* s) {
+  return rc(g_free_async(p, st(s)));
+}
 int memcpy_batch_async(void*, void** dsts, const void** srcs, std::size_t* sizes, std::size_t count,
-                       int /*source_in_stream_order: HIP takes no attributes*/, void* stream, std::size_t* fail_index) {
+                       int /*source_in_stream_order: HIP takes no attributes*/, void* stream,
+                       std::size_t* fail_index) {
   *fail_index = SIZE_MAX;
-  return rc(g_batch(dsts, const_cast<void**>(srcs), sizes, count, nullptr, nullptr, 0, fail_index, st(stream)));
+  return rc(g_batch(dsts, const_cast<void**>(srcs), sizes, count, nullptr, nullptr, 0, fail_index,
+                    st(stream)));
 }
-const char* batch_error_text(void*, int code) { return hipGetErrorName(static_cast<hipError_t>(code)); }
-int batch_error_is_permanent(void*, int code) { return code == hipErrorNotSupported ? 1 : 0; }
+const char* batch_error_text(void*, int code) {
+  return hipGetErrorName(static_cast<hipError_t>(code));
+}
+int batch_error_is_permanent(void*, int code) {
+  return code == hipErrorNotSupported ? 1 : 0;
+}
 
-int kernel_check(void*) { return kernels::hip::check_batch_copy(); }
+int kernel_check(void*) {
+  return kernels::hip::check_batch_copy();
+}
 int kernel_launch(void*, const VendorCopyDesc* descs, std::size_t count, int ctas, void* stream) {
-  return kernels::hip::launch_batch_copy(reinterpret_cast<const kernels::CopyDesc*>(descs), count, ctas, stream);
+  return kernels::hip::launch_batch_copy(reinterpret_cast<const kernels::CopyDesc*>(descs), count,
+                                         ctas, stream);
 }
 
 VendorApi make_table() {
@@ -201,8 +271,8 @@ VendorApi make_table() {
 
 }  // namespace kvoffload::gpu::hip_api
 
-extern "C" __attribute__((visibility("default"))) const kvoffload::gpu::VendorApi* kvoffload_vendor_api_v1(
-    char* /*why*/, std::size_t /*why_len*/) {
+extern "C" __attribute__((visibility("default"))) const kvoffload::gpu::VendorApi*
+kvoffload_vendor_api_v1(char* /*why*/, std::size_t /*why_len*/) {
   // The runtime loaded with this module; a missing driver or device is for probe to report.
   static const kvoffload::gpu::VendorApi table = kvoffload::gpu::hip_api::make_table();
   return &table;

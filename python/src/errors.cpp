@@ -57,8 +57,9 @@ class Error(RuntimeError):
     }
   });
 
-  m.def("error_code_name", [](ErrorCode c) { return std::string(error_code_name(c)); },
-        "Stable name of an error code, e.g. 'invalid_argument'");
+  m.def(
+      "error_code_name", [](ErrorCode c) { return std::string(error_code_name(c)); },
+      "Stable name of an error code, e.g. 'invalid_argument'");
 }
 
 }  // namespace kvoffload::python

@@ -24,10 +24,14 @@ BlockKey key_from_py(py::handle obj) {
     int overflow = 0;
     const long long small = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
     if (overflow == 0) {
-      if (small < 0) throw Error(ErrorCode::kInvalidArgument, "block keys must be >= 0, got " + std::to_string(small));
+      if (small < 0)
+        throw Error(ErrorCode::kInvalidArgument,
+                    "block keys must be >= 0, got " + std::to_string(small));
       return BlockKey::from_u64(static_cast<std::uint64_t>(small));
     }
-    if (overflow < 0) throw Error(ErrorCode::kInvalidArgument, "block keys must be >= 0, got " + py::str(obj).cast<std::string>());
+    if (overflow < 0)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "block keys must be >= 0, got " + py::str(obj).cast<std::string>());
     py::int_ value = py::reinterpret_borrow<py::int_>(obj);
     if (value.attr("__rshift__")(128).cast<bool>()) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -38,13 +42,15 @@ BlockKey key_from_py(py::handle obj) {
     return BlockKey(hi, lo);
   }
   if (PyBytes_Check(obj.ptr()) || PyByteArray_Check(obj.ptr())) {
-    const std::string bytes = py::bytes(py::reinterpret_borrow<py::object>(obj)).cast<std::string>();
+    const std::string bytes =
+        py::bytes(py::reinterpret_borrow<py::object>(obj)).cast<std::string>();
     if (bytes.size() > BlockKey::kBytes) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "a block key given as bytes has at most 16 bytes, got " + std::to_string(bytes.size()) +
-                      " (for a longer digest pass digest[:16])");
+                  "a block key given as bytes has at most 16 bytes, got " +
+                      std::to_string(bytes.size()) + " (for a longer digest pass digest[:16])");
     }
-    return BlockKey::from_bytes({reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()});
+    return BlockKey::from_bytes(
+        {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()});
   }
   throw Error(ErrorCode::kInvalidArgument,
               "a block key is an int in [0, 2**128) or up to 16 bytes, got " +
@@ -147,13 +153,16 @@ void bind_manager(py::module_& m) {
       .def_readonly("slots_needed", &PyStorePlan::slots_needed)
       .def_readonly("slots_available", &PyStorePlan::slots_available)
       .def("__bool__", [](const PyStorePlan& p) { return p.ok; })
-      .def("__repr__", [](const PyStorePlan& p) { return "<kvoffload.StorePlan " + p.description + ">"; });
+      .def("__repr__",
+           [](const PyStorePlan& p) { return "<kvoffload.StorePlan " + p.description + ">"; });
 
-  py::class_<PyManager>(m, "Manager", R"(Which KV chunks live in the region's slots (the scheduler side).
+  py::class_<PyManager>(m, "Manager",
+                        R"(Which KV chunks live in the region's slots (the scheduler side).
 
 Keys are ints in [0, 2**128) (or bytes of up to 16). Thread-compatible: calls hold the GIL.)")
-      .def(py::init([](std::uint64_t num_chunks, const std::string& policy, std::uint32_t store_threshold,
-                       std::uint64_t threshold_tracker_capacity, bool record_events) {
+      .def(py::init([](std::uint64_t num_chunks, const std::string& policy,
+                       std::uint32_t store_threshold, std::uint64_t threshold_tracker_capacity,
+                       bool record_events) {
              ManagerConfig c;
              c.num_chunks = num_chunks;
              c.policy = parse_policy_kind(policy);
@@ -162,10 +171,13 @@ Keys are ints in [0, 2**128) (or bytes of up to 16). Thread-compatible: calls ho
              c.record_events = record_events;
              return std::make_unique<PyManager>(c);
            }),
-           py::arg("num_chunks"), py::kw_only(), py::arg("policy") = "lru", py::arg("store_threshold") = 0,
-           py::arg("threshold_tracker_capacity") = 0, py::arg("record_events") = true)
-      .def_property_readonly("num_chunks", [](const PyManager& p) { return p.manager.num_chunks(); })
-      .def_property_readonly("policy", [](const PyManager& p) { return std::string(p.manager.policy().name()); })
+           py::arg("num_chunks"), py::kw_only(), py::arg("policy") = "lru",
+           py::arg("store_threshold") = 0, py::arg("threshold_tracker_capacity") = 0,
+           py::arg("record_events") = true)
+      .def_property_readonly("num_chunks",
+                             [](const PyManager& p) { return p.manager.num_chunks(); })
+      .def_property_readonly(
+          "policy", [](const PyManager& p) { return std::string(p.manager.policy().name()); })
       .def(
           "lookup",
           [](PyManager& p, py::handle keys) {
@@ -182,8 +194,10 @@ Keys are ints in [0, 2**128) (or bytes of up to 16). Thread-compatible: calls ho
           "prepare_store",
           [](PyManager& p, py::handle keys, py::object protected_keys) {
             auto k = p.convert(keys);
-            if (!protected_keys.is_none()) keys_from_py(protected_keys, p.protected_keys);
-            else p.protected_keys.clear();
+            if (!protected_keys.is_none())
+              keys_from_py(protected_keys, p.protected_keys);
+            else
+              p.protected_keys.clear();
             const StorePlan sp = p.manager.prepare_store(k, p.protected_keys);
             PyStorePlan out;
             out.ok = sp.ok();
@@ -199,31 +213,46 @@ Keys are ints in [0, 2**128) (or bytes of up to 16). Thread-compatible: calls ho
             return out;
           },
           py::arg("keys"), py::arg("protected") = py::none())
-      .def("complete_store", [](PyManager& p, py::handle keys, bool success) {
-             p.manager.complete_store(p.convert(keys), success);
-           }, py::arg("keys"), py::arg("success") = true)
-      .def("prepare_load", [](PyManager& p, py::handle keys) {
-             auto slots = p.manager.prepare_load(p.convert(keys));
-             return std::vector<SlotIndex>(slots.begin(), slots.end());
-           }, py::arg("keys"), "Pins each key for one reader; returns their slots")
-      .def("complete_load", [](PyManager& p, py::handle keys) { p.manager.complete_load(p.convert(keys)); },
-           py::arg("keys"))
-      .def("touch", [](PyManager& p, py::handle keys) { p.manager.touch(p.convert(keys)); }, py::arg("keys"))
+      .def(
+          "complete_store",
+          [](PyManager& p, py::handle keys, bool success) {
+            p.manager.complete_store(p.convert(keys), success);
+          },
+          py::arg("keys"), py::arg("success") = true)
+      .def(
+          "prepare_load",
+          [](PyManager& p, py::handle keys) {
+            auto slots = p.manager.prepare_load(p.convert(keys));
+            return std::vector<SlotIndex>(slots.begin(), slots.end());
+          },
+          py::arg("keys"), "Pins each key for one reader; returns their slots")
+      .def(
+          "complete_load",
+          [](PyManager& p, py::handle keys) { p.manager.complete_load(p.convert(keys)); },
+          py::arg("keys"))
+      .def(
+          "touch", [](PyManager& p, py::handle keys) { p.manager.touch(p.convert(keys)); },
+          py::arg("keys"))
       .def("reset", [](PyManager& p) { p.manager.reset(); })
-      .def("state_of", [](const PyManager& p, py::handle key) { return p.manager.state_of(key_from_py(key)); })
-      .def("slot_of", [](const PyManager& p, py::handle key) -> py::object {
-        const SlotIndex s = p.manager.slot_of(key_from_py(key));
-        if (s == kNoSlot) return py::none();
-        return py::int_(s);
-      })
-      .def("__contains__", [](const PyManager& p, py::handle key) { return p.manager.contains(key_from_py(key)); })
-      .def("pin_count", [](const PyManager& p, py::handle key) { return p.manager.pin_count(key_from_py(key)); })
+      .def("state_of",
+           [](const PyManager& p, py::handle key) { return p.manager.state_of(key_from_py(key)); })
+      .def("slot_of",
+           [](const PyManager& p, py::handle key) -> py::object {
+             const SlotIndex s = p.manager.slot_of(key_from_py(key));
+             if (s == kNoSlot) return py::none();
+             return py::int_(s);
+           })
+      .def("__contains__",
+           [](const PyManager& p, py::handle key) { return p.manager.contains(key_from_py(key)); })
+      .def("pin_count",
+           [](const PyManager& p, py::handle key) { return p.manager.pin_count(key_from_py(key)); })
       .def(
           "take_events",
           [](PyManager& p) {
             py::list out;
             for (const auto& e : p.manager.take_events()) {
-              out.append(py::make_tuple(e.kind == EventKind::kStored ? "stored" : "removed", keys_list(e.keys)));
+              out.append(py::make_tuple(e.kind == EventKind::kStored ? "stored" : "removed",
+                                        keys_list(e.keys)));
             }
             return out;
           },

@@ -48,13 +48,16 @@ void bind_region(py::module_& m) {
         return py::buffer_info(b.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(b.size())}, {1}, /*readonly=*/false);
       })
-      .def_property_readonly("address", [](const HostBuffer& b) { return reinterpret_cast<std::uintptr_t>(b.data()); },
-                             "Address of the first byte, as an int")
+      .def_property_readonly(
+          "address", [](const HostBuffer& b) { return reinterpret_cast<std::uintptr_t>(b.data()); },
+          "Address of the first byte, as an int")
       .def_property_readonly("nbytes", &HostBuffer::size)
       .def("__len__", &HostBuffer::size)
       .def("__repr__", [](const HostBuffer& b) {
         return "<kvoffload.HostBuffer address=0x" +
-               py::str("{:x}").format(reinterpret_cast<std::uintptr_t>(b.data())).cast<std::string>() +
+               py::str("{:x}")
+                   .format(reinterpret_cast<std::uintptr_t>(b.data()))
+                   .cast<std::string>() +
                " nbytes=" + std::to_string(b.size()) + ">";
       });
 
@@ -93,7 +96,8 @@ void bind_region(py::module_& m) {
       "The geometry a region of this layout has (no region is created)");
 
   py::class_<PopulateReport>(m, "PopulateReport")
-      .def_property_readonly("method", [](const PopulateReport& p) { return std::string(to_string(p.method)); })
+      .def_property_readonly(
+          "method", [](const PopulateReport& p) { return std::string(to_string(p.method)); })
       .def_readonly("bytes", &PopulateReport::bytes)
       .def_readonly("seconds", &PopulateReport::seconds);
 
@@ -117,7 +121,8 @@ detaches.)")
             opts.layout = RegionLayout{num_chunks, slot_bytes, world_size, replicated, slot_align};
             opts.rank = rank;
             if (shm_dir) opts.shm_dir = *shm_dir;
-            opts.join_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(join_timeout * 1000.0));
+            opts.join_timeout =
+                std::chrono::milliseconds(static_cast<std::int64_t>(join_timeout * 1000.0));
             opts.populate_threads = populate_threads;
             opts.populate = populate;
             // A joiner may wait for the creator (another thread of this process, perhaps).
@@ -131,19 +136,26 @@ detaches.)")
           py::arg("slot_align") = kDefaultSlotAlign,
           "Creates the region, or joins it when another process created it. rank=None: an "
           "unranked mapper (the scheduler). join_timeout in seconds.")
-      .def_property_readonly("geometry", [](const RegionHolder& h) { return open_region(h).geometry(); })
-      .def_property_readonly("role", [](const RegionHolder& h) { return std::string(to_string(open_region(h).role())); },
-                             "'creator' or 'joiner'")
+      .def_property_readonly("geometry",
+                             [](const RegionHolder& h) { return open_region(h).geometry(); })
+      .def_property_readonly(
+          "role",
+          [](const RegionHolder& h) { return std::string(to_string(open_region(h).role())); },
+          "'creator' or 'joiner'")
       .def_property_readonly("path", [](const RegionHolder& h) { return open_region(h).path(); })
-      .def_property_readonly("engine_id", [](const RegionHolder& h) { return open_region(h).engine_id(); })
+      .def_property_readonly("engine_id",
+                             [](const RegionHolder& h) { return open_region(h).engine_id(); })
       .def_property_readonly("rank", [](const RegionHolder& h) { return open_region(h).rank(); })
-      .def_property_readonly("populate_report", [](const RegionHolder& h) { return open_region(h).populate_report(); })
+      .def_property_readonly("populate_report",
+                             [](const RegionHolder& h) { return open_region(h).populate_report(); })
       .def_property_readonly("is_open", [](const RegionHolder& h) { return h.region.is_open(); })
-      .def_property_readonly("live_views", [](const RegionHolder& h) { return h.live_views.load(); },
-                             "HostBuffers (and the arrays viewing them) still alive")
+      .def_property_readonly(
+          "live_views", [](const RegionHolder& h) { return h.live_views.load(); },
+          "HostBuffers (and the arrays viewing them) still alive")
       .def(
           "slot",
-          [](const std::shared_ptr<RegionHolder>& h, std::uint64_t chunk, std::optional<std::uint32_t> rank) {
+          [](const std::shared_ptr<RegionHolder>& h, std::uint64_t chunk,
+             std::optional<std::uint32_t> rank) {
             const Region& r = open_region(*h);
             return make_buffer(h, rank ? r.slot(chunk, *rank) : r.slot(chunk));
           },
@@ -153,7 +165,8 @@ detaches.)")
           "slot_address",
           [](const RegionHolder& h, std::uint64_t chunk, std::optional<std::uint32_t> rank) {
             const Region& r = open_region(h);
-            return reinterpret_cast<std::uintptr_t>((rank ? r.slot(chunk, *rank) : r.slot(chunk)).data());
+            return reinterpret_cast<std::uintptr_t>(
+                (rank ? r.slot(chunk, *rank) : r.slot(chunk)).data());
           },
           py::arg("chunk"), py::arg("rank") = py::none(), "Address of the slot, as an int")
       .def(
@@ -169,14 +182,19 @@ detaches.)")
             return HostBuffer(h, r.data(), r.geometry().data_bytes());
           },
           "All of the region's data (data_bytes bytes)")
-      .def_property_readonly("address", [](const RegionHolder& h) {
-        return reinterpret_cast<std::uintptr_t>(open_region(h).data());
-      })
+      .def_property_readonly("address",
+                             [](const RegionHolder& h) {
+                               return reinterpret_cast<std::uintptr_t>(open_region(h).data());
+                             })
       .def("close", &RegionHolder::close,
            "Detaches (idempotent). Returns False when a teardown step failed (logged). Raises "
            "Error(STATE) while HostBuffers or arrays viewing them are alive.")
       .def("__enter__", [](const std::shared_ptr<RegionHolder>& h) { return h; })
-      .def("__exit__", [](RegionHolder& h, const py::args&) { h.close(); return false; })
+      .def("__exit__",
+           [](RegionHolder& h, const py::args&) {
+             h.close();
+             return false;
+           })
       .def("__repr__", [](const RegionHolder& h) {
         if (!h.region.is_open()) return std::string("<kvoffload.Region closed>");
         return "<kvoffload.Region " + h.region.path().string() + " " +
@@ -192,8 +210,9 @@ detaches.)")
       .def_readonly("complete", &RegionInfo::complete)
       .def_readonly("geometry", &RegionInfo::geometry)
       .def_readonly("problem", &RegionInfo::problem);
-  m.def("list_regions", [](std::filesystem::path shm_dir) { return list_regions(shm_dir); },
-        py::arg("shm_dir"), "Regions in shm_dir (counted without taking any lock)");
+  m.def(
+      "list_regions", [](std::filesystem::path shm_dir) { return list_regions(shm_dir); },
+      py::arg("shm_dir"), "Regions in shm_dir (counted without taking any lock)");
   m.def(
       "clean_regions",
       [](std::filesystem::path shm_dir, std::optional<std::string> engine_id) {

@@ -35,7 +35,8 @@ class HostBuffer {
       : owner_(std::move(owner)), data_(data), size_(size) {
     ++owner_->live_views;
   }
-  HostBuffer(const HostBuffer& other) : owner_(other.owner_), data_(other.data_), size_(other.size_) {
+  HostBuffer(const HostBuffer& other)
+      : owner_(other.owner_), data_(other.data_), size_(other.size_) {
     ++owner_->live_views;
   }
   HostBuffer& operator=(const HostBuffer&) = delete;

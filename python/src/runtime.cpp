@@ -16,8 +16,12 @@ namespace py = pybind11;
 
 namespace kvoffload::python {
 
-void* ptr_of(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
-std::uintptr_t int_of(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+void* ptr_of(std::uintptr_t address) {
+  return reinterpret_cast<void*>(address);
+}
+std::uintptr_t int_of(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
 
 // A stream argument: a kvoffload.Stream, or an int native handle (a torch stream's cuda_stream,
 // or Stream.native of a host stream; 0 = the legacy default stream / "no stream" on host).
@@ -56,13 +60,19 @@ void bind_runtime(py::module_& m) {
       .def("__int__", &Event::native)
       .def("reset", &Event::reset);
   py::class_<HostRegistration>(m, "HostRegistration")
-      .def_property_readonly("host_base", [](const HostRegistration& r) { return int_of(r.host_base()); })
-      .def_property_readonly("device_base", [](const HostRegistration& r) { return int_of(r.device_base()); })
+      .def_property_readonly("host_base",
+                             [](const HostRegistration& r) { return int_of(r.host_base()); })
+      .def_property_readonly("device_base",
+                             [](const HostRegistration& r) { return int_of(r.device_base()); })
       .def_property_readonly("nbytes", &HostRegistration::bytes)
-      .def("device_pointer", [](const HostRegistration& r, std::uintptr_t host) {
-             return int_of(r.device_pointer(ptr_of(host)));
-           }, py::arg("host_address"))
-      .def("reset", &HostRegistration::reset, "Unregisters now; False when the backend reported a failure");
+      .def(
+          "device_pointer",
+          [](const HostRegistration& r, std::uintptr_t host) {
+            return int_of(r.device_pointer(ptr_of(host)));
+          },
+          py::arg("host_address"))
+      .def("reset", &HostRegistration::reset,
+           "Unregisters now; False when the backend reported a failure");
   py::class_<DeviceBuffer>(m, "DeviceBuffer")
       .def_property_readonly("address", [](const DeviceBuffer& b) { return int_of(b.data()); })
       .def_property_readonly("nbytes", &DeviceBuffer::bytes)
@@ -74,8 +84,10 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("supports_kernel_path", &DeviceRuntime::supports_kernel_path)
       .def("info", &DeviceRuntime::info)
       .def("create_stream", &DeviceRuntime::create_stream, py::keep_alive<0, 1>())
-      .def("create_event", &DeviceRuntime::create_event, py::arg("timing") = false, py::keep_alive<0, 1>())
-      .def("allocate_device", &DeviceRuntime::allocate_device, py::arg("nbytes"), py::keep_alive<0, 1>())
+      .def("create_event", &DeviceRuntime::create_event, py::arg("timing") = false,
+           py::keep_alive<0, 1>())
+      .def("allocate_device", &DeviceRuntime::allocate_device, py::arg("nbytes"),
+           py::keep_alive<0, 1>())
       .def(
           "register_host",
           [](DeviceRuntime& rt, std::uintptr_t address, std::size_t nbytes, std::size_t align) {
@@ -94,35 +106,58 @@ void bind_runtime(py::module_& m) {
           },
           py::arg("region"), py::keep_alive<0, 1>(), py::keep_alive<0, 2>(),
           "Registers a region's whole data, row-aligned (keeps the region alive)")
-      .def("record_event", [](DeviceRuntime& rt, py::handle e, py::handle s) {
-             rt.record_event(event_from_py(e), stream_from_py(s));
-           }, py::arg("event"), py::arg("stream"))
-      .def("wait_event", [](DeviceRuntime& rt, py::handle s, py::handle e) {
-             rt.wait_event(stream_from_py(s), event_from_py(e));
-           }, py::arg("stream"), py::arg("event"))
-      .def("query_event", [](DeviceRuntime& rt, py::handle e) { return rt.query_event(event_from_py(e)); },
-           py::arg("event"))
-      .def("synchronize_event", [](DeviceRuntime& rt, py::handle e) {
-             const EventView v = event_from_py(e);
-             py::gil_scoped_release release;
-             rt.synchronize_event(v);
-           }, py::arg("event"))
-      .def("synchronize_stream", [](DeviceRuntime& rt, py::handle s) {
-             const StreamView v = stream_from_py(s);
-             py::gil_scoped_release release;
-             rt.synchronize_stream(v);
-           }, py::arg("stream"))
-      .def("elapsed_seconds", [](DeviceRuntime& rt, py::handle a, py::handle b) {
-             return rt.elapsed_seconds(event_from_py(a), event_from_py(b));
-           }, py::arg("start"), py::arg("end"))
-      .def("memcpy_sync", [](DeviceRuntime& rt, std::uintptr_t dst, std::uintptr_t src, std::size_t n) {
-             py::gil_scoped_release release;
-             rt.memcpy_sync(ptr_of(dst), ptr_of(src), n);
-           }, py::arg("dst"), py::arg("src"), py::arg("nbytes"))
-      .def("memset_sync", [](DeviceRuntime& rt, std::uintptr_t dst, int value, std::size_t n) {
-             py::gil_scoped_release release;
-             rt.memset_sync(ptr_of(dst), value, n);
-           }, py::arg("dst"), py::arg("value"), py::arg("nbytes"));
+      .def(
+          "record_event",
+          [](DeviceRuntime& rt, py::handle e, py::handle s) {
+            rt.record_event(event_from_py(e), stream_from_py(s));
+          },
+          py::arg("event"), py::arg("stream"))
+      .def(
+          "wait_event",
+          [](DeviceRuntime& rt, py::handle s, py::handle e) {
+            rt.wait_event(stream_from_py(s), event_from_py(e));
+          },
+          py::arg("stream"), py::arg("event"))
+      .def(
+          "query_event",
+          [](DeviceRuntime& rt, py::handle e) { return rt.query_event(event_from_py(e)); },
+          py::arg("event"))
+      .def(
+          "synchronize_event",
+          [](DeviceRuntime& rt, py::handle e) {
+            const EventView v = event_from_py(e);
+            py::gil_scoped_release release;
+            rt.synchronize_event(v);
+          },
+          py::arg("event"))
+      .def(
+          "synchronize_stream",
+          [](DeviceRuntime& rt, py::handle s) {
+            const StreamView v = stream_from_py(s);
+            py::gil_scoped_release release;
+            rt.synchronize_stream(v);
+          },
+          py::arg("stream"))
+      .def(
+          "elapsed_seconds",
+          [](DeviceRuntime& rt, py::handle a, py::handle b) {
+            return rt.elapsed_seconds(event_from_py(a), event_from_py(b));
+          },
+          py::arg("start"), py::arg("end"))
+      .def(
+          "memcpy_sync",
+          [](DeviceRuntime& rt, std::uintptr_t dst, std::uintptr_t src, std::size_t n) {
+            py::gil_scoped_release release;
+            rt.memcpy_sync(ptr_of(dst), ptr_of(src), n);
+          },
+          py::arg("dst"), py::arg("src"), py::arg("nbytes"))
+      .def(
+          "memset_sync",
+          [](DeviceRuntime& rt, std::uintptr_t dst, int value, std::size_t n) {
+            py::gil_scoped_release release;
+            rt.memset_sync(ptr_of(dst), value, n);
+          },
+          py::arg("dst"), py::arg("value"), py::arg("nbytes"));
 
   m.def(
       "make_runtime",
@@ -132,7 +167,8 @@ void bind_runtime(py::module_& m) {
         o.host_copy_threads = host_copy_threads;
         return make_runtime(name, o);
       },
-      py::arg("name") = "auto", py::kw_only(), py::arg("device") = 0, py::arg("host_copy_threads") = 0,
+      py::arg("name") = "auto", py::kw_only(), py::arg("device") = 0,
+      py::arg("host_copy_threads") = 0,
       "'host' | 'cuda' | 'hip' | 'auto' (cuda, else hip, else host)");
 
   bind_transfer_engine(m);

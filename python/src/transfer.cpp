@@ -29,9 +29,11 @@ Direction direction_from_py(py::handle obj) {
     const auto s = obj.cast<std::string>();
     if (s == "store") return Direction::kStore;
     if (s == "load") return Direction::kLoad;
-    throw Error(ErrorCode::kInvalidArgument, "direction must be 'store' or 'load', got '" + s + "'");
+    throw Error(ErrorCode::kInvalidArgument,
+                "direction must be 'store' or 'load', got '" + s + "'");
   }
-  throw Error(ErrorCode::kInvalidArgument, "direction must be 'store', 'load' or a kvoffload.Direction");
+  throw Error(ErrorCode::kInvalidArgument,
+              "direction must be 'store', 'load' or a kvoffload.Direction");
 }
 
 // A group is a sequence of DeviceTensor (or (base, num_blocks, page_bytes[, block_stride]) tuples).
@@ -46,9 +48,11 @@ std::vector<KvGroup> groups_from_py(py::handle groups) {
       }
       auto v = t.cast<std::vector<std::uint64_t>>();
       if (v.size() != 3 && v.size() != 4) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "a device tensor is a DeviceTensor or (base, num_blocks, page_bytes[, block_stride]), "
-                    "got a sequence of " + std::to_string(v.size()));
+        throw Error(
+            ErrorCode::kInvalidArgument,
+            "a device tensor is a DeviceTensor or (base, num_blocks, page_bytes[, block_stride]), "
+            "got a sequence of " +
+                std::to_string(v.size()));
       }
       group.tensors.push_back({v[0], v[1], v[2], v.size() == 4 ? v[3] : 0});
     }
@@ -80,28 +84,35 @@ void bind_transfer_engine(py::module_& m) {
       .value("STORE", Direction::kStore)
       .value("LOAD", Direction::kLoad);
 
-  py::class_<DeviceTensor>(m, "DeviceTensor", "One device KV tensor: num_blocks pages of page_bytes, "
-                                              "block b at base + b*block_stride")
-      .def(py::init([](std::uint64_t base, std::uint64_t num_blocks, std::uint64_t page_bytes, std::uint64_t block_stride) {
+  py::class_<DeviceTensor>(m, "DeviceTensor",
+                           "One device KV tensor: num_blocks pages of page_bytes, "
+                           "block b at base + b*block_stride")
+      .def(py::init([](std::uint64_t base, std::uint64_t num_blocks, std::uint64_t page_bytes,
+                       std::uint64_t block_stride) {
              return DeviceTensor{base, num_blocks, page_bytes, block_stride};
            }),
-           py::arg("base"), py::arg("num_blocks"), py::arg("page_bytes"), py::arg("block_stride") = 0)
+           py::arg("base"), py::arg("num_blocks"), py::arg("page_bytes"),
+           py::arg("block_stride") = 0)
       .def_readwrite("base", &DeviceTensor::base)
       .def_readwrite("num_blocks", &DeviceTensor::num_blocks)
       .def_readwrite("page_bytes", &DeviceTensor::page_bytes)
       .def_readwrite("block_stride", &DeviceTensor::block_stride);
 
   py::class_<JobResult>(m, "JobResult")
-      .def_property_readonly("job_id", [](const JobResult& r) { return static_cast<std::uint64_t>(r.job_id); })
-      .def_property_readonly("direction", [](const JobResult& r) { return std::string(to_string(r.direction)); })
+      .def_property_readonly(
+          "job_id", [](const JobResult& r) { return static_cast<std::uint64_t>(r.job_id); })
+      .def_property_readonly("direction",
+                             [](const JobResult& r) { return std::string(to_string(r.direction)); })
       .def_readonly("success", &JobResult::success)
       .def_readonly("bytes", &JobResult::bytes)
       .def_readonly("seconds", &JobResult::seconds)
       .def_readonly("error", &JobResult::error)
       .def("__repr__", [](const JobResult& r) {
-        return "JobResult(job_id=" + std::to_string(static_cast<std::uint64_t>(r.job_id)) + ", direction='" +
-               std::string(to_string(r.direction)) + "', success=" + (r.success ? "True" : "False") +
-               ", bytes=" + std::to_string(r.bytes) + (r.error.empty() ? "" : ", error='" + r.error + "'") + ")";
+        return "JobResult(job_id=" + std::to_string(static_cast<std::uint64_t>(r.job_id)) +
+               ", direction='" + std::string(to_string(r.direction)) +
+               "', success=" + (r.success ? "True" : "False") +
+               ", bytes=" + std::to_string(r.bytes) +
+               (r.error.empty() ? "" : ", error='" + r.error + "'") + ")";
       });
 
   py::class_<PyEngine>(m, "TransferEngine", R"(Moves KV blocks between device caches and host slots.
@@ -120,13 +131,14 @@ block_stride]) tuples) with device addresses as ints.)")
              auto p = std::make_unique<PyEngine>();
              p->runtime_ref = runtime;
              p->host_ref = py::cast(region);
-             p->engine = std::make_unique<TransferEngine>(rt, region->region, rank, std::move(g), blocks_per_chunk,
-                                                          options_from_py(register_host, allow_kernel, calibrate));
+             p->engine = std::make_unique<TransferEngine>(
+                 rt, region->region, rank, std::move(g), blocks_per_chunk,
+                 options_from_py(register_host, allow_kernel, calibrate));
              return p;
            }),
-           py::arg("runtime"), py::arg("region"), py::arg("rank"), py::arg("groups"), py::arg("blocks_per_chunk"),
-           py::kw_only(), py::arg("register_host") = true, py::arg("allow_kernel") = true,
-           py::arg("calibrate") = false)
+           py::arg("runtime"), py::arg("region"), py::arg("rank"), py::arg("groups"),
+           py::arg("blocks_per_chunk"), py::kw_only(), py::arg("register_host") = true,
+           py::arg("allow_kernel") = true, py::arg("calibrate") = false)
       .def_static(
           "for_buffer",
           [](py::object runtime, py::object buffer, std::uint64_t slot_bytes, py::handle groups,
@@ -140,7 +152,8 @@ block_stride]) tuples) with device addresses as ints.)")
               size = nbytes;
             } else {
               // Any writable buffer (a HostBuffer, a numpy array): the engine keeps it alive.
-              py::buffer_info info = py::reinterpret_borrow<py::buffer>(buffer).request(/*writable=*/true);
+              py::buffer_info info =
+                  py::reinterpret_borrow<py::buffer>(buffer).request(/*writable=*/true);
               base = static_cast<std::byte*>(info.ptr);
               size = static_cast<std::uint64_t>(info.size * info.itemsize);
             }
@@ -151,23 +164,25 @@ block_stride]) tuples) with device addresses as ints.)")
             auto p = std::make_unique<PyEngine>();
             p->runtime_ref = runtime;
             p->host_ref = buffer;
-            p->engine = std::make_unique<TransferEngine>(rt, std::move(layout),
-                                                         options_from_py(register_host, allow_kernel, calibrate));
+            p->engine = std::make_unique<TransferEngine>(
+                rt, std::move(layout), options_from_py(register_host, allow_kernel, calibrate));
             return p;
           },
           py::arg("runtime"), py::arg("buffer"), py::arg("slot_bytes"), py::arg("groups"),
-          py::arg("blocks_per_chunk"), py::kw_only(), py::arg("row_stride") = 0, py::arg("copy_index") = 0,
-          py::arg("nbytes") = 0, py::arg("register_host") = true, py::arg("allow_kernel") = true,
-          py::arg("calibrate") = false)
+          py::arg("blocks_per_chunk"), py::kw_only(), py::arg("row_stride") = 0,
+          py::arg("copy_index") = 0, py::arg("nbytes") = 0, py::arg("register_host") = true,
+          py::arg("allow_kernel") = true, py::arg("calibrate") = false)
       .def(
           "submit",
-          [](PyEngine& p, std::uint64_t job_id, py::handle direction, const std::vector<std::uint64_t>& chunks,
-             const std::vector<std::vector<std::uint64_t>>& group_blocks, std::uint32_t skip, py::object wait_stream,
-             py::object wait_event) {
+          [](PyEngine& p, std::uint64_t job_id, py::handle direction,
+             const std::vector<std::uint64_t>& chunks,
+             const std::vector<std::vector<std::uint64_t>>& group_blocks, std::uint32_t skip,
+             py::object wait_stream, py::object wait_event) {
             if (!wait_stream.is_none() && !wait_event.is_none()) {
               throw Error(ErrorCode::kInvalidArgument, "give wait_stream or wait_event, not both");
             }
-            std::vector<std::span<const std::uint64_t>> groups(group_blocks.begin(), group_blocks.end());
+            std::vector<std::span<const std::uint64_t>> groups(group_blocks.begin(),
+                                                               group_blocks.end());
             TransferSpec spec;
             spec.chunks = chunks;
             spec.skip = skip;
@@ -177,42 +192,54 @@ block_stride]) tuples) with device addresses as ints.)")
             if (!wait_event.is_none()) w = WaitOn::event(event_from_py(wait_event));
             p.engine->submit(JobId{job_id}, direction_from_py(direction), spec, w);
           },
-          py::arg("job_id"), py::arg("direction"), py::arg("chunks"), py::arg("group_blocks"), py::kw_only(),
-          py::arg("skip") = 0, py::arg("wait_stream") = py::none(), py::arg("wait_event") = py::none(),
+          py::arg("job_id"), py::arg("direction"), py::arg("chunks"), py::arg("group_blocks"),
+          py::kw_only(), py::arg("skip") = 0, py::arg("wait_stream") = py::none(),
+          py::arg("wait_event") = py::none(),
           "Enqueues a job (direction 'store' = device to host, 'load' = host to device) after "
-          "wait_stream (a Stream or an int handle, e.g. torch.cuda.current_stream().cuda_stream) or "
+          "wait_stream (a Stream or an int handle, e.g. torch.cuda.current_stream().cuda_stream) "
+          "or "
           "wait_event; returns at once. group_blocks[g] lists group g's device block ids.")
-      .def("poll", [](PyEngine& p) { return p.engine->poll(); }, "Results of jobs finished since the last poll")
-      .def("wait", [](PyEngine& p, const std::vector<std::uint64_t>& ids) {
-             std::vector<JobId> j;
-             for (auto id : ids) j.push_back(JobId{id});
-             py::gil_scoped_release release;
-             return p.engine->wait(j);
-           }, py::arg("job_ids"), "Blocks until the listed jobs finish; their results in the order given")
-      .def("wait_all", [](PyEngine& p) {
+      .def(
+          "poll", [](PyEngine& p) { return p.engine->poll(); },
+          "Results of jobs finished since the last poll")
+      .def(
+          "wait",
+          [](PyEngine& p, const std::vector<std::uint64_t>& ids) {
+            std::vector<JobId> j;
+            for (auto id : ids) j.push_back(JobId{id});
+            py::gil_scoped_release release;
+            return p.engine->wait(j);
+          },
+          py::arg("job_ids"),
+          "Blocks until the listed jobs finish; their results in the order given")
+      .def("wait_all",
+           [](PyEngine& p) {
              py::gil_scoped_release release;
              return p.engine->wait_all();
            })
-      .def("shutdown", [](PyEngine& p) {
+      .def("shutdown",
+           [](PyEngine& p) {
              py::gil_scoped_release release;
              p.engine->shutdown();
            })
-      .def_property_readonly("host_registered", [](const PyEngine& p) { return p.engine->host_registered(); })
-      .def("stats", [](const PyEngine& p) {
-        const EngineStats s = p.engine->stats();
-        py::dict d;
-        d["jobs_submitted"] = s.jobs_submitted;
-        d["jobs_succeeded"] = s.jobs_succeeded;
-        d["jobs_failed"] = s.jobs_failed;
-        d["bytes_succeeded"] = s.bytes_succeeded;
-        d["dma_batches"] = s.dma_batches;
-        d["kernel_batches"] = s.kernel_batches;
-        d["fragments"] = s.fragments;
-        d["descriptors"] = s.descriptors;
-        d["last_descriptors"] = s.last_descriptors;
-        d["host_registered"] = s.host_registered;
-        return d;
-      })
+      .def_property_readonly("host_registered",
+                             [](const PyEngine& p) { return p.engine->host_registered(); })
+      .def("stats",
+           [](const PyEngine& p) {
+             const EngineStats s = p.engine->stats();
+             py::dict d;
+             d["jobs_submitted"] = s.jobs_submitted;
+             d["jobs_succeeded"] = s.jobs_succeeded;
+             d["jobs_failed"] = s.jobs_failed;
+             d["bytes_succeeded"] = s.bytes_succeeded;
+             d["dma_batches"] = s.dma_batches;
+             d["kernel_batches"] = s.kernel_batches;
+             d["fragments"] = s.fragments;
+             d["descriptors"] = s.descriptors;
+             d["last_descriptors"] = s.last_descriptors;
+             d["host_registered"] = s.host_registered;
+             return d;
+           })
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyEngine& p, const py::args&) {
         py::gil_scoped_release release;

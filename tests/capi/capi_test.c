@@ -20,31 +20,31 @@ static int checks = 0;
     exit(1);                                                                                   \
   } while (0)
 
-#define CHECK(cond)                             \
-  do {                                          \
-    ++checks;                                   \
+#define CHECK(cond)                               \
+  do {                                            \
+    ++checks;                                     \
     if (!(cond)) FAIL("check failed: %s", #cond); \
   } while (0)
 
-#define CHECK_OK(expr)                                                 \
-  do {                                                                 \
-    kvo_status s_ = (expr);                                            \
-    ++checks;                                                          \
+#define CHECK_OK(expr)                                                    \
+  do {                                                                    \
+    kvo_status s_ = (expr);                                               \
+    ++checks;                                                             \
     if (s_ != KVO_OK) FAIL("%s returned %s", #expr, kvo_status_name(s_)); \
   } while (0)
 
 /* The call fails with `code` and the last error message contains `needle`, which must not be
  * empty (an empty needle is found in every message, so the check could not fail). */
-#define CHECK_ERR(expr, code, needle)                                                     \
-  do {                                                                                    \
-    kvo_status s_ = (expr);                                                               \
-    ++checks;                                                                             \
-    if ((needle)[0] == '\0') FAIL("%s: CHECK_ERR needs a non-empty needle", #expr);      \
-    if (s_ != (code))                                                                     \
+#define CHECK_ERR(expr, code, needle)                                                         \
+  do {                                                                                        \
+    kvo_status s_ = (expr);                                                                   \
+    ++checks;                                                                                 \
+    if ((needle)[0] == '\0') FAIL("%s: CHECK_ERR needs a non-empty needle", #expr);           \
+    if (s_ != (code))                                                                         \
       FAIL("%s returned %s, expected %s", #expr, kvo_status_name(s_), kvo_status_name(code)); \
-    if (kvo_last_error_code() != (code)) FAIL("kvo_last_error_code() disagrees");          \
-    if (strstr(kvo_last_error_message(), (needle)) == NULL)                               \
-      FAIL("message of %s lacks \"%s\"", #expr, (needle));                                \
+    if (kvo_last_error_code() != (code)) FAIL("kvo_last_error_code() disagrees");             \
+    if (strstr(kvo_last_error_message(), (needle)) == NULL)                                   \
+      FAIL("message of %s lacks \"%s\"", #expr, (needle));                                    \
   } while (0)
 
 static char shm_dir[256];
@@ -139,7 +139,8 @@ static void test_region(void) {
   CHECK_ERR(kvo_region_create_or_join(&o, &untouched), KVO_INVALID_ARGUMENT, "rank");
   region_options(&o, "capi-region", 0);
   o.num_chunks = 0;
-  CHECK_ERR(kvo_region_create_or_join(&o, &untouched), KVO_INVALID_ARGUMENT, "num_chunks is 0; it must be at least 1");
+  CHECK_ERR(kvo_region_create_or_join(&o, &untouched), KVO_INVALID_ARGUMENT,
+            "num_chunks is 0; it must be at least 1");
   region_options(&o, "capi-region", 0);
   o.shm_dir = "/nonexistent/kvoffload-capi";
   CHECK(kvo_region_create_or_join(&o, &untouched) != KVO_OK);
@@ -187,12 +188,15 @@ static void test_region(void) {
   CHECK_OK(kvo_region_row(joiner, 7, &p0, &bytes));
   CHECK(bytes == g.row_stride);
 
-  CHECK_ERR(kvo_region_slot(creator, 8, KVO_OWN_RANK, &p0, &bytes), KVO_INVALID_ARGUMENT, "chunk 8 is out of range: the region has 8 chunks");
-  CHECK_ERR(kvo_region_slot(creator, 0, 2, &p0, &bytes), KVO_INVALID_ARGUMENT, "rank 2 is out of range: world_size is 2");
+  CHECK_ERR(kvo_region_slot(creator, 8, KVO_OWN_RANK, &p0, &bytes), KVO_INVALID_ARGUMENT,
+            "chunk 8 is out of range: the region has 8 chunks");
+  CHECK_ERR(kvo_region_slot(creator, 0, 2, &p0, &bytes), KVO_INVALID_ARGUMENT,
+            "rank 2 is out of range: world_size is 2");
   CHECK_ERR(kvo_region_slot(creator, 0, -2, &p0, &bytes), KVO_INVALID_ARGUMENT, "'rank'");
   CHECK_ERR(kvo_region_slot(creator, 0, 0, NULL, &bytes), KVO_INVALID_ARGUMENT, "'out_ptr'");
   CHECK_ERR(kvo_region_slot(creator, 0, 0, &p0, NULL), KVO_INVALID_ARGUMENT, "'out_bytes'");
-  CHECK_ERR(kvo_region_row(creator, 9, &p0, &bytes), KVO_INVALID_ARGUMENT, "chunk 9 is out of range: the region has 8 chunks");
+  CHECK_ERR(kvo_region_row(creator, 9, &p0, &bytes), KVO_INVALID_ARGUMENT,
+            "chunk 9 is out of range: the region has 8 chunks");
   CHECK_ERR(kvo_region_row(NULL, 0, &p0, &bytes), KVO_INVALID_ARGUMENT, "'region'");
   CHECK_ERR(kvo_region_data(creator, NULL, &bytes), KVO_INVALID_ARGUMENT, "'out_data'");
   CHECK_ERR(kvo_region_geometry_get(NULL, &g), KVO_INVALID_ARGUMENT, "'region'");
@@ -214,7 +218,8 @@ static void test_region(void) {
   CHECK_OK(kvo_region_create_or_join(&o, &untouched));
   CHECK_OK(kvo_region_rank(untouched, &rank));
   CHECK(rank == KVO_UNRANKED);
-  CHECK_ERR(kvo_region_slot(untouched, 0, KVO_OWN_RANK, &p0, &bytes), KVO_STATE, "was mapped unranked");
+  CHECK_ERR(kvo_region_slot(untouched, 0, KVO_OWN_RANK, &p0, &bytes), KVO_STATE,
+            "was mapped unranked");
   CHECK_OK(kvo_region_close(untouched));
 
   /* The region is in use: clean keeps it. The last one out removes the file. */
@@ -303,10 +308,13 @@ static void test_manager(void) {
   CHECK(slots[0] < 2 && slots[1] < 2);
   CHECK_OK(kvo_manager_lookup(m, keys, 2, results, NULL));
   CHECK(results[0] == KVO_HIT_PENDING);
-  CHECK_ERR(kvo_manager_prepare_load(m, keys, 1, slots), KVO_STATE, "is write-pending; it can be loaded after complete_store");
+  CHECK_ERR(kvo_manager_prepare_load(m, keys, 1, slots), KVO_STATE,
+            "is write-pending; it can be loaded after complete_store");
   CHECK_OK(kvo_manager_complete_store(m, keys, 2, 1));
-  CHECK_ERR(kvo_manager_complete_store(m, keys, 1, 1), KVO_STATE, "is already stored, not write-pending");
-  CHECK_ERR(kvo_manager_complete_store(m, &keys[3], 1, 1), KVO_NOT_FOUND, "has no store pending (it is not in the manager)");
+  CHECK_ERR(kvo_manager_complete_store(m, keys, 1, 1), KVO_STATE,
+            "is already stored, not write-pending");
+  CHECK_ERR(kvo_manager_complete_store(m, &keys[3], 1, 1), KVO_NOT_FOUND,
+            "has no store pending (it is not in the manager)");
   CHECK_OK(kvo_manager_lookup(m, keys, 3, NULL, &prefix));
   CHECK(prefix == 2);
   CHECK_OK(kvo_manager_take_events(m, &events, &n_events));
@@ -323,7 +331,8 @@ static void test_manager(void) {
   CHECK(!plan.ok && plan.reason == KVO_STORE_REASON_NO_EVICTABLE_SPACE && plan.num_keys == 0);
   CHECK_ERR(kvo_manager_reset(m), KVO_STATE, "1 chunks pinned by loads; complete them first");
   CHECK_OK(kvo_manager_complete_load(m, keys, 1));
-  CHECK_ERR(kvo_manager_complete_load(m, keys, 1), KVO_STATE, "is not pinned (no prepare_load pending)");
+  CHECK_ERR(kvo_manager_complete_load(m, keys, 1), KVO_STATE,
+            "is not pinned (no prepare_load pending)");
   CHECK_OK(kvo_manager_touch(m, keys, 2)); /* keys[1] is now least recent */
 
   /* Eviction under pressure, with a protected key. */
@@ -365,7 +374,8 @@ static void test_manager(void) {
   CHECK_ERR(kvo_manager_prepare_store(m, keys, 1, NULL, 2, keys_out, slots, NULL, &plan),
             KVO_INVALID_ARGUMENT, "'protected_keys'");
   CHECK_ERR(kvo_manager_prepare_load(m, keys, 1, NULL), KVO_INVALID_ARGUMENT, "'slots_out'");
-  CHECK_ERR(kvo_manager_prepare_load(m, keys, 1, slots), KVO_NOT_FOUND, "is not stored (lookup first)");
+  CHECK_ERR(kvo_manager_prepare_load(m, keys, 1, slots), KVO_NOT_FOUND,
+            "is not stored (lookup first)");
   CHECK_ERR(kvo_manager_complete_load(m, NULL, 3), KVO_INVALID_ARGUMENT, "'keys'");
   CHECK_ERR(kvo_manager_touch(NULL, keys, 1), KVO_INVALID_ARGUMENT, "'manager'");
   CHECK_ERR(kvo_manager_reset(NULL), KVO_INVALID_ARGUMENT, "'manager'");
@@ -428,8 +438,10 @@ static void test_runtime_and_engine(void) {
   CHECK_ERR(kvo_runtime_create("host", -1, &rt), KVO_INVALID_ARGUMENT, "'device'");
   s = kvo_runtime_create("cuda", 0, &untouched);
   CHECK(s == KVO_OK || s == KVO_NOT_AVAILABLE);
-  if (s == KVO_OK) kvo_runtime_destroy(untouched);
-  else CHECK(strstr(kvo_last_error_message(), "cuda") != NULL);
+  if (s == KVO_OK)
+    kvo_runtime_destroy(untouched);
+  else
+    CHECK(strstr(kvo_last_error_message(), "cuda") != NULL);
   CHECK_OK(kvo_runtime_create("host", 0, &rt));
   CHECK_OK(kvo_runtime_name(rt, &name));
   CHECK(strcmp(name, "host") == 0);
@@ -462,7 +474,8 @@ static void test_runtime_and_engine(void) {
   for (t = 0; t < 2; ++t) {
     int page = t == 0 ? PAGE0 : PAGE1;
     for (b = 0; b < NBLOCKS; ++b)
-      for (i = 0; i < page; ++i) ((unsigned char*)(uintptr_t)dev[t])[b * page + i] = pattern(t, b, i);
+      for (i = 0; i < page; ++i)
+        ((unsigned char*)(uintptr_t)dev[t])[b * page + i] = pattern(t, b, i);
   }
 
   /* Registration of host memory. */
@@ -474,8 +487,10 @@ static void test_runtime_and_engine(void) {
     CHECK_OK(kvo_runtime_register_host(rt, host_mem, sizeof host_mem, 0, &reg));
     CHECK_OK(kvo_registration_device_pointer(reg, host_mem + 100, &dp));
     CHECK(dp != 0);
-    CHECK_ERR(kvo_registration_device_pointer(reg, (const unsigned char*)&dp, &dp), KVO_INVALID_ARGUMENT, "pointer is outside the registered range");
-    CHECK_ERR(kvo_registration_device_pointer(NULL, host_mem, &dp), KVO_INVALID_ARGUMENT, "'registration'");
+    CHECK_ERR(kvo_registration_device_pointer(reg, (const unsigned char*)&dp, &dp),
+              KVO_INVALID_ARGUMENT, "pointer is outside the registered range");
+    CHECK_ERR(kvo_registration_device_pointer(NULL, host_mem, &dp), KVO_INVALID_ARGUMENT,
+              "'registration'");
     CHECK_OK(kvo_registration_destroy(reg));
     CHECK_OK(kvo_registration_destroy(NULL));
   }
@@ -535,7 +550,8 @@ static void test_runtime_and_engine(void) {
   no_wait.kind = KVO_WAIT_NOTHING;
   no_wait.handle = 0;
   CHECK_OK(kvo_engine_submit(engine, 1, KVO_STORE, &spec, wait_on));
-  CHECK_ERR(kvo_engine_submit(engine, 1, KVO_STORE, &spec, wait_on), KVO_INVALID_ARGUMENT, "duplicate job id 1");
+  CHECK_ERR(kvo_engine_submit(engine, 1, KVO_STORE, &spec, wait_on), KVO_INVALID_ARGUMENT,
+            "duplicate job id 1");
   ids[0] = 1;
   CHECK_OK(kvo_engine_wait(engine, ids, 1, results));
   CHECK(results[0].job_id == 1 && results[0].success && results[0].direction == KVO_STORE);
@@ -545,7 +561,8 @@ static void test_runtime_and_engine(void) {
   CHECK_OK(kvo_region_slot(region, 2, KVO_OWN_RANK, &slot, &bytes));
   slot_bytes = (unsigned char*)slot;
   CHECK(slot_bytes[0] == pattern(0, 2, 0) && slot_bytes[PAGE0 + 5] == pattern(0, 3, 5));
-  CHECK(slot_bytes[2 * PAGE0] == pattern(1, 2, 0) && slot_bytes[2 * PAGE0 + PAGE1 + 9] == pattern(1, 3, 9));
+  CHECK(slot_bytes[2 * PAGE0] == pattern(1, 2, 0) &&
+        slot_bytes[2 * PAGE0 + PAGE1 + 9] == pattern(1, 3, 9));
 
   /* Load them back into blocks 4..7 and compare. */
   blocks.blocks = load_blocks;
@@ -557,7 +574,8 @@ static void test_runtime_and_engine(void) {
   ids[0] = 3;
   ids[1] = 2;
   CHECK_OK(kvo_engine_wait(engine, ids, 2, results));
-  CHECK(results[0].job_id == 3 && results[1].job_id == 2 && results[0].success && results[1].success);
+  CHECK(results[0].job_id == 3 && results[1].job_id == 2 && results[0].success &&
+        results[1].success);
   for (t = 0; t < 2; ++t) {
     int page = t == 0 ? PAGE0 : PAGE1;
     for (b = 0; b < 4; ++b)
@@ -583,21 +601,27 @@ static void test_runtime_and_engine(void) {
   /* Submission and wait errors. */
   CHECK_ERR(kvo_engine_wait(engine, ids, 1, results), KVO_NOT_FOUND, "job 6 is not pending");
   chunks[1] = 4; /* out of range */
-  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, no_wait), KVO_INVALID_ARGUMENT, "host chunk id 4 (index 1) is out of range");
+  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, no_wait), KVO_INVALID_ARGUMENT,
+            "host chunk id 4 (index 1) is out of range");
   chunks[1] = 2;
-  CHECK_ERR(kvo_engine_submit(engine, 7, (kvo_direction)5, &spec, no_wait), KVO_INVALID_ARGUMENT, "'direction'");
+  CHECK_ERR(kvo_engine_submit(engine, 7, (kvo_direction)5, &spec, no_wait), KVO_INVALID_ARGUMENT,
+            "'direction'");
   CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, NULL, no_wait), KVO_INVALID_ARGUMENT, "'spec'");
   spec.chunks = NULL;
-  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, no_wait), KVO_INVALID_ARGUMENT, "spec->chunks");
+  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, no_wait), KVO_INVALID_ARGUMENT,
+            "spec->chunks");
   spec.chunks = chunks;
   blocks.blocks = NULL;
-  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, no_wait), KVO_INVALID_ARGUMENT, "spec->groups[0].blocks");
+  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, no_wait), KVO_INVALID_ARGUMENT,
+            "spec->groups[0].blocks");
   blocks.blocks = store_blocks;
   wait_on.kind = KVO_WAIT_EVENT;
   wait_on.handle = 0;
-  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, wait_on), KVO_INVALID_ARGUMENT, "wait_on.handle");
+  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, wait_on), KVO_INVALID_ARGUMENT,
+            "wait_on.handle");
   wait_on.kind = (kvo_wait_kind)9;
-  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, wait_on), KVO_INVALID_ARGUMENT, "wait_on.kind");
+  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, wait_on), KVO_INVALID_ARGUMENT,
+            "wait_on.kind");
   CHECK_ERR(kvo_engine_poll(engine, NULL, 2, &n), KVO_INVALID_ARGUMENT, "'out'");
   CHECK_ERR(kvo_engine_poll(engine, results, 2, NULL), KVO_INVALID_ARGUMENT, "'out_count'");
   CHECK_ERR(kvo_engine_wait(engine, NULL, 1, results), KVO_INVALID_ARGUMENT, "'job_ids'");
@@ -609,7 +633,8 @@ static void test_runtime_and_engine(void) {
   CHECK(es.bytes_succeeded == 6 * 4 * (PAGE0 + PAGE1) && es.descriptors > 0);
 
   CHECK_OK(kvo_engine_shutdown(engine));
-  CHECK_ERR(kvo_engine_submit(engine, 8, KVO_STORE, &spec, no_wait), KVO_STATE, "submit after shutdown");
+  CHECK_ERR(kvo_engine_submit(engine, 8, KVO_STORE, &spec, no_wait), KVO_STATE,
+            "submit after shutdown");
   CHECK_OK(kvo_engine_shutdown(engine));
   CHECK_ERR(kvo_engine_shutdown(NULL), KVO_INVALID_ARGUMENT, "'engine'");
   kvo_engine_destroy(engine);
@@ -625,9 +650,11 @@ static void test_runtime_and_engine(void) {
     host.slot_offset = 0;
     host.slot_bytes = BPC * (PAGE0 + PAGE1);
     eo.register_host = 0;
-    CHECK_ERR(kvo_engine_create(rt, NULL, &group, 1, BPC, &eo, &buffer_engine), KVO_INVALID_ARGUMENT, "'host'");
+    CHECK_ERR(kvo_engine_create(rt, NULL, &group, 1, BPC, &eo, &buffer_engine),
+              KVO_INVALID_ARGUMENT, "'host'");
     host.base = NULL;
-    CHECK_ERR(kvo_engine_create(rt, &host, &group, 1, BPC, &eo, &buffer_engine), KVO_INVALID_ARGUMENT, "host->base");
+    CHECK_ERR(kvo_engine_create(rt, &host, &group, 1, BPC, &eo, &buffer_engine),
+              KVO_INVALID_ARGUMENT, "host->base");
     host.base = buffer;
     CHECK_OK(kvo_engine_create(rt, &host, &group, 1, BPC, &eo, &buffer_engine));
     CHECK_OK(kvo_engine_stats_get(buffer_engine, &es));
@@ -649,9 +676,11 @@ static void test_runtime_and_engine(void) {
   CHECK_ERR(kvo_runtime_stream_create(rt, NULL), KVO_INVALID_ARGUMENT, "'out_stream'");
   CHECK_ERR(kvo_runtime_event_create(NULL, &dptr), KVO_INVALID_ARGUMENT, "'runtime'");
   CHECK_OK(kvo_runtime_event_destroy(rt, event));
-  CHECK_ERR(kvo_runtime_event_destroy(rt, event), KVO_NOT_FOUND, "was not made by kvo_runtime_event_create on this runtime");
+  CHECK_ERR(kvo_runtime_event_destroy(rt, event), KVO_NOT_FOUND,
+            "was not made by kvo_runtime_event_create on this runtime");
   CHECK_OK(kvo_runtime_stream_destroy(rt, stream));
-  CHECK_ERR(kvo_runtime_stream_destroy(rt, stream), KVO_NOT_FOUND, "was not made by kvo_runtime_stream_create on this runtime");
+  CHECK_ERR(kvo_runtime_stream_destroy(rt, stream), KVO_NOT_FOUND,
+            "was not made by kvo_runtime_stream_create on this runtime");
   /* Device buffers still allocated are released with the runtime. */
   kvo_runtime_destroy(rt);
   kvo_runtime_destroy(NULL);

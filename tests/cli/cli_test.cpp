@@ -45,7 +45,9 @@ std::string binary() {
   return std::string(dir != nullptr ? dir : ".") + "/kvoffload";
 }
 
-std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
+  return (v + to - 1) / to * to;
+}
 
 std::string read_file(const fs::path& path) {
   std::ifstream in(path);
@@ -77,9 +79,11 @@ pid_t spawn(const std::vector<std::string>& args, int stdout_fd, const fs::path&
 
   const pid_t pid = fork();
   if (pid == 0) {
-    const int out = stdout_fd >= 0 ? stdout_fd : ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int out =
+        stdout_fd >= 0 ? stdout_fd : ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     const int err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (out < 0 || err < 0 || dup2(out, STDOUT_FILENO) < 0 || dup2(err, STDERR_FILENO) < 0) _exit(126);
+    if (out < 0 || err < 0 || dup2(out, STDOUT_FILENO) < 0 || dup2(err, STDERR_FILENO) < 0)
+      _exit(126);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     execv(bin.c_str(), argv.data());
     _exit(127);
@@ -165,12 +169,15 @@ class CliTest : public ::testing::Test {
     }
   }
 
-  std::vector<std::string> create_args(const std::string& engine, std::vector<std::string> more = {}) {
+  std::vector<std::string> create_args(const std::string& engine,
+                                       std::vector<std::string> more = {}) {
     // Defaults: 16 chunks of 24 KiB slots for 2 ranks; a flag in `more` replaces its default.
-    std::vector<std::string> args{"region", "create", "--engine-id", engine, "--shm-dir", shm_.string()};
+    std::vector<std::string> args{"region", "create",    "--engine-id",
+                                  engine,   "--shm-dir", shm_.string()};
     for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
              {"--chunks", "16"}, {"--slot-bytes", "24K"}, {"--world-size", "2"}}) {
-      if (std::find(more.begin(), more.end(), flag) == more.end()) args.insert(args.end(), {flag, value});
+      if (std::find(more.begin(), more.end(), flag) == more.end())
+        args.insert(args.end(), {flag, value});
     }
     args.insert(args.end(), more.begin(), more.end());
     return args;
@@ -221,7 +228,9 @@ class CliTest : public ::testing::Test {
     return code;
   }
 
-  fs::path region_file(const std::string& engine) const { return shm_ / ("kvoffload_" + engine + ".region"); }
+  fs::path region_file(const std::string& engine) const {
+    return shm_ / ("kvoffload_" + engine + ".region");
+  }
 
   bool shm_is_empty() const { return fs::is_empty(shm_); }
 
@@ -238,9 +247,9 @@ class CliTest : public ::testing::Test {
 
 TEST_F(CliTest, ProbeJsonHasEveryKey) {
   const json j = run_json({"probe", "--shm-dir", shm_.string()});
-  for (const char* key : {"shm_dir", "shm_free_bytes", "shm_total_bytes", "page_size",
-                          "madv_populate_write", "cgroup_memory_limit", "cgroup_memory_available",
-                          "numa_nodes", "backends"}) {
+  for (const char* key :
+       {"shm_dir", "shm_free_bytes", "shm_total_bytes", "page_size", "madv_populate_write",
+        "cgroup_memory_limit", "cgroup_memory_available", "numa_nodes", "backends"}) {
     EXPECT_TRUE(j.contains(key)) << key << " missing from " << j.dump();
   }
   EXPECT_EQ(j.value("shm_dir", ""), shm_.string());
@@ -254,12 +263,15 @@ TEST_F(CliTest, ProbeJsonHasEveryKey) {
   bool host_seen = false;
   bool sim_seen = false;
   for (const json& b : j["backends"]) {
-    EXPECT_TRUE(b.contains("name") && b.contains("built") && b.contains("device_count")) << b.dump();
+    EXPECT_TRUE(b.contains("name") && b.contains("built") && b.contains("device_count"))
+        << b.dump();
     if (b.value("name", "") == "host") host_seen = b.value("built", false);
-    if (b.value("name", "") == "sim") sim_seen = b.value("built", false) && b.value("device_count", 0) == 1;
+    if (b.value("name", "") == "sim")
+      sim_seen = b.value("built", false) && b.value("device_count", 0) == 1;
   }
   EXPECT_TRUE(host_seen) << "the host backend is always built: " << j["backends"].dump();
-  EXPECT_TRUE(sim_seen) << "the simulated device is always built, with one device: " << j["backends"].dump();
+  EXPECT_TRUE(sim_seen) << "the simulated device is always built, with one device: "
+                        << j["backends"].dump();
 }
 
 TEST_F(CliTest, ProbeUsesShmDirFromEnvironment) {
@@ -286,8 +298,8 @@ TEST_F(CliTest, ProbeOfMissingDirectoryFails) {
 
 TEST_F(CliTest, CreateReportsGeometryAndReleases) {
   const std::uint64_t page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
-  const json j = run_json(create_args("geo", {"--slot-bytes", "6000", "--world-size", "3", "--rank", "1",
-                                              "--chunks", "8"}));
+  const json j = run_json(create_args(
+      "geo", {"--slot-bytes", "6000", "--world-size", "3", "--rank", "1", "--chunks", "8"}));
   EXPECT_EQ(j.value("path", ""), region_file("geo").string());
   EXPECT_EQ(j.value("role", ""), "creator");
   EXPECT_EQ(j.value("rank", 99), 1);
@@ -308,11 +320,12 @@ TEST_F(CliTest, CreateReportsGeometryAndReleases) {
 // Note [Slot alignment]: --slot-align sets it, the JSON reports it and the slot stride, and a bad
 // value is refused naming it.
 TEST_F(CliTest, CreateSlotAlignIsReportedAndValidated) {
-  const json d = run_json(create_args("al", {"--slot-bytes", "1000", "--world-size", "4", "--chunks", "2"}));
+  const json d =
+      run_json(create_args("al", {"--slot-bytes", "1000", "--world-size", "4", "--chunks", "2"}));
   EXPECT_EQ(d.value("slot_align", 0), 256);
   EXPECT_EQ(d.value("slot_stride", 0), 1024);
-  const json j = run_json(create_args("al", {"--slot-bytes", "1000", "--world-size", "4", "--chunks", "2",
-                                             "--slot-align", "2K"}));
+  const json j = run_json(create_args(
+      "al", {"--slot-bytes", "1000", "--world-size", "4", "--chunks", "2", "--slot-align", "2K"}));
   EXPECT_EQ(j.value("slot_align", 0), 2048);
   EXPECT_EQ(j.value("slot_stride", 0), 2048);
   const Result bad = run(create_args("al", {"--slot-align", "100"}));
@@ -323,7 +336,8 @@ TEST_F(CliTest, CreateSlotAlignIsReportedAndValidated) {
 
 TEST_F(CliTest, CreateReplicatedAndUnranked) {
   const std::uint64_t page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
-  const json rep = run_json(create_args("rep", {"--replicated", "--world-size", "4", "--rank", "3"}));
+  const json rep =
+      run_json(create_args("rep", {"--replicated", "--world-size", "4", "--rank", "3"}));
   EXPECT_EQ(rep.value("copies", 0), 1);
   EXPECT_EQ(rep.value("row_stride", 0ULL), round_up(24 * 1024, page));
   const json unr = run_json(create_args("unr", {"--unranked", "--threads", "2"}));
@@ -355,8 +369,9 @@ TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
                 .value("role", ""),
             "joiner");
   // Rank 1's slots were not touched by rank 0's fill.
-  EXPECT_EQ(run_json(create_args("fill", {"--rank", "1", "--check", "0"})).value("checked_bytes", 0ULL),
-            16ULL * 24 * 1024);
+  EXPECT_EQ(
+      run_json(create_args("fill", {"--rank", "1", "--check", "0"})).value("checked_bytes", 0ULL),
+      16ULL * 24 * 1024);
 
   // A wrong byte fails with exit 1 and names where and what.
   const Result bad = run(create_args("fill", {"--rank", "0", "--check", "0x5A", "--json"}));
@@ -367,7 +382,8 @@ TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
   EXPECT_TRUE(bad.out.empty()) << bad.out;
 
   // SIGTERM ends the hold; the last process out removes the file.
-  EXPECT_EQ(stop_holder(creator.pid, SIGTERM), std::optional<int>(kExitOk)) << read_file(creator.err_file);
+  EXPECT_EQ(stop_holder(creator.pid, SIGTERM), std::optional<int>(kExitOk))
+      << read_file(creator.err_file);
   EXPECT_TRUE(shm_is_empty());
 }
 
@@ -413,7 +429,9 @@ TEST_F(CliTest, ListShowsAttachedCountAndStaleFlag) {
   EXPECT_EQ(r.value("engine_id", ""), "listed");
   EXPECT_EQ(r.value("attached", 0), 2);
   EXPECT_FALSE(r.value("stale", true));
-  EXPECT_EQ(r.value("bytes", 0ULL), r.value("data_bytes", 0ULL) + static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE)));  // header page + data
+  EXPECT_EQ(r.value("bytes", 0ULL),
+            r.value("data_bytes", 0ULL) +
+                static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE)));  // header page + data
 
   // Killed without a chance to clean up: the file stays, with nobody attached.
   stop_holder(a.pid, SIGKILL);
@@ -472,13 +490,15 @@ TEST_F(CliTest, HostileEntriesDoNotHangOrFailListAndClean) {
   ASSERT_EQ(l["regions"].size(), 4U) << l.dump();
   std::map<std::string, std::string> problems;
   for (const json& r : l["regions"]) problems[r.value("engine_id", "")] = r.value("problem", "");
-  EXPECT_EQ(problems, (std::map<std::string, std::string>{{"dir", "a directory, not a region file"},
-                                                          {"fifo", "a FIFO, not a region file"},
-                                                          {"link", "a symbolic link, not a region file"},
-                                                          {"real", ""}}));
+  EXPECT_EQ(problems,
+            (std::map<std::string, std::string>{{"dir", "a directory, not a region file"},
+                                                {"fifo", "a FIFO, not a region file"},
+                                                {"link", "a symbolic link, not a region file"},
+                                                {"real", ""}}));
   const Result human = run({"region", "list", "--shm-dir", shm_.string()});
   EXPECT_EQ(human.exit_code, kExitOk) << human.err;
-  EXPECT_THAT(human.out, HasSubstr("fifo  not a region: a FIFO, not a region file  " + region_file("fifo").string()));
+  EXPECT_THAT(human.out, HasSubstr("fifo  not a region: a FIFO, not a region file  " +
+                                   region_file("fifo").string()));
 
   const json c = run_json({"region", "clean", "--shm-dir", shm_.string()});
   EXPECT_EQ(c["removed"], json::array({region_file("real").string()}));

@@ -48,7 +48,9 @@ std::vector<std::string> backends() {
 
 // Page-aligned host memory the test owns.
 struct HostMem {
-  explicit HostMem(std::size_t n) : bytes(n), ptr(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
+  explicit HostMem(std::size_t n)
+      : bytes(n),
+        ptr(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
   std::byte* data() const { return ptr.get(); }
   std::size_t bytes;
   struct Free {
@@ -66,7 +68,8 @@ void fill(std::byte* p, std::size_t n, std::uint64_t seed) {
 // function). One use.
 class FlagGate {
  public:
-  explicit FlagGate(DeviceRuntime& rt) : page_(4096), reg_(rt.register_host(page_.data(), 4096)), rt_(rt) {
+  explicit FlagGate(DeviceRuntime& rt)
+      : page_(4096), reg_(rt.register_host(page_.data(), 4096)), rt_(rt) {
     std::memset(page_.data(), 0, 4096);
   }
   ~FlagGate() { open(); }
@@ -96,10 +99,14 @@ bool eventually(Pred pred) {
 // slots of one block each (the simplest layout), registered by the engine.
 struct KvRig {
   KvRig(DeviceRuntime& rt, std::uint64_t blocks, std::uint64_t page, std::uint64_t chunks)
-      : device(rt.allocate_device(blocks * page)), host(chunks * page), page_bytes(page), runtime(rt) {
+      : device(rt.allocate_device(blocks * page)),
+        host(chunks * page),
+        page_bytes(page),
+        runtime(rt) {
     layout.blocks_per_chunk = 1;
     KvGroup g;
-    g.tensors.push_back(DeviceTensor{reinterpret_cast<std::uintptr_t>(device.data()), blocks, page, 0});
+    g.tensors.push_back(
+        DeviceTensor{reinterpret_cast<std::uintptr_t>(device.data()), blocks, page, 0});
     layout.groups.push_back(g);
     layout.host = HostSlots::from_buffer({host.data(), chunks * page}, page, page, 0);
     device_image.resize(blocks * page);
@@ -115,7 +122,8 @@ struct KvRig {
   }
   bool device_block_equals_slot(std::uint64_t block, std::uint64_t chunk) {
     const auto d = device_bytes();
-    return std::memcmp(d.data() + block * page_bytes, host.data() + chunk * page_bytes, page_bytes) == 0;
+    return std::memcmp(d.data() + block * page_bytes, host.data() + chunk * page_bytes,
+                       page_bytes) == 0;
   }
 
   DeviceBuffer device;
@@ -179,8 +187,8 @@ class GpuRuntimeTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<DeviceRuntime> runtime_;
 };
 
-#define NEED_SIM()                                                                             \
-  do {                                                                                         \
+#define NEED_SIM()                                                                               \
+  do {                                                                                           \
     if (sim() == nullptr) GTEST_SKIP() << "needs the simulated device's fault knobs (sim only)"; \
   } while (0)
 
@@ -258,7 +266,8 @@ TEST_P(GpuRuntimeTest, AFailedLaunchFailsOnlyItsJob) {
   EXPECT_TRUE(r[1].success) << r[1].error;
   EXPECT_TRUE(s.device_block_equals_slot(4, 2));
   const auto d = s.device_bytes();
-  EXPECT_EQ(std::memcmp(d.data(), s.device_image.data(), 4096), 0) << "the failed job wrote block 0";
+  EXPECT_EQ(std::memcmp(d.data(), s.device_image.data(), 4096), 0)
+      << "the failed job wrote block 0";
 }
 
 // c: a job whose submit failed part-way finishes only after the copies already enqueued for it.
@@ -306,7 +315,8 @@ TEST_P(GpuRuntimeTest, BatchedLoadsReadTheirSourceInStreamOrder) {
   gate.open();
   ASSERT_TRUE(e.wait_all().at(0).success);
   const auto d = s.device_bytes();
-  EXPECT_EQ(std::memcmp(d.data() + 2 * 4096, fresh.data(), 4096), 0) << "the load read its source too early";
+  EXPECT_EQ(std::memcmp(d.data() + 2 * 4096, fresh.data(), 4096), 0)
+      << "the load read its source too early";
   EXPECT_EQ(std::memcmp(d.data() + 6 * 4096, fresh.data() + 4096, 4096), 0);
   EXPECT_EQ(rt().counters().dma_batched_calls, 2u);  // the compute write and the load
 }
@@ -318,7 +328,7 @@ TEST_P(GpuRuntimeTest, BatchedDmaRefusalsAreDecidedPerCause) {
   TransferEngine e(rt(), s.layout, dma_only());
   sim()->faults().refuse_batches = 1;
   sim()->faults().refuse_batch_code = 1;  // invalid value: this batch only
-  submit_load(e, 1, {0, 2}, {2, 5});  // not contiguous: two copies
+  submit_load(e, 1, {0, 2}, {2, 5});      // not contiguous: two copies
   ASSERT_TRUE(e.wait_all().at(0).success);
   EXPECT_EQ(rt().counters().dma_batch_refusals, 1u);
   EXPECT_EQ(rt().counters().dma_loop_copies, 2u);
@@ -388,7 +398,8 @@ TEST_P(GpuRuntimeTest, AKernelOnUnregisteredHostMemoryIsAnIllegalAccess) {
     EXPECT_NE(std::string(err.what()).find("IllegalAddress"), std::string::npos) << err.what();
   }
   EXPECT_EQ(sim()->sticky_error(), 700);
-  EXPECT_NE(sim()->sticky_reason().find("registered host memory"), std::string::npos) << sim()->sticky_reason();
+  EXPECT_NE(sim()->sticky_reason().find("registered host memory"), std::string::npos)
+      << sim()->sticky_reason();
 }
 
 // Device memory is not host memory: a host read of a device pointer crashes, as on a GPU.
@@ -420,7 +431,8 @@ TEST_P(GpuRuntimeTest, RegistrationInPiecesAndNothingLeaksOnFailure) {
   EXPECT_EQ(sim()->counters().live_registrations.load(), 0);
   sim()->faults().fail_device_pointer = 1;
   EXPECT_THROW((void)rt().register_host(mem.data(), mem.bytes, 2 * 4096), Error);
-  EXPECT_EQ(sim()->counters().live_registrations.load(), 0) << "a registration leaked after a later failure";
+  EXPECT_EQ(sim()->counters().live_registrations.load(), 0)
+      << "a registration leaked after a later failure";
   HostRegistration again = rt().register_host(mem.data(), mem.bytes, 2 * 4096);
   EXPECT_EQ(sim()->counters().live_registrations.load(), 5);
 }
@@ -436,7 +448,8 @@ TEST_P(GpuRuntimeTest, KernelPathOpensWhenRegisteredPiecesCoverTheBuffer) {
   e.note_host_registration(first);
   submit_load(e, 1, {0, 2}, {1, 5});
   ASSERT_TRUE(e.wait_all().at(0).success);
-  EXPECT_EQ(rt().counters().kernel_launches, 0u) << "the kernel ran before the buffer was registered";
+  EXPECT_EQ(rt().counters().kernel_launches, 0u)
+      << "the kernel ran before the buffer was registered";
   EXPECT_FALSE(e.host_registered());
   HostRegistration second = rt().register_host(s.host.data() + 2 * 4096, 2 * 4096);
   e.note_host_registration(second);
@@ -498,8 +511,8 @@ TEST_P(GpuRuntimeTest, KernelBatchesOverOneBlockAndOneRingSlotCopyEveryByte) {
     std::size_t off = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t skew = rng() % 17;  // misaligned starts on both sides
-      descs.push_back({reg.device_pointer(host.data() + off), static_cast<std::byte*>(dev.data()) + off + skew % 3,
-                       sizes[i]});
+      descs.push_back({reg.device_pointer(host.data() + off),
+                       static_cast<std::byte*>(dev.data()) + off + skew % 3, sizes[i]});
       off += sizes[i] + 16;
     }
     Stream st = rt().create_stream();
@@ -509,7 +522,8 @@ TEST_P(GpuRuntimeTest, KernelBatchesOverOneBlockAndOneRingSlotCopyEveryByte) {
     rt().memcpy_sync(got.data(), dev.data(), got.size());
     off = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      const auto* dst = got.data() + (static_cast<std::byte*>(descs[i].dst) - static_cast<std::byte*>(dev.data()));
+      const auto* dst = got.data() + (static_cast<std::byte*>(descs[i].dst) -
+                                      static_cast<std::byte*>(dev.data()));
       ASSERT_EQ(std::memcmp(dst, host.data() + off, sizes[i]), 0) << "descriptor " << i;
       off += sizes[i] + 16;
     }
@@ -530,7 +544,8 @@ TEST_P(GpuRuntimeTest, RingExhaustionWaitsOnlyInItsOwnLane) {
   // Two stores fill the store lane's ring behind the held compute stream; the third must wait.
   submit_store(e, 1, {0}, {0}, WaitOn::stream(compute.view()));
   submit_store(e, 2, {1}, {1}, WaitOn::stream(compute.view()));
-  auto third = std::async(std::launch::async, [&] { submit_store(e, 3, {2}, {2}, WaitOn::stream(compute.view())); });
+  auto third = std::async(std::launch::async,
+                          [&] { submit_store(e, 3, {2}, {2}, WaitOn::stream(compute.view())); });
   ASSERT_TRUE(eventually([&] { return rt().counters().ring_waits == 1; }));
   // Meanwhile a load on the other lane runs to completion.
   auto load = std::async(std::launch::async, [&] {
@@ -548,7 +563,8 @@ TEST_P(GpuRuntimeTest, RingExhaustionWaitsOnlyInItsOwnLane) {
   const auto r = e.wait_all();
   for (const auto& x : r) EXPECT_TRUE(x.success) << x.error;
   for (std::uint64_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(std::memcmp(s.host.data() + i * 4096, s.device_image.data() + i * 4096, 4096), 0) << i;
+    EXPECT_EQ(std::memcmp(s.host.data() + i * 4096, s.device_image.data() + i * 4096, 4096), 0)
+        << i;
   }
   EXPECT_TRUE(s.device_block_equals_slot(11, 9));
 }
@@ -564,7 +580,8 @@ TEST_P(GpuRuntimeTest, ConcurrentSubmitsOnBothLanes) {
   for (std::uint64_t t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (std::uint64_t i = 0; i < 8; ++i) {
-        const std::uint64_t k = t * 8 + i;  // chunk k <-> block k (stores), chunk 32+k -> block 32+k (loads)
+        const std::uint64_t k =
+            t * 8 + i;  // chunk k <-> block k (stores), chunk 32+k -> block 32+k (loads)
         if (t % 2 == 0) {
           submit_store(e, 1000 + k, {k}, {k});
         } else {
@@ -581,7 +598,8 @@ TEST_P(GpuRuntimeTest, ConcurrentSubmitsOnBothLanes) {
     for (std::uint64_t i = 0; i < 8; ++i) {
       const std::uint64_t k = t * 8 + i;
       if (t % 2 == 0) {
-        EXPECT_EQ(std::memcmp(s.host.data() + k * 4096, s.device_image.data() + k * 4096, 4096), 0) << k;
+        EXPECT_EQ(std::memcmp(s.host.data() + k * 4096, s.device_image.data() + k * 4096, 4096), 0)
+            << k;
       } else {
         EXPECT_TRUE(s.device_block_equals_slot(32 + k, 32 + k)) << k;
       }

@@ -49,11 +49,13 @@ TEST(BlockKey, FullWidthAndCase) {
 
 TEST(BlockKey, RefusesBadText) {
   EXPECT_EQ(code_of([] { (void)BlockKey::parse_hex(""); }), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(code_of([] { (void)BlockKey::parse_hex(std::string(33, '1')); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([] { (void)BlockKey::parse_hex(std::string(33, '1')); }),
+            ErrorCode::kInvalidArgument);
   EXPECT_EQ(code_of([] { (void)BlockKey::parse_hex("0x12"); }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(code_of([] { (void)BlockKey::parse_hex("12 "); }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(code_of([] { (void)BlockKey::parse_hex("-1"); }), ErrorCode::kInvalidArgument);
-  EXPECT_NE(message_of([] { (void)BlockKey::parse_hex("12g4"); }).find("character 3"), std::string::npos);
+  EXPECT_NE(message_of([] { (void)BlockKey::parse_hex("12g4"); }).find("character 3"),
+            std::string::npos);
   EXPECT_NE(message_of([] { (void)BlockKey::parse_hex(std::string(33, 'a')); }).find("33 digits"),
             std::string::npos);
   EXPECT_FALSE(BlockKey::try_parse_hex("zz").has_value());

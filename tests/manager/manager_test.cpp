@@ -13,7 +13,8 @@ using namespace kvoffload::test;
 
 class ManagerApi : public ::testing::TestWithParam<PolicyKind> {};
 
-INSTANTIATE_TEST_SUITE_P(Policies, ManagerApi, ::testing::Values(PolicyKind::kLru, PolicyKind::kArc),
+INSTANTIATE_TEST_SUITE_P(Policies, ManagerApi,
+                         ::testing::Values(PolicyKind::kLru, PolicyKind::kArc),
                          [](const auto& pi) { return std::string(policy_kind_name(pi.param)); });
 
 TEST(ManagerConfig, Validation) {
@@ -90,8 +91,8 @@ TEST_P(ManagerApi, LookupHitPendingMissAndPrefix) {
   EXPECT_EQ(m.lookup(Ks({1, 2, 3, 4}), r), 2u);
   EXPECT_EQ(r, (std::vector<LookupResult>{LookupResult::kHit, LookupResult::kHit,
                                           LookupResult::kHitPending, LookupResult::kMiss}));
-  EXPECT_EQ(m.lookup(Ks({3, 1})), 0u);   // a pending head is no prefix
-  EXPECT_EQ(m.lookup(Ks({4, 1})), 0u);   // neither is a miss
+  EXPECT_EQ(m.lookup(Ks({3, 1})), 0u);  // a pending head is no prefix
+  EXPECT_EQ(m.lookup(Ks({4, 1})), 0u);  // neither is a miss
   EXPECT_EQ(m.lookup(Ks({2, 4, 1})), 1u);
   EXPECT_EQ(m.lookup({}), 0u);
   std::vector<LookupResult> small(1);
@@ -206,8 +207,8 @@ TEST_P(ManagerApi, PinnedAndPendingAreNeverEvicted) {
   store(m, Ks({1}));
   store(m, Ks({2}));
   ASSERT_TRUE(m.prepare_store(Ks({3})).ok());  // pending, never completed
-  (void)m.prepare_load(Ks({1}));                 // pinned
-  StorePlan p = m.prepare_store(Ks({4, 5}));     // 1 free + 2 evictable
+  (void)m.prepare_load(Ks({1}));               // pinned
+  StorePlan p = m.prepare_store(Ks({4, 5}));   // 1 free + 2 evictable
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(copy(p.evicted), Ks({2}));
   EXPECT_TRUE(m.contains(K(1)));
@@ -244,7 +245,8 @@ TEST_P(ManagerApi, CompleteStoreMisuse) {
   EXPECT_EQ(code_of([&] { m.complete_store(Ks({2, 9}), true); }), ErrorCode::kNotFound);
   EXPECT_EQ(code_of([&] { m.complete_store(Ks({2, 1}), true); }), ErrorCode::kState);
   EXPECT_EQ(code_of([&] { m.complete_store(Ks({2, 2}), false); }), ErrorCode::kState);
-  EXPECT_NE(message_of([&] { m.complete_store(Ks({1}), true); }).find(K(1).to_hex()), std::string::npos);
+  EXPECT_NE(message_of([&] { m.complete_store(Ks({1}), true); }).find(K(1).to_hex()),
+            std::string::npos);
   // Each refused call changed nothing: 2 is still pending and completes now.
   EXPECT_EQ(m.state_of(K(2)), LookupResult::kHitPending);
   m.complete_store(Ks({2}), true);
@@ -302,8 +304,8 @@ TEST(ManagerLru, TouchLeavesThePrefixHeadMostRecent) {
   Manager m = make(4, PolicyKind::kLru);
   store(m, Ks({1, 2, 3, 4}));  // one request: 1 is the head, evicted last
   EXPECT_EQ(store(m, Ks({5})), Ks({4}));
-  m.touch(Ks({1, 2, 3, 99}));   // absent keys are ignored
-  m.touch(Ks({3, 5}));          // 3 most recent, then 5, then 1, 2
+  m.touch(Ks({1, 2, 3, 99}));  // absent keys are ignored
+  m.touch(Ks({3, 5}));         // 3 most recent, then 5, then 1, 2
   EXPECT_EQ(store(m, Ks({6})), Ks({2}));
   EXPECT_EQ(store(m, Ks({7, 8})), Ks({1, 5}));
   EXPECT_TRUE(m.contains(K(3)));
@@ -419,8 +421,8 @@ TEST(ManagerThreshold, TrackerIsBoundedAndForgetsTheOldest) {
   Manager m = make(8, PolicyKind::kLru, /*threshold=*/2, /*tracker=*/2);
   m.lookup(Ks({1}));
   m.lookup(Ks({2}));
-  m.lookup(Ks({1}));           // 1 counted twice, still the oldest entry
-  m.lookup(Ks({3}));           // full: 1 is forgotten
+  m.lookup(Ks({1}));  // 1 counted twice, still the oldest entry
+  m.lookup(Ks({3}));  // full: 1 is forgotten
   EXPECT_EQ(m.threshold_count(K(1)), 0u);
   EXPECT_EQ(m.threshold_count(K(2)), 1u);
   EXPECT_EQ(m.threshold_count(K(3)), 1u);

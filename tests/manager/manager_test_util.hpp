@@ -9,7 +9,9 @@
 
 namespace kvoffload::test {
 
-inline BlockKey K(std::uint64_t n) { return BlockKey::from_u64(n); }
+inline BlockKey K(std::uint64_t n) {
+  return BlockKey::from_u64(n);
+}
 
 inline std::vector<BlockKey> Ks(std::initializer_list<std::uint64_t> ns) {
   std::vector<BlockKey> v;
@@ -17,7 +19,9 @@ inline std::vector<BlockKey> Ks(std::initializer_list<std::uint64_t> ns) {
   return v;
 }
 
-inline std::vector<BlockKey> copy(std::span<const BlockKey> s) { return {s.begin(), s.end()}; }
+inline std::vector<BlockKey> copy(std::span<const BlockKey> s) {
+  return {s.begin(), s.end()};
+}
 
 inline ErrorCode code_of(const std::function<void()>& f) {
   try {

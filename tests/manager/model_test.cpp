@@ -32,8 +32,8 @@ struct RefPolicy {
   std::uint64_t p = 0;
 
   std::uint64_t count(int list) const {
-    return static_cast<std::uint64_t>(std::count_if(member.begin(), member.end(),
-                                                    [&](auto& e) { return e.second == list; }));
+    return static_cast<std::uint64_t>(
+        std::count_if(member.begin(), member.end(), [&](auto& e) { return e.second == list; }));
   }
   std::vector<Key>& list(int l) { return l == 1 ? l1 : l2; }
   static bool erase(std::vector<Key>& v, Key k) {
@@ -43,7 +43,8 @@ struct RefPolicy {
     return true;
   }
   bool listed(Key k) const {
-    return std::find(l1.begin(), l1.end(), k) != l1.end() || std::find(l2.begin(), l2.end(), k) != l2.end();
+    return std::find(l1.begin(), l1.end(), k) != l1.end() ||
+           std::find(l2.begin(), l2.end(), k) != l2.end();
   }
 
   void insert(const std::vector<Key>& keys) {
@@ -52,7 +53,7 @@ struct RefPolicy {
         member[k] = 1;
         continue;
       }
-      if (erase(b1, k) ) {
+      if (erase(b1, k)) {
         // sizes before removal: |B1| + 1
         const std::uint64_t nb1 = b1.size() + 1;
         p = std::min<std::uint64_t>(c, p + std::max<std::uint64_t>(1, b2.size() / nb1));
@@ -120,8 +121,10 @@ struct RefPolicy {
       member.erase(v);
       if (kind == PolicyKind::kArc) {
         if (b1.size() + b2.size() == c) {
-          if (!b1.empty() && (count(1) + b1.size() >= c || b2.empty())) b1.pop_back();
-          else b2.pop_back();
+          if (!b1.empty() && (count(1) + b1.size() >= c || b2.empty()))
+            b1.pop_back();
+          else
+            b2.pop_back();
         }
         (from1 ? b1 : b2).insert((from1 ? b1 : b2).begin(), v);
       }
@@ -130,7 +133,12 @@ struct RefPolicy {
     return out;
   }
   void reset() {
-    l1.clear(); l2.clear(); member.clear(); b1.clear(); b2.clear(); p = 0;
+    l1.clear();
+    l2.clear();
+    member.clear();
+    b1.clear();
+    b2.clear();
+    p = 0;
   }
   PolicyCounters counters() const {
     PolicyCounters pc;
@@ -194,11 +202,16 @@ struct RefManager {
     for (Key k : keys) {
       auto it = entries.find(k);
       LookupResult r = LookupResult::kMiss;
-      if (it == entries.end()) ++stats.misses;
-      else if (it->second.state == kReady) r = LookupResult::kHit, ++stats.hits;
-      else r = LookupResult::kHitPending, ++stats.hits_pending;
-      if (in && r == LookupResult::kHit) ++prefix;
-      else in = false;
+      if (it == entries.end())
+        ++stats.misses;
+      else if (it->second.state == kReady)
+        r = LookupResult::kHit, ++stats.hits;
+      else
+        r = LookupResult::kHitPending, ++stats.hits_pending;
+      if (in && r == LookupResult::kHit)
+        ++prefix;
+      else
+        in = false;
       res.push_back(r);
       if (threshold > 0) track(k);
     }
@@ -406,17 +419,21 @@ void run_model(const ModelParams& prm, std::uint64_t seed, int steps) {
       ASSERT_EQ(got.skipped_threshold, want.skipped_threshold);
       ASSERT_EQ(got.slots_needed, want.needed);
       ASSERT_EQ(got.slots_available, want.available);
-      for (std::size_t i = 0; i < got.keys.size(); ++i) ASSERT_EQ(m.slot_of(got.keys[i]), got.slots[i]);
+      for (std::size_t i = 0; i < got.keys.size(); ++i)
+        ASSERT_EQ(m.slot_of(got.keys[i]), got.slots[i]);
     } else if (op < 62) {
       // Mostly pending keys; sometimes a random (likely invalid) set.
-      const auto keys = rnd(6) == 0 ? random_keys(3)
-                                    : pick([](auto& e) { return e.state == RefManager::kPending; }, max_len);
+      const auto keys =
+          rnd(6) == 0 ? random_keys(3)
+                      : pick([](auto& e) { return e.state == RefManager::kPending; }, max_len);
       const bool success = rnd(5) != 0;
       const ErrorCode want = ref.complete_store(keys, success);
-      ASSERT_EQ(code_of([&] { m.complete_store(to_keys(keys), success); }), want) << "complete_store";
+      ASSERT_EQ(code_of([&] { m.complete_store(to_keys(keys), success); }), want)
+          << "complete_store";
     } else if (op < 74) {
-      const auto keys = rnd(6) == 0 ? random_keys(3)
-                                    : pick([](auto& e) { return e.state == RefManager::kReady; }, 3);
+      const auto keys = rnd(6) == 0
+                            ? random_keys(3)
+                            : pick([](auto& e) { return e.state == RefManager::kReady; }, 3);
       const ErrorCode want = ref.prepare_load(keys);
       std::vector<SlotIndex> slots(keys.size());
       ASSERT_EQ(code_of([&] { m.prepare_load(to_keys(keys), slots); }), want) << "prepare_load";
@@ -441,8 +458,9 @@ void run_model(const ModelParams& prm, std::uint64_t seed, int steps) {
     for (Key k = 0; k < universe; ++k) {
       auto it = ref.entries.find(k);
       const LookupResult want = it == ref.entries.end() ? LookupResult::kMiss
-                                : it->second.state == RefManager::kReady ? LookupResult::kHit
-                                                                         : LookupResult::kHitPending;
+                                : it->second.state == RefManager::kReady
+                                    ? LookupResult::kHit
+                                    : LookupResult::kHitPending;
       ASSERT_EQ(m.state_of(K(k)), want) << "key " << k;
       ASSERT_EQ(m.pin_count(K(k)), it == ref.entries.end() ? 0u : it->second.pins) << "key " << k;
       if (prm.threshold > 0) {
@@ -517,8 +535,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ModelParams{PolicyKind::kArc, 1, 0}, ModelParams{PolicyKind::kArc, 4, 0},
                       ModelParams{PolicyKind::kArc, 13, 0}, ModelParams{PolicyKind::kArc, 6, 2}),
     [](const auto& pi) {
-      return std::string(policy_kind_name(pi.param.policy)) + "_c" + std::to_string(pi.param.chunks) +
-             "_t" + std::to_string(pi.param.threshold);
+      return std::string(policy_kind_name(pi.param.policy)) + "_c" +
+             std::to_string(pi.param.chunks) + "_t" + std::to_string(pi.param.threshold);
     });
 
 }  // namespace

@@ -19,7 +19,7 @@ TEST(LruPolicy, DirectBatchOperations) {
   const std::vector<BlockKey> keys = Ks({10, 11, 12, 13});
   lru->insert(slots, keys);
   EXPECT_EQ(lru->evictable_count(), 0u);  // write pending
-  lru->release(slots);                     // slot 0 most recent
+  lru->release(slots);                    // slot 0 most recent
   EXPECT_EQ(lru->evictable_count(), 4u);
   std::vector<std::uint32_t> marks(4, 0);
   marks[3] = 5;  // protect slot 3 in epoch 5
@@ -78,7 +78,7 @@ TEST(ArcPolicy, FullT1KeepsNoRecencyGhosts) {
 TEST(ArcPolicy, GhostHitsAdaptTheTarget) {
   Manager m = make(4, PolicyKind::kArc);
   store(m, Ks({1}));
-  m.touch(Ks({1}));  // T2 = {1}
+  m.touch(Ks({1}));                            // T2 = {1}
   for (auto k : Ks({2, 3, 4})) store(m, {k});  // T1 = {4, 3, 2}
   EXPECT_EQ(store(m, Ks({5})), Ks({2}));       // |T1| = 3 > p = 0: T1's LRU -> B1
   PolicyCounters c = m.stats().policy;
@@ -89,8 +89,8 @@ TEST(ArcPolicy, GhostHitsAdaptTheTarget) {
   EXPECT_EQ(store(m, Ks({2})), Ks({3}));
   c = m.stats().policy;
   EXPECT_EQ(c.recent_target, 1u);
-  EXPECT_EQ(c.recent, 2u);    // 5, 4
-  EXPECT_EQ(c.frequent, 2u);  // 2, 1
+  EXPECT_EQ(c.recent, 2u);        // 5, 4
+  EXPECT_EQ(c.frequent, 2u);      // 2, 1
   EXPECT_EQ(c.ghost_recent, 1u);  // 3
   EXPECT_EQ(c.ghost_frequent, 0u);
   EXPECT_EQ(store(m, Ks({6})), Ks({4}));

@@ -5,13 +5,13 @@
 
 #include <sys/wait.h>
 
+#include <unistd.h>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 namespace {
 
@@ -110,8 +110,8 @@ TEST_F(Simulate, StoreThreshold) {
   // Threshold 2: a chunk is stored on its second lookup. r1 stores nothing; r2 stores 1 2;
   // r3 hits 1 2 and stores 3.
   const fs::path trace = write("t.trace", "1 2 3\n1 2\n1 2 3\n");
-  const RunResult r =
-      run("simulate --trace " + trace.string() + " --policy lru --chunks 8 --store-threshold 2 --json");
+  const RunResult r = run("simulate --trace " + trace.string() +
+                          " --policy lru --chunks 8 --store-threshold 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("hits"), 2);

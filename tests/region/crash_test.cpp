@@ -14,27 +14,27 @@
 #include "fault_syscalls.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/region.hpp"
-#include "region_helpers.hpp"
 #include "private_tmpfs.hpp"
+#include "region_helpers.hpp"
 #include "test_env.hpp"
 
 namespace kvoffload {
 namespace {
 
-using ::testing::AllOf;
-using ::testing::HasSubstr;
 using test::expect_error;
 using test::FaultSyscalls;
 using test::Op;
 using test::small_options;
 using test::TempDir;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 struct KillPoint {
   const char* name;
   Op op;
   int nth;
-  bool before;        // before or after the real call
-  bool leaves_file;   // whether a (stale) file is expected afterwards
+  bool before;       // before or after the real call
+  bool leaves_file;  // whether a (stale) file is expected afterwards
 };
 
 class CreatorKilled : public ::testing::TestWithParam<KillPoint> {};
@@ -144,8 +144,8 @@ TEST(JoinerWait, TimesOutNamingPathStateAndSeconds) {
   const auto maps = test::maps_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(joiner); });
   EXPECT_EQ(e.code(), ErrorCode::kTimeout);
-  EXPECT_THAT(e.what(), AllOf(HasSubstr((dir.path() / "kvoffload_slow.region").string()), HasSubstr("'ready'"),
-                              HasSubstr("'creating'"), HasSubstr(" s ")));
+  EXPECT_THAT(e.what(), AllOf(HasSubstr((dir.path() / "kvoffload_slow.region").string()),
+                              HasSubstr("'ready'"), HasSubstr("'creating'"), HasSubstr(" s ")));
   EXPECT_EQ(test::fd_snapshot(), fds);
   EXPECT_EQ(test::maps_snapshot(), maps);
   // The stalled stub is in use: clean keeps it.
@@ -163,7 +163,8 @@ TEST(JoinerWait, DeadCreatorIsDetectedAndTheJoinerTakesOver) {
   joiner.rank = 1;
   joiner.join_timeout = std::chrono::seconds(120);  // far longer than the test's own timeout
   auto result = std::async(std::launch::async, [&] { return Region::create_or_join(joiner); });
-  EXPECT_EQ(result.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);  // waiting
+  EXPECT_EQ(result.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout);  // waiting
   creator.kill();
   Region r = result.get();
   EXPECT_EQ(r.role(), RegionRole::kCreator);
@@ -197,8 +198,9 @@ TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
     } catch (const Error& e) {
       const std::string msg = e.what();
       if (e.code() != ErrorCode::kCapacity) return 2;
-      for (const char* s : {"--shm-size", "--ipc=host", "smaller region", "num_chunks=256", "slot_bytes=16384",
-                            "world_size", "free space of", "kvoffload_big.region"}) {
+      for (const char* s :
+           {"--shm-size", "--ipc=host", "smaller region", "num_chunks=256", "slot_bytes=16384",
+            "world_size", "free space of", "kvoffload_big.region"}) {
         if (msg.find(s) == std::string::npos) {
           std::fprintf(stderr, "missing '%s' in: %s\n", s, msg.c_str());
           return 3;

@@ -15,8 +15,6 @@
 namespace kvoffload {
 namespace {
 
-using ::testing::AllOf;
-using ::testing::HasSubstr;
 using test::expect_error;
 using test::FaultSyscalls;
 using test::fd_snapshot;
@@ -24,6 +22,8 @@ using test::maps_snapshot;
 using test::Op;
 using test::small_options;
 using test::TempDir;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 struct CreateFault {
   Op op;
@@ -66,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(
     EachStep, CreatePathFault,
     ::testing::Values(CreateFault{Op::kOpenat, 1, EACCES, ErrorCode::kSystem},
                       CreateFault{Op::kOpenat, 2, EIO, ErrorCode::kSystem},
-                      CreateFault{Op::kFstatvfs, 1, EIO, ErrorCode::kSystem},       // capacity query
+                      CreateFault{Op::kFstatvfs, 1, EIO, ErrorCode::kSystem},  // capacity query
                       CreateFault{Op::kOpenat, 3, EOPNOTSUPP, ErrorCode::kSystem},  // O_TMPFILE
                       CreateFault{Op::kFchmod, 1, EPERM, ErrorCode::kSystem},
                       CreateFault{Op::kFlock, 1, ENOLCK, ErrorCode::kSystem},
@@ -76,11 +76,12 @@ INSTANTIATE_TEST_SUITE_P(
                       CreateFault{Op::kFstat, 1, EIO, ErrorCode::kSystem},
                       CreateFault{Op::kLinkat, 1, EACCES, ErrorCode::kSystem},  // publish
                       CreateFault{Op::kMmap, 1, ENOMEM, ErrorCode::kSystem},
-                      CreateFault{Op::kPwrite, 2, EIO, ErrorCode::kSystem},     // state "ready"
-                      CreateFault{Op::kMadvise, 1, EIO, ErrorCode::kSystem},    // probe
+                      CreateFault{Op::kPwrite, 2, EIO, ErrorCode::kSystem},        // state "ready"
+                      CreateFault{Op::kMadvise, 1, EIO, ErrorCode::kSystem},       // probe
                       CreateFault{Op::kMadvise, 1, EFAULT, ErrorCode::kCapacity},  // probe: full
-                      CreateFault{Op::kMadvise, 3, EIO, ErrorCode::kSystem},    // a later row
-                      CreateFault{Op::kMadvise, 3, EFAULT, ErrorCode::kCapacity}  // a later row: full
+                      CreateFault{Op::kMadvise, 3, EIO, ErrorCode::kSystem},       // a later row
+                      CreateFault{Op::kMadvise, 3, EFAULT, ErrorCode::kCapacity}
+                      // a later row: full
                       ),
     [](const auto& param_info) { return fault_name(param_info.param); });
 
@@ -105,7 +106,8 @@ TEST(CreatePathFault, LosingThePublishRaceJoinsTheWinner) {
   FaultSyscalls sys;
   std::optional<Region> winner;
   // Someone else publishes between our capacity check and our linkat.
-  sys.before(Op::kLinkat, 1, [&] { winner.emplace(Region::create_or_join(small_options(dir.path(), "race", 0))); });
+  sys.before(Op::kLinkat, 1,
+             [&] { winner.emplace(Region::create_or_join(small_options(dir.path(), "race", 0))); });
   auto opts = small_options(dir.path(), "race", 1);
   opts.syscalls = sys.get();
   Region loser = Region::create_or_join(opts);
@@ -192,7 +194,8 @@ TEST(JoinPathFault, EveryCallFailedInTurn) {
     EXPECT_EQ(dir.entries().size(), 1U);  // the owner's region is untouched
   }
   // The sweep covered the join path's system calls.
-  for (Op op : {Op::kOpenat, Op::kFstat, Op::kFlock, Op::kFstatat, Op::kPread, Op::kMmap, Op::kMadvise}) {
+  for (Op op :
+       {Op::kOpenat, Op::kFstat, Op::kFlock, Op::kFstatat, Op::kPread, Op::kMmap, Op::kMadvise}) {
     EXPECT_GT(failed_ops[op], 0) << test::op_name(op);
   }
   EXPECT_EQ(owner.role(), RegionRole::kCreator);
@@ -235,13 +238,12 @@ TEST_P(TeardownPathFault, EveryStepStillRuns) {
   EXPECT_TRUE(r.close());
 }
 
-INSTANTIATE_TEST_SUITE_P(EachStep, TeardownPathFault,
-                         ::testing::Values(TeardownFault{Op::kMunmap, false},
-                                           TeardownFault{Op::kFlock, true},
-                                           TeardownFault{Op::kFstatat, true},
-                                           TeardownFault{Op::kUnlinkat, false},
-                                           TeardownFault{Op::kClose, false}),
-                         [](const auto& param_info) { return std::string(test::op_name(param_info.param.op)); });
+INSTANTIATE_TEST_SUITE_P(
+    EachStep, TeardownPathFault,
+    ::testing::Values(TeardownFault{Op::kMunmap, false}, TeardownFault{Op::kFlock, true},
+                      TeardownFault{Op::kFstatat, true}, TeardownFault{Op::kUnlinkat, false},
+                      TeardownFault{Op::kClose, false}),
+    [](const auto& param_info) { return std::string(test::op_name(param_info.param.op)); });
 
 TEST(TeardownPathFault, UnlinkFailureLeavesAStaleFileThatTheNextCreateReclaims) {
   const TempDir dir;
@@ -289,10 +291,12 @@ TEST(Capacity, CgroupLimitLowerThanFreeSpaceIsUsedAndNamed) {
   const auto fds = fd_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(opts); });
   EXPECT_EQ(e.code(), ErrorCode::kCapacity);
-  EXPECT_THAT(e.what(), AllOf(HasSubstr("memory cgroup limit"), HasSubstr("65536 bytes are available"),
-                              HasSubstr(std::to_string(4096 + 64 * 4096)), HasSubstr("num_chunks=64"),
-                              HasSubstr("slot_bytes=4096"), HasSubstr("--shm-size"), HasSubstr("--ipc=host"),
-                              HasSubstr("smaller region"), HasSubstr((dir.path() / "kvoffload_cg.region").string())));
+  EXPECT_THAT(
+      e.what(),
+      AllOf(HasSubstr("memory cgroup limit"), HasSubstr("65536 bytes are available"),
+            HasSubstr(std::to_string(4096 + 64 * 4096)), HasSubstr("num_chunks=64"),
+            HasSubstr("slot_bytes=4096"), HasSubstr("--shm-size"), HasSubstr("--ipc=host"),
+            HasSubstr("smaller region"), HasSubstr((dir.path() / "kvoffload_cg.region").string())));
   EXPECT_TRUE(dir.entries().empty());
   EXPECT_EQ(fd_snapshot(), fds);
   // A region that fits under the limit is created.

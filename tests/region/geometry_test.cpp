@@ -26,7 +26,8 @@ std::string invalid_message(F&& fn) {
 }
 
 TEST(Geometry, RankedRowsHoldEveryRankPaddedToAPage) {
-  const auto g = RegionGeometry::compute({.num_chunks = 3, .slot_bytes = 1000, .world_size = 4}, 4096);
+  const auto g =
+      RegionGeometry::compute({.num_chunks = 3, .slot_bytes = 1000, .world_size = 4}, 4096);
   EXPECT_EQ(g.copies(), 4U);
   EXPECT_EQ(g.row_stride(), 4096U);
   EXPECT_EQ(g.data_bytes(), 3U * 4096U);
@@ -35,7 +36,8 @@ TEST(Geometry, RankedRowsHoldEveryRankPaddedToAPage) {
   EXPECT_EQ(g.slot_offset(2, 3), 2U * 4096U + 3U * 1024U);
   EXPECT_EQ(g.copy_index(3), 3U);
 
-  const auto big = RegionGeometry::compute({.num_chunks = 2, .slot_bytes = 5000, .world_size = 2}, 4096);
+  const auto big =
+      RegionGeometry::compute({.num_chunks = 2, .slot_bytes = 5000, .world_size = 2}, 4096);
   EXPECT_EQ(big.row_stride(), 12288U);  // 2 x 5120 rounded up to a page
   EXPECT_EQ(big.slot_offset(1, 1), 12288U + 5120U);
 }
@@ -50,26 +52,32 @@ TEST(Geometry, ReplicatedLayoutSharesSlotZero) {
 }
 
 TEST(Geometry, UnrankedWorldOfOneIsOneSlotPerRow) {
-  const auto g = RegionGeometry::compute({.num_chunks = 7, .slot_bytes = 4096, .world_size = 1}, 4096);
+  const auto g =
+      RegionGeometry::compute({.num_chunks = 7, .slot_bytes = 4096, .world_size = 1}, 4096);
   EXPECT_EQ(g.row_stride(), 4096U);
   EXPECT_EQ(g.data_bytes(), 7U * 4096U);
 }
 
 TEST(Geometry, RefusesZeroInputsNamingTheValue) {
-  EXPECT_THAT(invalid_message([] { (void)RegionGeometry::compute({.num_chunks = 0, .slot_bytes = 1}, 4096); }),
+  EXPECT_THAT(invalid_message(
+                  [] { (void)RegionGeometry::compute({.num_chunks = 0, .slot_bytes = 1}, 4096); }),
               AllOf(HasSubstr("num_chunks is 0"), HasSubstr("at least 1")));
-  EXPECT_THAT(invalid_message([] { (void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 0}, 4096); }),
+  EXPECT_THAT(invalid_message(
+                  [] { (void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 0}, 4096); }),
               AllOf(HasSubstr("slot_bytes is 0"), HasSubstr("at least 1")));
   EXPECT_THAT(invalid_message([] {
-                (void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 1, .world_size = 0}, 4096);
+                (void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 1, .world_size = 0},
+                                              4096);
               }),
               HasSubstr("world_size is 0"));
-  EXPECT_THAT(invalid_message([] { (void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 1}, 3000); }),
+  EXPECT_THAT(invalid_message(
+                  [] { (void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 1}, 3000); }),
               HasSubstr("page size 3000"));
 }
 
 TEST(Geometry, RefusesRankAndChunkOutOfRange) {
-  const auto g = RegionGeometry::compute({.num_chunks = 2, .slot_bytes = 64, .world_size = 4}, 4096);
+  const auto g =
+      RegionGeometry::compute({.num_chunks = 2, .slot_bytes = 64, .world_size = 4}, 4096);
   EXPECT_THAT(invalid_message([&] { (void)g.copy_index(4); }),
               AllOf(HasSubstr("rank 4"), HasSubstr("world_size is 4"), HasSubstr("0..3")));
   EXPECT_THAT(invalid_message([&] { (void)g.slot_offset(2, 0); }),
@@ -83,7 +91,8 @@ TEST(Geometry, RefusesRankAndChunkOutOfRange) {
 TEST(Geometry, RefusesSizesThatOverflow) {
   const auto max = std::numeric_limits<std::uint64_t>::max();
   EXPECT_THAT(invalid_message([&] {
-                (void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = max / 2, .world_size = 4}, 4096);
+                (void)RegionGeometry::compute(
+                    {.num_chunks = 1, .slot_bytes = max / 2, .world_size = 4}, 4096);
               }),
               AllOf(HasSubstr("overflows"), HasSubstr("slot_bytes")));
   EXPECT_THAT(invalid_message([&] {
@@ -97,8 +106,11 @@ TEST(Geometry, RefusesSizesThatOverflow) {
               AllOf(HasSubstr("overflows"), HasSubstr("num_chunks x row_stride")));
   // Exactly at the 2^62 bound a region is still accepted; one page more is not.
   const std::uint64_t limit_rows = (std::uint64_t{1} << 62) / 4096;
-  EXPECT_NO_THROW((void)RegionGeometry::compute({.num_chunks = limit_rows - 1, .slot_bytes = 4096}, 4096));
-  EXPECT_THROW((void)RegionGeometry::compute({.num_chunks = limit_rows + 1, .slot_bytes = 4096}, 4096), Error);
+  EXPECT_NO_THROW(
+      (void)RegionGeometry::compute({.num_chunks = limit_rows - 1, .slot_bytes = 4096}, 4096));
+  EXPECT_THROW(
+      (void)RegionGeometry::compute({.num_chunks = limit_rows + 1, .slot_bytes = 4096}, 4096),
+      Error);
 }
 
 // Note [Slot alignment]: every slot of every rank starts on a slot_align boundary.
@@ -121,7 +133,8 @@ TEST(Geometry, EverySlotAddressIsAligned) {
     }
   }
   // An exact multiple needs no padding.
-  const auto exact = RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 512, .world_size = 3}, 4096);
+  const auto exact =
+      RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 512, .world_size = 3}, 4096);
   EXPECT_EQ(exact.slot_stride(), 512U);
   EXPECT_EQ(exact.slot_offset(0, 2), 1024U);
 }
@@ -129,13 +142,16 @@ TEST(Geometry, EverySlotAddressIsAligned) {
 TEST(Geometry, RefusesABadSlotAlignNamingTheValueAndTheRange) {
   for (const std::uint64_t bad : {0U, 8U, 100U, 8192U}) {
     EXPECT_THAT(invalid_message([&] {
-                  (void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 1, .slot_align = bad}, 4096);
+                  (void)RegionGeometry::compute(
+                      {.num_chunks = 1, .slot_bytes = 1, .slot_align = bad}, 4096);
                 }),
-                AllOf(HasSubstr("slot_align " + std::to_string(bad) + " "), HasSubstr("power of two from 16"),
-                      HasSubstr("page size (4096)")));
+                AllOf(HasSubstr("slot_align " + std::to_string(bad) + " "),
+                      HasSubstr("power of two from 16"), HasSubstr("page size (4096)")));
   }
-  EXPECT_NO_THROW((void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 1, .slot_align = 16}, 4096));
-  EXPECT_NO_THROW((void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 1, .slot_align = 4096}, 4096));
+  EXPECT_NO_THROW(
+      (void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 1, .slot_align = 16}, 4096));
+  EXPECT_NO_THROW(
+      (void)RegionGeometry::compute({.num_chunks = 1, .slot_bytes = 1, .slot_align = 4096}, 4096));
 }
 
 TEST(Geometry, EqualityComparesLayoutAndDerivedValues) {

@@ -16,10 +16,10 @@
 namespace kvoffload {
 namespace {
 
-using ::testing::HasSubstr;
 using test::FaultSyscalls;
 using test::Op;
 using test::TempDir;
+using ::testing::HasSubstr;
 
 // A table whose read_file serves canned file contents (ENOENT for anything else).
 struct CannedFiles {
@@ -72,7 +72,8 @@ TEST(Platform, CgroupV2LimitIsTheLowestAlongThePath) {
   c.files["/sys/fs/cgroup/kubepods/pod1/ctr/memory.max"] = "max\n";
   c.files["/sys/fs/cgroup/kubepods/pod1/memory.max"] = "1073741824\n";
   c.files["/sys/fs/cgroup/kubepods/pod1/memory.current"] = "314572800\n";
-  c.files["/sys/fs/cgroup/kubepods/pod1/memory.stat"] = "anon 1\ninactive_file 104857600\nactive_file 5\n";
+  c.files["/sys/fs/cgroup/kubepods/pod1/memory.stat"] =
+      "anon 1\ninactive_file 104857600\nactive_file 5\n";
   c.files["/sys/fs/cgroup/kubepods/memory.max"] = "4294967296\n";
   EXPECT_EQ(platform::memory_cgroup_limit(&c.table), 1073741824U);
   // 1 GiB − (300 MiB used − 100 MiB inactive file cache)
@@ -88,7 +89,8 @@ TEST(Platform, CgroupV1UnlimitedIsNoLimit) {
   EXPECT_EQ(platform::memory_cgroup_available(&c.table), std::nullopt);
   c.files["/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes"] = "536870912\n";
   c.files["/sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes"] = "136870912\n";
-  c.files["/sys/fs/cgroup/memory/docker/abc/memory.stat"] = "cache 9\ntotal_inactive_file 36870912\n";
+  c.files["/sys/fs/cgroup/memory/docker/abc/memory.stat"] =
+      "cache 9\ntotal_inactive_file 36870912\n";
   EXPECT_EQ(platform::memory_cgroup_limit(&c.table), 536870912U);
   EXPECT_EQ(platform::memory_cgroup_available(&c.table), 536870912U - 100000000U);
 }

@@ -15,9 +15,9 @@
 namespace kvoffload {
 namespace {
 
-using ::testing::HasSubstr;
 using test::FaultSyscalls;
 using test::Op;
+using ::testing::HasSubstr;
 
 class AnonShared {
  public:
@@ -73,9 +73,11 @@ TEST_P(Populate, RankedMapperMakesOnlyItsSlotsResidentAndKeepsBytes) {
   FaultSyscalls sys;
   if (GetParam().fallback) sys.fail(Op::kMadvise, 1, EINVAL);
   const detail::PopulatePlan plan(g, mem.data(), 1U);
-  const PopulateReport report = detail::populate(*sys.get(), plan, page, GetParam().threads, "test");
+  const PopulateReport report =
+      detail::populate(*sys.get(), plan, page, GetParam().threads, "test");
 
-  EXPECT_EQ(report.method, GetParam().fallback ? PopulateMethod::kFallback : PopulateMethod::kMadvise);
+  EXPECT_EQ(report.method,
+            GetParam().fallback ? PopulateMethod::kFallback : PopulateMethod::kMadvise);
   EXPECT_EQ(report.bytes, 16U * 2U * page);
   if (GetParam().fallback) {
     EXPECT_EQ(sys.count(Op::kMadvise), 1);  // the probe only
@@ -96,7 +98,8 @@ TEST_P(Populate, RankedMapperMakesOnlyItsSlotsResidentAndKeepsBytes) {
 // An unranked mapper populates everything.
 TEST_P(Populate, UnrankedMapperMakesEveryPageResidentAndKeepsBytes) {
   const std::size_t page = platform::page_size();
-  const auto g = RegionGeometry::compute({.num_chunks = 40, .slot_bytes = 3000, .world_size = 2}, page);
+  const auto g =
+      RegionGeometry::compute({.num_chunks = 40, .slot_bytes = 3000, .world_size = 2}, page);
   AnonShared mem(g.data_bytes());
   // Every third page holds a byte where the fallback touch writes (its first byte).
   for (std::size_t off = 0; off < g.data_bytes(); off += 3 * page) {
@@ -105,8 +108,10 @@ TEST_P(Populate, UnrankedMapperMakesEveryPageResidentAndKeepsBytes) {
   FaultSyscalls sys;
   if (GetParam().fallback) sys.fail(Op::kMadvise, 1, EINVAL);
   const detail::PopulatePlan plan(g, mem.data(), std::nullopt);
-  const PopulateReport report = detail::populate(*sys.get(), plan, page, GetParam().threads, "test");
-  EXPECT_EQ(report.method, GetParam().fallback ? PopulateMethod::kFallback : PopulateMethod::kMadvise);
+  const PopulateReport report =
+      detail::populate(*sys.get(), plan, page, GetParam().threads, "test");
+  EXPECT_EQ(report.method,
+            GetParam().fallback ? PopulateMethod::kFallback : PopulateMethod::kMadvise);
   EXPECT_EQ(report.bytes, g.data_bytes());
   for (const bool r : mem.resident()) ASSERT_TRUE(r);
   for (std::size_t off = 0; off < g.data_bytes(); off += 3 * page) {
@@ -115,10 +120,11 @@ TEST_P(Populate, UnrankedMapperMakesEveryPageResidentAndKeepsBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(MethodsAndThreads, Populate,
-                         ::testing::Values(Case{false, 1}, Case{false, 4}, Case{true, 1}, Case{true, 4}),
+                         ::testing::Values(Case{false, 1}, Case{false, 4}, Case{true, 1},
+                                           Case{true, 4}),
                          [](const auto& param_info) {
-                           return std::string(param_info.param.fallback ? "fallback" : "madvise") + "_" +
-                                  std::to_string(param_info.param.threads) + "threads";
+                           return std::string(param_info.param.fallback ? "fallback" : "madvise") +
+                                  "_" + std::to_string(param_info.param.threads) + "threads";
                          });
 
 TEST(PopulateErrors, ProbeErrorOtherThanEinvalPropagatesWithErrnoAndRange) {
@@ -128,7 +134,8 @@ TEST(PopulateErrors, ProbeErrorOtherThanEinvalPropagatesWithErrnoAndRange) {
   FaultSyscalls sys;
   sys.fail(Op::kMadvise, 1, EIO);
   try {
-    (void)detail::populate(*sys.get(), detail::PopulatePlan(g, mem.data(), std::nullopt), page, 1, "region X");
+    (void)detail::populate(*sys.get(), detail::PopulatePlan(g, mem.data(), std::nullopt), page, 1,
+                           "region X");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.sys_errno(), EIO);
@@ -141,12 +148,14 @@ TEST(PopulateErrors, ProbeErrorOtherThanEinvalPropagatesWithErrnoAndRange) {
 
 TEST(PopulateErrors, LaterRowFailureInAWorkerThreadReachesTheCaller) {
   const std::size_t page = platform::page_size();
-  const auto g = RegionGeometry::compute({.num_chunks = 32, .slot_bytes = page, .world_size = 2}, page);
+  const auto g =
+      RegionGeometry::compute({.num_chunks = 32, .slot_bytes = page, .world_size = 2}, page);
   AnonShared mem(g.data_bytes());
   FaultSyscalls sys;
   sys.fail(Op::kMadvise, 20, EFAULT);
   try {
-    (void)detail::populate(*sys.get(), detail::PopulatePlan(g, mem.data(), 1U), page, 4, "region Y");
+    (void)detail::populate(*sys.get(), detail::PopulatePlan(g, mem.data(), 1U), page, 4,
+                           "region Y");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.sys_errno(), EFAULT);
@@ -158,8 +167,10 @@ TEST(PopulateErrors, ZeroThreadsRefused) {
   const std::size_t page = platform::page_size();
   const auto g = RegionGeometry::compute({.num_chunks = 1, .slot_bytes = page}, page);
   AnonShared mem(g.data_bytes());
-  EXPECT_THROW((void)detail::populate(real_syscalls(), detail::PopulatePlan(g, mem.data(), std::nullopt), page, 0, "r"),
-               Error);
+  EXPECT_THROW(
+      (void)detail::populate(real_syscalls(), detail::PopulatePlan(g, mem.data(), std::nullopt),
+                             page, 0, "r"),
+      Error);
 }
 
 }  // namespace

@@ -25,13 +25,13 @@
 namespace kvoffload {
 namespace {
 
-using ::testing::AllOf;
 using test::expect_error;
 using test::FaultSyscalls;
-using ::testing::HasSubstr;
 using test::Op;
 using test::small_options;
 using test::TempDir;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 // Holds a thread at a chosen point until the test releases it.
 class Gate {

@@ -45,7 +45,8 @@ int participate(const std::filesystem::path& dir, std::uint32_t rank, std::uint6
       .store(round, std::memory_order_release);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   for (std::uint32_t r = 0; r < kParticipants; ++r) {
-    std::atomic_ref<std::uint64_t> flag(*reinterpret_cast<std::uint64_t*>(region.slot(0, r).data()));
+    std::atomic_ref<std::uint64_t> flag(
+        *reinterpret_cast<std::uint64_t*>(region.slot(0, r).data()));
     while (flag.load(std::memory_order_acquire) != round) {
       if (std::chrono::steady_clock::now() > deadline) return 2;
       std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -68,7 +69,8 @@ TEST(RegionRace, OneCreatorManyJoinersAcrossThreadsAndProcesses) {
     // Processes first (forked while this process has a single thread), then the threads.
     std::vector<pid_t> children;
     for (std::uint32_t p = 0; p < kProcesses; ++p) {
-      children.push_back(test::fork_child([&, p] { return participate(dir.path(), kThreads + p, round); }));
+      children.push_back(
+          test::fork_child([&, p] { return participate(dir.path(), kThreads + p, round); }));
     }
     std::atomic<int> creators{0};
     std::atomic<int> failures{0};

@@ -21,14 +21,14 @@
 namespace kvoffload {
 namespace {
 
-using ::testing::AllOf;
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using test::expect_error;
 using test::FaultSyscalls;
 using test::Op;
 using test::small_options;
 using test::TempDir;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 TEST(Region, CreatorAndJoinerShareOneMapping) {
   const TempDir dir;
@@ -50,8 +50,10 @@ TEST(Region, CreatorAndJoinerShareOneMapping) {
   struct stat st {};
   ASSERT_EQ(::stat(a.path().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600U);
-  EXPECT_EQ(static_cast<std::uint64_t>(st.st_size), platform::page_size() + a.geometry().data_bytes());
-  EXPECT_GE(static_cast<std::uint64_t>(st.st_blocks) * 512, a.geometry().data_bytes());  // allocated
+  EXPECT_EQ(static_cast<std::uint64_t>(st.st_size),
+            platform::page_size() + a.geometry().data_bytes());
+  EXPECT_GE(static_cast<std::uint64_t>(st.st_blocks) * 512,
+            a.geometry().data_bytes());  // allocated
 
   const auto listed = list_regions(dir.path());
   ASSERT_EQ(listed.size(), 1U);
@@ -105,32 +107,41 @@ TEST(Region, InvalidInputIsRefusedBeforeAnySyscall) {
   FaultSyscalls sys;
   auto opts = small_options(dir.path(), "ok");
   opts.syscalls = sys.get();
-  for (const std::string& bad : std::vector<std::string>{"", ".", "..", "a/b", "a b", "x\n", std::string(129, 'a')}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", ".", "..", "a/b", "a b", "x\n", std::string(129, 'a')}) {
     opts.engine_id = bad;
-    EXPECT_EQ(expect_error([&] { (void)Region::create_or_join(opts); }).code(), ErrorCode::kInvalidArgument)
+    EXPECT_EQ(expect_error([&] { (void)Region::create_or_join(opts); }).code(),
+              ErrorCode::kInvalidArgument)
         << bad;
   }
   opts.engine_id = std::string(128, 'a');
   opts.rank = 2;  // world_size is 2
-  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(opts); }).what(), HasSubstr("rank 2"));
+  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(opts); }).what(),
+              HasSubstr("rank 2"));
   opts.rank = 0;
   opts.layout.slot_bytes = 0;
-  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(opts); }).what(), HasSubstr("slot_bytes is 0"));
+  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(opts); }).what(),
+              HasSubstr("slot_bytes is 0"));
   opts.layout.slot_bytes = 1;
   opts.populate_threads = 0;
-  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(opts); }).what(), HasSubstr("populate_threads"));
+  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(opts); }).what(),
+              HasSubstr("populate_threads"));
   EXPECT_TRUE(sys.calls().empty());
   EXPECT_TRUE(dir.entries().empty());
-  EXPECT_THAT(expect_error([] { (void)region_path("/dev/shm", "a/../b"); }).what(), HasSubstr("'/'"));
+  EXPECT_THAT(expect_error([] { (void)region_path("/dev/shm", "a/../b"); }).what(),
+              HasSubstr("'/'"));
 }
 
 TEST(Region, ShmDirMustBeADirectory) {
   const TempDir dir;
   { std::ofstream(dir.path() / "file") << "x"; }
-  const Error e = expect_error([&] { (void)Region::create_or_join(small_options(dir.path() / "file", "e")); });
+  const Error e =
+      expect_error([&] { (void)Region::create_or_join(small_options(dir.path() / "file", "e")); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(e.what(), HasSubstr("is not a directory"));
-  EXPECT_EQ(expect_error([&] { (void)Region::create_or_join(small_options(dir.path() / "nope", "e")); }).code(),
+  EXPECT_EQ(expect_error([&] {
+              (void)Region::create_or_join(small_options(dir.path() / "nope", "e"));
+            }).code(),
             ErrorCode::kInvalidArgument);
 }
 
@@ -153,11 +164,13 @@ TEST(Region, GeometryMismatchNamesBothValues) {
   const auto before_fds = test::fd_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(other); });
   EXPECT_EQ(e.code(), ErrorCode::kMismatch);
-  EXPECT_THAT(e.what(), AllOf(HasSubstr("slot_bytes=3000"), HasSubstr("slot_bytes=4000"), HasSubstr(a.path().string())));
+  EXPECT_THAT(e.what(), AllOf(HasSubstr("slot_bytes=3000"), HasSubstr("slot_bytes=4000"),
+                              HasSubstr(a.path().string())));
   EXPECT_EQ(test::fd_snapshot(), before_fds);
   other.layout.slot_bytes = 3000;
   other.layout.replicated = true;
-  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(other); }).what(), HasSubstr("replicated=true"));
+  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(other); }).what(),
+              HasSubstr("replicated=true"));
 }
 
 TEST(Region, StaleRegionIsReclaimedOnCreate) {
@@ -286,7 +299,8 @@ TEST(Region, ListAndCleanReportFailingCalls) {
   EXPECT_THAT(le.what(), HasSubstr("/proc/locks"));
   FaultSyscalls clean_sys;
   clean_sys.fail(Op::kFlock, 1, ENOLCK);
-  const Error ce = expect_error([&] { (void)clean_regions(dir.path(), std::nullopt, clean_sys.get()); });
+  const Error ce =
+      expect_error([&] { (void)clean_regions(dir.path(), std::nullopt, clean_sys.get()); });
   EXPECT_EQ(ce.call(), "flock");
   EXPECT_EQ(ce.sys_errno(), ENOLCK);
   EXPECT_EQ(dir.entries().size(), 1U);  // nothing removed on an unanswered question
@@ -299,7 +313,9 @@ TEST(Region, ListAndCleanReportFailingCalls) {
 TEST(Region, HostileEntriesAreListedWithTheirReasonAndNeverRemoved) {
   const TempDir dir;
   test::make_stale_region(small_options(dir.path(), "real"));
-  const auto p = [&](const std::string& id) { return dir.path() / ("kvoffload_" + id + ".region"); };
+  const auto p = [&](const std::string& id) {
+    return dir.path() / ("kvoffload_" + id + ".region");
+  };
   ASSERT_EQ(::mkfifo(p("fifo").c_str(), 0600), 0);
   std::filesystem::create_directory(p("dir"));
   { std::ofstream(dir.path() / "target") << "keep"; }
@@ -341,13 +357,18 @@ TEST(Region, HostileEntriesAreListedWithTheirReasonAndNeverRemoved) {
   EXPECT_THAT(cleaned.removed, ElementsAre(p("real")));
   EXPECT_TRUE(cleaned.kept.empty());
   std::vector<std::string> skipped;
-  for (const auto& s : cleaned.skipped) skipped.push_back(s.path.filename().string() + ": " + s.reason);
-  EXPECT_THAT(skipped, ElementsAre("kvoffload_dir.region: a directory, not a region file",
-                                   "kvoffload_fifo.region: a FIFO, not a region file",
-                                   "kvoffload_junk.region: no region header (bad magic or version); not a region file",
-                                   "kvoffload_link.region: a symbolic link, not a region file"));
-  EXPECT_THAT(dir.entries(), ElementsAre("kvoffload_dir.region", "kvoffload_fifo.region", "kvoffload_junk.region",
-                                         "kvoffload_link.region", "target"));
+  for (const auto& s : cleaned.skipped)
+    skipped.push_back(s.path.filename().string() + ": " + s.reason);
+  EXPECT_THAT(
+      skipped,
+      ElementsAre(
+          "kvoffload_dir.region: a directory, not a region file",
+          "kvoffload_fifo.region: a FIFO, not a region file",
+          "kvoffload_junk.region: no region header (bad magic or version); not a region file",
+          "kvoffload_link.region: a symbolic link, not a region file"));
+  EXPECT_THAT(dir.entries(),
+              ElementsAre("kvoffload_dir.region", "kvoffload_fifo.region", "kvoffload_junk.region",
+                          "kvoffload_link.region", "target"));
   EXPECT_EQ(std::filesystem::file_size(dir.path() / "target"), 4U);
 }
 
@@ -355,7 +376,8 @@ TEST(Region, SymlinkAtThePathIsRefused) {
   const TempDir dir;
   { std::ofstream(dir.path() / "target") << "keep"; }
   std::filesystem::create_symlink(dir.path() / "target", dir.path() / "kvoffload_sym.region");
-  const Error e = expect_error([&] { (void)Region::create_or_join(small_options(dir.path(), "sym")); });
+  const Error e =
+      expect_error([&] { (void)Region::create_or_join(small_options(dir.path(), "sym")); });
   EXPECT_EQ(e.code(), ErrorCode::kPermission);
   EXPECT_THAT(e.what(), HasSubstr("symbolic link"));
   EXPECT_TRUE(std::filesystem::is_symlink(dir.path() / "kvoffload_sym.region"));
@@ -367,7 +389,8 @@ TEST(Region, WiderPermissionsAreRefused) {
   const TempDir dir;
   Region a = Region::create_or_join(small_options(dir.path(), "mode"));
   ASSERT_EQ(::chmod(a.path().c_str(), 0644), 0);
-  const Error e = expect_error([&] { (void)Region::create_or_join(small_options(dir.path(), "mode", 1)); });
+  const Error e =
+      expect_error([&] { (void)Region::create_or_join(small_options(dir.path(), "mode", 1)); });
   EXPECT_EQ(e.code(), ErrorCode::kPermission);
   EXPECT_THAT(e.what(), AllOf(HasSubstr("mode 0644"), HasSubstr("0600")));
 }
@@ -402,7 +425,7 @@ TEST(Region, TeardownHooksRunInReverseBeforeMunmap) {
   });
   r.add_teardown_hook([&] {
     order.push_back("second-registered");
-    data[0] = std::byte{1};  // still mapped
+    data[0] = std::byte{1};                    // still mapped
     throw std::runtime_error("hook failure");  // must not stop the teardown
   });
   EXPECT_FALSE(r.close());

@@ -31,12 +31,12 @@ using kvoffload::test::RedisCluster;
 using kvoffload::test::ServerProcess;
 using ::testing::HasSubstr;
 
-#define SKIP_WITHOUT(...)                                                          \
-  do {                                                                             \
+#define SKIP_WITHOUT(...)                                                       \
+  do {                                                                          \
     const std::string missing = kvoffload::test::missing_binary({__VA_ARGS__}); \
-    if (!missing.empty())                                                          \
-      GTEST_SKIP() << missing << " is not installed (Debian: "                     \
-                   << "redis-server, redis-tools, memcached)";                     \
+    if (!missing.empty())                                                       \
+      GTEST_SKIP() << missing << " is not installed (Debian: "                  \
+                   << "redis-server, redis-tools, memcached)";                  \
   } while (0)
 
 std::string binary() {
@@ -97,12 +97,21 @@ class RemoteRunTest : public ::testing::Test {
                                     std::vector<std::string> more = {"--requests", "120",
                                                                      "--duration", "0"}) {
     std::vector<std::string> a = {
-        "run",  "--shm-dir",          shm_.string(), "--engine-id",     engine, "--backend",
-        "host", "--world-size",       "2",           "--layers",        "4",    "--block-bytes",
-        "4K",   "--blocks-per-chunk", "2",           "--gpu-blocks",    "64",   "--host-pool",
-        "512K", "--prefixes",         "6",           "--prefix-chunks", "4",    "--unique-chunks",
-        "1",    "--remote-tier",      url,           "--json",
-        "--bringup", "blocking"};  // blocking: two runs of one seed make the same decisions
+        "run",         "--shm-dir",
+        shm_.string(), "--engine-id",
+        engine,        "--backend",
+        "host",        "--world-size",
+        "2",           "--layers",
+        "4",           "--block-bytes",
+        "4K",          "--blocks-per-chunk",
+        "2",           "--gpu-blocks",
+        "64",          "--host-pool",
+        "512K",        "--prefixes",
+        "6",           "--prefix-chunks",
+        "4",           "--unique-chunks",
+        "1",           "--remote-tier",
+        url,           "--json",
+        "--bringup",   "blocking"};  // blocking: two runs of one seed make the same decisions
     a.insert(a.end(), more.begin(), more.end());
     return a;
   }

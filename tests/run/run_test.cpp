@@ -72,7 +72,8 @@ class RunTest : public ::testing::Test {
   int finish(pid_t pid) {
     int status = 0;
     for (int i = 0; i < 1200; ++i) {  // 120 s
-      if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      if (waitpid(pid, &status, WNOHANG) == pid)
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     kill(-pid, SIGKILL);
@@ -94,10 +95,14 @@ class RunTest : public ::testing::Test {
 // A small pool (8 chunks of 2 ranks x 4 layers x 4 KiB x 2 blocks) under a workload of 6 prefixes
 // of up to 4 chunks: stores, evictions, and loads that must come back byte for byte.
 const std::vector<std::string> kSmall = {
-    "--backend", "host", "--world-size", "2", "--layers", "4", "--block-bytes", "4K",
-    "--blocks-per-chunk", "2", "--gpu-blocks", "64", "--host-pool", "512K", "--prefixes", "6",
-    "--prefix-chunks", "4", "--unique-chunks", "1", "--requests", "120", "--duration", "0",
-    "--bringup", "blocking", "--json"};  // blocking: the same seed gives the same decisions
+    "--backend",          "host",     "--world-size",    "2",
+    "--layers",           "4",        "--block-bytes",   "4K",
+    "--blocks-per-chunk", "2",        "--gpu-blocks",    "64",
+    "--host-pool",        "512K",     "--prefixes",      "6",
+    "--prefix-chunks",    "4",        "--unique-chunks", "1",
+    "--requests",         "120",      "--duration",      "0",
+    "--bringup",          "blocking", "--json"};  // blocking: the same seed gives the same
+                                                  // decisions
 
 TEST_F(RunTest, EveryLoadedByteIsVerifiedAndTheRegionIsRemoved) {
   ASSERT_EQ(run(kSmall), 0) << err();
@@ -113,7 +118,8 @@ TEST_F(RunTest, EveryLoadedByteIsVerifiedAndTheRegionIsRemoved) {
   EXPECT_EQ(r["mismatched_bytes"], 0);
   EXPECT_EQ(r["failed_jobs"], 0);
   // Every hit chunk moves layers x blocks_per_chunk x block_bytes per rank.
-  EXPECT_EQ(r["load_bytes"].get<std::uint64_t>(), r["hits"].get<std::uint64_t>() * 2 * 4 * 2 * 4096);
+  EXPECT_EQ(r["load_bytes"].get<std::uint64_t>(),
+            r["hits"].get<std::uint64_t>() * 2 * 4 * 2 * 4096);
   EXPECT_EQ(r["hits"].get<std::uint64_t>() + r["misses"].get<std::uint64_t>(),
             r["chunks_looked_up"].get<std::uint64_t>());
   ASSERT_EQ(r["ranks"].size(), 2u);
@@ -195,10 +201,13 @@ TEST_F(RunTest, TheSameSeedGivesTheSameDecisions) {
 }
 
 TEST_F(RunTest, OddBlockSizesAndOneRankVerify) {
-  ASSERT_EQ(run({"--backend", "host", "--world-size", "1", "--layers", "3", "--block-bytes", "1000",
-                 "--blocks-per-chunk", "1", "--gpu-blocks", "40", "--host-pool", "64K",
-                 "--prefixes", "3", "--prefix-chunks", "6", "--unique-chunks", "2",
-                 "--requests", "60", "--duration", "0", "--bringup", "blocking", "--json"}),
+  ASSERT_EQ(run({"--backend",          "host",     "--world-size",    "1",
+                 "--layers",           "3",        "--block-bytes",   "1000",
+                 "--blocks-per-chunk", "1",        "--gpu-blocks",    "40",
+                 "--host-pool",        "64K",      "--prefixes",      "3",
+                 "--prefix-chunks",    "6",        "--unique-chunks", "2",
+                 "--requests",         "60",       "--duration",      "0",
+                 "--bringup",          "blocking", "--json"}),
             0)
       << err();
   const json r = report();
@@ -306,8 +315,7 @@ INSTANTIATE_TEST_SUITE_P(
         UsageCase{{"--backend", "tpu"}, "--backend 'tpu'"},
         UsageCase{{"--block-bytes", "12Q"}, "--block-bytes '12Q': unknown suffix 'Q'"},
         UsageCase{{"--gpu-blocks", "3"}, "--gpu-blocks 3"},
-        UsageCase{{"--duration", "0"}, "--requests"},
-        UsageCase{{"--no-such-flag"}, "no-such-flag"},
+        UsageCase{{"--duration", "0"}, "--requests"}, UsageCase{{"--no-such-flag"}, "no-such-flag"},
         UsageCase{{"--bringup", "lazy"}, "--bringup 'lazy'"},
         UsageCase{{"--bringup-piece", "0"}, "--bringup-piece: 0 is out of range"}));
 

@@ -26,37 +26,82 @@
 namespace kvoffload::test {
 
 enum class Op {
-  kOpenat, kClose, kFstat, kFstatat, kFstatvfs, kFchmod, kFallocate, kFtruncate, kPread, kPwrite, kLinkat,
-  kUnlinkat, kMmap, kMunmap, kMadvise, kFlock, kFcntlLock, kReadFile, kListDir, kFsync, kFdatasync,
-  kFcntlInt, kRenameat, kMkdirat,
+  kOpenat,
+  kClose,
+  kFstat,
+  kFstatat,
+  kFstatvfs,
+  kFchmod,
+  kFallocate,
+  kFtruncate,
+  kPread,
+  kPwrite,
+  kLinkat,
+  kUnlinkat,
+  kMmap,
+  kMunmap,
+  kMadvise,
+  kFlock,
+  kFcntlLock,
+  kReadFile,
+  kListDir,
+  kFsync,
+  kFdatasync,
+  kFcntlInt,
+  kRenameat,
+  kMkdirat,
 };
 
 inline std::string_view op_name(Op op) {
   switch (op) {
-    case Op::kOpenat: return "open";
-    case Op::kClose: return "close";
-    case Op::kFstat: return "fstat";
-    case Op::kFstatat: return "fstatat";
-    case Op::kFstatvfs: return "fstatvfs";
-    case Op::kFchmod: return "fchmod";
-    case Op::kFallocate: return "fallocate";
-    case Op::kFtruncate: return "ftruncate";
-    case Op::kPread: return "pread";
-    case Op::kPwrite: return "pwrite";
-    case Op::kLinkat: return "linkat";
-    case Op::kUnlinkat: return "unlinkat";
-    case Op::kMmap: return "mmap";
-    case Op::kMunmap: return "munmap";
-    case Op::kMadvise: return "madvise";
-    case Op::kFlock: return "flock";
-    case Op::kFcntlLock: return "fcntl";
-    case Op::kReadFile: return "read";
-    case Op::kListDir: return "readdir";
-    case Op::kFsync: return "fsync";
-    case Op::kFdatasync: return "fdatasync";
-    case Op::kFcntlInt: return "fcntl";
-    case Op::kRenameat: return "rename";
-    case Op::kMkdirat: return "mkdir";
+    case Op::kOpenat:
+      return "open";
+    case Op::kClose:
+      return "close";
+    case Op::kFstat:
+      return "fstat";
+    case Op::kFstatat:
+      return "fstatat";
+    case Op::kFstatvfs:
+      return "fstatvfs";
+    case Op::kFchmod:
+      return "fchmod";
+    case Op::kFallocate:
+      return "fallocate";
+    case Op::kFtruncate:
+      return "ftruncate";
+    case Op::kPread:
+      return "pread";
+    case Op::kPwrite:
+      return "pwrite";
+    case Op::kLinkat:
+      return "linkat";
+    case Op::kUnlinkat:
+      return "unlinkat";
+    case Op::kMmap:
+      return "mmap";
+    case Op::kMunmap:
+      return "munmap";
+    case Op::kMadvise:
+      return "madvise";
+    case Op::kFlock:
+      return "flock";
+    case Op::kFcntlLock:
+      return "fcntl";
+    case Op::kReadFile:
+      return "read";
+    case Op::kListDir:
+      return "readdir";
+    case Op::kFsync:
+      return "fsync";
+    case Op::kFdatasync:
+      return "fdatasync";
+    case Op::kFcntlInt:
+      return "fcntl";
+    case Op::kRenameat:
+      return "rename";
+    case Op::kMkdirat:
+      return "mkdir";
   }
   return "?";
 }
@@ -75,7 +120,8 @@ class FaultSyscalls {
       return self(c)->run<int>(Op::kFstat, -1, [&] { return real().fstat(nullptr, fd, st); });
     };
     table_.fstatat = [](void* c, int d, const char* p, struct stat* st, int f) {
-      return self(c)->run<int>(Op::kFstatat, -1, [&] { return real().fstatat(nullptr, d, p, st, f); });
+      return self(c)->run<int>(Op::kFstatat, -1,
+                               [&] { return real().fstatat(nullptr, d, p, st, f); });
     };
     table_.fstatvfs = [](void* c, int fd, struct statvfs* st) {
       return self(c)->run<int>(Op::kFstatvfs, -1, [&] { return real().fstatvfs(nullptr, fd, st); });
@@ -84,43 +130,54 @@ class FaultSyscalls {
       return self(c)->run<int>(Op::kFchmod, -1, [&] { return real().fchmod(nullptr, fd, m); });
     };
     table_.fallocate = [](void* c, int fd, int m, off_t o, off_t l) {
-      return self(c)->run<int>(Op::kFallocate, -1, [&] { return real().fallocate(nullptr, fd, m, o, l); });
+      return self(c)->run<int>(Op::kFallocate, -1,
+                               [&] { return real().fallocate(nullptr, fd, m, o, l); });
     };
     table_.ftruncate = [](void* c, int fd, off_t l) {
-      return self(c)->run<int>(Op::kFtruncate, -1, [&] { return real().ftruncate(nullptr, fd, l); });
+      return self(c)->run<int>(Op::kFtruncate, -1,
+                               [&] { return real().ftruncate(nullptr, fd, l); });
     };
     table_.pread = [](void* c, int fd, void* b, std::size_t n, off_t o) {
-      return self(c)->run<ssize_t>(Op::kPread, -1, [&] { return real().pread(nullptr, fd, b, n, o); });
+      return self(c)->run<ssize_t>(Op::kPread, -1,
+                                   [&] { return real().pread(nullptr, fd, b, n, o); });
     };
     table_.pwrite = [](void* c, int fd, const void* b, std::size_t n, off_t o) {
-      return self(c)->run<ssize_t>(Op::kPwrite, -1, [&] { return real().pwrite(nullptr, fd, b, n, o); });
+      return self(c)->run<ssize_t>(Op::kPwrite, -1,
+                                   [&] { return real().pwrite(nullptr, fd, b, n, o); });
     };
     table_.linkat = [](void* c, int od, const char* op, int nd, const char* np, int f) {
-      return self(c)->run<int>(Op::kLinkat, -1, [&] { return real().linkat(nullptr, od, op, nd, np, f); });
+      return self(c)->run<int>(Op::kLinkat, -1,
+                               [&] { return real().linkat(nullptr, od, op, nd, np, f); });
     };
     table_.unlinkat = [](void* c, int d, const char* p, int f) {
-      return self(c)->run<int>(Op::kUnlinkat, -1, [&] { return real().unlinkat(nullptr, d, p, f); });
+      return self(c)->run<int>(Op::kUnlinkat, -1,
+                               [&] { return real().unlinkat(nullptr, d, p, f); });
     };
     table_.mmap = [](void* c, void* a, std::size_t l, int p, int f, int fd, off_t o) {
-      return self(c)->run<void*>(Op::kMmap, MAP_FAILED, [&] { return real().mmap(nullptr, a, l, p, f, fd, o); });
+      return self(c)->run<void*>(Op::kMmap, MAP_FAILED,
+                                 [&] { return real().mmap(nullptr, a, l, p, f, fd, o); });
     };
     table_.munmap = [](void* c, void* a, std::size_t l) {
       return self(c)->run<int>(Op::kMunmap, -1, [&] { return real().munmap(nullptr, a, l); });
     };
     table_.madvise = [](void* c, void* a, std::size_t l, int adv) {
-      return self(c)->run<int>(Op::kMadvise, -1, [&] { return real().madvise(nullptr, a, l, adv); });
+      return self(c)->run<int>(Op::kMadvise, -1,
+                               [&] { return real().madvise(nullptr, a, l, adv); });
     };
     table_.flock = [](void* c, int fd, int op) {
       return self(c)->run<int>(Op::kFlock, -1, [&] { return real().flock(nullptr, fd, op); });
     };
     table_.fcntl_lock = [](void* c, int fd, int cmd, struct flock* l) {
-      return self(c)->run<int>(Op::kFcntlLock, -1, [&] { return real().fcntl_lock(nullptr, fd, cmd, l); });
+      return self(c)->run<int>(Op::kFcntlLock, -1,
+                               [&] { return real().fcntl_lock(nullptr, fd, cmd, l); });
     };
     table_.read_file = [](void* c, const char* p, std::string* out) {
-      return self(c)->run<int>(Op::kReadFile, -1, [&] { return real().read_file(nullptr, p, out); });
+      return self(c)->run<int>(Op::kReadFile, -1,
+                               [&] { return real().read_file(nullptr, p, out); });
     };
     table_.list_dir = [](void* c, int d, std::vector<std::string>* names) {
-      return self(c)->run<int>(Op::kListDir, -1, [&] { return real().list_dir(nullptr, d, names); });
+      return self(c)->run<int>(Op::kListDir, -1,
+                               [&] { return real().list_dir(nullptr, d, names); });
     };
     table_.fsync = [](void* c, int fd) {
       return self(c)->run<int>(Op::kFsync, -1, [&] { return real().fsync(nullptr, fd); });
@@ -129,10 +186,12 @@ class FaultSyscalls {
       return self(c)->run<int>(Op::kFdatasync, -1, [&] { return real().fdatasync(nullptr, fd); });
     };
     table_.fcntl_int = [](void* c, int fd, int cmd, int arg) {
-      return self(c)->run<int>(Op::kFcntlInt, -1, [&] { return real().fcntl_int(nullptr, fd, cmd, arg); });
+      return self(c)->run<int>(Op::kFcntlInt, -1,
+                               [&] { return real().fcntl_int(nullptr, fd, cmd, arg); });
     };
     table_.renameat = [](void* c, int od, const char* op, int nd, const char* np) {
-      return self(c)->run<int>(Op::kRenameat, -1, [&] { return real().renameat(nullptr, od, op, nd, np); });
+      return self(c)->run<int>(Op::kRenameat, -1,
+                               [&] { return real().renameat(nullptr, od, op, nd, np); });
     };
     table_.mkdirat = [](void* c, int d, const char* p, mode_t m) {
       return self(c)->run<int>(Op::kMkdirat, -1, [&] { return real().mkdirat(nullptr, d, p, m); });
@@ -209,8 +268,10 @@ class FaultSyscalls {
       }
       if (err != 0) ++fired_;
       for (int key : {n, 0}) {
-        if (auto it = before_.find({op, key}); it != before_.end() && !before_hook) before_hook = it->second;
-        if (auto it = after_.find({op, key}); it != after_.end() && !after_hook) after_hook = it->second;
+        if (auto it = before_.find({op, key}); it != before_.end() && !before_hook)
+          before_hook = it->second;
+        if (auto it = after_.find({op, key}); it != after_.end() && !after_hook)
+          after_hook = it->second;
       }
     }
     if (before_hook) before_hook();

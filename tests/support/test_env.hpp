@@ -51,7 +51,8 @@ class TempDir {
   // Names of the entries in the directory, sorted.
   [[nodiscard]] std::vector<std::string> entries() const {
     std::vector<std::string> names;
-    for (const auto& e : std::filesystem::directory_iterator(path_)) names.push_back(e.path().filename());
+    for (const auto& e : std::filesystem::directory_iterator(path_))
+      names.push_back(e.path().filename());
     std::sort(names.begin(), names.end());
     return names;
   }

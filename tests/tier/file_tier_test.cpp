@@ -1,8 +1,8 @@
 // FileTier: round trip, O_DIRECT fallback, damaged records as misses, per-item batch results,
 // non-blocking contains, capacity eviction, validation and restart.
 
-#include "kvoffload/error.hpp"
 #include "kvoffload/file_tier.hpp"
+#include "kvoffload/error.hpp"
 #include "tier/crc32c.hpp"
 #include "tier_test_util.hpp"
 
@@ -41,7 +41,8 @@ FileTierOptions options_for(const std::filesystem::path& root, std::uint64_t cap
 }
 
 // Stores `n` keys 1..n with payloads of `bytes` bytes; returns the payloads.
-std::vector<std::vector<std::byte>> put_keys(SecondaryTier& tier, std::size_t n, std::size_t bytes) {
+std::vector<std::vector<std::byte>> put_keys(SecondaryTier& tier, std::size_t n,
+                                             std::size_t bytes) {
   std::vector<std::vector<std::byte>> data;
   std::vector<TierPut> puts;
   for (std::size_t i = 0; i < n; ++i) data.push_back(pattern(bytes, static_cast<std::uint32_t>(i)));
@@ -76,7 +77,8 @@ TEST(Crc32c, KnownVectorsAndPortableAgreement) {
   EXPECT_EQ(detail::crc32c(p), detail::crc32c_portable(p));
   // Incremental equals one shot.
   const auto whole = detail::crc32c(p);
-  const auto part = detail::crc32c(std::span(p).subspan(1000), detail::crc32c(std::span(p).first(1000)));
+  const auto part =
+      detail::crc32c(std::span(p).subspan(1000), detail::crc32c(std::span(p).first(1000)));
   EXPECT_EQ(part, whole);
 }
 
@@ -204,7 +206,8 @@ class DamagedRecord : public ::testing::Test {
     std::vector<std::byte> out(20'000, std::byte{0x77});
     const auto r = get_one(*tier_, BlockKey::from_u64(2), out);
     EXPECT_EQ(r.status, TierItemStatus::kMiss) << r.detail;
-    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x77}; }));
+    EXPECT_TRUE(
+        std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x77}; }));
     tier_->drain();
     EXPECT_FALSE(tier_->contains(BlockKey::from_u64(2)));
     EXPECT_FALSE(std::filesystem::exists(path_));
@@ -258,7 +261,8 @@ TEST_F(DamagedRecord, WrongLengthIsMissAndKeepsNothingTorn) {
   std::vector<std::byte> out(10'000, std::byte{0x77});
   const auto r = get_one(*tier_, BlockKey::from_u64(2), out);
   EXPECT_EQ(r.status, TierItemStatus::kMiss);
-  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x77}; }));
+  EXPECT_TRUE(
+      std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x77}; }));
 }
 
 TEST(FileTier, PartialReadFailureIsReportedPerItem) {
@@ -430,9 +434,11 @@ TEST(FileTier, CapacityEvictsOldestFirst) {
   auto tier = FileTier::open(options_for(dir.path() / "t", 3 * rec));
   put_keys(*tier, 2, 5000);
   std::vector<std::byte> out(5000);
-  ASSERT_EQ(get_one(*tier, BlockKey::from_u64(1), out).status, TierItemStatus::kOk);  // 1 is now newer than 2
+  ASSERT_EQ(get_one(*tier, BlockKey::from_u64(1), out).status,
+            TierItemStatus::kOk);  // 1 is now newer than 2
   const auto d3 = pattern(5000, 3), d4 = pattern(5000, 4);
-  const std::array<TierPut, 2> more{TierPut{BlockKey::from_u64(3), d3}, TierPut{BlockKey::from_u64(4), d4}};
+  const std::array<TierPut, 2> more{TierPut{BlockKey::from_u64(3), d3},
+                                    TierPut{BlockKey::from_u64(4), d4}};
   EXPECT_EQ(tier->put(more).ok_count(), 2u);
   tier->drain();
   EXPECT_FALSE(tier->contains(BlockKey::from_u64(2)));
@@ -469,7 +475,10 @@ TEST(FileTier, SecondOwnerOfRootIsRefused) {
 TEST(FileTier, StaleTempFilesAreRemovedAndForeignFilesIgnored) {
   TempDir dir;
   const auto root = dir.path() / "t";
-  { auto tier = FileTier::open(options_for(root)); put_keys(*tier, 1, 100); }
+  {
+    auto tier = FileTier::open(options_for(root));
+    put_keys(*tier, 1, 100);
+  }
   const auto fan = root / "01";
   std::ofstream(fan / ("." + BlockKey::from_u64(1).to_hex() + ".7.tmp")) << "partial";
   std::ofstream(fan / "notes.txt") << "not ours";

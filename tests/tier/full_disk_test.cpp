@@ -51,7 +51,8 @@ bool reads_back(SecondaryTier& tier, std::uint64_t id) {
   return tier.get(std::span(&g, 1)).wait()[0].status == TierItemStatus::kOk && out == payload(id);
 }
 
-FileTierOptions opts(const std::filesystem::path& root, const std::shared_ptr<FaultIo>& io = nullptr) {
+FileTierOptions opts(const std::filesystem::path& root,
+                     const std::shared_ptr<FaultIo>& io = nullptr) {
   FileTierOptions o;
   o.root = root;
   o.capacity_bytes = 1ULL << 30;  // the run command's default: far more than the disk holds

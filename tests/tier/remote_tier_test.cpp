@@ -22,19 +22,19 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::FakeResp;
-using ::testing::HasSubstr;
 using test::RedisCluster;
 using test::ServerProcess;
+using ::testing::HasSubstr;
 
 constexpr std::uint64_t kSlot = 5000;  // not page-aligned on purpose
 constexpr std::uint32_t kWorld = 2;
 
-#define SKIP_WITHOUT(...)                                               \
-  do {                                                                  \
+#define SKIP_WITHOUT(...)                                            \
+  do {                                                               \
     const std::string missing = test::missing_binary({__VA_ARGS__}); \
-    if (!missing.empty())                                               \
-      GTEST_SKIP() << missing << " is not installed (Debian: "          \
-                   << "redis-server, redis-tools, memcached)";          \
+    if (!missing.empty())                                            \
+      GTEST_SKIP() << missing << " is not installed (Debian: "       \
+                   << "redis-server, redis-tools, memcached)";       \
   } while (0)
 
 RemoteTierOptions options(const std::string& url, std::uint64_t slot = kSlot,
@@ -362,7 +362,8 @@ TEST(RemoteRedis, TwoEnginesShareChunksThroughTheirTieredStores) {
     mc.num_chunks = 8;
     e.manager = std::make_unique<Manager>(mc);
     RemoteTierOptions o = options(redis.url());
-    o.geometry.slot_stride = e.region->geometry().slot_stride();  // rows as the region lays them out
+    o.geometry.slot_stride =
+        e.region->geometry().slot_stride();  // rows as the region lays them out
     e.tier = RemoteTier::open(o);
     e.store = std::make_unique<TieredStore>(*e.manager, PrimaryRows::of(*e.region),
                                             std::vector<SecondaryTier*>{e.tier.get()});
@@ -407,7 +408,9 @@ TEST(RemoteRedis, TwoEnginesShareChunksThroughTheirTieredStores) {
     // Every rank's slot came back (the alignment padding between slots is not shared).
     const std::uint64_t stride = b.region->geometry().slot_stride();
     for (std::uint64_t c = 0; c < kWorld; ++c) {
-      EXPECT_EQ(std::memcmp(rows_b.row(slot).data() + c * stride, want.data() + c * stride, kSlot), 0) << c;
+      EXPECT_EQ(std::memcmp(rows_b.row(slot).data() + c * stride, want.data() + c * stride, kSlot),
+                0)
+          << c;
     }
   }
   EXPECT_EQ(b.tier->remote_stats().loaded, keys.size());

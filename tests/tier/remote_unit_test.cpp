@@ -228,6 +228,5 @@ TEST(CircuitBreaker, OpensAfterFailuresProbesAfterBackoffAndDoubles) {
   EXPECT_FALSE(b.on_failure(t0 + 600ms));  // the count restarted
 }
 
-
 }  // namespace
 }  // namespace kvoffload

@@ -1,6 +1,6 @@
 #pragma once
-// Helpers for the tier tests: a disk-backed temporary directory and a fault-injecting Syscalls table.
-// Directories, descriptor and mapping snapshots come from the shared kit (tests/support).
+// Helpers for the tier tests: a disk-backed temporary directory and a fault-injecting Syscalls
+// table. Directories, descriptor and mapping snapshots come from the shared kit (tests/support).
 
 #include "kvoffload/file_tier.hpp"
 #include "kvoffload/syscalls.hpp"
@@ -113,8 +113,8 @@ class FaultIo {
       if (rc == 0 && size) {
         std::uint64_t used = 0;
         std::error_code ec;
-        for (const auto& e :
-             std::filesystem::recursive_directory_iterator(std::filesystem::path(path).parent_path(), ec)) {
+        for (const auto& e : std::filesystem::recursive_directory_iterator(
+                 std::filesystem::path(path).parent_path(), ec)) {
           std::error_code fec;
           if (e.is_regular_file(fec)) used += (e.file_size(fec) + 4095) / 4096 * 4096;
         }

@@ -42,7 +42,8 @@ class TieredFixture : public ::testing::Test {
 
   StackConfig config(std::size_t tiers = 1) {
     StackConfig c;
-    c.region.engine_id = "tier-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++);
+    c.region.engine_id =
+        "tier-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++);
     c.region.layout = {.num_chunks = kChunks, .slot_bytes = kSlotBytes, .world_size = kWorld};
     c.region.shm_dir = shm_.path();
     for (std::size_t i = 0; i < tiers; ++i) {
@@ -251,8 +252,10 @@ TEST_F(TieredFixture, FailureAtEachStackStepSurfacesOriginalErrorAndLeaksNothing
     InitStep step;
     std::size_t index;
   };
-  const Case cases[] = {{InitStep::kRegion, 0},    {InitStep::kPrimary, 0},
-                        {InitStep::kSecondary, 0}, {InitStep::kSecondary, 1},
+  const Case cases[] = {{InitStep::kRegion, 0},
+                        {InitStep::kPrimary, 0},
+                        {InitStep::kSecondary, 0},
+                        {InitStep::kSecondary, 1},
                         {InitStep::kTieredStore, 0}};
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(to_string(c.step)) + " #" + std::to_string(c.index));
@@ -321,20 +324,23 @@ TEST_F(TieredFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
     std::size_t index = 0;
     std::vector<std::string> want;
   };
-  const std::vector<std::string> all = {"released:tiered_store", "tier1.close", "released:secondary#1",
-                                        "tier0.close", "released:secondary#0", "released:primary",
-                                        "region.teardown", "released:region"};
+  const std::vector<std::string> all = {
+      "released:tiered_store", "tier1.close",      "released:secondary#1", "tier0.close",
+      "released:secondary#0",  "released:primary", "region.teardown",      "released:region"};
   const std::vector<Case> cases = {
       {std::nullopt, 0, all},
       {InitStep::kRegion, 0, {}},
       {InitStep::kPrimary, 0, {"region.teardown", "released:region"}},
       {InitStep::kSecondary, 0, {"released:primary", "region.teardown", "released:region"}},
-      {InitStep::kSecondary, 1,
-       {"tier0.close", "released:secondary#0", "released:primary", "region.teardown", "released:region"}},
+      {InitStep::kSecondary,
+       1,
+       {"tier0.close", "released:secondary#0", "released:primary", "region.teardown",
+        "released:region"}},
       {InitStep::kTieredStore, 0, std::vector<std::string>(all.begin() + 1, all.end())},
   };
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.fail ? std::string(to_string(*c.fail)) + " #" + std::to_string(c.index) : "success");
+    SCOPED_TRACE(c.fail ? std::string(to_string(*c.fail)) + " #" + std::to_string(c.index)
+                        : "success");
     std::vector<std::string> events;
     InitHooks hooks;
     hooks.before_step = [&](InitStep step, std::size_t index) {
@@ -349,8 +355,9 @@ TEST_F(TieredFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
       return std::make_unique<RecordingTier>(FileTier::open(o), &events);
     };
     hooks.after_release = [&](InitStep step, std::size_t index) {
-      events.push_back("released:" + std::string(to_string(step)) +
-                       (step == InitStep::kSecondary ? "#" + std::to_string(index) : std::string()));
+      events.push_back(
+          "released:" + std::string(to_string(step)) +
+          (step == InitStep::kSecondary ? "#" + std::to_string(index) : std::string()));
     };
     if (c.fail) {
       EXPECT_THROW((void)OffloadStack::build(config(2), hooks), Injected);
@@ -369,7 +376,8 @@ TEST_F(TieredFixture, FailureInsideATierStepReleasesEarlierTiersAndRegion) {
   OffloadStack::build(config(2))->close();
   const Snapshot before;
   auto fault = std::make_shared<test::FaultIo>();
-  fault->set_rule([](std::string_view op, const std::string&) { return op == "flock" ? ENOLCK : 0; });
+  fault->set_rule(
+      [](std::string_view op, const std::string&) { return op == "flock" ? ENOLCK : 0; });
   InitHooks hooks;
   hooks.make_file_tier = [&](const FileTierOptions& o) -> std::unique_ptr<SecondaryTier> {
     FileTierOptions copy = o;
@@ -494,7 +502,8 @@ TEST_F(WorkerFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
     std::vector<std::string> want;
   };
   const std::vector<Case> cases = {
-      {std::nullopt, {"released:transfer_engine", "released:runtime", "region.teardown", "released:region"}},
+      {std::nullopt,
+       {"released:transfer_engine", "released:runtime", "region.teardown", "released:region"}},
       {InitStep::kRegion, {}},
       {InitStep::kRuntime, {"region.teardown", "released:region"}},
       {InitStep::kTransferEngine, {"released:runtime", "region.teardown", "released:region"}},
@@ -547,11 +556,13 @@ TEST_F(WorkerFixture, InvalidConfigurationCreatesNothing) {
   };
   auto w = worker_config();
   w.backend = "nvidia";
-  expect_refused(w, ErrorCode::kInvalidArgument, "backend 'nvidia' is not a backend name (auto, host, cuda or hip)");
+  expect_refused(w, ErrorCode::kInvalidArgument,
+                 "backend 'nvidia' is not a backend name (auto, host, cuda or hip)");
   w = worker_config();
   w.blocks_per_chunk = 3;  // 3 x 4096 bytes do not fit the 8192-byte slot
-  expect_refused(w, ErrorCode::kInvalidArgument,
-                 "host slot of 8192 bytes is too small for 3 blocks per chunk x 4096 bytes per block");
+  expect_refused(
+      w, ErrorCode::kInvalidArgument,
+      "host slot of 8192 bytes is too small for 3 blocks per chunk x 4096 bytes per block");
   w = worker_config();
   w.groups[0].tensors[0].page_bytes = 0;
   expect_refused(w, ErrorCode::kInvalidArgument, "kv layout");
@@ -570,7 +581,8 @@ TEST_F(WorkerFixture, RuntimeFactoryErrorSurfacesUnchanged) {
   OffloadWorker::build(worker_config())->close();
   const Snapshot before;
   InitHooks hooks;
-  hooks.make_runtime = [](std::string_view, const RuntimeOptions&) -> std::unique_ptr<DeviceRuntime> {
+  hooks.make_runtime = [](std::string_view,
+                          const RuntimeOptions&) -> std::unique_ptr<DeviceRuntime> {
     throw Error(ErrorCode::kNotAvailable, "backend 'cuda' is not built into this library");
   };
   try {

@@ -1,7 +1,7 @@
 // Transfer engine suites, parameterised over the backend name. Built twice: with
 // KVOFFLOAD_TEST_BACKENDS="host,sim" (label cpu: the GPU runtime runs on the simulated device) and
-// "cuda,hip" (label gpu; a backend that is not built or has no device skips). Device caches are allocated through the runtime, so the same checks run
-// on real device memory on GPUs.
+// "cuda,hip" (label gpu; a backend that is not built or has no device skips). Device caches are
+// allocated through the runtime, so the same checks run on real device memory on GPUs.
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
 #include <kvoffload/kv_layout.hpp>
@@ -49,7 +49,8 @@ std::vector<std::string> backends() {
 // Host memory the tests own (page aligned: registration works on any alignment, but row strides
 // of a region are page-aligned and tests should look like that).
 struct HostBuffer {
-  explicit HostBuffer(std::size_t n) : bytes(n), ptr(static_cast<std::byte*>(std::aligned_alloc(4096, round(n)))) {}
+  explicit HostBuffer(std::size_t n)
+      : bytes(n), ptr(static_cast<std::byte*>(std::aligned_alloc(4096, round(n)))) {}
   static std::size_t round(std::size_t n) { return (n + 4095) / 4096 * 4096; }
   std::span<std::byte> span() const { return {ptr.get(), bytes}; }
   std::size_t bytes;
@@ -73,8 +74,9 @@ struct TensorShape {
 // buffer, with a reference model of where each byte must go.
 class Cache {
  public:
-  Cache(DeviceRuntime& rt, std::vector<std::vector<TensorShape>> shapes, std::uint32_t bpc, std::uint64_t chunks,
-        std::uint32_t copies, std::uint32_t copy_index, std::uint64_t extra_slot_bytes = 0)
+  Cache(DeviceRuntime& rt, std::vector<std::vector<TensorShape>> shapes, std::uint32_t bpc,
+        std::uint64_t chunks, std::uint32_t copies, std::uint32_t copy_index,
+        std::uint64_t extra_slot_bytes = 0)
       : rt_(rt), shapes_(std::move(shapes)) {
     layout.blocks_per_chunk = bpc;
     std::uint64_t page_sum = 0;
@@ -83,8 +85,8 @@ class Cache {
       for (const TensorShape& t : group) {
         const std::uint64_t stride = t.block_stride == 0 ? t.page_bytes : t.block_stride;
         device_.push_back(rt.allocate_device(t.num_blocks * stride));
-        g.tensors.push_back(DeviceTensor{reinterpret_cast<std::uintptr_t>(device_.back().data()), t.num_blocks,
-                                         t.page_bytes, t.block_stride});
+        g.tensors.push_back(DeviceTensor{reinterpret_cast<std::uintptr_t>(device_.back().data()),
+                                         t.num_blocks, t.page_bytes, t.block_stride});
         page_sum += t.page_bytes;
       }
       layout.groups.push_back(std::move(g));
@@ -119,8 +121,8 @@ class Cache {
         const std::uint64_t stride = t.block_stride == 0 ? t.page_bytes : t.block_stride;
         for (std::size_t i = 0; i < blocks[g].size(); ++i) {
           const std::uint64_t pos = skip + i;
-          const std::uint64_t host_off = chunks[pos / bpc] * row_stride + layout.host.slot_offset + section +
-                                         (pos % bpc) * t.page_bytes;
+          const std::uint64_t host_off = chunks[pos / bpc] * row_stride + layout.host.slot_offset +
+                                         section + (pos % bpc) * t.page_bytes;
           const std::uint64_t dev_off = blocks[g][i] * stride;
           auto& dimg = dev_image[tensor_index];
           if (dir == Direction::kStore) {
@@ -182,8 +184,8 @@ std::vector<std::uint64_t> pick_distinct(std::uint64_t range, std::size_t n, std
 }
 
 // A job of `nblocks` blocks per group (group g may get fewer: min with its size) at random ids.
-Job random_job(const Cache& cache, std::uint64_t num_chunks, std::uint64_t nblocks, std::uint32_t skip,
-               std::mt19937_64& rng, std::uint64_t group_blocks_limit) {
+Job random_job(const Cache& cache, std::uint64_t num_chunks, std::uint64_t nblocks,
+               std::uint32_t skip, std::mt19937_64& rng, std::uint64_t group_blocks_limit) {
   Job job;
   job.skip = skip;
   const std::uint64_t bpc = cache.layout.blocks_per_chunk;
@@ -214,8 +216,8 @@ std::vector<std::vector<TensorShape>> mixed_shapes(std::uint64_t blocks) {
   return {{{blocks, 4096, 0}, {blocks, 1000, 0}, {blocks, 24, 40}}, {{blocks, 528, 0}}};
 }
 
-void round_trip(DeviceRuntime& rt, std::uint32_t bpc, std::uint32_t copies, std::uint32_t copy_index,
-                bool force_kernel, std::uint64_t seed) {
+void round_trip(DeviceRuntime& rt, std::uint32_t bpc, std::uint32_t copies,
+                std::uint32_t copy_index, bool force_kernel, std::uint64_t seed) {
   constexpr std::uint64_t kBlocks = 64;
   constexpr std::uint64_t kChunks = 24;
   std::mt19937_64 rng(seed);
@@ -254,11 +256,21 @@ void round_trip(DeviceRuntime& rt, std::uint32_t bpc, std::uint32_t copies, std:
   }
 }
 
-TEST_P(TransferTest, RoundTripOneBlockPerChunk) { round_trip(rt(), 1, 1, 0, false, 1); }
-TEST_P(TransferTest, RoundTripThreeBlocksPerChunkMidChunkStart) { round_trip(rt(), 3, 1, 0, false, 2); }
-TEST_P(TransferTest, RoundTripRankedSlots) { round_trip(rt(), 3, 4, 2, false, 3); }
-TEST_P(TransferTest, RoundTripReplicatedSlot) { round_trip(rt(), 2, 1, 0, false, 4); }
-TEST_P(TransferTest, RoundTripKernelPath) { round_trip(rt(), 3, 2, 1, true, 5); }
+TEST_P(TransferTest, RoundTripOneBlockPerChunk) {
+  round_trip(rt(), 1, 1, 0, false, 1);
+}
+TEST_P(TransferTest, RoundTripThreeBlocksPerChunkMidChunkStart) {
+  round_trip(rt(), 3, 1, 0, false, 2);
+}
+TEST_P(TransferTest, RoundTripRankedSlots) {
+  round_trip(rt(), 3, 4, 2, false, 3);
+}
+TEST_P(TransferTest, RoundTripReplicatedSlot) {
+  round_trip(rt(), 2, 1, 0, false, 4);
+}
+TEST_P(TransferTest, RoundTripKernelPath) {
+  round_trip(rt(), 3, 2, 1, true, 5);
+}
 
 TEST_P(TransferTest, GroupsOfDifferentLengthsAndEmptyGroup) {
   std::mt19937_64 rng(7);
@@ -329,7 +341,8 @@ TEST(TransferPlanner, CoalescesAcrossTensorsWhenBlocksAreCrossLayer) {
   layout.blocks_per_chunk = 1;
   KvGroup g;
   for (std::uint64_t l = 0; l < kLayers; ++l) {
-    g.tensors.push_back({reinterpret_cast<std::uintptr_t>(device.data()) + l * kPage, 16, kPage, kLayers * kPage});
+    g.tensors.push_back(
+        {reinterpret_cast<std::uintptr_t>(device.data()) + l * kPage, 16, kPage, kLayers * kPage});
   }
   layout.groups.push_back(g);
   layout.host = HostSlots::from_buffer(host, kLayers * kPage);
@@ -352,7 +365,8 @@ TEST(TransferPlanner, PathChoice) {
   plan.bytes = 20 * 4096;
   const PathPolicy policy{32 * 1024, 16};
   EXPECT_EQ(detail::choose_path(policy, plan, true), CopyPath::kKernel);
-  EXPECT_EQ(detail::choose_path(policy, plan, false), CopyPath::kDma);  // never without registration
+  EXPECT_EQ(detail::choose_path(policy, plan, false),
+            CopyPath::kDma);  // never without registration
   plan.copies = std::span(d).first(8);
   plan.bytes = 8 * 4096;
   EXPECT_EQ(detail::choose_path(policy, plan, true), CopyPath::kDma);  // too few pieces
@@ -380,7 +394,8 @@ TEST_P(TransferTest, ValidationErrorsAreClearAndConsumeNothing) {
   expect_invalid(Job{{0}, 2, {{1}}, {}}, Direction::kStore, "skip 2");
   expect_invalid(Job{{0}, 1, {{1, 2}}, {}}, Direction::kStore, "hold 1");
   expect_invalid(Job{{0, 0}, 0, {{1, 2, 3}}, {}}, Direction::kStore, "duplicate host chunk id 0");
-  expect_invalid(Job{{0, 1}, 0, {{1, 1, 3}}, {}}, Direction::kLoad, "duplicate GPU block id (load destination) 1");
+  expect_invalid(Job{{0, 1}, 0, {{1, 1, 3}}, {}}, Direction::kLoad,
+                 "duplicate GPU block id (load destination) 1");
   expect_invalid(Job{{0, 1, 2}, 0, {{1, 2}}, {}}, Direction::kStore, "fill only 1");
   expect_invalid(Job{{}, 0, {{}}, {}}, Direction::kStore, "no host chunks");
   // The id was never consumed: a good job with it works.
@@ -421,7 +436,8 @@ TEST_P(TransferTest, PollAndWaitSemantics) {
   const JobId unknown[] = {JobId{99}};
   EXPECT_THROW(engine.wait(unknown), Error);
   for (std::uint64_t i = 0; i < 6; ++i) {
-    engine.submit(JobId{i}, i % 2 == 0 ? Direction::kStore : Direction::kLoad, Job{{i}, 0, {{i}}, {}}.spec());
+    engine.submit(JobId{i}, i % 2 == 0 ? Direction::kStore : Direction::kLoad,
+                  Job{{i}, 0, {{i}}, {}}.spec());
   }
   const JobId some[] = {JobId{4}, JobId{1}};
   auto r = engine.wait(some);
@@ -498,9 +514,11 @@ TEST_P(TransferTest, WaitsForPendingWriteOnComputeStream) {
   FlagGate gate(rt());
   gate.hold(compute.view());
   const CopyDescriptor write{fresh.data(), block3, fresh.size()};
-  rt().enqueue_copies(compute.view(), std::span(&write, 1), CopyKind::kHostToDevice, CopyPath::kDma);
+  rt().enqueue_copies(compute.view(), std::span(&write, 1), CopyKind::kHostToDevice,
+                      CopyPath::kDma);
   std::memcpy(cache.dev_image[0].data() + 3 * 8192, fresh.data(), fresh.size());
-  engine.submit(JobId{1}, Direction::kStore, Job{{2}, 0, {{3}}, {}}.spec(), WaitOn::stream(compute.view()));
+  engine.submit(JobId{1}, Direction::kStore, Job{{2}, 0, {{3}}, {}}.spec(),
+                WaitOn::stream(compute.view()));
   cache.model(Direction::kStore, {2}, 0, {{3}});
   gate.open();
   ASSERT_TRUE(engine.wait_all().at(0).success);
@@ -512,10 +530,13 @@ TEST_P(TransferTest, WaitsForPendingWriteOnComputeStream) {
   Event ready = rt().create_event();
   FlagGate gate2(rt());
   gate2.hold(compute.view());
-  const CopyDescriptor scribble{garbage.data(), static_cast<std::byte*>(cache.device(0).data()) + 5 * 8192, 8192};
-  rt().enqueue_copies(compute.view(), std::span(&scribble, 1), CopyKind::kHostToDevice, CopyPath::kDma);
+  const CopyDescriptor scribble{garbage.data(),
+                                static_cast<std::byte*>(cache.device(0).data()) + 5 * 8192, 8192};
+  rt().enqueue_copies(compute.view(), std::span(&scribble, 1), CopyKind::kHostToDevice,
+                      CopyPath::kDma);
   rt().record_event(ready.view(), compute.view());
-  engine.submit(JobId{2}, Direction::kLoad, Job{{1}, 0, {{5}}, {}}.spec(), WaitOn::event(ready.view()));
+  engine.submit(JobId{2}, Direction::kLoad, Job{{1}, 0, {{5}}, {}}.spec(),
+                WaitOn::event(ready.view()));
   cache.model(Direction::kLoad, {1}, 0, {{5}});
   gate2.open();
   ASSERT_TRUE(engine.wait_all().at(0).success);
@@ -531,7 +552,8 @@ TEST_P(TransferTest, StoresAndLoadsRunIndependently) {
   Stream compute = rt().create_stream();
   FlagGate gate(rt());  // closed: the store cannot start until we open it
   gate.hold(compute.view());
-  engine.submit(JobId{1}, Direction::kStore, Job{{0}, 0, {{1}}, {}}.spec(), WaitOn::stream(compute.view()));
+  engine.submit(JobId{1}, Direction::kStore, Job{{0}, 0, {{1}}, {}}.spec(),
+                WaitOn::stream(compute.view()));
   engine.submit(JobId{2}, Direction::kLoad, Job{{1}, 0, {{2}}, {}}.spec());
   const JobId load[] = {JobId{2}};
   auto r = engine.wait(load);  // returns although the store is still blocked
@@ -609,8 +631,12 @@ void copy_failure(DeviceRuntime& rt, bool async) {
   EXPECT_EQ(s.jobs_succeeded, 2u);
 }
 
-TEST_P(TransferTest, CopyFailureAtLaunchFailsOnlyThatJob) { copy_failure(rt(), false); }
-TEST_P(TransferTest, AsynchronousCopyFailureFailsOnlyThatJob) { copy_failure(rt(), true); }
+TEST_P(TransferTest, CopyFailureAtLaunchFailsOnlyThatJob) {
+  copy_failure(rt(), false);
+}
+TEST_P(TransferTest, AsynchronousCopyFailureFailsOnlyThatJob) {
+  copy_failure(rt(), true);
+}
 
 TEST_P(TransferTest, ShutdownDrainsJobsInFlight) {
   std::mt19937_64 rng(15);
@@ -621,7 +647,8 @@ TEST_P(TransferTest, ShutdownDrainsJobsInFlight) {
   FlagGate gate(rt());
   gate.hold(compute.view());
   for (std::uint64_t i = 0; i < 8; ++i) {
-    engine->submit(JobId{i}, Direction::kStore, Job{{i}, 0, {{i}}, {}}.spec(), WaitOn::stream(compute.view()));
+    engine->submit(JobId{i}, Direction::kStore, Job{{i}, 0, {{i}}, {}}.spec(),
+                   WaitOn::stream(compute.view()));
     cache.model(Direction::kStore, {i}, 0, {{i}});
   }
   std::thread opener = gate.open_later(50);  // shutdown() below waits for the jobs behind it
@@ -639,7 +666,8 @@ TEST_P(TransferTest, ShutdownDrainsJobsInFlight) {
   FlagGate gate2(rt());
   gate2.hold(compute.view());
   for (std::uint64_t i = 0; i < 4; ++i) {
-    engine2->submit(JobId{i}, Direction::kLoad, Job{{i}, 0, {{i + 8}}, {}}.spec(), WaitOn::stream(compute.view()));
+    engine2->submit(JobId{i}, Direction::kLoad, Job{{i}, 0, {{i + 8}}, {}}.spec(),
+                    WaitOn::stream(compute.view()));
     cache.model(Direction::kLoad, {i}, 0, {{i + 8}});
   }
   std::thread opener2 = gate2.open_later(50);
@@ -662,7 +690,8 @@ TEST_P(TransferTest, CalibrationSetsThresholds) {
     EXPECT_GT(p.dma_gbps, 0.0);
     EXPECT_GT(p.kernel_gbps, 0.0);
   }
-  EXPECT_EQ(engine.policy(Direction::kStore).kernel_below_bytes, rep.store_policy.kernel_below_bytes);
+  EXPECT_EQ(engine.policy(Direction::kStore).kernel_below_bytes,
+            rep.store_policy.kernel_below_bytes);
 }
 
 TEST_P(TransferTest, RuntimeEventsAndStreams) {
@@ -681,7 +710,8 @@ TEST_P(TransferTest, RuntimeEventsAndStreams) {
   EXPECT_TRUE(rt().query_event(f.view()));
   EXPECT_GE(rt().elapsed_seconds(e.view(), f.view()), 0.0);
   Stream moved = std::move(s);
-  EXPECT_FALSE(static_cast<bool>(s));  // NOLINT(bugprone-use-after-move): checking the moved-from state
+  EXPECT_FALSE(
+      static_cast<bool>(s));  // NOLINT(bugprone-use-after-move): checking the moved-from state
   EXPECT_TRUE(static_cast<bool>(moved));
 }
 
@@ -711,7 +741,8 @@ TEST(TransferRegion, EngineOnRegionRanksAndTeardownHook) {
   const std::filesystem::path dir = tmpl;
   RegionOptions ro;
   ro.engine_id = "xfer-test";
-  ro.layout = RegionLayout{.num_chunks = 8, .slot_bytes = 2 * 3 * 1000, .world_size = 2, .replicated = false};
+  ro.layout = RegionLayout{
+      .num_chunks = 8, .slot_bytes = 2 * 3 * 1000, .world_size = 2, .replicated = false};
   ro.rank = 1;
   ro.shm_dir = dir;
   Region region = Region::create_or_join(ro);
@@ -719,7 +750,8 @@ TEST(TransferRegion, EngineOnRegionRanksAndTeardownHook) {
   std::mt19937_64 rng(23);
   fill_random(device, rng);
   std::vector<KvGroup> groups(1);
-  groups[0].tensors.push_back(DeviceTensor{reinterpret_cast<std::uintptr_t>(device.data()), 16, 1000, 0});
+  groups[0].tensors.push_back(
+      DeviceTensor{reinterpret_cast<std::uintptr_t>(device.data()), 16, 1000, 0});
   TransferEngine engine(counting, region, 1, groups, 3);
   EXPECT_TRUE(engine.host_registered());
   std::vector<std::uint64_t> blocks{4, 9, 2, 7};
@@ -728,13 +760,15 @@ TEST(TransferRegion, EngineOnRegionRanksAndTeardownHook) {
   engine.submit(JobId{1}, Direction::kStore, TransferSpec{chunks, 1, views});
   ASSERT_TRUE(engine.wait_all().at(0).success);
   // Positions 1, 2 of chunk 6 and 0, 1 of chunk 3, in rank 1's slot.
-  const std::byte* expect[] = {device.data() + 4000, device.data() + 9000, device.data() + 2000, device.data() + 7000};
+  const std::byte* expect[] = {device.data() + 4000, device.data() + 9000, device.data() + 2000,
+                               device.data() + 7000};
   const std::byte* got[] = {region.slot(6, 1).data() + 1000, region.slot(6, 1).data() + 2000,
                             region.slot(3, 1).data(), region.slot(3, 1).data() + 1000};
   for (int i = 0; i < 4; ++i) EXPECT_EQ(std::memcmp(expect[i], got[i], 1000), 0) << i;
-  EXPECT_TRUE(std::all_of(region.slot(6, 0).begin(), region.slot(6, 0).end(), [](std::byte b) { return b == std::byte{0}; }))
-      << "rank 0's slot was written";
-  EXPECT_TRUE(region.close());   // runs the hook: the engine is shut down and unregistered first
+  EXPECT_TRUE(std::all_of(region.slot(6, 0).begin(), region.slot(6, 0).end(), [](std::byte b) {
+    return b == std::byte{0};
+  })) << "rank 0's slot was written";
+  EXPECT_TRUE(region.close());  // runs the hook: the engine is shut down and unregistered first
   EXPECT_THROW(engine.submit(JobId{2}, Direction::kStore, TransferSpec{chunks, 1, views}), Error);
   std::filesystem::remove_all(dir);
 }

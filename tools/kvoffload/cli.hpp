@@ -17,8 +17,8 @@ namespace kvoffload::cli {
 
 // Exit codes of the program.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitError = 1;   // the operation failed (message on stderr)
-inline constexpr int kExitUsage = 2;   // bad flags or values (usage message on stderr)
+inline constexpr int kExitError = 1;  // the operation failed (message on stderr)
+inline constexpr int kExitUsage = 2;  // bad flags or values (usage message on stderr)
 
 // A subcommand adds itself to the top-level app and returns its CLI::App plus a callback that runs
 // it after parsing and returns the exit code. Errors are thrown (kvoffload::Error) and reported by

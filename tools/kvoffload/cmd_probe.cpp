@@ -79,10 +79,12 @@ int run_probe(const ProbeOptions& opts) {
     // An unbuilt backend's detail already says why it is not built.
     const std::string detail = b.detail.empty() ? std::string() : b.detail;
     if (b.built) {
-      text << "  " << b.name << ": " << b.device_count << (b.device_count == 1 ? " device" : " devices")
+      text << "  " << b.name << ": " << b.device_count
+           << (b.device_count == 1 ? " device" : " devices")
            << (detail.empty() ? std::string() : " (" + detail + ")") << "\n";
     } else {
-      text << "  " << b.name << ": " << (detail.empty() ? std::string("not built") : detail) << "\n";
+      text << "  " << b.name << ": " << (detail.empty() ? std::string("not built") : detail)
+           << "\n";
     }
   }
   emit(opts.json, out, text.str());

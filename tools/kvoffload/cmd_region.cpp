@@ -66,7 +66,8 @@ std::string rate(std::uint64_t bytes, double seconds) {
 // flag and the value (main maps kInvalidArgument thrown while parsing to exit code 2).
 std::uint8_t parse_byte(const std::string& flag, const std::string& text) {
   auto fail = [&]() -> std::uint8_t {
-    throw_invalid(flag + " '" + text + "': expected a byte value 0..255, decimal or 0x hex (e.g. 165 or 0xA5)");
+    throw_invalid(flag + " '" + text +
+                  "': expected a byte value 0..255, decimal or 0x hex (e.g. 165 or 0xA5)");
   };
   const bool hex = text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X');
   const std::string digits = hex ? text.substr(2) : text;
@@ -75,21 +76,26 @@ std::uint8_t parse_byte(const std::string& flag, const std::string& text) {
   for (char ch : digits) {
     const auto c = static_cast<unsigned char>(ch);
     unsigned digit = 0;
-    if (c >= '0' && c <= '9') digit = c - '0';
-    else if (hex && c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-    else if (hex && c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-    else return fail();
+    if (c >= '0' && c <= '9')
+      digit = c - '0';
+    else if (hex && c >= 'a' && c <= 'f')
+      digit = c - 'a' + 10;
+    else if (hex && c >= 'A' && c <= 'F')
+      digit = c - 'A' + 10;
+    else
+      return fail();
     value = value * (hex ? 16U : 10U) + digit;
   }
   if (value > 255) return fail();
   return static_cast<std::uint8_t>(value);
 }
 
-CLI::Option* add_byte_option(CLI::App& app, const std::string& name, std::optional<std::uint8_t>& out,
-                             const std::string& description) {
+CLI::Option* add_byte_option(CLI::App& app, const std::string& name,
+                             std::optional<std::uint8_t>& out, const std::string& description) {
   return app
       .add_option_function<std::string>(
-          name, [&out, name](const std::string& text) { out = parse_byte(name, text); }, description)
+          name, [&out, name](const std::string& text) { out = parse_byte(name, text); },
+          description)
       ->type_name("BYTE");
 }
 
@@ -134,7 +140,8 @@ std::vector<std::span<std::byte>> chunk_spans(const Region& region, std::uint64_
 // Runs fn(begin_chunk, end_chunk, worker) over `threads` contiguous chunk ranges.
 template <class Fn>
 void for_chunk_ranges(std::uint64_t chunks, unsigned threads, Fn fn) {
-  const std::uint64_t workers = std::max<std::uint64_t>(1, std::min<std::uint64_t>(threads, chunks));
+  const std::uint64_t workers =
+      std::max<std::uint64_t>(1, std::min<std::uint64_t>(threads, chunks));
   if (workers == 1) {
     fn(std::uint64_t{0}, chunks, 0U);
     return;
@@ -167,9 +174,9 @@ std::uint64_t fill_region(const Region& region, std::uint8_t value, unsigned thr
 
 struct Mismatch {
   std::uint64_t chunk = 0;
-  std::uint32_t copy = 0;        // slot index within the row (the rank, or 0 when replicated)
-  std::uint64_t offset = 0;      // byte offset within that slot
-  std::uint64_t data_offset = 0; // byte offset from the start of the region data
+  std::uint32_t copy = 0;         // slot index within the row (the rank, or 0 when replicated)
+  std::uint64_t offset = 0;       // byte offset within that slot
+  std::uint64_t data_offset = 0;  // byte offset from the start of the region data
   unsigned found = 0;
 };
 
@@ -178,7 +185,8 @@ struct Mismatch {
 std::optional<std::uint64_t> first_difference(std::span<const std::byte> span,
                                               const std::vector<std::byte>& reference) {
   for (std::uint64_t pos = 0; pos < span.size(); pos += reference.size()) {
-    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(reference.size(), span.size() - pos));
+    const std::size_t n =
+        static_cast<std::size_t>(std::min<std::uint64_t>(reference.size(), span.size() - pos));
     if (std::memcmp(span.data() + pos, reference.data(), n) == 0) continue;
     for (std::size_t i = 0; i < n; ++i) {
       if (span[pos + i] != reference[0]) return pos + i;
@@ -193,37 +201,38 @@ std::uint64_t check_region(const Region& region, std::uint8_t value, unsigned th
   std::vector<std::uint64_t> checked(threads, 0);
   const std::vector<std::byte> reference(std::size_t{64} << 10, std::byte{value});
   const RegionGeometry& geo = region.geometry();
-  for_chunk_ranges(geo.num_chunks(), threads,
-                   [&](std::uint64_t begin, std::uint64_t end, unsigned worker) {
-                     for (std::uint64_t c = begin; c < end; ++c) {
-                       const auto spans = chunk_spans(region, c, /*whole_rows=*/false);
-                       for (std::size_t s = 0; s < spans.size(); ++s) {
-                         if (auto pos = first_difference(spans[s], reference)) {
-                           Mismatch m;
-                           m.chunk = c;
-                           m.copy = region.rank() ? geo.copy_index(*region.rank())
-                                                  : static_cast<std::uint32_t>(s);
-                           m.offset = *pos;
-                           m.data_offset = static_cast<std::uint64_t>(spans[s].data() - region.data()) + *pos;
-                           m.found = static_cast<unsigned>(spans[s][*pos]);
-                           first[worker] = m;
-                           return;  // ranges are in chunk order: this worker's first is enough
-                         }
-                         checked[worker] += spans[s].size();
-                       }
-                     }
-                   });
+  for_chunk_ranges(
+      geo.num_chunks(), threads, [&](std::uint64_t begin, std::uint64_t end, unsigned worker) {
+        for (std::uint64_t c = begin; c < end; ++c) {
+          const auto spans = chunk_spans(region, c, /*whole_rows=*/false);
+          for (std::size_t s = 0; s < spans.size(); ++s) {
+            if (auto pos = first_difference(spans[s], reference)) {
+              Mismatch m;
+              m.chunk = c;
+              m.copy =
+                  region.rank() ? geo.copy_index(*region.rank()) : static_cast<std::uint32_t>(s);
+              m.offset = *pos;
+              m.data_offset = static_cast<std::uint64_t>(spans[s].data() - region.data()) + *pos;
+              m.found = static_cast<unsigned>(spans[s][*pos]);
+              first[worker] = m;
+              return;  // ranges are in chunk order: this worker's first is enough
+            }
+            checked[worker] += spans[s].size();
+          }
+        }
+      });
   std::optional<Mismatch> earliest;
   std::uint64_t total = 0;
   for (unsigned w = 0; w < threads; ++w) {
     total += checked[w];
-    if (first[w] && (!earliest || first[w]->data_offset < earliest->data_offset)) earliest = first[w];
+    if (first[w] && (!earliest || first[w]->data_offset < earliest->data_offset))
+      earliest = first[w];
   }
   if (earliest) {
     throw Error(ErrorCode::kMismatch,
-                "check of " + region.path().string() + " failed: chunk " + std::to_string(earliest->chunk) +
-                    ", slot " + std::to_string(earliest->copy) + ", byte offset " +
-                    std::to_string(earliest->offset) + " (data offset " +
+                "check of " + region.path().string() + " failed: chunk " +
+                    std::to_string(earliest->chunk) + ", slot " + std::to_string(earliest->copy) +
+                    ", byte offset " + std::to_string(earliest->offset) + " (data offset " +
                     std::to_string(earliest->data_offset) + ") holds " + hex_byte(earliest->found) +
                     ", expected " + hex_byte(value) +
                     ". The process that fills the region may not have written it yet, or wrote "
@@ -254,7 +263,8 @@ int hold_attached(double seconds) {
     const auto secs = std::chrono::duration_cast<std::chrono::seconds>(left);
     timespec ts{};
     ts.tv_sec = static_cast<time_t>(secs.count());
-    ts.tv_nsec = static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - secs).count());
+    ts.tv_nsec = static_cast<long>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(left - secs).count());
     const int sig = sigtimedwait(&set, nullptr, &ts);
     if (sig > 0) return sig;
     if (errno == EAGAIN || errno == EINTR) continue;  // the loop re-checks the deadline
@@ -268,7 +278,8 @@ int run_create(const CreateOptions& o) {
   const std::filesystem::path path = region_path(shm_dir, o.engine_id);
   if (!o.unranked && o.rank >= o.world_size) {
     throw_invalid("--rank " + std::to_string(o.rank) + " must be less than --world-size " +
-                  std::to_string(o.world_size) + " (ranks are 0.." + std::to_string(o.world_size - 1) +
+                  std::to_string(o.world_size) + " (ranks are 0.." +
+                  std::to_string(o.world_size - 1) +
                   "); use --unranked to map the region without a slot of its own");
   }
 
@@ -312,7 +323,8 @@ int run_create(const CreateOptions& o) {
 
   std::ostringstream text;
   text << "region " << region.path().string() << ": " << to_string(region.role()) << ", "
-       << (region.rank() ? "rank " + std::to_string(*region.rank()) + " of " + std::to_string(geo.world_size())
+       << (region.rank() ? "rank " + std::to_string(*region.rank()) + " of " +
+                               std::to_string(geo.world_size())
                          : std::string("unranked"))
        << (geo.replicated() ? " (replicated layout)" : "") << "\n"
        << "  geometry: " << geo.num_chunks() << " chunks x row " << human_bytes(geo.row_stride())
@@ -356,14 +368,16 @@ int run_create(const CreateOptions& o) {
   if (o.hold_s > 0) {
     const int sig = hold_attached(o.hold_s);
     if (!o.json) {
-      std::cout << (sig != 0 ? std::string("hold ended by SIG") + sigabbrev_np(sig) : std::string("hold ended"))
+      std::cout << (sig != 0 ? std::string("hold ended by SIG") + sigabbrev_np(sig)
+                             : std::string("hold ended"))
                 << "; releasing the region" << std::endl;
     }
   }
   if (!region.close()) {
-    throw Error(ErrorCode::kSystem, "releasing " + path.string() +
-                                        " failed at some step (the log above names it); the file "
-                                        "may remain and `kvoffload region clean` removes it once stale");
+    throw Error(ErrorCode::kSystem,
+                "releasing " + path.string() +
+                    " failed at some step (the log above names it); the file "
+                    "may remain and `kvoffload region clean` removes it once stale");
   }
   return kExitOk;
 }
@@ -384,8 +398,8 @@ int run_list(const ListOptions& o) {
   if (regions.empty()) text << "no regions in " << shm_dir.string() << "\n";
   for (const RegionInfo& r : regions) {
     nlohmann::json item{
-        {"path", r.path.string()},   {"engine_id", r.engine_id}, {"bytes", r.file_bytes},
-        {"attached", r.attached},    {"stale", r.stale},         {"complete", r.complete},
+        {"path", r.path.string()}, {"engine_id", r.engine_id}, {"bytes", r.file_bytes},
+        {"attached", r.attached},  {"stale", r.stale},         {"complete", r.complete},
     };
     if (r.geometry) {
       item["chunks"] = r.geometry->num_chunks();
@@ -404,8 +418,8 @@ int run_list(const ListOptions& o) {
     text << r.engine_id << "  " << human_bytes(r.file_bytes) << "  " << r.attached << " attached  "
          << (r.stale ? "stale" : "in use") << (r.complete ? "" : ", incomplete");
     if (r.geometry) {
-      text << "  (" << r.geometry->num_chunks() << " chunks x " << human_bytes(r.geometry->slot_bytes())
-           << " x " << r.geometry->copies() << ")";
+      text << "  (" << r.geometry->num_chunks() << " chunks x "
+           << human_bytes(r.geometry->slot_bytes()) << " x " << r.geometry->copies() << ")";
     }
     text << "  " << r.path.string() << "\n";
   }
@@ -443,18 +457,21 @@ int run_clean(const CleanOptions& o) {
     text << "no regions" << (o.engine_id ? " of engine " + *o.engine_id : std::string()) << " in "
          << shm_dir.string() << "\n";
   }
-  emit(o.json, nlohmann::json{{"removed", removed}, {"kept", kept}, {"skipped", skipped}}, text.str());
+  emit(o.json, nlohmann::json{{"removed", removed}, {"kept", kept}, {"skipped", skipped}},
+       text.str());
   return kExitOk;
 }
 
-const std::string kShmDirHelp = "Directory of the region files (default $KVOFFLOAD_SHM_DIR, else /dev/shm)";
+const std::string kShmDirHelp =
+    "Directory of the region files (default $KVOFFLOAD_SHM_DIR, else /dev/shm)";
 
 const CommandRegistrar kRegister("region", [](CLI::App& top) {
   auto* app = top.add_subcommand("region", "Create, join, list and clean shared host regions");
   app->require_subcommand(1);
 
   auto* create = app->add_subcommand(
-      "create", "Create or join a region, populate it, optionally fill/check this rank's slots and hold it");
+      "create",
+      "Create or join a region, populate it, optionally fill/check this rank's slots and hold it");
   auto c = std::make_shared<CreateOptions>();
   create->add_option("--engine-id", c->engine_id, "Engine id: 1..128 of [A-Za-z0-9._-]")
       ->required()
@@ -477,7 +494,8 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
   auto* unranked =
       create->add_flag("--unranked", c->unranked, "Map without a rank (as the scheduler does)");
   rank->excludes(unranked);
-  create->add_flag("--replicated", c->replicated, "Replicated (MLA) layout: all ranks share slot 0");
+  create->add_flag("--replicated", c->replicated,
+                   "Replicated (MLA) layout: all ranks share slot 0");
   add_size_option(*create, "--slot-align", c->slot_align,
                   "Alignment of every slot: a power of two from 16 to the page size (default 256)");
   create->add_option("--shm-dir", c->shm_dir, kShmDirHelp)->type_name("DIR");
@@ -489,7 +507,8 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
   create->add_option("--threads", c->threads, "Threads for populate, fill and check (default 1)")
       ->type_name("T")
       ->check(whole_range(1, 1024));
-  add_byte_option(*create, "--fill", c->fill, "Write BYTE over this rank's slots (unranked: all data)");
+  add_byte_option(*create, "--fill", c->fill,
+                  "Write BYTE over this rank's slots (unranked: all data)");
   add_byte_option(*create, "--check", c->check,
                   "Verify every byte of this rank's slots (unranked: every slot) equals BYTE");
   create->add_option("--hold", c->hold_s, "Stay attached this many seconds (SIGINT/SIGTERM end it)")
@@ -497,7 +516,8 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
       ->check(real_range(0.0, 1e9, "seconds"));
   create->add_flag("--json", c->json, "Print one JSON object");
 
-  auto* list = app->add_subcommand("list", "List regions with size, attached processes and stale flag");
+  auto* list =
+      app->add_subcommand("list", "List regions with size, attached processes and stale flag");
   auto l = std::make_shared<ListOptions>();
   list->add_option("--shm-dir", l->shm_dir, kShmDirHelp)->type_name("DIR");
   list->add_flag("--json", l->json, "Print one JSON object");
@@ -509,11 +529,11 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
   clean->add_flag("--json", k->json, "Print one JSON object");
 
   return Command{app, [=] {
-    if (create->parsed()) return run_create(*c);
-    if (list->parsed()) return run_list(*l);
-    if (clean->parsed()) return run_clean(*k);
-    throw_invalid("region: expected a subcommand: create, list or clean");
-  }};
+                   if (create->parsed()) return run_create(*c);
+                   if (list->parsed()) return run_list(*l);
+                   if (clean->parsed()) return run_clean(*k);
+                   throw_invalid("region: expected a subcommand: create, list or clean");
+                 }};
 });
 
 }  // namespace

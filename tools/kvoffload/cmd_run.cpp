@@ -20,7 +20,8 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
   auto* app = top.add_subcommand(
       "run",
       "End-to-end offload cycle: a scheduler and W rank processes share one region; requests with "
-      "shared prefixes are stored, evicted under pressure and loaded back into other device blocks, "
+      "shared prefixes are stored, evicted under pressure and loaded back into other device "
+      "blocks, "
       "and every byte that comes back is verified");
   auto config = std::make_shared<run::RunConfig>();
   // Ranges are checked as the command line is parsed (the messages name flag, value and range);
@@ -42,11 +43,13 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
       ->check(whole_range(1, 1ULL << 32));
   add_size_option(*app, "--host-pool", config->host_pool_bytes, "Host region size (default 64M)", 1,
                   kU64Max);
-  app->add_option("--backend", config->backend, "host, sim, cuda, hip or auto (auto never picks sim)")
+  app->add_option("--backend", config->backend,
+                  "host, sim, cuda, hip or auto (auto never picks sim)")
       ->capture_default_str();
-  app->add_option("--devices", config->devices,
-                  "Devices of the ranks, comma-separated (rank r takes entry r mod count); default: rank r "
-                  "on device r mod the device count");
+  app->add_option(
+      "--devices", config->devices,
+      "Devices of the ranks, comma-separated (rank r takes entry r mod count); default: rank r "
+      "on device r mod the device count");
   app->add_option("--duration", config->duration_seconds, "Seconds to run (0: use --requests)")
       ->capture_default_str()
       ->check(real_range(0.0, 24 * 3600.0, "seconds"));
@@ -66,31 +69,36 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
       ->capture_default_str()
       ->check(whole_range(0, kU64Max));
   app->add_option("--engine-id", config->engine_id, "Engine id (default run-<pid>)");
-  app->add_option("--shm-dir", config->shm_dir, "Directory of the region (default $KVOFFLOAD_SHM_DIR or /dev/shm)");
-  app->add_option("--file-tier", config->file_tier, "Directory of a secondary file tier (off by default)");
+  app->add_option("--shm-dir", config->shm_dir,
+                  "Directory of the region (default $KVOFFLOAD_SHM_DIR or /dev/shm)");
+  app->add_option("--file-tier", config->file_tier,
+                  "Directory of a secondary file tier (off by default)");
   add_size_option(*app, "--file-tier-bytes", config->file_tier_bytes,
                   "Capacity of the file tier (default 1G)", 1, kU64Max);
-  app->add_option("--remote-tier", config->remote_tier,
-                  "Distributed tier shared with other engines: redis://host:port[/db], "
-                  "redis-cluster://host:port[,...] or memcached://host:port[,...] (off by default)");
+  app->add_option(
+      "--remote-tier", config->remote_tier,
+      "Distributed tier shared with other engines: redis://host:port[/db], "
+      "redis-cluster://host:port[,...] or memcached://host:port[,...] (off by default)");
   app->add_option("--threads", config->populate_threads, "Populate threads")
       ->capture_default_str()
       ->check(whole_range(1, 256));
-  app->add_option("--bringup", config->bringup,
-                  "background: serve at once on the rows every rank made ready while the pool comes "
-                  "up in pieces; blocking: bring the whole pool up first")
+  app->add_option(
+         "--bringup", config->bringup,
+         "background: serve at once on the rows every rank made ready while the pool comes "
+         "up in pieces; blocking: bring the whole pool up first")
       ->capture_default_str();
   add_size_option(*app, "--bringup-piece", config->bringup_piece_bytes,
                   "Region bytes per bring-up piece (default 1G)", 1, std::uint64_t{1} << 50);
   app->add_flag("--json", config->json, "Print one JSON object");
   return Command{app, [config] {
-    if (config->engine_id.empty()) config->engine_id = "run-" + std::to_string(::getpid());
-    if (config->shm_dir.empty()) config->shm_dir = default_shm_dir().string();
-    config->finalize();
-    const run::RunOutcome outcome = run::run_scheduler(*config);
-    emit(config->json, outcome.report, run::format_report(outcome.report));
-    return outcome.exit_code;
-  }};
+                   if (config->engine_id.empty())
+                     config->engine_id = "run-" + std::to_string(::getpid());
+                   if (config->shm_dir.empty()) config->shm_dir = default_shm_dir().string();
+                   config->finalize();
+                   const run::RunOutcome outcome = run::run_scheduler(*config);
+                   emit(config->json, outcome.report, run::format_report(outcome.report));
+                   return outcome.exit_code;
+                 }};
 });
 
 const CommandRegistrar kRegisterWorker("run-worker", [](CLI::App& top) {

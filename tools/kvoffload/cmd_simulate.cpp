@@ -18,15 +18,15 @@
 
 #include <cerrno>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <limits>
 #include <memory>
 #include <sstream>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -34,8 +34,8 @@ namespace kvoffload::cli {
 namespace {
 
 struct Trace {
-  std::vector<BlockKey> keys;          // all requests, back to back
-  std::vector<std::size_t> offsets{0}; // request i is keys[offsets[i] .. offsets[i+1])
+  std::vector<BlockKey> keys;           // all requests, back to back
+  std::vector<std::size_t> offsets{0};  // request i is keys[offsets[i] .. offsets[i+1])
 };
 
 [[noreturn]] void bad_token(const std::string& path, std::size_t line_no, std::string_view token) {
@@ -68,7 +68,8 @@ Trace read_trace(const std::string& path) {
     text.resize(static_cast<std::size_t>(size));
     in.read(text.data(), size);
   }
-  if (in.bad() || (size > 0 && in.gcount() != size)) throw_system_error("read", errno, "trace '" + path + "'");
+  if (in.bad() || (size > 0 && in.gcount() != size))
+    throw_system_error("read", errno, "trace '" + path + "'");
 
   Trace trace;
   trace.keys.reserve(text.size() / (BlockKey::kHexDigits + 1) + 1);
@@ -120,7 +121,7 @@ int run_simulate(const Options& opt) {
   config.policy = policy;
   config.store_threshold = opt.store_threshold;
   config.record_events = false;  // nobody drains them here
-  Manager manager(config);  // validates before the trace is read: usage errors come first
+  Manager manager(config);       // validates before the trace is read: usage errors come first
   // CPU seconds beside wall seconds: on a shared machine wall time measures the neighbours.
   const auto cpu_now = [] { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; };
   const auto parse_start = std::chrono::steady_clock::now();
@@ -169,7 +170,8 @@ int run_simulate(const Options& opt) {
 
   const ManagerStats stats = manager.stats();
   const std::uint64_t looked_up = trace.keys.size();
-  const double hit_rate = looked_up == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(looked_up);
+  const double hit_rate =
+      looked_up == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(looked_up);
   const double ops_per_second = seconds > 0 ? static_cast<double>(calls) / seconds : 0.0;
   const double keys_per_second = seconds > 0 ? static_cast<double>(looked_up) / seconds : 0.0;
 
@@ -194,18 +196,19 @@ int run_simulate(const Options& opt) {
       {"requests_per_second", seconds > 0 ? static_cast<double>(requests) / seconds : 0.0},
   };
   char buf[512];
-  (void)std::snprintf(buf, sizeof(buf),
-                "simulate %s over %llu chunks: %llu requests, %llu chunks looked up\n"
-                "  hits %llu, misses %llu, hit rate %.2f%%\n"
-                "  evictions %llu, chunks stored %llu, requests that could not store %llu\n"
-                "  %.3g manager calls/s (%.3g chunk keys/s), %.3f s (trace read and parsed in %.3f s)",
-                std::string(policy_kind_name(policy)).c_str(), static_cast<unsigned long long>(opt.chunks),
-                static_cast<unsigned long long>(requests), static_cast<unsigned long long>(looked_up),
-                static_cast<unsigned long long>(hits), static_cast<unsigned long long>(looked_up - hits),
-                100.0 * hit_rate, static_cast<unsigned long long>(stats.evictions),
-                static_cast<unsigned long long>(stats.stores_completed),
-                static_cast<unsigned long long>(cannot_store), ops_per_second, keys_per_second, seconds,
-                parse_seconds);
+  (void)std::snprintf(
+      buf, sizeof(buf),
+      "simulate %s over %llu chunks: %llu requests, %llu chunks looked up\n"
+      "  hits %llu, misses %llu, hit rate %.2f%%\n"
+      "  evictions %llu, chunks stored %llu, requests that could not store %llu\n"
+      "  %.3g manager calls/s (%.3g chunk keys/s), %.3f s (trace read and parsed in %.3f s)",
+      std::string(policy_kind_name(policy)).c_str(), static_cast<unsigned long long>(opt.chunks),
+      static_cast<unsigned long long>(requests), static_cast<unsigned long long>(looked_up),
+      static_cast<unsigned long long>(hits), static_cast<unsigned long long>(looked_up - hits),
+      100.0 * hit_rate, static_cast<unsigned long long>(stats.evictions),
+      static_cast<unsigned long long>(stats.stores_completed),
+      static_cast<unsigned long long>(cannot_store), ops_per_second, keys_per_second, seconds,
+      parse_seconds);
   emit(opt.json, out, buf);
   return kExitOk;
 }

@@ -11,10 +11,10 @@ const CommandRegistrar kRegister("version", [](CLI::App& top) {
   auto json = std::make_shared<bool>(false);
   app->add_flag("--json", *json, "Print one JSON object");
   return Command{app, [json] {
-    nlohmann::json out{{"version", KVOFFLOAD_VERSION_STRING}};
-    emit(*json, out, std::string("kvoffload ") + KVOFFLOAD_VERSION_STRING);
-    return kExitOk;
-  }};
+                   nlohmann::json out{{"version", KVOFFLOAD_VERSION_STRING}};
+                   emit(*json, out, std::string("kvoffload ") + KVOFFLOAD_VERSION_STRING);
+                   return kExitOk;
+                 }};
 });
 
 }  // namespace

@@ -72,7 +72,8 @@ class KVOFFLOAD_API BlockKey {
   friend constexpr bool operator==(const BlockKey&, const BlockKey&) noexcept = default;
   // clang-tidy 14 misreads the defaulted <=> as comparing with a literal 0 (LLVM issue 46235).
   // NOLINTNEXTLINE(modernize-use-nullptr)
-  friend constexpr std::strong_ordering operator<=>(const BlockKey&, const BlockKey&) noexcept = default;
+  friend constexpr std::strong_ordering operator<=>(const BlockKey&,
+                                                    const BlockKey&) noexcept = default;
 
  private:
   std::uint64_t hi_ = 0;  // most significant half (first 16 hex digits)
@@ -80,7 +81,9 @@ class KVOFFLOAD_API BlockKey {
 };
 
 struct BlockKeyHash {
-  std::size_t operator()(const BlockKey& key) const noexcept { return static_cast<std::size_t>(key.hash()); }
+  std::size_t operator()(const BlockKey& key) const noexcept {
+    return static_cast<std::size_t>(key.hash());
+  }
 };
 
 }  // namespace kvoffload

@@ -82,7 +82,9 @@ class KVOFFLOAD_API StreamView {
   StreamView(int) = delete;
   StreamView(std::nullptr_t) = delete;
   // Wraps a backend-native stream handle (see the header comment) without owning it.
-  static constexpr StreamView from_native(std::uintptr_t handle) noexcept { return StreamView(handle); }
+  static constexpr StreamView from_native(std::uintptr_t handle) noexcept {
+    return StreamView(handle);
+  }
   [[nodiscard]] constexpr std::uintptr_t native() const noexcept { return handle_; }
   friend constexpr bool operator==(StreamView, StreamView) noexcept = default;
 
@@ -96,7 +98,9 @@ class KVOFFLOAD_API EventView {
   constexpr EventView() noexcept = default;
   EventView(int) = delete;
   EventView(std::nullptr_t) = delete;
-  static constexpr EventView from_native(std::uintptr_t handle) noexcept { return EventView(handle); }
+  static constexpr EventView from_native(std::uintptr_t handle) noexcept {
+    return EventView(handle);
+  }
   [[nodiscard]] constexpr std::uintptr_t native() const noexcept { return handle_; }
   [[nodiscard]] constexpr bool valid() const noexcept { return handle_ != 0; }
   friend constexpr bool operator==(EventView, EventView) noexcept = default;
@@ -127,7 +131,8 @@ class KVOFFLOAD_API Stream {
 
  private:
   friend class DeviceRuntime;
-  Stream(DeviceRuntime* runtime, std::uintptr_t handle) noexcept : runtime_(runtime), handle_(handle) {}
+  Stream(DeviceRuntime* runtime, std::uintptr_t handle) noexcept
+      : runtime_(runtime), handle_(handle) {}
   DeviceRuntime* runtime_ = nullptr;
   std::uintptr_t handle_ = 0;
 };
@@ -150,7 +155,8 @@ class KVOFFLOAD_API Event {
 
  private:
   friend class DeviceRuntime;
-  Event(DeviceRuntime* runtime, std::uintptr_t handle) noexcept : runtime_(runtime), handle_(handle) {}
+  Event(DeviceRuntime* runtime, std::uintptr_t handle) noexcept
+      : runtime_(runtime), handle_(handle) {}
   DeviceRuntime* runtime_ = nullptr;
   std::uintptr_t handle_ = 0;
 };
@@ -222,7 +228,7 @@ class KVOFFLOAD_API DeviceBuffer {
 // ---- options and discovery ---------------------------------------------------------------------
 
 struct RuntimeOptions {
-  int device = 0;                     // device ordinal (cuda/hip); ignored by host
+  int device = 0;  // device ordinal (cuda/hip); ignored by host
   // SM copy kernel grid bound (CTAs / workgroups); 0 = backend default (small: leaves the model's
   // SMs alone). On the host backend: helper threads used by the kernel path.
   unsigned kernel_max_blocks = 0;
@@ -231,7 +237,7 @@ struct RuntimeOptions {
   // smallest batch (bytes) worth splitting.
   unsigned host_copy_threads = 0;
   std::uint64_t host_split_min_bytes = 0;  // 0 = backend default
-  bool hip_mlock_registered = false;  // hip: mlock registered ranges (ROCm page migration)
+  bool hip_mlock_registered = false;       // hip: mlock registered ranges (ROCm page migration)
   std::uint64_t register_chunk_bytes = 0;  // cuda/hip/sim: max bytes per register call (0 = 64 GiB)
   // cuda/hip/sim kernel path: descriptor ring of each stream (0 = defaults: 64 slots of 4096
   // descriptors), and whether a launch first stages its descriptors in device memory with one
@@ -253,10 +259,10 @@ struct RuntimeCounters {
 };
 
 struct BackendInfo {
-  std::string name;          // "host" | "sim" | "cuda" | "hip"
-  bool built = false;        // compiled into this library
-  int device_count = 0;      // devices visible (host: 1)
-  std::string detail;        // driver/runtime version, device names, or why unavailable
+  std::string name;      // "host" | "sim" | "cuda" | "hip"
+  bool built = false;    // compiled into this library
+  int device_count = 0;  // devices visible (host: 1)
+  std::string detail;    // driver/runtime version, device names, or why unavailable
 };
 
 // Every backend this library knows, built or not: cuda, hip, host (the order auto tries them),
@@ -302,9 +308,13 @@ class KVOFFLOAD_API DeviceRuntime {
                       CopyPath path) {
     do_enqueue_copies(stream.native(), batch, kind, path);
   }
-  void record_event(EventView event, StreamView stream) { do_record_event(event.native(), stream.native()); }
+  void record_event(EventView event, StreamView stream) {
+    do_record_event(event.native(), stream.native());
+  }
   // Work enqueued on `stream` after this call waits for the event's latest record.
-  void wait_event(StreamView stream, EventView event) { do_wait_event(stream.native(), event.native()); }
+  void wait_event(StreamView stream, EventView event) {
+    do_wait_event(stream.native(), event.native());
+  }
   // true when the latest record has completed (an event never recorded is complete).
   [[nodiscard]] bool query_event(EventView event) { return do_query_event(event.native()); }
   void synchronize_event(EventView event) { do_synchronize_event(event.native()); }
@@ -326,13 +336,15 @@ class KVOFFLOAD_API DeviceRuntime {
     do_wait_host_flag(stream.native(), flag, value);
   }
   // Synchronous copy between any two of host / device memory (tests, calibration).
-  void memcpy_sync(void* dst, const void* src, std::size_t bytes) { do_memcpy_sync(dst, src, bytes); }
+  void memcpy_sync(void* dst, const void* src, std::size_t bytes) {
+    do_memcpy_sync(dst, src, bytes);
+  }
   void memset_sync(void* dst, int value, std::size_t bytes) { do_memset_sync(dst, value, bytes); }
 
  protected:
   struct RegistrationRecord {
-    std::uintptr_t handle = 0;   // non-zero
-    void* device_base = nullptr; // device pointer of the first byte
+    std::uintptr_t handle = 0;    // non-zero
+    void* device_base = nullptr;  // device pointer of the first byte
   };
 
   virtual RegistrationRecord do_register_host(void* ptr, std::size_t bytes, std::size_t align) = 0;

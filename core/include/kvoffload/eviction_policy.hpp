@@ -15,7 +15,8 @@
 // Note [Parked slots]: an unevictable slot (write pending or pinned by readers) is taken out of the
 // policy's eviction lists, keeping its membership (ARC's T1/T2 counts include it), and goes back
 // to the most-recent end of its list when released. Eviction therefore never walks over pinned or
-// pending chunks: a batch of n costs O(n + protected slots met), and each operation is O(1) per slot.
+// pending chunks: a batch of n costs O(n + protected slots met), and each operation is O(1) per
+// slot.
 //
 // Policies are thread-compatible, like the Manager that drives them.
 
@@ -98,7 +99,8 @@ class KVOFFLOAD_API EvictionPolicy {
   // (make_vllm_arc_policy) can refuse despite enough candidates, as vLLM's does; it then returns 0
   // and changes nothing.
   virtual std::size_t evict(std::size_t count, const VictimFilter& filter,
-                            std::span<const BlockKey> slot_keys, std::span<SlotIndex> victims_out) = 0;
+                            std::span<const BlockKey> slot_keys,
+                            std::span<SlotIndex> victims_out) = 0;
   // Forgets everything (residents and ghosts; ARC's p back to 0).
   virtual void reset() = 0;
 
@@ -123,6 +125,7 @@ KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_policy(PolicyKind kind, std::
 // at least floor(target), else T2's; B1 and B2 are each bounded by the capacity, oldest dropped.
 KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_vllm_lru_policy(std::uint32_t capacity);
 KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_vllm_arc_policy(std::uint32_t capacity);
-KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_vllm_policy(PolicyKind kind, std::uint32_t capacity);
+KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_vllm_policy(PolicyKind kind,
+                                                               std::uint32_t capacity);
 
 }  // namespace kvoffload

@@ -47,13 +47,13 @@ enum class FsyncPolicy : std::uint8_t { kNone, kData, kFull };
 enum class DirectIoMode : std::uint8_t { kAuto, kBuffered };
 
 struct FileTierOptions {
-  std::filesystem::path root;            // created (one level) when missing; parent must exist
-  std::uint64_t capacity_bytes = 0;      // > 0: file bytes kept; the oldest records go beyond it.
-                                         // Capped by the filesystem: see Note [Full disk]
-  unsigned io_threads = 4;               // 1..256
+  std::filesystem::path root;        // created (one level) when missing; parent must exist
+  std::uint64_t capacity_bytes = 0;  // > 0: file bytes kept; the oldest records go beyond it.
+                                     // Capped by the filesystem: see Note [Full disk]
+  unsigned io_threads = 4;           // 1..256
   DirectIoMode direct_io = DirectIoMode::kAuto;
   FsyncPolicy fsync = FsyncPolicy::kNone;
-  std::string name = "file";             // for logs and stats
+  std::string name = "file";  // for logs and stats
   // The system calls the tier makes (kvoffload/syscalls.hpp, the seam the region uses too):
   // tests pass a table that fails chosen calls. nullptr: the real calls. A table given here must
   // outlive the tier and be safe to call from its I/O threads.

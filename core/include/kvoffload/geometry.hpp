@@ -10,7 +10,8 @@
 // slot_align - 1 bytes per slot and keeps every slot of every rank aligned (the data start is
 // page-aligned and R is a page multiple). The value is recorded in the region header; a joiner
 // asking for another value is refused.
-// All arithmetic is overflow-checked; invalid input throws Error(kInvalidArgument) naming the value.
+// All arithmetic is overflow-checked; invalid input throws Error(kInvalidArgument) naming the
+// value.
 
 #include <kvoffload/export.h>
 
@@ -20,11 +21,11 @@
 namespace kvoffload {
 
 struct RegionLayout {
-  std::uint64_t num_chunks = 0;   // rows in the region, > 0
-  std::uint64_t slot_bytes = 0;   // P, > 0
-  std::uint32_t world_size = 1;   // ranks of the engine, > 0
-  bool replicated = false;        // MLA: every rank shares slot 0 (C = 1)
-  std::uint64_t slot_align = 256; // alignment of every slot: a power of two, 16 .. page size
+  std::uint64_t num_chunks = 0;    // rows in the region, > 0
+  std::uint64_t slot_bytes = 0;    // P, > 0
+  std::uint32_t world_size = 1;    // ranks of the engine, > 0
+  bool replicated = false;         // MLA: every rank shares slot 0 (C = 1)
+  std::uint64_t slot_align = 256;  // alignment of every slot: a power of two, 16 .. page size
 };
 
 inline constexpr std::uint64_t kDefaultSlotAlign = 256;

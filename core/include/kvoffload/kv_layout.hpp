@@ -40,11 +40,11 @@ struct KvGroup {
 
 // Where this rank's slots live in host memory.
 struct KVOFFLOAD_API HostSlots {
-  std::byte* base = nullptr;        // start of the buffer (the region's data)
-  std::uint64_t buffer_bytes = 0;   // >= num_chunks · row_stride
+  std::byte* base = nullptr;       // start of the buffer (the region's data)
+  std::uint64_t buffer_bytes = 0;  // >= num_chunks · row_stride
   std::uint64_t num_chunks = 0;
-  std::uint64_t row_stride = 0;     // bytes between chunks
-  std::uint64_t slot_offset = 0;    // this rank's slot within a row
+  std::uint64_t row_stride = 0;   // bytes between chunks
+  std::uint64_t slot_offset = 0;  // this rank's slot within a row
   std::uint64_t slot_bytes = 0;
 
   // Ranked (or replicated: every rank uses slot 0) slots of `rank` in a region.
@@ -60,8 +60,8 @@ struct KVOFFLOAD_API HostSlots {
 };
 
 struct KVOFFLOAD_API KvLayout {
-  std::vector<KvGroup> groups;        // at least one
-  std::uint32_t blocks_per_chunk = 1; // GPU blocks per host chunk, > 0
+  std::vector<KvGroup> groups;         // at least one
+  std::uint32_t blocks_per_chunk = 1;  // GPU blocks per host chunk, > 0
   HostSlots host;
 
   // Throws Error(kInvalidArgument) with a message naming the field and values when anything is
@@ -79,8 +79,8 @@ KVOFFLOAD_API std::string_view to_string(Direction d) noexcept;  // "store" | "l
 
 // One job's mapping. Spans are read only during submit()/plan(): callers may reuse them after.
 struct TransferSpec {
-  std::span<const std::uint64_t> chunks;   // host chunk ids, in mapping order
-  std::uint32_t skip = 0;                  // first position used in chunks[0], < blocks_per_chunk
+  std::span<const std::uint64_t> chunks;  // host chunk ids, in mapping order
+  std::uint32_t skip = 0;                 // first position used in chunks[0], < blocks_per_chunk
   // group_blocks[g]: GPU block ids of group g (one entry per layout group; may be empty), at most
   // chunks.size()·bpc − skip of them, and every listed chunk must receive at least one block of
   // some group.

@@ -15,10 +15,9 @@
  *
  * Minimal use (error handling elided):
  *   kvo_region_options o; kvo_region_options_init(&o);
- *   o.engine_id = "engine-0"; o.num_chunks = 1024; o.slot_bytes = 2 << 20; o.world_size = 8; o.rank = 3;
- *   kvo_region_t* region; kvo_region_create_or_join(&o, &region);
- *   void* slot; uint64_t bytes; kvo_region_slot(region, 17, KVO_OWN_RANK, &slot, &bytes);
- *   kvo_region_close(region);
+ *   o.engine_id = "engine-0"; o.num_chunks = 1024; o.slot_bytes = 2 << 20; o.world_size = 8; o.rank
+ * = 3; kvo_region_t* region; kvo_region_create_or_join(&o, &region); void* slot; uint64_t bytes;
+ * kvo_region_slot(region, 17, KVO_OWN_RANK, &slot, &bytes); kvo_region_close(region);
  */
 #ifndef KVOFFLOAD_KVOFFLOAD_H
 #define KVOFFLOAD_KVOFFLOAD_H
@@ -78,37 +77,38 @@ typedef enum kvo_populate_method {
 } kvo_populate_method;
 
 typedef struct kvo_region_options {
-  size_t struct_size;         /* sizeof(kvo_region_options), set by kvo_region_options_init */
-  const char* engine_id;      /* 1..128 of [A-Za-z0-9._-], not "." or ".."; required */
-  uint64_t num_chunks;        /* rows, > 0 */
-  uint64_t slot_bytes;        /* P: one rank's bytes per chunk, > 0 */
-  uint32_t world_size;        /* ranks of the engine, > 0 (default 1) */
-  int replicated;             /* nonzero: MLA layout, every rank shares slot 0 */
-  int32_t rank;               /* 0..world_size-1, or KVO_UNRANKED (the default) */
-  const char* shm_dir;        /* NULL or "": $KVOFFLOAD_SHM_DIR, else /dev/shm */
-  uint32_t join_timeout_ms;   /* how long a joiner waits for the creator (default 30000) */
-  uint32_t populate_threads;  /* >= 1 (default 1) */
-  int populate;               /* nonzero (default): pre-fault after mapping */
-  uint64_t slot_align;        /* every slot starts on this boundary: a power of two from 16 to the
-                                 page size (default 256); all ranks must agree */
+  size_t struct_size;        /* sizeof(kvo_region_options), set by kvo_region_options_init */
+  const char* engine_id;     /* 1..128 of [A-Za-z0-9._-], not "." or ".."; required */
+  uint64_t num_chunks;       /* rows, > 0 */
+  uint64_t slot_bytes;       /* P: one rank's bytes per chunk, > 0 */
+  uint32_t world_size;       /* ranks of the engine, > 0 (default 1) */
+  int replicated;            /* nonzero: MLA layout, every rank shares slot 0 */
+  int32_t rank;              /* 0..world_size-1, or KVO_UNRANKED (the default) */
+  const char* shm_dir;       /* NULL or "": $KVOFFLOAD_SHM_DIR, else /dev/shm */
+  uint32_t join_timeout_ms;  /* how long a joiner waits for the creator (default 30000) */
+  uint32_t populate_threads; /* >= 1 (default 1) */
+  int populate;              /* nonzero (default): pre-fault after mapping */
+  uint64_t slot_align;       /* every slot starts on this boundary: a power of two from 16 to the
+                                page size (default 256); all ranks must agree */
 } kvo_region_options;
 
 typedef struct kvo_region_geometry {
   uint64_t num_chunks;
   uint64_t slot_bytes;
   uint32_t world_size;
-  uint32_t copies;      /* world_size, or 1 when replicated */
+  uint32_t copies; /* world_size, or 1 when replicated */
   int replicated;
-  uint64_t row_stride;  /* round_up(copies * slot_stride, page_size) */
-  uint64_t data_bytes;  /* num_chunks * row_stride */
+  uint64_t row_stride; /* round_up(copies * slot_stride, page_size) */
+  uint64_t data_bytes; /* num_chunks * row_stride */
   uint64_t page_size;
-  uint64_t slot_align;  /* every slot starts on this boundary */
-  uint64_t slot_stride; /* slot_bytes rounded up to slot_align: rank r's slot is at r * slot_stride */
+  uint64_t slot_align; /* every slot starts on this boundary */
+  uint64_t
+      slot_stride; /* slot_bytes rounded up to slot_align: rank r's slot is at r * slot_stride */
 } kvo_region_geometry;
 
 typedef struct kvo_populate_report {
   kvo_populate_method method;
-  uint64_t bytes;   /* bytes pre-faulted by this process */
+  uint64_t bytes; /* bytes pre-faulted by this process */
   double seconds;
 } kvo_populate_report;
 
@@ -153,8 +153,9 @@ typedef struct kvo_runtime kvo_runtime_t;
 typedef struct kvo_registration kvo_registration_t;
 typedef struct kvo_engine kvo_engine_t;
 
-/* backend: "host" | "sim" | "cuda" | "hip" | "auto" (cuda if present, else hip, else host, never sim); device: the
- * device ordinal for cuda/hip. KVO_NOT_AVAILABLE when the backend is not built or has no device. */
+/* backend: "host" | "sim" | "cuda" | "hip" | "auto" (cuda if present, else hip, else host, never
+ * sim); device: the device ordinal for cuda/hip. KVO_NOT_AVAILABLE when the backend is not built or
+ * has no device. */
 KVO_API kvo_status kvo_runtime_create(const char* backend, int device, kvo_runtime_t** out);
 /* Destroys the runtime and every stream and event made through it. Engines and registrations
  * using it must be destroyed first. */
@@ -170,7 +171,8 @@ KVO_API kvo_status kvo_runtime_stream_destroy(kvo_runtime_t* runtime, uint64_t s
 KVO_API kvo_status kvo_runtime_stream_synchronize(kvo_runtime_t* runtime, uint64_t stream);
 KVO_API kvo_status kvo_runtime_event_create(kvo_runtime_t* runtime, uint64_t* out_event);
 KVO_API kvo_status kvo_runtime_event_destroy(kvo_runtime_t* runtime, uint64_t event);
-KVO_API kvo_status kvo_runtime_event_record(kvo_runtime_t* runtime, uint64_t event, uint64_t stream);
+KVO_API kvo_status kvo_runtime_event_record(kvo_runtime_t* runtime, uint64_t event,
+                                            uint64_t stream);
 /* *out_done = nonzero when the event's latest record has completed. */
 KVO_API kvo_status kvo_runtime_event_query(kvo_runtime_t* runtime, uint64_t event, int* out_done);
 KVO_API kvo_status kvo_runtime_event_synchronize(kvo_runtime_t* runtime, uint64_t event);
@@ -188,11 +190,14 @@ KVO_API kvo_status kvo_registration_destroy(kvo_registration_t* registration);
 
 /* Device memory (host memory on the host backend), for engines without their own allocator and
  * for tests. */
-KVO_API kvo_status kvo_runtime_device_alloc(kvo_runtime_t* runtime, uint64_t bytes, uint64_t* out_ptr);
+KVO_API kvo_status kvo_runtime_device_alloc(kvo_runtime_t* runtime, uint64_t bytes,
+                                            uint64_t* out_ptr);
 KVO_API kvo_status kvo_runtime_device_free(kvo_runtime_t* runtime, uint64_t ptr);
 /* Synchronous copy / fill between any of host and device memory. */
-KVO_API kvo_status kvo_runtime_memcpy(kvo_runtime_t* runtime, uint64_t dst, uint64_t src, uint64_t bytes);
-KVO_API kvo_status kvo_runtime_memset(kvo_runtime_t* runtime, uint64_t dst, int value, uint64_t bytes);
+KVO_API kvo_status kvo_runtime_memcpy(kvo_runtime_t* runtime, uint64_t dst, uint64_t src,
+                                      uint64_t bytes);
+KVO_API kvo_status kvo_runtime_memset(kvo_runtime_t* runtime, uint64_t dst, int value,
+                                      uint64_t bytes);
 
 /* One device KV tensor: num_blocks pages of page_bytes, block b at base + b * block_stride. */
 typedef struct kvo_device_tensor {
@@ -213,20 +218,20 @@ typedef struct kvo_host_slots {
   void* base;            /* start of the buffer */
   uint64_t buffer_bytes; /* >= num_chunks * row_stride */
   uint64_t num_chunks;
-  uint64_t row_stride;   /* bytes between chunks */
-  uint64_t slot_offset;  /* this rank's slot within a row */
+  uint64_t row_stride;  /* bytes between chunks */
+  uint64_t slot_offset; /* this rank's slot within a row */
   uint64_t slot_bytes;
 } kvo_host_slots;
 
 typedef struct kvo_engine_options {
-  size_t struct_size;  /* set by kvo_engine_options_init */
-  int register_host;   /* nonzero (default): register the host buffer (needed for kernels) */
-  int allow_kernel;    /* nonzero (default): the SM copy-kernel path may be chosen */
+  size_t struct_size; /* set by kvo_engine_options_init */
+  int register_host;  /* nonzero (default): register the host buffer (needed for kernels) */
+  int allow_kernel;   /* nonzero (default): the SM copy-kernel path may be chosen */
   /* Path choice: the kernel when at least *_kernel_min_count pieces of mean size below
    * *_kernel_below_bytes (defaults 32 KiB and 16). */
   uint64_t store_kernel_below_bytes, store_kernel_min_count;
   uint64_t load_kernel_below_bytes, load_kernel_min_count;
-  int calibrate;       /* nonzero: measure both paths at creation and set the thresholds */
+  int calibrate; /* nonzero: measure both paths at creation and set the thresholds */
 } kvo_engine_options;
 
 typedef enum kvo_direction { KVO_STORE = 0, KVO_LOAD = 1 } kvo_direction; /* D2H, H2D */
@@ -261,10 +266,10 @@ typedef struct kvo_wait_on {
 typedef struct kvo_job_result {
   uint64_t job_id;
   kvo_direction direction;
-  int success;         /* a failed copy is never reported as a success */
-  uint64_t bytes;      /* bytes the job copies (also set for failed jobs) */
-  double seconds;      /* copy time on the stream, 0 when failed */
-  const char* error;   /* "" on success; valid until the next poll/wait call on this thread */
+  int success;       /* a failed copy is never reported as a success */
+  uint64_t bytes;    /* bytes the job copies (also set for failed jobs) */
+  double seconds;    /* copy time on the stream, 0 when failed */
+  const char* error; /* "" on success; valid until the next poll/wait call on this thread */
 } kvo_job_result;
 
 typedef struct kvo_engine_stats {
@@ -416,8 +421,7 @@ KVO_API kvo_status kvo_manager_query(kvo_manager_t* manager, kvo_block_key key,
  * The array and the key arrays it points to are owned by the manager and stay valid until the
  * next kvo_manager_take_events on it or kvo_manager_destroy. */
 KVO_API kvo_status kvo_manager_take_events(kvo_manager_t* manager,
-                                           const kvo_manager_event** out_events,
-                                           size_t* out_count);
+                                           const kvo_manager_event** out_events, size_t* out_count);
 KVO_API kvo_status kvo_manager_stats_get(kvo_manager_t* manager, kvo_manager_stats* out);
 KVO_API kvo_status kvo_manager_reset_stats(kvo_manager_t* manager);
 
@@ -434,27 +438,27 @@ typedef enum kvo_remote_kind {
 } kvo_remote_kind;
 
 typedef struct kvo_remote_tier_options {
-  uint32_t struct_size;          /* set by kvo_remote_tier_options_init */
-  const char* url;               /* required */
-  uint64_t slot_bytes;           /* geometry: bytes of one rank's slot of one chunk (> 0) */
-  uint32_t world_size;           /* geometry: ranks (> 0) */
-  int replicated;                /* geometry: one copy shared by all ranks (MLA) */
-  const char* tensor_layout;     /* geometry: how a slot packs tensors (NULL: "") */
-  uint64_t block_bytes;          /* geometry: one GPU block of one tensor (0: not given) */
-  uint32_t blocks_per_chunk;     /* geometry (0: not given) */
-  const char* dtype;             /* geometry: element type tag (NULL: "bytes") */
+  uint32_t struct_size;      /* set by kvo_remote_tier_options_init */
+  const char* url;           /* required */
+  uint64_t slot_bytes;       /* geometry: bytes of one rank's slot of one chunk (> 0) */
+  uint32_t world_size;       /* geometry: ranks (> 0) */
+  int replicated;            /* geometry: one copy shared by all ranks (MLA) */
+  const char* tensor_layout; /* geometry: how a slot packs tensors (NULL: "") */
+  uint64_t block_bytes;      /* geometry: one GPU block of one tensor (0: not given) */
+  uint32_t blocks_per_chunk; /* geometry (0: not given) */
+  const char* dtype;         /* geometry: element type tag (NULL: "bytes") */
   uint32_t connect_timeout_ms;
-  uint32_t lookup_timeout_ms;    /* budget of an existence check; then a miss */
+  uint32_t lookup_timeout_ms; /* budget of an existence check; then a miss */
   uint32_t get_timeout_ms;
   uint32_t put_timeout_ms;
-  uint64_t max_inflight_bytes;   /* per node */
-  uint64_t max_queued_bytes;     /* per node; puts beyond it fail at once */
+  uint64_t max_inflight_bytes; /* per node */
+  uint64_t max_queued_bytes;   /* per node; puts beyond it fail at once */
   uint32_t connections_per_node;
-  uint32_t breaker_failures;     /* consecutive failures that open a node's circuit */
+  uint32_t breaker_failures; /* consecutive failures that open a node's circuit */
   uint32_t breaker_backoff_ms;
   uint32_t breaker_backoff_max_ms;
   uint32_t negative_ttl_ms;
-  uint64_t memcached_item_max;   /* memcached -I of the servers */
+  uint64_t memcached_item_max; /* memcached -I of the servers */
 } kvo_remote_tier_options;
 
 /* The defaults of kvoffload::RemoteTierOptions (url NULL, slot_bytes 0: both must be set). */

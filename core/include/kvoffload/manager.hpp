@@ -62,7 +62,7 @@ enum class ManagerSemantics : std::uint8_t {
 KVOFFLOAD_API std::string_view manager_semantics_name(ManagerSemantics semantics) noexcept;
 
 struct ManagerConfig {
-  std::uint64_t num_chunks = 0;        // slots in the region; 1 .. 2^32-2
+  std::uint64_t num_chunks = 0;  // slots in the region; 1 .. 2^32-2
   PolicyKind policy = PolicyKind::kLru;
   // 0: store every key offered. N >= 1: a key is stored only once lookup() has seen it at least
   // N times (as a miss or a hit, counting the current request's lookup). Counts live in a bounded
@@ -108,15 +108,15 @@ KVOFFLOAD_API std::string_view cannot_store_reason_name(CannotStoreReason reason
 struct KVOFFLOAD_API StorePlan {
   StoreStatus status = StoreStatus::kOk;
   CannotStoreReason reason = CannotStoreReason::kNone;
-  std::span<const BlockKey> keys;      // keys to store now, in call order, each once
+  std::span<const BlockKey> keys;            // keys to store now, in call order, each once
   std::span<const std::uint32_t> positions;  // keys[i] is the call's keys[positions[i]]
-  std::span<const SlotIndex> slots;    // slots[i] receives keys[i]; now write-pending
-  std::span<const BlockKey> evicted;   // keys evicted to make room (also a `removed` event)
+  std::span<const SlotIndex> slots;          // slots[i] receives keys[i]; now write-pending
+  std::span<const BlockKey> evicted;         // keys evicted to make room (also a `removed` event)
   std::span<const SlotIndex> evicted_slots;  // the slots they held, evicted[i] in evicted_slots[i]
-  std::uint64_t skipped_present = 0;   // keys dropped: already stored or pending (or repeated)
-  std::uint64_t skipped_threshold = 0; // keys dropped: looked up fewer than store_threshold times
-  std::uint64_t slots_needed = 0;      // new keys that wanted a slot
-  std::uint64_t slots_available = 0;   // free + evictable-and-unprotected slots at the call
+  std::uint64_t skipped_present = 0;    // keys dropped: already stored or pending (or repeated)
+  std::uint64_t skipped_threshold = 0;  // keys dropped: looked up fewer than store_threshold times
+  std::uint64_t slots_needed = 0;       // new keys that wanted a slot
+  std::uint64_t slots_available = 0;    // free + evictable-and-unprotected slots at the call
 
   [[nodiscard]] bool ok() const noexcept { return status == StoreStatus::kOk; }
   // One sentence for logs and errors ("cannot store 12 keys: 3 slots free or evictable, ...").
@@ -135,27 +135,27 @@ struct ManagerEvent {
 
 struct ManagerStats {
   std::uint64_t num_chunks = 0;
-  std::uint64_t ready_chunks = 0;    // slots that may be handed out (Note [Ready slots])
-  std::uint64_t used = 0;            // slots holding a key (write-pending or ready)
-  std::uint64_t write_pending = 0;   // slots with a store in flight
-  std::uint64_t pinned = 0;          // ready slots pinned by at least one reader
-  std::uint64_t evictable = 0;       // ready, unpinned slots
-  double usage = 0;                  // used / num_chunks
-  double write_pending_fraction = 0; // write_pending / num_chunks
-  double pinned_fraction = 0;        // pinned / num_chunks
+  std::uint64_t ready_chunks = 0;     // slots that may be handed out (Note [Ready slots])
+  std::uint64_t used = 0;             // slots holding a key (write-pending or ready)
+  std::uint64_t write_pending = 0;    // slots with a store in flight
+  std::uint64_t pinned = 0;           // ready slots pinned by at least one reader
+  std::uint64_t evictable = 0;        // ready, unpinned slots
+  double usage = 0;                   // used / num_chunks
+  double write_pending_fraction = 0;  // write_pending / num_chunks
+  double pinned_fraction = 0;         // pinned / num_chunks
 
   // Cumulative counters (reset_stats() zeroes them; reset() does not).
-  std::uint64_t lookup_keys = 0;     // keys passed to lookup
-  std::uint64_t hits = 0;            // ... found ready
-  std::uint64_t hits_pending = 0;    // ... found write-pending
-  std::uint64_t misses = 0;          // ... not found
-  std::uint64_t stores_prepared = 0; // keys given a slot by prepare_store
+  std::uint64_t lookup_keys = 0;      // keys passed to lookup
+  std::uint64_t hits = 0;             // ... found ready
+  std::uint64_t hits_pending = 0;     // ... found write-pending
+  std::uint64_t misses = 0;           // ... not found
+  std::uint64_t stores_prepared = 0;  // keys given a slot by prepare_store
   std::uint64_t stores_completed = 0;
-  std::uint64_t stores_failed = 0;   // complete_store(success = false) keys
+  std::uint64_t stores_failed = 0;  // complete_store(success = false) keys
   std::uint64_t stores_skipped_threshold = 0;
   std::uint64_t allocation_failures = 0;  // prepare_store calls that returned kCannotStore
-  std::uint64_t evictions = 0;       // keys evicted by prepare_store
-  std::uint64_t loads_prepared = 0;  // key pins taken by prepare_load
+  std::uint64_t evictions = 0;            // keys evicted by prepare_store
+  std::uint64_t loads_prepared = 0;       // key pins taken by prepare_load
   std::uint64_t loads_completed = 0;
 
   PolicyCounters policy;

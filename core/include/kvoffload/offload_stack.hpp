@@ -36,8 +36,8 @@ namespace kvoffload {
 
 enum class InitStep : std::uint8_t {
   kRegion = 0,
-  kPrimary = 1,         // the Manager
-  kSecondary = 2,       // one per tier (index = position in the config)
+  kPrimary = 1,    // the Manager
+  kSecondary = 2,  // one per tier (index = position in the config)
   kTieredStore = 3,
   kRuntime = 4,         // worker: the device runtime
   kTransferEngine = 5,  // worker: the transfer engine (host registration)
@@ -51,16 +51,17 @@ struct InitHooks {
   std::function<Region(const RegionOptions&)> make_region;
   std::function<std::unique_ptr<SecondaryTier>(const FileTierOptions&)> make_file_tier;
   std::function<std::unique_ptr<SecondaryTier>(const RemoteTierOptions&)> make_remote_tier;
-  std::function<std::unique_ptr<DeviceRuntime>(std::string_view, const RuntimeOptions&)> make_runtime;
+  std::function<std::unique_ptr<DeviceRuntime>(std::string_view, const RuntimeOptions&)>
+      make_runtime;
   // Called by close() right after each resource is released (also on a failed build), so tests
   // can record the release order. Kept by the built object; must not throw.
   std::function<void(InitStep step, std::size_t index)> after_release;
 };
 
 struct StackConfig {
-  RegionOptions region;                    // the scheduler maps it unranked (rank = nullopt)
-  ManagerConfig manager;                   // num_chunks 0: the region's; else must equal it
-  std::vector<FileTierOptions> file_tiers; // secondary tiers, fastest first
+  RegionOptions region;                     // the scheduler maps it unranked (rank = nullopt)
+  ManagerConfig manager;                    // num_chunks 0: the region's; else must equal it
+  std::vector<FileTierOptions> file_tiers;  // secondary tiers, fastest first
   // Distributed tiers, after the file tiers. Their geometry's slot_bytes, world_size and
   // replicated must match the region's layout (the fingerprint is computed from them).
   std::vector<RemoteTierOptions> remote_tiers;
@@ -71,7 +72,8 @@ KVOFFLOAD_API void validate(const StackConfig& config);
 
 class KVOFFLOAD_API OffloadStack {
  public:
-  static std::unique_ptr<OffloadStack> build(const StackConfig& config, const InitHooks& hooks = {});
+  static std::unique_ptr<OffloadStack> build(const StackConfig& config,
+                                             const InitHooks& hooks = {});
   ~OffloadStack();
   OffloadStack(const OffloadStack&) = delete;
   OffloadStack& operator=(const OffloadStack&) = delete;
@@ -79,7 +81,9 @@ class KVOFFLOAD_API OffloadStack {
   [[nodiscard]] Region& region() noexcept { return *region_; }
   [[nodiscard]] Manager& manager() noexcept { return *manager_; }
   [[nodiscard]] TieredStore& store() noexcept { return *store_; }
-  [[nodiscard]] std::span<const std::unique_ptr<SecondaryTier>> tiers() const noexcept { return tiers_; }
+  [[nodiscard]] std::span<const std::unique_ptr<SecondaryTier>> tiers() const noexcept {
+    return tiers_;
+  }
 
   // Drains the store, then releases tiers (reverse order), manager and region. Idempotent, never
   // throws; false when a step failed (logged; every later step still runs).
@@ -95,8 +99,8 @@ class KVOFFLOAD_API OffloadStack {
 };
 
 struct WorkerConfig {
-  RegionOptions region;                // rank required
-  std::string backend = "auto";        // make_runtime name
+  RegionOptions region;          // rank required
+  std::string backend = "auto";  // make_runtime name
   RuntimeOptions runtime;
   std::vector<KvGroup> groups;
   std::uint32_t blocks_per_chunk = 0;  // > 0
@@ -111,7 +115,8 @@ KVOFFLOAD_API void validate(const WorkerConfig& config);
 
 class KVOFFLOAD_API OffloadWorker {
  public:
-  static std::unique_ptr<OffloadWorker> build(const WorkerConfig& config, const InitHooks& hooks = {});
+  static std::unique_ptr<OffloadWorker> build(const WorkerConfig& config,
+                                              const InitHooks& hooks = {});
   ~OffloadWorker();
   OffloadWorker(const OffloadWorker&) = delete;
   OffloadWorker& operator=(const OffloadWorker&) = delete;

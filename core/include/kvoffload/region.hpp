@@ -12,8 +12,8 @@
 // Errors are kvoffload::Error; nothing is left behind (file, descriptor, mapping) when
 // create_or_join throws.
 
-#include <kvoffload/error.hpp>
 #include <kvoffload/export.h>
+#include <kvoffload/error.hpp>
 #include <kvoffload/geometry.hpp>
 
 #include <chrono>
@@ -38,11 +38,18 @@ enum class PopulateMethod { kMadvise, kFallback, kNone };
 // returns once the region is mapped; a thread brings the slots up piece by piece.
 enum class BringupMode { kBlocking, kBackground };
 // A mapper's bring-up. Values are stored in the region header: do not renumber.
-enum class BringupState : std::uint32_t { kPending = 0, kRunning = 1, kReady = 2, kFailed = 3, kStopped = 4 };
+enum class BringupState : std::uint32_t {
+  kPending = 0,
+  kRunning = 1,
+  kReady = 2,
+  kFailed = 3,
+  kStopped = 4
+};
 
-KVOFFLOAD_API std::string_view to_string(RegionRole role) noexcept;      // "creator" | "joiner"
-KVOFFLOAD_API std::string_view to_string(PopulateMethod m) noexcept;     // "madvise" | "fallback" | "none"
-KVOFFLOAD_API std::string_view to_string(BringupMode m) noexcept;        // "blocking" | "background"
+KVOFFLOAD_API std::string_view to_string(RegionRole role) noexcept;  // "creator" | "joiner"
+KVOFFLOAD_API std::string_view to_string(
+    PopulateMethod m) noexcept;  // "madvise" | "fallback" | "none"
+KVOFFLOAD_API std::string_view to_string(BringupMode m) noexcept;  // "blocking" | "background"
 // "pending" | "running" | "ready" | "failed" | "stopped"
 KVOFFLOAD_API std::string_view to_string(BringupState s) noexcept;
 // "blocking" | "background"; anything else throws kInvalidArgument naming the value.
@@ -51,22 +58,23 @@ KVOFFLOAD_API BringupMode parse_bringup_mode(std::string_view name);
 inline constexpr std::uint64_t kDefaultBringupPieceBytes = std::uint64_t{1} << 30;
 
 struct RegionOptions {
-  std::string engine_id;                     // 1..128 of [A-Za-z0-9._-], not "." or ".."
+  std::string engine_id;  // 1..128 of [A-Za-z0-9._-], not "." or ".."
   RegionLayout layout;
-  std::optional<std::uint32_t> rank;         // nullopt: an unranked mapper (the scheduler)
-  std::filesystem::path shm_dir;             // empty: $KVOFFLOAD_SHM_DIR, else /dev/shm
+  std::optional<std::uint32_t> rank;  // nullopt: an unranked mapper (the scheduler)
+  std::filesystem::path shm_dir;      // empty: $KVOFFLOAD_SHM_DIR, else /dev/shm
   std::chrono::milliseconds join_timeout{30'000};
-  unsigned populate_threads = 1;             // >= 1
-  bool populate = true;                      // pre-fault after mapping
-  const Syscalls* syscalls = nullptr;        // nullptr: the real system calls; a table given
-                                             // here must outlive the Region (tests only)
+  unsigned populate_threads = 1;       // >= 1
+  bool populate = true;                // pre-fault after mapping
+  const Syscalls* syscalls = nullptr;  // nullptr: the real system calls; a table given
+                                       // here must outlive the Region (tests only)
   BringupMode bringup = BringupMode::kBlocking;
   // Region bytes per bring-up piece (> 0): rows are made ready max(1, this / row_stride) at a time.
   std::uint64_t bringup_piece_bytes = kDefaultBringupPieceBytes;
   // Called for every piece of a ranked mapper once its pages are allocated and populated, before
   // the piece is published as ready (on GPU ranks: register `rows` with the device). Runs on the
   // bring-up thread in background mode; an exception fails the bring-up (state kFailed).
-  std::function<void(std::span<std::byte> rows, std::uint64_t first_chunk, std::uint64_t num_chunks)>
+  std::function<void(std::span<std::byte> rows, std::uint64_t first_chunk,
+                     std::uint64_t num_chunks)>
       on_piece_ready;
 };
 
@@ -89,7 +97,7 @@ struct BringupStatus {
 
 struct PopulateReport {
   PopulateMethod method = PopulateMethod::kNone;
-  std::uint64_t bytes = 0;                   // bytes pre-faulted by this process
+  std::uint64_t bytes = 0;  // bytes pre-faulted by this process
   double seconds = 0.0;
 };
 
@@ -140,9 +148,10 @@ class KVOFFLOAD_API Region {
   // uses it to unregister host memory (teardown order: unregister, munmap, close).
   void add_teardown_hook(std::function<void()> hook);
 
-  // Detaches: stops and joins a background bring-up, hooks, munmap, releases the shared lock, close; the last process out unlinks the
-  // file (only if the path still names our inode). Idempotent, never throws; returns false when a
-  // step failed (each failure is logged; every later step still runs).
+  // Detaches: stops and joins a background bring-up, hooks, munmap, releases the shared lock,
+  // close; the last process out unlinks the file (only if the path still names our inode).
+  // Idempotent, never throws; returns false when a step failed (each failure is logged; every later
+  // step still runs).
   bool close() noexcept;
 
  private:
@@ -162,9 +171,9 @@ struct RegionInfo {
   std::filesystem::path path;
   std::string engine_id;
   std::uint64_t file_bytes = 0;
-  std::uint32_t attached = 0;     // processes holding the shared lock (from /proc/locks)
-  bool stale = false;             // no holder
-  bool complete = false;          // header says the region finished creation
+  std::uint32_t attached = 0;              // processes holding the shared lock (from /proc/locks)
+  bool stale = false;                      // no holder
+  bool complete = false;                   // header says the region finished creation
   std::optional<RegionGeometry> geometry;  // when the header is readable
   // Empty for a region file; otherwise why this entry, named like a region, is not one we could
   // read ("a FIFO, not a region file", "a directory, ...", "no region header ..."). Such entries
@@ -175,16 +184,16 @@ struct RegionInfo {
 // Regions in `shm_dir`, counted without taking any lock. An entry that is not a readable region
 // is listed with its `problem`; it never fails or stalls the listing.
 KVOFFLOAD_API std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
-                                     const Syscalls* syscalls = nullptr);
+                                                   const Syscalls* syscalls = nullptr);
 
 struct CleanResult {
   std::vector<std::filesystem::path> removed;
-  std::vector<std::filesystem::path> kept;    // in use (or not ours to remove)
+  std::vector<std::filesystem::path> kept;  // in use (or not ours to remove)
   struct Skipped {
     std::filesystem::path path;
-    std::string reason;                       // "a FIFO, not a region file", ...
+    std::string reason;  // "a FIFO, not a region file", ...
   };
-  std::vector<Skipped> skipped;               // named like a region but not one: left alone
+  std::vector<Skipped> skipped;  // named like a region but not one: left alone
 };
 
 // Removes stale regions (all, or only `engine_id`'s). Never removes a region in use, another

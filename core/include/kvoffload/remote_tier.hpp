@@ -73,7 +73,9 @@ struct KVOFFLOAD_API RemoteGeometry {
   std::uint64_t slot_stride = 0;
 
   [[nodiscard]] std::uint32_t copies() const noexcept { return replicated ? 1 : world_size; }
-  [[nodiscard]] std::uint64_t stride() const noexcept { return slot_stride != 0 ? slot_stride : slot_bytes; }
+  [[nodiscard]] std::uint64_t stride() const noexcept {
+    return slot_stride != 0 ? slot_stride : slot_bytes;
+  }
   // xxh3-64 of describe(); includes the value format version.
   [[nodiscard]] std::uint64_t fingerprint() const;
   // The canonical text the fingerprint hashes.
@@ -182,6 +184,7 @@ struct KVOFFLOAD_API RemoteCheckReport {
   [[nodiscard]] bool reachable() const noexcept;  // at least one node answered
 };
 
-KVOFFLOAD_API RemoteCheckReport check_remote(const RemoteUrl& url, std::chrono::milliseconds timeout);
+KVOFFLOAD_API RemoteCheckReport check_remote(const RemoteUrl& url,
+                                             std::chrono::milliseconds timeout);
 
 }  // namespace kvoffload

@@ -1,10 +1,11 @@
 #pragma once
 // The test seam of the platform layer (STYLE.md "Test seams"): every system call the region code
 // makes on its create, join, populate, teardown, list and clean paths, and every call the file
-// tier makes on its records, goes through one of these function pointers. The real table is real_syscalls(); tests copy it and replace entries with
-// functions that fail the Nth call with a chosen errno, record the call order, or pause / kill the
-// process at a chosen point. There is no global state: `context` is handed back to every call, so
-// tests with different fault plans can run side by side.
+// tier makes on its records, goes through one of these function pointers. The real table is
+// real_syscalls(); tests copy it and replace entries with functions that fail the Nth call with a
+// chosen errno, record the call order, or pause / kill the process at a chosen point. There is no
+// global state: `context` is handed back to every call, so tests with different fault plans can run
+// side by side.
 //
 // Conventions: each entry behaves like the libc call of the same name (returns -1 / MAP_FAILED and
 // sets errno on failure). The real table retries nothing; callers handle EINTR where it applies.
@@ -56,7 +57,8 @@ struct Syscalls {
   int (*fdatasync)(void* ctx, int fd) = nullptr;
   // fcntl with an int argument (F_GETFL / F_SETFL).
   int (*fcntl_int)(void* ctx, int fd, int cmd, int arg) = nullptr;
-  int (*renameat)(void* ctx, int olddirfd, const char* oldpath, int newdirfd, const char* newpath) = nullptr;
+  int (*renameat)(void* ctx, int olddirfd, const char* oldpath, int newdirfd,
+                  const char* newpath) = nullptr;
   int (*mkdirat)(void* ctx, int dirfd, const char* path, mode_t mode) = nullptr;
 };
 

@@ -37,8 +37,8 @@ KVOFFLOAD_API std::string_view to_string(
 struct TierItemResult {
   BlockKey key{};
   TierItemStatus status = TierItemStatus::kFailed;
-  int sys_errno = 0;      // errno of the failing call, 0 when none
-  std::string detail;     // why a miss or a failure happened ("checksum mismatch", "open: ...")
+  int sys_errno = 0;   // errno of the failing call, 0 when none
+  std::string detail;  // why a miss or a failure happened ("checksum mismatch", "open: ...")
 };
 
 // One item to store: `bytes` is read asynchronously and must stay valid and unchanged until the
@@ -106,21 +106,22 @@ enum class TierPresence : std::uint8_t {
   kPresent = 1,  // held: promotable (a strong hint; a get can still miss)
   kPending = 2,  // a check is in flight: ask again later (vLLM's LookupResult.RETRY)
 };
-KVOFFLOAD_API std::string_view to_string(TierPresence presence) noexcept;  // "absent" | "present" | "pending"
+KVOFFLOAD_API std::string_view to_string(
+    TierPresence presence) noexcept;  // "absent" | "present" | "pending"
 
 struct TierStats {
-  std::uint64_t entries = 0;          // keys the tier holds (ready)
-  std::uint64_t bytes = 0;            // bytes they occupy (files, including headers)
+  std::uint64_t entries = 0;  // keys the tier holds (ready)
+  std::uint64_t bytes = 0;    // bytes they occupy (files, including headers)
   std::uint64_t capacity_bytes = 0;
   std::uint64_t puts_ok = 0;
   std::uint64_t puts_failed = 0;
   std::uint64_t gets_ok = 0;
   std::uint64_t gets_miss = 0;
   std::uint64_t gets_failed = 0;
-  std::uint64_t corrupt = 0;          // records rejected on read (short, checksum, key, length)
-  std::uint64_t evictions = 0;        // records removed to stay within capacity
-  std::uint64_t in_flight = 0;        // items queued or running
-  bool direct_io = false;             // O_DIRECT in use right now
+  std::uint64_t corrupt = 0;    // records rejected on read (short, checksum, key, length)
+  std::uint64_t evictions = 0;  // records removed to stay within capacity
+  std::uint64_t in_flight = 0;  // items queued or running
+  bool direct_io = false;       // O_DIRECT in use right now
 };
 
 class KVOFFLOAD_API SecondaryTier {

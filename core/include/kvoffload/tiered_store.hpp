@@ -54,9 +54,9 @@ struct KVOFFLOAD_API PrimaryRows {
 
 enum class TierLocation : std::uint8_t {
   kMiss = 0,
-  kPrimary = 1,         // ready in the region
-  kPrimaryPending = 2,  // a primary store (or promotion) in flight
-  kSecondary = 3,       // held by a secondary tier: promotable
+  kPrimary = 1,           // ready in the region
+  kPrimaryPending = 2,    // a primary store (or promotion) in flight
+  kSecondary = 3,         // held by a secondary tier: promotable
   kSecondaryPending = 4,  // a tier's existence check is in flight: ask again (vLLM's RETRY)
 };
 
@@ -67,27 +67,27 @@ struct TieredLookup {
 };
 
 struct PromoteTicket {
-  std::uint64_t id = 0;                         // 0: nothing was started
+  std::uint64_t id = 0;  // 0: nothing was started
   StoreStatus status = StoreStatus::kOk;
   CannotStoreReason reason = CannotStoreReason::kNone;
-  std::vector<BlockKey> keys;                   // being promoted (write-pending now)
-  std::vector<BlockKey> evicted;                // primary keys evicted to make room
+  std::vector<BlockKey> keys;     // being promoted (write-pending now)
+  std::vector<BlockKey> evicted;  // primary keys evicted to make room
 };
 
 struct PromoteCompletion {
   std::uint64_t id = 0;
-  std::vector<BlockKey> promoted;               // ready in the primary now, bytes verified
-  std::vector<TierItemResult> failed;           // misses and errors, per key (slots freed)
+  std::vector<BlockKey> promoted;      // ready in the primary now, bytes verified
+  std::vector<TierItemResult> failed;  // misses and errors, per key (slots freed)
 };
 
 struct TieredStats {
-  std::uint64_t offload_keys = 0;       // key x tier writes started
+  std::uint64_t offload_keys = 0;  // key x tier writes started
   std::uint64_t offload_ok = 0;
   std::uint64_t offload_failed = 0;
-  std::uint64_t promote_keys = 0;       // keys whose promotion started
+  std::uint64_t promote_keys = 0;  // keys whose promotion started
   std::uint64_t promoted = 0;
   std::uint64_t promote_failed = 0;
-  std::uint64_t offloads_in_flight = 0; // tier batches
+  std::uint64_t offloads_in_flight = 0;  // tier batches
   std::uint64_t promotions_in_flight = 0;
 };
 
@@ -108,7 +108,8 @@ class KVOFFLOAD_API TieredStore {
 
   // Starts promoting the keys of `keys` that the primary lacks and a tier holds. Never evicts a
   // key of `keys` nor of `protected_keys`. A "cannot store" ticket has id 0 and changed nothing.
-  PromoteTicket promote(std::span<const BlockKey> keys, std::span<const BlockKey> protected_keys = {});
+  PromoteTicket promote(std::span<const BlockKey> keys,
+                        std::span<const BlockKey> protected_keys = {});
 
   // Non-blocking: finishes what the tiers completed (releases offload pins, completes promoted
   // stores) and returns the promotions that finished.

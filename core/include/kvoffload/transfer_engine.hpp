@@ -4,8 +4,9 @@
 //
 //   auto rt = kvoffload::make_runtime("auto");
 //   kvoffload::TransferEngine engine(*rt, layout);            // or (rt, region, rank, groups, bpc)
-//   engine.submit(JobId{7}, Direction::kStore, spec, WaitOn::stream(StreamView::from_native(torch_stream)));
-//   for (const JobResult& r : engine.poll()) { ... r.success ... }
+//   engine.submit(JobId{7}, Direction::kStore, spec,
+//   WaitOn::stream(StreamView::from_native(torch_stream))); for (const JobResult& r :
+//   engine.poll()) { ... r.success ... }
 //
 // - submit() plans the job (validation, coalescing, path choice) on the caller's thread, makes the
 //   direction's stream wait for `wait_on` (the engine's compute stream or an event), enqueues the
@@ -42,9 +43,9 @@ struct JobResult {
   JobId job_id{};
   Direction direction = Direction::kStore;
   bool success = false;
-  std::uint64_t bytes = 0;      // bytes the job copies (planned), also set for failed jobs
-  double seconds = 0.0;         // copy time on the stream (after the wait), 0 when failed
-  std::string error;            // empty on success
+  std::uint64_t bytes = 0;  // bytes the job copies (planned), also set for failed jobs
+  double seconds = 0.0;     // copy time on the stream (after the wait), 0 when failed
+  std::string error;        // empty on success
 };
 
 // What a job waits for before its copies start.
@@ -53,13 +54,19 @@ class KVOFFLOAD_API WaitOn {
   constexpr WaitOn() noexcept = default;
   static constexpr WaitOn nothing() noexcept { return {}; }
   // Everything enqueued on `stream` so far (an event is recorded on it at submit).
-  static constexpr WaitOn stream(StreamView s) noexcept { return WaitOn(Kind::kStream, s.native()); }
+  static constexpr WaitOn stream(StreamView s) noexcept {
+    return WaitOn(Kind::kStream, s.native());
+  }
   static constexpr WaitOn event(EventView e) noexcept { return WaitOn(Kind::kEvent, e.native()); }
 
   enum class Kind : std::uint8_t { kNothing, kStream, kEvent };
   [[nodiscard]] constexpr Kind kind() const noexcept { return kind_; }
-  [[nodiscard]] constexpr StreamView stream_view() const noexcept { return StreamView::from_native(handle_); }
-  [[nodiscard]] constexpr EventView event_view() const noexcept { return EventView::from_native(handle_); }
+  [[nodiscard]] constexpr StreamView stream_view() const noexcept {
+    return StreamView::from_native(handle_);
+  }
+  [[nodiscard]] constexpr EventView event_view() const noexcept {
+    return EventView::from_native(handle_);
+  }
 
  private:
   constexpr WaitOn(Kind kind, std::uintptr_t handle) noexcept : kind_(kind), handle_(handle) {}
@@ -75,11 +82,11 @@ struct PathPolicy {
 };
 
 struct EngineOptions {
-  bool register_host = true;       // register the host buffer (needed for the kernel path)
-  bool allow_kernel = true;        // false: DMA only
+  bool register_host = true;  // register the host buffer (needed for the kernel path)
+  bool allow_kernel = true;   // false: DMA only
   PathPolicy store_policy{};
   PathPolicy load_policy{};
-  bool calibrate = false;          // run calibrate() in the constructor
+  bool calibrate = false;                        // run calibrate() in the constructor
   std::uint64_t calibration_bytes = 8ull << 20;  // bytes moved per measurement (>= 256 KiB)
 };
 
@@ -90,8 +97,8 @@ struct EngineStats {
   std::uint64_t bytes_succeeded = 0;
   std::uint64_t dma_batches = 0;
   std::uint64_t kernel_batches = 0;
-  std::uint64_t fragments = 0;       // (block, tensor) pieces planned
-  std::uint64_t descriptors = 0;     // copies after coalescing
+  std::uint64_t fragments = 0;         // (block, tensor) pieces planned
+  std::uint64_t descriptors = 0;       // copies after coalescing
   std::uint64_t last_descriptors = 0;  // of the most recent job
   bool host_registered = false;
 };
@@ -106,9 +113,9 @@ struct CalibrationPoint {
 
 struct CalibrationReport {
   std::vector<CalibrationPoint> points;
-  PathPolicy store_policy;   // what the engine uses now
+  PathPolicy store_policy;  // what the engine uses now
   PathPolicy load_policy;
-  bool ran = false;          // false when the kernel path is unavailable (nothing to compare)
+  bool ran = false;  // false when the kernel path is unavailable (nothing to compare)
 };
 
 class KVOFFLOAD_API TransferEngine {
@@ -117,8 +124,9 @@ class KVOFFLOAD_API TransferEngine {
   TransferEngine(DeviceRuntime& runtime, KvLayout layout, EngineOptions options = {});
   // Host slots of `rank` in `region` (ranked or replicated). Registers the whole region data and
   // adds a teardown hook so the region's close() shuts the engine down (unregister before munmap).
-  TransferEngine(DeviceRuntime& runtime, Region& region, std::uint32_t rank, std::vector<KvGroup> groups,
-                 std::uint32_t blocks_per_chunk, EngineOptions options = {});
+  TransferEngine(DeviceRuntime& runtime, Region& region, std::uint32_t rank,
+                 std::vector<KvGroup> groups, std::uint32_t blocks_per_chunk,
+                 EngineOptions options = {});
   TransferEngine(TransferEngine&&) noexcept;
   TransferEngine& operator=(TransferEngine&&) noexcept;
   TransferEngine(const TransferEngine&) = delete;

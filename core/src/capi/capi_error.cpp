@@ -38,7 +38,8 @@ kvo_status set_last_error(kvo_status code, const char* message, int sys_errno,
   } catch (...) {
     e.message.clear();
     e.call.clear();
-    e.fallback = "kvoffload: an error occurred, and its message could not be stored (out of memory)";
+    e.fallback =
+        "kvoffload: an error occurred, and its message could not be stored (out of memory)";
   }
   return code;
 }
@@ -64,9 +65,15 @@ const char* kvo_last_error_message(void) {
   const auto& e = kvoffload::capi::last_error();
   return e.fallback != nullptr ? e.fallback : e.message.c_str();
 }
-kvo_status kvo_last_error_code(void) { return kvoffload::capi::last_error().code; }
-int kvo_last_error_errno(void) { return kvoffload::capi::last_error().sys_errno; }
-const char* kvo_last_error_call(void) { return kvoffload::capi::last_error().call.c_str(); }
+kvo_status kvo_last_error_code(void) {
+  return kvoffload::capi::last_error().code;
+}
+int kvo_last_error_errno(void) {
+  return kvoffload::capi::last_error().sys_errno;
+}
+const char* kvo_last_error_call(void) {
+  return kvoffload::capi::last_error().call.c_str();
+}
 
 const char* kvo_status_name(kvo_status status) {
   // error_code_name returns views of string literals, so .data() is NUL-terminated.
@@ -74,6 +81,8 @@ const char* kvo_status_name(kvo_status status) {
   return kvoffload::error_code_name(static_cast<kvoffload::ErrorCode>(status)).data();
 }
 
-const char* kvo_version(void) { return KVOFFLOAD_VERSION_STRING; }
+const char* kvo_version(void) {
+  return KVOFFLOAD_VERSION_STRING;
+}
 
 }  // extern "C"

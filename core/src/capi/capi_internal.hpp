@@ -2,8 +2,8 @@
 // Shared plumbing of the C API: the thread-local last error and the guard that turns every C++
 // exception into a kvo_status, so no exception crosses the C boundary.
 
-#include <kvoffload/error.hpp>
 #include <kvoffload/kvoffload.h>
+#include <kvoffload/error.hpp>
 
 #include <cstring>
 #include <string>
@@ -34,7 +34,8 @@ inline void require_arg(const void* ptr, const char* function, const char* name)
                 std::string(function) + ": argument '" + name + "' is NULL");
   }
 }
-[[noreturn]] inline void invalid_arg(const char* function, const char* name, const std::string& why) {
+[[noreturn]] inline void invalid_arg(const char* function, const char* name,
+                                     const std::string& why) {
   throw Error(ErrorCode::kInvalidArgument,
               std::string(function) + ": argument '" + name + "' " + why);
 }

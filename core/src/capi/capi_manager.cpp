@@ -11,14 +11,18 @@
 #include <string>
 
 using kvoffload::BlockKey;
-using kvoffload::capi::guarded;
 using kvoffload::capi::enum_value;
+using kvoffload::capi::guarded;
 using kvoffload::capi::invalid_arg;
 
 namespace {
 
-BlockKey to_key(const kvo_block_key& k) noexcept { return BlockKey(k.hi, k.lo); }
-kvo_block_key to_c(const BlockKey& k) noexcept { return kvo_block_key{k.hi(), k.lo()}; }
+BlockKey to_key(const kvo_block_key& k) noexcept {
+  return BlockKey(k.hi, k.lo);
+}
+kvo_block_key to_c(const BlockKey& k) noexcept {
+  return kvo_block_key{k.hi(), k.lo()};
+}
 
 // Copies a C key array into `scratch` (reused) and returns it as a span. NULL is allowed only
 // for count 0.
@@ -95,8 +99,12 @@ kvo_status kvo_manager_create(const kvo_manager_options* options, kvo_manager_t*
     kvoffload::ManagerConfig config;
     config.num_chunks = options->num_chunks;
     switch (enum_value(options->policy)) {
-      case KVO_POLICY_LRU: config.policy = kvoffload::PolicyKind::kLru; break;
-      case KVO_POLICY_ARC: config.policy = kvoffload::PolicyKind::kArc; break;
+      case KVO_POLICY_LRU:
+        config.policy = kvoffload::PolicyKind::kLru;
+        break;
+      case KVO_POLICY_ARC:
+        config.policy = kvoffload::PolicyKind::kArc;
+        break;
       default:
         invalid_arg(fn, "options->policy",
                     "is " + std::to_string(enum_value(options->policy)) +
@@ -109,7 +117,9 @@ kvo_status kvo_manager_create(const kvo_manager_options* options, kvo_manager_t*
   });
 }
 
-void kvo_manager_destroy(kvo_manager_t* manager) { delete manager; }
+void kvo_manager_destroy(kvo_manager_t* manager) {
+  delete manager;
+}
 
 kvo_status kvo_manager_lookup(kvo_manager_t* manager, const kvo_block_key* keys, size_t count,
                               kvo_lookup_result* results, size_t* out_hit_prefix) {
@@ -154,14 +164,10 @@ kvo_status kvo_manager_prepare_store(kvo_manager_t* manager, const kvo_block_key
     if (evicted_out != nullptr) {
       for (size_t i = 0; i < sp.evicted.size(); ++i) evicted_out[i] = to_c(sp.evicted[i]);
     }
-    *plan = kvo_store_plan{sp.ok() ? 1 : 0,
-                           static_cast<kvo_cannot_store_reason>(sp.reason),
-                           sp.keys.size(),
-                           sp.evicted.size(),
-                           sp.skipped_present,
-                           sp.skipped_threshold,
-                           sp.slots_needed,
-                           sp.slots_available};
+    *plan = kvo_store_plan{sp.ok() ? 1 : 0,    static_cast<kvo_cannot_store_reason>(sp.reason),
+                           sp.keys.size(),     sp.evicted.size(),
+                           sp.skipped_present, sp.skipped_threshold,
+                           sp.slots_needed,    sp.slots_available};
   });
 }
 
@@ -175,8 +181,8 @@ kvo_status kvo_manager_complete_store(kvo_manager_t* manager, const kvo_block_ke
   });
 }
 
-kvo_status kvo_manager_prepare_load(kvo_manager_t* manager, const kvo_block_key* keys,
-                                    size_t count, uint32_t* slots_out) {
+kvo_status kvo_manager_prepare_load(kvo_manager_t* manager, const kvo_block_key* keys, size_t count,
+                                    uint32_t* slots_out) {
   const char* const fn = __func__;
   return guarded(fn, [&] {
     auto& h = handle(manager, fn);

@@ -1,6 +1,6 @@
 // C API over kvoffload::Region.
-#include "capi/capi_internal.hpp"
 #include "capi/capi_handles.hpp"
+#include "capi/capi_internal.hpp"
 
 #include <kvoffload/region.hpp>
 
@@ -84,10 +84,9 @@ kvo_status kvo_region_geometry_get(const kvo_region_t* region, kvo_region_geomet
     const auto& r = open_region(region, fn);
     KVO_ARG(out);
     const auto& g = r.geometry();
-    *out = kvo_region_geometry{g.num_chunks(),  g.slot_bytes(), g.world_size(),
-                               g.copies(),      g.replicated() ? 1 : 0,
-                               g.row_stride(),  g.data_bytes(), g.page_size(),
-                               g.slot_align(),  g.slot_stride()};
+    *out = kvo_region_geometry{
+        g.num_chunks(), g.slot_bytes(), g.world_size(), g.copies(),     g.replicated() ? 1 : 0,
+        g.row_stride(), g.data_bytes(), g.page_size(),  g.slot_align(), g.slot_stride()};
   });
 }
 
@@ -151,8 +150,8 @@ kvo_status kvo_region_data(const kvo_region_t* region, void** out_data, uint64_t
   });
 }
 
-kvo_status kvo_region_slot(const kvo_region_t* region, uint64_t chunk, int32_t rank,
-                           void** out_ptr, uint64_t* out_bytes) {
+kvo_status kvo_region_slot(const kvo_region_t* region, uint64_t chunk, int32_t rank, void** out_ptr,
+                           uint64_t* out_bytes) {
   const char* const fn = __func__;
   return guarded(fn, [&] {
     const auto& r = open_region(region, fn);
@@ -188,8 +187,9 @@ kvo_status kvo_region_close(kvo_region_t* region) {
   delete region;
   if (!clean) {
     return kvoffload::capi::set_last_error(
-        KVO_SYSTEM, "kvo_region_close: a teardown step failed (the log names it); the region "
-                    "is detached and the handle freed");
+        KVO_SYSTEM,
+        "kvo_region_close: a teardown step failed (the log names it); the region "
+        "is detached and the handle freed");
   }
   return KVO_OK;
 }
@@ -197,9 +197,9 @@ kvo_status kvo_region_close(kvo_region_t* region) {
 kvo_status kvo_region_clean(const char* shm_dir, const char* engine_id, uint32_t* out_removed) {
   const char* const fn = __func__;
   return guarded(fn, [&] {
-    std::filesystem::path dir =
-        shm_dir != nullptr && *shm_dir != '\0' ? std::filesystem::path(shm_dir)
-                                               : kvoffload::default_shm_dir();
+    std::filesystem::path dir = shm_dir != nullptr && *shm_dir != '\0'
+                                    ? std::filesystem::path(shm_dir)
+                                    : kvoffload::default_shm_dir();
     std::optional<std::string> id;
     if (engine_id != nullptr) id = engine_id;
     auto result = kvoffload::clean_regions(dir, id);

@@ -15,8 +15,8 @@
 
 using kvoffload::Error;
 using kvoffload::ErrorCode;
-using kvoffload::capi::guarded;
 using kvoffload::capi::enum_value;
+using kvoffload::capi::guarded;
 using kvoffload::capi::invalid_arg;
 
 namespace {
@@ -44,8 +44,9 @@ void release(kvo_runtime& rt, std::unordered_map<std::uint64_t, Owner>& map, std
     std::lock_guard lock(rt.mutex);
     auto it = map.find(handle);
     if (it == map.end()) {
-      throw Error(ErrorCode::kNotFound, std::string(fn) + ": " + what + " " + std::to_string(handle) +
-                                            " was not made by " + creator + " on this runtime");
+      throw Error(ErrorCode::kNotFound, std::string(fn) + ": " + what + " " +
+                                            std::to_string(handle) + " was not made by " + creator +
+                                            " on this runtime");
     }
     victim = std::move(it->second);
     map.erase(it);
@@ -70,7 +71,10 @@ kvo_job_result to_c(const kvoffload::JobResult& r) {
   if (!r.error.empty()) error = result_errors().emplace_back(r.error).c_str();
   return kvo_job_result{static_cast<uint64_t>(r.job_id),
                         r.direction == kvoffload::Direction::kStore ? KVO_STORE : KVO_LOAD,
-                        r.success ? 1 : 0, r.bytes, r.seconds, error};
+                        r.success ? 1 : 0,
+                        r.bytes,
+                        r.seconds,
+                        error};
 }
 
 std::vector<kvoffload::KvGroup> groups_of(const kvo_kv_group* groups, size_t num_groups,
@@ -108,7 +112,9 @@ kvoffload::EngineOptions options_of(const kvo_engine_options* o, const char* fun
   return opts;
 }
 
-kvo_status status_of(bool ok) { return ok ? KVO_OK : KVO_DEVICE; }
+kvo_status status_of(bool ok) {
+  return ok ? KVO_OK : KVO_DEVICE;
+}
 
 }  // namespace
 
@@ -128,7 +134,9 @@ kvo_status kvo_runtime_create(const char* backend, int device, kvo_runtime_t** o
   });
 }
 
-void kvo_runtime_destroy(kvo_runtime_t* runtime) { delete runtime; }
+void kvo_runtime_destroy(kvo_runtime_t* runtime) {
+  delete runtime;
+}
 
 kvo_status kvo_runtime_name(const kvo_runtime_t* runtime, const char** out) {
   const char* const fn = __func__;
@@ -247,8 +255,9 @@ kvo_status kvo_registration_destroy(kvo_registration_t* registration) {
   delete registration;
   if (!ok) {
     return kvoffload::capi::set_last_error(
-        KVO_DEVICE, "kvo_registration_destroy: the backend failed to unregister (the log names "
-                    "the error); the handle is freed");
+        KVO_DEVICE,
+        "kvo_registration_destroy: the backend failed to unregister (the log names "
+        "the error); the handle is freed");
   }
   return status_of(ok);
 }
@@ -273,8 +282,9 @@ kvo_status kvo_runtime_device_free(kvo_runtime_t* runtime, uint64_t ptr) {
     auto& rt = runtime_of(runtime, fn);
     std::lock_guard lock(rt.mutex);
     if (rt.buffers.erase(ptr) == 0) {
-      throw Error(ErrorCode::kNotFound, std::string(fn) + ": 0x" + std::to_string(ptr) +
-                                            " was not allocated by kvo_runtime_device_alloc on this runtime");
+      throw Error(ErrorCode::kNotFound,
+                  std::string(fn) + ": 0x" + std::to_string(ptr) +
+                      " was not allocated by kvo_runtime_device_alloc on this runtime");
     }
   });
 }
@@ -285,7 +295,8 @@ kvo_status kvo_runtime_memcpy(kvo_runtime_t* runtime, uint64_t dst, uint64_t src
     auto& rt = runtime_of(runtime, fn);
     if (bytes != 0 && dst == 0) invalid_arg(fn, "dst", "is NULL");
     if (bytes != 0 && src == 0) invalid_arg(fn, "src", "is NULL");
-    rt.runtime->memcpy_sync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+    rt.runtime->memcpy_sync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
+                            bytes);
   });
 }
 
@@ -305,21 +316,18 @@ kvo_status kvo_engine_options_init(kvo_engine_options* options) {
   return guarded(fn, [&] {
     KVO_ARG(options);
     const kvoffload::EngineOptions d;
-    *options = kvo_engine_options{sizeof(kvo_engine_options),
-                                  d.register_host ? 1 : 0,
-                                  d.allow_kernel ? 1 : 0,
-                                  d.store_policy.kernel_below_bytes,
-                                  d.store_policy.kernel_min_count,
-                                  d.load_policy.kernel_below_bytes,
-                                  d.load_policy.kernel_min_count,
-                                  d.calibrate ? 1 : 0};
+    *options =
+        kvo_engine_options{sizeof(kvo_engine_options),      d.register_host ? 1 : 0,
+                           d.allow_kernel ? 1 : 0,          d.store_policy.kernel_below_bytes,
+                           d.store_policy.kernel_min_count, d.load_policy.kernel_below_bytes,
+                           d.load_policy.kernel_min_count,  d.calibrate ? 1 : 0};
   });
 }
 
 kvo_status kvo_engine_create_for_region(kvo_runtime_t* runtime, kvo_region_t* region, uint32_t rank,
                                         const kvo_kv_group* groups, size_t num_groups,
-                                        uint32_t blocks_per_chunk, const kvo_engine_options* options,
-                                        kvo_engine_t** out) {
+                                        uint32_t blocks_per_chunk,
+                                        const kvo_engine_options* options, kvo_engine_t** out) {
   const char* const fn = __func__;
   return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
@@ -327,16 +335,19 @@ kvo_status kvo_engine_create_for_region(kvo_runtime_t* runtime, kvo_region_t* re
     KVO_ARG(out);
     auto g = groups_of(groups, num_groups, fn);
     auto opts = options_of(options, fn);
-    if (!region->region.is_open()) throw Error(ErrorCode::kState, std::string(fn) + ": the region is closed");
+    if (!region->region.is_open())
+      throw Error(ErrorCode::kState, std::string(fn) + ": the region is closed");
     *out = std::make_unique<kvo_engine>(kvoffload::TransferEngine(*rt.runtime, region->region, rank,
-                                                                  std::move(g), blocks_per_chunk, opts))
+                                                                  std::move(g), blocks_per_chunk,
+                                                                  opts))
                .release();
   });
 }
 
 kvo_status kvo_engine_create(kvo_runtime_t* runtime, const kvo_host_slots* host,
-                             const kvo_kv_group* groups, size_t num_groups, uint32_t blocks_per_chunk,
-                             const kvo_engine_options* options, kvo_engine_t** out) {
+                             const kvo_kv_group* groups, size_t num_groups,
+                             uint32_t blocks_per_chunk, const kvo_engine_options* options,
+                             kvo_engine_t** out) {
   const char* const fn = __func__;
   return guarded(fn, [&] {
     auto& rt = runtime_of(runtime, fn);
@@ -346,11 +357,15 @@ kvo_status kvo_engine_create(kvo_runtime_t* runtime, const kvo_host_slots* host,
     kvoffload::KvLayout layout;
     layout.groups = groups_of(groups, num_groups, fn);
     layout.blocks_per_chunk = blocks_per_chunk;
-    layout.host = kvoffload::HostSlots{static_cast<std::byte*>(host->base), host->buffer_bytes,
-                                       host->num_chunks,  host->row_stride,
-                                       host->slot_offset, host->slot_bytes};
+    layout.host = kvoffload::HostSlots{static_cast<std::byte*>(host->base),
+                                       host->buffer_bytes,
+                                       host->num_chunks,
+                                       host->row_stride,
+                                       host->slot_offset,
+                                       host->slot_bytes};
     auto opts = options_of(options, fn);
-    *out = std::make_unique<kvo_engine>(kvoffload::TransferEngine(*rt.runtime, std::move(layout), opts))
+    *out = std::make_unique<kvo_engine>(
+               kvoffload::TransferEngine(*rt.runtime, std::move(layout), opts))
                .release();
   });
 }
@@ -373,14 +388,16 @@ kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_directio
     auto& e = engine_of(engine, fn);
     KVO_ARG(spec);
     if (enum_value(direction) != KVO_STORE && enum_value(direction) != KVO_LOAD) {
-      invalid_arg(fn, "direction", "is " + std::to_string(enum_value(direction)) +
-                                             "; use KVO_STORE or KVO_LOAD");
+      invalid_arg(fn, "direction",
+                  "is " + std::to_string(enum_value(direction)) + "; use KVO_STORE or KVO_LOAD");
     }
     if (spec->num_chunks != 0 && spec->chunks == nullptr) {
-      invalid_arg(fn, "spec->chunks", "is NULL with num_chunks " + std::to_string(spec->num_chunks));
+      invalid_arg(fn, "spec->chunks",
+                  "is NULL with num_chunks " + std::to_string(spec->num_chunks));
     }
     if (spec->num_groups != 0 && spec->groups == nullptr) {
-      invalid_arg(fn, "spec->groups", "is NULL with num_groups " + std::to_string(spec->num_groups));
+      invalid_arg(fn, "spec->groups",
+                  "is NULL with num_groups " + std::to_string(spec->num_groups));
     }
     // Small per-call vector of spans (one per KV group, usually 1-2): the blocks are not copied.
     std::vector<std::span<const std::uint64_t>> groups(spec->num_groups);
@@ -398,8 +415,11 @@ kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_directio
     s.group_blocks = groups;
     kvoffload::WaitOn w;
     switch (enum_value(wait_on.kind)) {
-      case KVO_WAIT_NOTHING: break;
-      case KVO_WAIT_STREAM: w = kvoffload::WaitOn::stream(kvoffload::StreamView::from_native(wait_on.handle)); break;
+      case KVO_WAIT_NOTHING:
+        break;
+      case KVO_WAIT_STREAM:
+        w = kvoffload::WaitOn::stream(kvoffload::StreamView::from_native(wait_on.handle));
+        break;
       case KVO_WAIT_EVENT:
         if (wait_on.handle == 0) invalid_arg(fn, "wait_on.handle", "is 0 with KVO_WAIT_EVENT");
         w = kvoffload::WaitOn::event(kvoffload::EventView::from_native(wait_on.handle));
@@ -407,9 +427,9 @@ kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_directio
       default:
         invalid_arg(fn, "wait_on.kind", "is " + std::to_string(enum_value(wait_on.kind)));
     }
-    e.engine.submit(kvoffload::JobId{job_id}, direction == KVO_STORE ? kvoffload::Direction::kStore
-                                                                      : kvoffload::Direction::kLoad,
-                    s, w);
+    e.engine.submit(
+        kvoffload::JobId{job_id},
+        direction == KVO_STORE ? kvoffload::Direction::kStore : kvoffload::Direction::kLoad, s, w);
   });
 }
 
@@ -450,7 +470,9 @@ kvo_status kvo_engine_wait(kvo_engine_t* engine, const uint64_t* job_ids, size_t
       std::lock_guard lock(e.mutex);
       for (size_t i = 0; i < count; ++i) {
         auto it = std::find_if(e.undelivered.begin(), e.undelivered.end(),
-                               [&](const kvoffload::JobResult& r) { return static_cast<uint64_t>(r.job_id) == job_ids[i]; });
+                               [&](const kvoffload::JobResult& r) {
+                                 return static_cast<uint64_t>(r.job_id) == job_ids[i];
+                               });
         if (it != e.undelivered.end()) {
           found[i] = std::move(*it);
           have[i] = true;
@@ -501,10 +523,10 @@ kvo_status kvo_engine_stats_get(const kvo_engine_t* engine, kvo_engine_stats* ou
     KVO_ARG(engine);
     KVO_ARG(out);
     const kvoffload::EngineStats s = engine->engine.stats();
-    *out = kvo_engine_stats{s.jobs_submitted, s.jobs_succeeded,  s.jobs_failed,
-                            s.bytes_succeeded, s.dma_batches,    s.kernel_batches,
-                            s.fragments,       s.descriptors,    s.last_descriptors,
-                            s.host_registered ? 1 : 0};
+    *out = kvo_engine_stats{
+        s.jobs_submitted,   s.jobs_succeeded,         s.jobs_failed, s.bytes_succeeded,
+        s.dma_batches,      s.kernel_batches,         s.fragments,   s.descriptors,
+        s.last_descriptors, s.host_registered ? 1 : 0};
   });
 }
 

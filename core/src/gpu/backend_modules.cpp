@@ -30,7 +30,8 @@ struct Module {
 
 std::string library_dir() {
   Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(&library_dir), &info) == 0 || info.dli_fname == nullptr) return {};
+  if (::dladdr(reinterpret_cast<void*>(&library_dir), &info) == 0 || info.dli_fname == nullptr)
+    return {};
   return std::filesystem::path(info.dli_fname).parent_path().string();
 }
 
@@ -55,9 +56,10 @@ Module open_module(std::string_view name) {
     errors += (errors.empty() ? "" : "; ") + std::string(err != nullptr ? err : path);
   }
   if (handle == nullptr) {
-    m.why = errors.empty() ? "this build of kvoffload does not include it (no " + file +
-                                 "; configure with -DKVOFFLOAD_" + (name == "cuda" ? "CUDA" : "HIP") + "=ON)"
-                           : "its module could not be loaded: " + errors;
+    m.why = errors.empty()
+                ? "this build of kvoffload does not include it (no " + file +
+                      "; configure with -DKVOFFLOAD_" + (name == "cuda" ? "CUDA" : "HIP") + "=ON)"
+                : "its module could not be loaded: " + errors;
     return m;
   }
   auto entry = reinterpret_cast<gpu::VendorApiEntry>(::dlsym(handle, gpu::kVendorApiEntrySymbol));
@@ -72,8 +74,9 @@ Module open_module(std::string_view name) {
     return m;
   }
   if (api->version != gpu::kVendorApiVersion) {
-    m.why = file + " implements vendor table version " + std::to_string(api->version) + ", this library needs " +
-            std::to_string(gpu::kVendorApiVersion) + " (mixed installations?)";
+    m.why = file + " implements vendor table version " + std::to_string(api->version) +
+            ", this library needs " + std::to_string(gpu::kVendorApiVersion) +
+            " (mixed installations?)";
     return m;
   }
   m.api = api;
@@ -105,7 +108,8 @@ int device_count(const gpu::VendorApi& api, std::string& why) {
   int count = 0;
   if (const int err = api.get_device_count(api.ctx, &count); err != 0) {
     (void)api.get_last_error(api.ctx);
-    why = std::string("get_device_count: ") + api.error_name(api.ctx, err) + ": " + api.error_string(api.ctx, err);
+    why = std::string("get_device_count: ") + api.error_name(api.ctx, err) + ": " +
+          api.error_string(api.ctx, err);
     return -1;
   }
   return count;
@@ -146,26 +150,30 @@ std::unique_ptr<DeviceRuntime> make_on(const gpu::VendorApi& api, const RuntimeO
   std::string why;
   const int count = device_count(api, why);
   if (count < 0) {
-    throw Error(ErrorCode::kNotAvailable, "device runtime '" + std::string(api.name) + "' is not available: " + why);
+    throw Error(ErrorCode::kNotAvailable,
+                "device runtime '" + std::string(api.name) + "' is not available: " + why);
   }
   if (count == 0) {
     throw Error(ErrorCode::kNotAvailable, "device runtime '" + std::string(api.name) +
-                                              "' is not available: no device visible" + visible_devices_hint(api.name));
+                                              "' is not available: no device visible" +
+                                              visible_devices_hint(api.name));
   }
   if (options.device < 0 || options.device >= count) {
-    throw_invalid(std::string(api.name) + ": device " + std::to_string(options.device) + " does not exist (" +
-                  std::to_string(count) + " visible, 0 to " + std::to_string(count - 1) + ")" +
-                  visible_devices_hint(api.name));
+    throw_invalid(std::string(api.name) + ": device " + std::to_string(options.device) +
+                  " does not exist (" + std::to_string(count) + " visible, 0 to " +
+                  std::to_string(count - 1) + ")" + visible_devices_hint(api.name));
   }
   return std::make_unique<gpu::GpuRuntime>(api, options, std::move(keep));
 }
 
 }  // namespace
 
-std::unique_ptr<DeviceRuntime> make_vendor_runtime(std::string_view name, const RuntimeOptions& options) {
+std::unique_ptr<DeviceRuntime> make_vendor_runtime(std::string_view name,
+                                                   const RuntimeOptions& options) {
   const Module& m = module(name);
   if (m.api == nullptr) {
-    throw Error(ErrorCode::kNotAvailable, "device runtime '" + std::string(name) + "' is not available: " + m.why);
+    throw Error(ErrorCode::kNotAvailable,
+                "device runtime '" + std::string(name) + "' is not available: " + m.why);
   }
   return make_on(*m.api, options, {});
 }
@@ -173,7 +181,9 @@ std::unique_ptr<DeviceRuntime> make_vendor_runtime(std::string_view name, const 
 BackendInfo probe_vendor(std::string_view name) {
   try {
     const Module& m = module(name);
-    if (m.api == nullptr) return BackendInfo{std::string(name), m.why.find("does not include") == std::string::npos, 0, m.why};
+    if (m.api == nullptr)
+      return BackendInfo{std::string(name), m.why.find("does not include") == std::string::npos, 0,
+                         m.why};
     return probe_api(*m.api);
   } catch (...) {
     return BackendInfo{std::string(name), false, 0, "probe failed"};

@@ -50,14 +50,20 @@ static_assert(offsetof(CopyDescriptor, src) == offsetof(VendorCopyDesc, src));
 static_assert(offsetof(CopyDescriptor, dst) == offsetof(VendorCopyDesc, dst));
 static_assert(offsetof(CopyDescriptor, bytes) == offsetof(VendorCopyDesc, bytes));
 
-void* to_ptr(std::uintptr_t handle) noexcept { return reinterpret_cast<void*>(handle); }
+void* to_ptr(std::uintptr_t handle) noexcept {
+  return reinterpret_cast<void*>(handle);
+}
 
 int to_memcpy_kind(CopyKind kind) noexcept {
   switch (kind) {
-    case CopyKind::kHostToDevice: return kMemcpyHostToDevice;
-    case CopyKind::kDeviceToHost: return kMemcpyDeviceToHost;
-    case CopyKind::kDeviceToDevice: return kMemcpyDeviceToDevice;
-    case CopyKind::kHostToHost: return kMemcpyHostToHost;
+    case CopyKind::kHostToDevice:
+      return kMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost:
+      return kMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice:
+      return kMemcpyDeviceToDevice;
+    case CopyKind::kHostToHost:
+      return kMemcpyHostToHost;
   }
   return kMemcpyDefault;
 }
@@ -74,7 +80,8 @@ std::string version_text(const VendorApi& api, int v) {
 
 // Logs without letting a logging failure escape (teardown and after-success paths).
 template <typename... Args>
-void log_noexcept(spdlog::level::level_enum level, fmt::format_string<Args...> fmt, Args&&... args) noexcept {
+void log_noexcept(spdlog::level::level_enum level, fmt::format_string<Args...> fmt,
+                  Args&&... args) noexcept {
   try {
     log().log(level, fmt, std::forward<Args>(args)...);
   } catch (...) {
@@ -118,10 +125,10 @@ class RelaxedCapture {
 }
 
 std::vector<std::pair<std::size_t, std::size_t>> plan_registration(std::uintptr_t base,
-                                                                  std::size_t bytes,
-                                                                  std::size_t align,
-                                                                  std::size_t limit,
-                                                                  std::size_t page) {
+                                                                   std::size_t bytes,
+                                                                   std::size_t align,
+                                                                   std::size_t limit,
+                                                                   std::size_t page) {
   std::vector<std::pair<std::size_t, std::size_t>> plan;
   if (bytes == 0) return plan;
   if (limit == 0 || bytes <= limit) {
@@ -138,7 +145,8 @@ std::vector<std::pair<std::size_t, std::size_t>> plan_registration(std::uintptr_
   if (align > 0 && align <= limit) step = limit / align * align;  // whole rows
   step = step / page * page;  // whole pages, even when a row is not a page multiple
   if (step == 0) step = page;
-  for (std::size_t off = 0; off < bytes; off += step) plan.emplace_back(off, std::min(step, bytes - off));
+  for (std::size_t off = 0; off < bytes; off += step)
+    plan.emplace_back(off, std::min(step, bytes - off));
   return plan;
 }
 
@@ -153,7 +161,8 @@ class GpuRuntime::Guard {
       (void)api_.get_last_error(api_.ctx);
       current = -1;
     }
-    check_vendor(api_, api_.set_device(api_.ctx, device), "set_device", "device " + std::to_string(device));
+    check_vendor(api_, api_.set_device(api_.ctx, device), "set_device",
+                 "device " + std::to_string(device));
     if (current >= 0 && current != device) previous_ = current;
   }
   ~Guard() {
@@ -167,7 +176,8 @@ class GpuRuntime::Guard {
   int previous_ = -1;
 };
 
-GpuRuntime::GpuRuntime(const VendorApi& api, const RuntimeOptions& options, std::shared_ptr<void> keep)
+GpuRuntime::GpuRuntime(const VendorApi& api, const RuntimeOptions& options,
+                       std::shared_ptr<void> keep)
     : api_(api), ctx_(api.ctx), keep_(std::move(keep)), options_(options), device_(options.device) {
   Guard guard(api_, device_);
   char name[256] = {};
@@ -187,26 +197,28 @@ GpuRuntime::GpuRuntime(const VendorApi& api, const RuntimeOptions& options, std:
                          ? static_cast<int>(std::min<unsigned>(options_.kernel_max_blocks, 65535u))
                          : 16;
   if (options_.kernel_ring_slots != 0) ring_slots_ = options_.kernel_ring_slots;
-  if (options_.kernel_ring_slot_descriptors != 0) slot_descs_ = options_.kernel_ring_slot_descriptors;
+  if (options_.kernel_ring_slot_descriptors != 0)
+    slot_descs_ = options_.kernel_ring_slot_descriptors;
   if (options_.kernel_threads_per_block != 0 &&
       options_.kernel_threads_per_block != static_cast<unsigned>(api_.kernel_threads)) {
-    log().warn("{}: kernel_threads_per_block={} ignored: the batch copy kernel is built for {}", api_.name,
-               options_.kernel_threads_per_block, api_.kernel_threads);
+    log().warn("{}: kernel_threads_per_block={} ignored: the batch copy kernel is built for {}",
+               api_.name, options_.kernel_threads_per_block, api_.kernel_threads);
   }
 
   batch_enabled_.store(api_.memcpy_batch_async != nullptr, std::memory_order_relaxed);
   if (const int rc = api_.kernel_check(ctx_); rc == 0) {
     kernel_ok_ = true;
-    kernel_detail_ = fmt::format("batch copy kernel, up to {} CTAs x {} threads{}", kernel_max_ctas_,
-                                 api_.kernel_threads,
+    kernel_detail_ = fmt::format("batch copy kernel, up to {} CTAs x {} threads{}",
+                                 kernel_max_ctas_, api_.kernel_threads,
                                  options_.kernel_stage_descriptors ? ", descriptors staged" : "");
   } else {
     (void)api_.get_last_error(ctx_);
-    kernel_detail_ = fmt::format("unavailable: {}: {}", api_.error_name(ctx_, rc), api_.error_string(ctx_, rc));
+    kernel_detail_ =
+        fmt::format("unavailable: {}: {}", api_.error_name(ctx_, rc), api_.error_string(ctx_, rc));
   }
   check_vendor(api_, api_.stream_create(ctx_, &sync_stream_), "stream_create");
-  log().info("{}: device {} {} ({}), {}; dma: {}; kernel: {}", api_.name, device_, device_name_, arch_, versions_,
-             api_.batch_detail, kernel_detail_);
+  log().info("{}: device {} {} ({}), {}; dma: {}; kernel: {}", api_.name, device_, device_name_,
+             arch_, versions_, api_.batch_detail, kernel_detail_);
 }
 
 GpuRuntime::~GpuRuntime() {
@@ -215,12 +227,14 @@ GpuRuntime::~GpuRuntime() {
   RelaxedCapture relaxed(api_);
   {
     std::lock_guard lock(rings_mu_);
-    for (auto& [stream, ring] : rings_) destroy_ring(*ring, nullptr);  // foreign streams may be gone
+    for (auto& [stream, ring] : rings_)
+      destroy_ring(*ring, nullptr);  // foreign streams may be gone
     rings_.clear();
   }
   for (auto& [handle, reg] : registrations_) {
-    log_noexcept(spdlog::level::warn, "{}: runtime destroyed with {} still registered; unregistering it",
-                 api_.name, range_string(reg->base, reg->bytes));
+    log_noexcept(spdlog::level::warn,
+                 "{}: runtime destroyed with {} still registered; unregistering it", api_.name,
+                 range_string(reg->base, reg->bytes));
     (void)unregister_pieces(*reg);
   }
   registrations_.clear();
@@ -231,12 +245,12 @@ GpuRuntime::~GpuRuntime() {
 BackendInfo GpuRuntime::info() const {
   int count = 0;
   if (api_.get_device_count(ctx_, &count) != 0) (void)api_.get_last_error(ctx_);
-  return BackendInfo{api_.name, true, count,
-                     fmt::format("device {} {} ({}), {}; dma: {}; kernel: {}", device_, device_name_, arch_,
-                                 versions_,
-                                 batch_enabled_.load(std::memory_order_relaxed) ? api_.batch_detail
-                                                                                : "per-copy loop",
-                                 kernel_detail_)};
+  return BackendInfo{
+      api_.name, true, count,
+      fmt::format(
+          "device {} {} ({}), {}; dma: {}; kernel: {}", device_, device_name_, arch_, versions_,
+          batch_enabled_.load(std::memory_order_relaxed) ? api_.batch_detail : "per-copy loop",
+          kernel_detail_)};
 }
 
 RuntimeCounters GpuRuntime::counters() const noexcept {
@@ -253,7 +267,8 @@ RuntimeCounters GpuRuntime::counters() const noexcept {
 
 // ---- host registration ----
 
-void GpuRuntime::register_pieces(Registration& reg, const std::vector<std::pair<std::size_t, std::size_t>>& plan) {
+void GpuRuntime::register_pieces(Registration& reg,
+                                 const std::vector<std::pair<std::size_t, std::size_t>>& plan) {
   auto* base = static_cast<std::byte*>(reg.base);
   for (std::size_t i = 0; i < plan.size(); ++i) {
     void* p = base + plan[i].first;
@@ -261,10 +276,12 @@ void GpuRuntime::register_pieces(Registration& reg, const std::vector<std::pair<
     if (err != 0) {
       (void)api_.get_last_error(ctx_);  // the error must not surface from a later call
       (void)unregister_pieces(reg);
-      throw_vendor(api_, err, "host_register",
-                   fmt::format("{} (piece {} of {} of {}); the engine continues on the slower unregistered path",
-                               range_string(p, plan[i].second), i + 1, plan.size(),
-                               range_string(reg.base, reg.bytes)));
+      throw_vendor(
+          api_, err, "host_register",
+          fmt::format(
+              "{} (piece {} of {} of {}); the engine continues on the slower unregistered path",
+              range_string(p, plan[i].second), i + 1, plan.size(),
+              range_string(reg.base, reg.bytes)));
     }
     reg.pieces.push_back(Piece{p, plan[i].second});
   }
@@ -285,8 +302,8 @@ bool GpuRuntime::unregister_pieces(Registration& reg) noexcept {
   if (reg.mlocked) {
     if (::munlock(reg.base, reg.bytes) != 0) {
       ok = false;
-      log_noexcept(spdlog::level::err, "{}: munlock {} failed: {}", api_.name, range_string(reg.base, reg.bytes),
-                   errno_name(errno));
+      log_noexcept(spdlog::level::err, "{}: munlock {} failed: {}", api_.name,
+                   range_string(reg.base, reg.bytes), errno_name(errno));
     }
     reg.mlocked = false;
   }
@@ -307,15 +324,17 @@ void* GpuRuntime::device_base_of(Registration& reg) {
     if (device_base == nullptr) {
       device_base = dev;
     } else if (static_cast<std::byte*>(dev) !=
-               static_cast<std::byte*>(device_base) + (static_cast<std::byte*>(piece.ptr) -
-                                                       static_cast<std::byte*>(reg.base))) {
+               static_cast<std::byte*>(device_base) +
+                   (static_cast<std::byte*>(piece.ptr) - static_cast<std::byte*>(reg.base))) {
       contiguous = false;
       break;
     }
   }
   if (contiguous) return device_base;
-  log().warn("{}: device addresses of the {} registered pieces of {} are not contiguous; registering it as one piece",
-             api_.name, reg.pieces.size(), range_string(reg.base, reg.bytes));
+  log().warn(
+      "{}: device addresses of the {} registered pieces of {} are not contiguous; registering it "
+      "as one piece",
+      api_.name, reg.pieces.size(), range_string(reg.base, reg.bytes));
   (void)unregister_pieces(reg);
   register_pieces(reg, {{0, reg.bytes}});
   check_vendor(api_, api_.host_device_pointer(ctx_, &device_base, reg.base), "host_device_pointer",
@@ -323,7 +342,8 @@ void* GpuRuntime::device_base_of(Registration& reg) {
   return device_base;
 }
 
-DeviceRuntime::RegistrationRecord GpuRuntime::do_register_host(void* ptr, std::size_t bytes, std::size_t align) {
+DeviceRuntime::RegistrationRecord GpuRuntime::do_register_host(void* ptr, std::size_t bytes,
+                                                               std::size_t align) {
   Guard guard(api_, device_);
   RelaxedCapture relaxed(api_);
   int capturing = 0;
@@ -332,11 +352,13 @@ DeviceRuntime::RegistrationRecord GpuRuntime::do_register_host(void* ptr, std::s
     if (err == api_.err_capture_implicit) capturing = 1;
   }
   if (capturing != 0) {
-    throw Error(ErrorCode::kState,
-                fmt::format("{}: cannot register host memory {} while a blocking stream on device {} is capturing "
-                            "a graph; register before or after the capture",
-                            api_.name, range_string(ptr, bytes), device_),
-                0, "legacy_stream_capturing");
+    throw Error(
+        ErrorCode::kState,
+        fmt::format(
+            "{}: cannot register host memory {} while a blocking stream on device {} is capturing "
+            "a graph; register before or after the capture",
+            api_.name, range_string(ptr, bytes), device_),
+        0, "legacy_stream_capturing");
   }
 
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
@@ -356,9 +378,12 @@ DeviceRuntime::RegistrationRecord GpuRuntime::do_register_host(void* ptr, std::s
         reg->mlocked = true;
       } else {
         const int err = errno;
-        log().warn("{}: mlock of the registered range {} failed: {}; the range stays registered but its pages "
-                   "may migrate (raise RLIMIT_MEMLOCK, e.g. `ulimit -l unlimited` or docker run --ulimit memlock=-1)",
-                   api_.name, range_string(ptr, bytes), errno_name(err));
+        log().warn(
+            "{}: mlock of the registered range {} failed: {}; the range stays registered but its "
+            "pages "
+            "may migrate (raise RLIMIT_MEMLOCK, e.g. `ulimit -l unlimited` or docker run --ulimit "
+            "memlock=-1)",
+            api_.name, range_string(ptr, bytes), errno_name(err));
       }
     }
     std::lock_guard lock(reg_mu_);
@@ -368,9 +393,11 @@ DeviceRuntime::RegistrationRecord GpuRuntime::do_register_host(void* ptr, std::s
     throw;
   }
   // The registration is owned by the map now; a failure to log it must not lose it.
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  log_noexcept(spdlog::level::info, "{}: registered {} in {} piece(s) in {:.3f} s ({:.3f} s/GB)", api_.name,
-               range_string(ptr, bytes), (bytes + register_chunk_bytes_ - 1) / register_chunk_bytes_, secs,
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log_noexcept(spdlog::level::info, "{}: registered {} in {} piece(s) in {:.3f} s ({:.3f} s/GB)",
+               api_.name, range_string(ptr, bytes),
+               (bytes + register_chunk_bytes_ - 1) / register_chunk_bytes_, secs,
                secs / (static_cast<double>(bytes) / 1e9));
   return RegistrationRecord{handle, device_base};
 }
@@ -385,7 +412,8 @@ bool GpuRuntime::do_unregister_host(std::uintptr_t handle) noexcept {
     }
   }
   if (!reg) {
-    log_noexcept(spdlog::level::err, "{}: unregister of an unknown registration handle {:#x}", api_.name, handle);
+    log_noexcept(spdlog::level::err, "{}: unregister of an unknown registration handle {:#x}",
+                 api_.name, handle);
     return false;
   }
   return unregister_pieces(*reg);
@@ -438,7 +466,8 @@ void GpuRuntime::do_record_event(std::uintptr_t event, std::uintptr_t stream) {
 
 void GpuRuntime::do_wait_event(std::uintptr_t stream, std::uintptr_t event) {
   Guard guard(api_, device_);
-  check_vendor(api_, api_.stream_wait_event(ctx_, to_ptr(stream), to_ptr(event)), "stream_wait_event");
+  check_vendor(api_, api_.stream_wait_event(ctx_, to_ptr(stream), to_ptr(event)),
+               "stream_wait_event");
 }
 
 bool GpuRuntime::do_query_event(std::uintptr_t event) {
@@ -462,7 +491,8 @@ void GpuRuntime::do_synchronize_stream(std::uintptr_t stream) {
 
 double GpuRuntime::do_elapsed_seconds(std::uintptr_t start, std::uintptr_t end) {
   float ms = 0.0F;
-  check_vendor(api_, api_.event_elapsed_ms(ctx_, &ms, to_ptr(start), to_ptr(end)), "event_elapsed_ms");
+  check_vendor(api_, api_.event_elapsed_ms(ctx_, &ms, to_ptr(start), to_ptr(end)),
+               "event_elapsed_ms");
   return static_cast<double>(ms) / 1e3;
 }
 
@@ -471,11 +501,12 @@ void GpuRuntime::do_launch_host_func(std::uintptr_t stream, void (*fn)(void*), v
   check_vendor(api_, api_.launch_host_func(ctx_, to_ptr(stream), fn, arg), "launch_host_func");
 }
 
-void GpuRuntime::do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag, std::uint32_t value) {
+void GpuRuntime::do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag,
+                                   std::uint32_t value) {
   Guard guard(api_, device_);
-  check_vendor(api_,
-               api_.stream_wait_value32(ctx_, to_ptr(stream), const_cast<std::uint32_t*>(flag), value),
-               "stream_wait_value32");
+  check_vendor(
+      api_, api_.stream_wait_value32(ctx_, to_ptr(stream), const_cast<std::uint32_t*>(flag), value),
+      "stream_wait_value32");
 }
 
 // ---- device memory (tests, benchmarks, calibration) ----
@@ -484,7 +515,8 @@ void* GpuRuntime::do_allocate_device(std::size_t bytes) {
   Guard guard(api_, device_);
   RelaxedCapture relaxed(api_);
   void* ptr = nullptr;
-  check_vendor(api_, api_.device_malloc(ctx_, &ptr, bytes), "device_malloc", std::to_string(bytes) + " bytes");
+  check_vendor(api_, api_.device_malloc(ctx_, &ptr, bytes), "device_malloc",
+               std::to_string(bytes) + " bytes");
   return ptr;
 }
 
@@ -492,7 +524,8 @@ void GpuRuntime::do_free_device(void* ptr) noexcept {
   RelaxedCapture relaxed(api_);
   if (const int err = api_.device_free(ctx_, ptr); err != 0) {
     (void)api_.get_last_error(ctx_);
-    log_noexcept(spdlog::level::err, "{}: device_free({}) failed: {}", api_.name, ptr, api_.error_name(ctx_, err));
+    log_noexcept(spdlog::level::err, "{}: device_free({}) failed: {}", api_.name, ptr,
+                 api_.error_name(ctx_, err));
   }
 }
 
@@ -503,8 +536,8 @@ void GpuRuntime::do_free_device_async(void* ptr, std::uintptr_t stream) noexcept
   }
   if (const int err = api_.device_free_async(ctx_, ptr, to_ptr(stream)); err != 0) {
     (void)api_.get_last_error(ctx_);
-    log_noexcept(spdlog::level::warn, "{}: device_free_async({}) failed: {}; freeing synchronously", api_.name, ptr,
-                 api_.error_name(ctx_, err));
+    log_noexcept(spdlog::level::warn, "{}: device_free_async({}) failed: {}; freeing synchronously",
+                 api_.name, ptr, api_.error_name(ctx_, err));
     DeviceRuntime::do_free_device_async(ptr, stream);
   }
 }
@@ -513,8 +546,8 @@ void GpuRuntime::do_memcpy_sync(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   Guard guard(api_, device_);
   // Default kind: with unified addressing the runtime tells host from device memory itself.
-  check_vendor(api_, api_.memcpy_async(ctx_, dst, src, bytes, kMemcpyDefault, sync_stream_), "memcpy_async",
-               std::to_string(bytes) + " bytes");
+  check_vendor(api_, api_.memcpy_async(ctx_, dst, src, bytes, kMemcpyDefault, sync_stream_),
+               "memcpy_async", std::to_string(bytes) + " bytes");
   check_vendor(api_, api_.stream_synchronize(ctx_, sync_stream_), "stream_synchronize");
 }
 
@@ -537,8 +570,8 @@ void GpuRuntime::do_memset_sync(void* dst, int value, std::size_t bytes) {
 
 // ---- copies ----
 
-void GpuRuntime::do_enqueue_copies(std::uintptr_t stream, std::span<const CopyDescriptor> batch, CopyKind kind,
-                                   CopyPath path) {
+void GpuRuntime::do_enqueue_copies(std::uintptr_t stream, std::span<const CopyDescriptor> batch,
+                                   CopyKind kind, CopyPath path) {
   if (batch.empty()) return;
   Guard guard(api_, device_);
   if (path == CopyPath::kKernel) {
@@ -575,8 +608,9 @@ void GpuRuntime::enqueue_dma(void* stream, std::span<const CopyDescriptor> batch
   // it, and a load's host slot is written by whatever the stream waited for (a store, a
   // promotion) as surely as a store's device block is written by the model.
   std::size_t fail_index = SIZE_MAX;
-  const int result = api_.memcpy_batch_async(ctx_, dsts.data(), srcs.data(), sizes.data(), sizes.size(),
-                                             /*source_in_stream_order=*/1, stream, &fail_index);
+  const int result =
+      api_.memcpy_batch_async(ctx_, dsts.data(), srcs.data(), sizes.data(), sizes.size(),
+                              /*source_in_stream_order=*/1, stream, &fail_index);
   if (result == 0) {
     dma_batched_calls_.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -586,31 +620,38 @@ void GpuRuntime::enqueue_dma(void* stream, std::span<const CopyDescriptor> batch
   // harmless: copies of one batch never overlap. Note [Batched DMA refusals].
   const std::uint64_t refusals = dma_batch_refusals_.fetch_add(1, std::memory_order_relaxed) + 1;
   const bool permanent = api_.batch_error_is_permanent(ctx_, result) != 0;
-  const std::string where = fail_index != SIZE_MAX ? fmt::format(", at copy {}", fail_index) : std::string();
+  const std::string where =
+      fail_index != SIZE_MAX ? fmt::format(", at copy {}", fail_index) : std::string();
   if (permanent) {
     if (batch_enabled_.exchange(false)) {
-      log().warn("{}: batched DMA refused a batch of {} {} copies ({}{}); it is not usable in this process, "
-                 "using the per-copy loop from now on",
-                 api_.name, sizes.size(), to_string(kind), api_.batch_error_text(ctx_, result), where);
+      log().warn(
+          "{}: batched DMA refused a batch of {} {} copies ({}{}); it is not usable in this "
+          "process, "
+          "using the per-copy loop from now on",
+          api_.name, sizes.size(), to_string(kind), api_.batch_error_text(ctx_, result), where);
     }
   } else if ((refusals & (refusals - 1)) == 0) {  // 1st, 2nd, 4th, 8th ...: rate-limited
-    log().warn("{}: batched DMA refused a batch of {} {} copies ({}{}); this batch goes copy by copy "
-               "({} refusal(s) so far)",
-               api_.name, sizes.size(), to_string(kind), api_.batch_error_text(ctx_, result), where, refusals);
+    log().warn(
+        "{}: batched DMA refused a batch of {} {} copies ({}{}); this batch goes copy by copy "
+        "({} refusal(s) so far)",
+        api_.name, sizes.size(), to_string(kind), api_.batch_error_text(ctx_, result), where,
+        refusals);
   }
   enqueue_dma_loop(stream, batch, kind);
 }
 
-void GpuRuntime::enqueue_dma_loop(void* stream, std::span<const CopyDescriptor> batch, CopyKind kind) {
+void GpuRuntime::enqueue_dma_loop(void* stream, std::span<const CopyDescriptor> batch,
+                                  CopyKind kind) {
   const int memcpy_kind = to_memcpy_kind(kind);
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const CopyDescriptor& d = batch[i];
     if (d.bytes == 0) continue;
-    if (const int err = api_.memcpy_async(ctx_, d.dst, d.src, static_cast<std::size_t>(d.bytes), memcpy_kind, stream);
+    if (const int err = api_.memcpy_async(ctx_, d.dst, d.src, static_cast<std::size_t>(d.bytes),
+                                          memcpy_kind, stream);
         err != 0) {
       throw_vendor(api_, err, "memcpy_async",
-                   fmt::format("copy {} of {} ({}, {} bytes, {} -> {})", i, batch.size(), to_string(kind), d.bytes,
-                               d.src, static_cast<void*>(d.dst)));
+                   fmt::format("copy {} of {} ({}, {} bytes, {} -> {})", i, batch.size(),
+                               to_string(kind), d.bytes, d.src, static_cast<void*>(d.dst)));
     }
     dma_loop_copies_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -621,7 +662,8 @@ GpuRuntime::DescSlot GpuRuntime::make_slot() {
   DescSlot slot;
   const std::size_t bytes = slot_descs_ * sizeof(VendorCopyDesc);
   void* host = nullptr;
-  check_vendor(api_, api_.host_alloc_mapped(ctx_, &host, bytes), "host_alloc_mapped", "kernel descriptor buffer");
+  check_vendor(api_, api_.host_alloc_mapped(ctx_, &host, bytes), "host_alloc_mapped",
+               "kernel descriptor buffer");
   slot.host = static_cast<VendorCopyDesc*>(host);
   void* view = nullptr;
   int err = api_.host_device_pointer(ctx_, &view, host);
@@ -719,11 +761,14 @@ GpuRuntime::DescSlot& GpuRuntime::acquire_slot(Ring& ring) {
     slot.recorded = false;
     return slot;
   }
-  throw Error(ErrorCode::kInternal, std::string(api_.name) + ": every kernel descriptor buffer is retired");
+  throw Error(ErrorCode::kInternal,
+              std::string(api_.name) + ": every kernel descriptor buffer is retired");
 }
 
 void GpuRuntime::enqueue_kernel(void* stream, std::span<const CopyDescriptor> batch) {
-  if (!kernel_ok_) throw Error(ErrorCode::kNotAvailable, std::string(api_.name) + ": the kernel copy path is " + kernel_detail_);
+  if (!kernel_ok_)
+    throw Error(ErrorCode::kNotAvailable,
+                std::string(api_.name) + ": the kernel copy path is " + kernel_detail_);
   Ring& ring = ring_of(stream);
   std::lock_guard lock(ring.mu);
   for (std::size_t first = 0; first < batch.size(); first += slot_descs_) {
@@ -732,15 +777,16 @@ void GpuRuntime::enqueue_kernel(void* stream, std::span<const CopyDescriptor> ba
     std::memcpy(slot.host, batch.data() + first, count * sizeof(VendorCopyDesc));
     std::uint64_t total = 0;
     for (std::size_t i = first; i < first + count; ++i) total += batch[i].bytes;
-    const std::uint64_t group = 16ull * static_cast<std::uint64_t>(api_.kernel_threads) * 4;  // chunk x loads in flight
-    const int ctas = static_cast<int>(std::clamp<std::uint64_t>((total + group - 1) / group, 1,
-                                                                static_cast<std::uint64_t>(kernel_max_ctas_)));
+    const std::uint64_t group =
+        16ull * static_cast<std::uint64_t>(api_.kernel_threads) * 4;  // chunk x loads in flight
+    const int ctas = static_cast<int>(std::clamp<std::uint64_t>(
+        (total + group - 1) / group, 1, static_cast<std::uint64_t>(kernel_max_ctas_)));
     const VendorCopyDesc* descs = slot.host_device_view;
     int rc = 0;
     const char* call = "kernel_launch";
     if (slot.staged != nullptr) {
-      rc = api_.memcpy_async(ctx_, slot.staged, slot.host, count * sizeof(VendorCopyDesc), kMemcpyHostToDevice,
-                             stream);
+      rc = api_.memcpy_async(ctx_, slot.staged, slot.host, count * sizeof(VendorCopyDesc),
+                             kMemcpyHostToDevice, stream);
       call = "memcpy_async";
       descs = slot.staged;
     }
@@ -757,7 +803,8 @@ void GpuRuntime::enqueue_kernel(void* stream, std::span<const CopyDescriptor> ba
       (void)api_.get_last_error(ctx_);
     }
     if (rc != 0) {
-      throw_vendor(api_, rc, call, fmt::format("({} copies, {} bytes, {} CTAs)", count, total, ctas));
+      throw_vendor(api_, rc, call,
+                   fmt::format("({} copies, {} bytes, {} CTAs)", count, total, ctas));
     }
     if (rec != 0) throw_vendor(api_, rec, "event_record", "(after the batch copy kernel)");
     kernel_launches_.fetch_add(1, std::memory_order_relaxed);

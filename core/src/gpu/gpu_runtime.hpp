@@ -25,11 +25,8 @@ inline constexpr std::uint64_t kDefaultRegisterChunkBytes = 64ull << 30;
 // most `limit` bytes, a whole number of `align` units (the region's row stride) when one unit fits
 // into the limit, and always a whole number of pages (two registrations must never share a page).
 // Throws kInvalidArgument when more than one piece is needed and `base` is not page-aligned.
-std::vector<std::pair<std::size_t, std::size_t>> plan_registration(std::uintptr_t base,
-                                                                  std::size_t bytes,
-                                                                  std::size_t align,
-                                                                  std::size_t limit,
-                                                                  std::size_t page);
+std::vector<std::pair<std::size_t, std::size_t>> plan_registration(
+    std::uintptr_t base, std::size_t bytes, std::size_t align, std::size_t limit, std::size_t page);
 
 // "<call> <context>: <ErrName>: <text> (<api> error N)" as a kDevice Error. Clears the thread's
 // last error first, so a handled failure does not resurface from a later, unrelated call.
@@ -104,7 +101,8 @@ class GpuRuntime final : public DeviceRuntime {
   };
   class Guard;  // makes the runtime's device current for a scope
 
-  void register_pieces(Registration& reg, const std::vector<std::pair<std::size_t, std::size_t>>& plan);
+  void register_pieces(Registration& reg,
+                       const std::vector<std::pair<std::size_t, std::size_t>>& plan);
   bool unregister_pieces(Registration& reg) noexcept;
   void* device_base_of(Registration& reg);
 

@@ -54,10 +54,10 @@ struct VendorApi {
   std::uint32_t version;  // kVendorApiVersion
   const char* name;       // "cuda" | "hip" | "sim"
   void* ctx;
-  std::uint32_t caps;     // VendorCaps
+  std::uint32_t caps;  // VendorCaps
   // Error codes the runtime tells apart.
-  int err_not_ready;              // event/stream query: work still pending
-  int err_capture_implicit;       // a blocking stream is capturing (legacy-stream capture)
+  int err_not_ready;         // event/stream query: work still pending
+  int err_capture_implicit;  // a blocking stream is capturing (legacy-stream capture)
   // The stream handle that means "legacy default stream" in this API (batched copies refuse it).
   void* legacy_stream;
 
@@ -142,46 +142,46 @@ struct VendorApi {
 // a vendor module defines error_name, get_last_error, ... in its own namespace and says
 // KVOFFLOAD_VENDOR_TABLE_CALLS(table), so the two modules never list the table twice. The data
 // fields and the optional entries (batch, free_async) stay the module's to set.
-#define KVOFFLOAD_VENDOR_TABLE_CALLS(table)                   \
-  do {                                                        \
-    (table).error_name = error_name;                          \
-    (table).error_string = error_string;                      \
-    (table).get_last_error = get_last_error;                  \
-    (table).get_device_count = get_device_count;              \
-    (table).get_device = get_device;                          \
-    (table).set_device = set_device;                          \
-    (table).device_describe = device_describe;                \
-    (table).driver_version = driver_version;                  \
-    (table).runtime_version = runtime_version;                \
-    (table).version_text = version_text;                      \
-    (table).exchange_capture_mode = exchange_capture_mode;    \
-    (table).legacy_stream_capturing = legacy_stream_capturing; \
-    (table).stream_create = stream_create;                    \
-    (table).stream_destroy = stream_destroy;                  \
-    (table).stream_synchronize = stream_synchronize;          \
-    (table).stream_wait_event = stream_wait_event;            \
-    (table).stream_wait_value32 = stream_wait_value32;        \
-    (table).launch_host_func = launch_host_func;              \
-    (table).event_create = event_create;                      \
-    (table).event_destroy = event_destroy;                    \
-    (table).event_record = event_record;                      \
-    (table).event_query = event_query;                        \
-    (table).event_synchronize = event_synchronize;            \
-    (table).event_elapsed_ms = event_elapsed_ms;              \
-    (table).host_register = host_register;                    \
-    (table).host_unregister = host_unregister;                \
-    (table).host_device_pointer = host_device_pointer;        \
-    (table).host_alloc_mapped = host_alloc_mapped;            \
-    (table).host_free = host_free;                            \
-    (table).device_malloc = device_malloc;                    \
-    (table).device_free = device_free;                        \
-    (table).pointer_is_device = pointer_is_device;            \
-    (table).memcpy_async = memcpy_async;                      \
-    (table).memset_async = memset_async;                      \
-    (table).batch_error_text = batch_error_text;              \
+#define KVOFFLOAD_VENDOR_TABLE_CALLS(table)                      \
+  do {                                                           \
+    (table).error_name = error_name;                             \
+    (table).error_string = error_string;                         \
+    (table).get_last_error = get_last_error;                     \
+    (table).get_device_count = get_device_count;                 \
+    (table).get_device = get_device;                             \
+    (table).set_device = set_device;                             \
+    (table).device_describe = device_describe;                   \
+    (table).driver_version = driver_version;                     \
+    (table).runtime_version = runtime_version;                   \
+    (table).version_text = version_text;                         \
+    (table).exchange_capture_mode = exchange_capture_mode;       \
+    (table).legacy_stream_capturing = legacy_stream_capturing;   \
+    (table).stream_create = stream_create;                       \
+    (table).stream_destroy = stream_destroy;                     \
+    (table).stream_synchronize = stream_synchronize;             \
+    (table).stream_wait_event = stream_wait_event;               \
+    (table).stream_wait_value32 = stream_wait_value32;           \
+    (table).launch_host_func = launch_host_func;                 \
+    (table).event_create = event_create;                         \
+    (table).event_destroy = event_destroy;                       \
+    (table).event_record = event_record;                         \
+    (table).event_query = event_query;                           \
+    (table).event_synchronize = event_synchronize;               \
+    (table).event_elapsed_ms = event_elapsed_ms;                 \
+    (table).host_register = host_register;                       \
+    (table).host_unregister = host_unregister;                   \
+    (table).host_device_pointer = host_device_pointer;           \
+    (table).host_alloc_mapped = host_alloc_mapped;               \
+    (table).host_free = host_free;                               \
+    (table).device_malloc = device_malloc;                       \
+    (table).device_free = device_free;                           \
+    (table).pointer_is_device = pointer_is_device;               \
+    (table).memcpy_async = memcpy_async;                         \
+    (table).memset_async = memset_async;                         \
+    (table).batch_error_text = batch_error_text;                 \
     (table).batch_error_is_permanent = batch_error_is_permanent; \
-    (table).kernel_check = kernel_check;                      \
-    (table).kernel_launch = kernel_launch;                    \
+    (table).kernel_check = kernel_check;                         \
+    (table).kernel_launch = kernel_launch;                       \
   } while (0)
 
 // Entry point every backend module exports (C linkage, looked up with dlsym). Returns the table,

@@ -49,9 +49,8 @@ class ArcPolicy final : public EvictionPolicy {
     for (std::size_t i = 0; i < slots.size(); ++i) {
       const SlotIndex s = slots[i];
       if (where_[s] != kAbsent) remove_one(s);
-      const std::uint32_t g = ghost_index_.find(keys[i], [this](std::uint32_t n) -> const BlockKey& {
-        return ghosts_[n].key;
-      });
+      const std::uint32_t g = ghost_index_.find(
+          keys[i], [this](std::uint32_t n) -> const BlockKey& { return ghosts_[n].key; });
       if (g == KeyTable::kNone) {
         where_[s] = kT1;
         ++t1_count_;
@@ -117,7 +116,8 @@ class ArcPolicy final : public EvictionPolicy {
     }
   }
 
-  std::size_t evict(std::size_t count, const VictimFilter& filter, std::span<const BlockKey> slot_keys,
+  std::size_t evict(std::size_t count, const VictimFilter& filter,
+                    std::span<const BlockKey> slot_keys,
                     std::span<SlotIndex> victims_out) override {
     std::uint32_t c1 = t1_.back();
     std::uint32_t c2 = t2_.back();
@@ -133,8 +133,10 @@ class ArcPolicy final : public EvictionPolicy {
       (from_t1 ? t1_ : t2_).erase(links_.data(), victim);
       listed_[victim] = 0;
       where_[victim] = kAbsent;
-      if (from_t1) --t1_count_;
-      else --t2_count_;
+      if (from_t1)
+        --t1_count_;
+      else
+        --t2_count_;
       add_ghost(slot_keys[victim], from_t1 ? kB1 : kB2);
       victims_out[written++] = victim;
     }
@@ -180,8 +182,10 @@ class ArcPolicy final : public EvictionPolicy {
 
   void remove_one(SlotIndex s) noexcept {
     if (listed_[s] != 0) list_of(s).erase(links_.data(), s);
-    if (where_[s] == kT1) --t1_count_;
-    else --t2_count_;
+    if (where_[s] == kT1)
+      --t1_count_;
+    else
+      --t2_count_;
     where_[s] = kAbsent;
     listed_[s] = 0;
   }
@@ -191,8 +195,10 @@ class ArcPolicy final : public EvictionPolicy {
     if (free_ghosts_.empty()) {
       // The ghost pool (c nodes) is full. As in the paper's case IV: when L1 = T1 ∪ B1 is at c,
       // the oldest B1 ghost goes, otherwise the oldest B2 ghost.
-      if (!b1_.empty() && (t1_count_ + b1_.size() >= capacity_ || b2_.empty())) drop_ghost(b1_.back());
-      else drop_ghost(b2_.back());
+      if (!b1_.empty() && (t1_count_ + b1_.size() >= capacity_ || b2_.empty()))
+        drop_ghost(b1_.back());
+      else
+        drop_ghost(b2_.back());
     }
     const std::uint32_t g = free_ghosts_.back();
     free_ghosts_.pop_back();

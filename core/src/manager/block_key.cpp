@@ -16,7 +16,8 @@ int hex_value(char c) noexcept {
 std::string quoted(std::string_view text) {
   constexpr std::size_t kShow = 40;
   if (text.size() <= kShow) return "'" + std::string(text) + "'";
-  return "'" + std::string(text.substr(0, kShow)) + "...' (" + std::to_string(text.size()) + " characters)";
+  return "'" + std::string(text.substr(0, kShow)) + "...' (" + std::to_string(text.size()) +
+         " characters)";
 }
 
 }  // namespace

@@ -25,18 +25,24 @@ class IndexList {
   void push_front(Link* links, std::uint32_t i) noexcept {
     links[i].prev = kNil;
     links[i].next = head_;
-    if (head_ != kNil) links[head_].prev = i;
-    else tail_ = i;
+    if (head_ != kNil)
+      links[head_].prev = i;
+    else
+      tail_ = i;
     head_ = i;
     ++size_;
   }
 
   void erase(Link* links, std::uint32_t i) noexcept {
     const Link l = links[i];
-    if (l.prev != kNil) links[l.prev].next = l.next;
-    else head_ = l.next;
-    if (l.next != kNil) links[l.next].prev = l.prev;
-    else tail_ = l.prev;
+    if (l.prev != kNil)
+      links[l.prev].next = l.next;
+    else
+      head_ = l.next;
+    if (l.next != kNil)
+      links[l.next].prev = l.prev;
+    else
+      tail_ = l.prev;
     links[i] = Link{};
     --size_;
   }

@@ -23,8 +23,10 @@ class LruPolicy final : public EvictionPolicy {
 
   void insert(std::span<const SlotIndex> slots, std::span<const BlockKey> /*keys*/) override {
     for (const SlotIndex s : slots) {
-      if (state_[s] == kAbsent) ++resident_;
-      else if (state_[s] == kListed) list_.erase(links_.data(), s);
+      if (state_[s] == kAbsent)
+        ++resident_;
+      else if (state_[s] == kListed)
+        list_.erase(links_.data(), s);
       state_[s] = kParked;
     }
   }
@@ -67,7 +69,8 @@ class LruPolicy final : public EvictionPolicy {
     }
   }
 
-  std::size_t evict(std::size_t count, const VictimFilter& filter, std::span<const BlockKey> /*slot_keys*/,
+  std::size_t evict(std::size_t count, const VictimFilter& filter,
+                    std::span<const BlockKey> /*slot_keys*/,
                     std::span<SlotIndex> victims_out) override {
     std::size_t written = 0;
     std::uint32_t cursor = list_.back();

@@ -33,26 +33,34 @@ namespace kvoffload {
 
 std::string_view lookup_result_name(LookupResult result) noexcept {
   switch (result) {
-    case LookupResult::kMiss: return "miss";
-    case LookupResult::kHit: return "hit";
-    case LookupResult::kHitPending: return "hit_pending";
+    case LookupResult::kMiss:
+      return "miss";
+    case LookupResult::kHit:
+      return "hit";
+    case LookupResult::kHitPending:
+      return "hit_pending";
   }
   return "unknown";
 }
 
 std::string_view manager_semantics_name(ManagerSemantics semantics) noexcept {
   switch (semantics) {
-    case ManagerSemantics::kNative: return "native";
-    case ManagerSemantics::kVllm: return "vllm";
+    case ManagerSemantics::kNative:
+      return "native";
+    case ManagerSemantics::kVllm:
+      return "vllm";
   }
   return "unknown";
 }
 
 std::string_view cannot_store_reason_name(CannotStoreReason reason) noexcept {
   switch (reason) {
-    case CannotStoreReason::kNone: return "none";
-    case CannotStoreReason::kNoEvictableSpace: return "no_evictable_space";
-    case CannotStoreReason::kTooManyKeys: return "too_many_keys";
+    case CannotStoreReason::kNone:
+      return "none";
+    case CannotStoreReason::kNoEvictableSpace:
+      return "no_evictable_space";
+    case CannotStoreReason::kTooManyKeys:
+      return "too_many_keys";
   }
   return "unknown";
 }
@@ -79,7 +87,9 @@ namespace detail {
 class ManagerImpl {
  public:
   ManagerImpl(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> policy)
-      : config_(config), policy_(std::move(policy)), vllm_(config.semantics == ManagerSemantics::kVllm) {
+      : config_(config),
+        policy_(std::move(policy)),
+        vllm_(config.semantics == ManagerSemantics::kVllm) {
     n_ = static_cast<std::uint32_t>(config.num_chunks);
     keys_.resize(n_);
     state_.assign(n_, kFree);
@@ -126,8 +136,10 @@ class ManagerImpl {
         r = LookupResult::kHitPending;
         ++stats_.hits_pending;
       }
-      if (in_prefix && r == LookupResult::kHit) ++prefix;
-      else in_prefix = false;
+      if (in_prefix && r == LookupResult::kHit)
+        ++prefix;
+      else
+        in_prefix = false;
       if (!results.empty()) results[i] = r;
       if (config_.store_threshold > 0) track(keys[i]);
     }
@@ -135,7 +147,8 @@ class ManagerImpl {
     return prefix;
   }
 
-  StorePlan prepare_store(std::span<const BlockKey> keys, std::span<const BlockKey> protected_keys) {
+  StorePlan prepare_store(std::span<const BlockKey> keys,
+                          std::span<const BlockKey> protected_keys) {
     const std::uint32_t epoch = next_epoch();
     plan_keys_.clear();
     plan_positions_.clear();
@@ -270,7 +283,8 @@ class ManagerImpl {
     plan.positions = plan_positions_;
     plan.slots = plan_slots_;
     plan.evicted = plan_evicted_;
-    plan.evicted_slots = needed > free_slots ? std::span<const SlotIndex>(victims_) : std::span<const SlotIndex>();
+    plan.evicted_slots =
+        needed > free_slots ? std::span<const SlotIndex>(victims_) : std::span<const SlotIndex>();
     return plan;
   }
 
@@ -358,11 +372,13 @@ class ManagerImpl {
                     "prepare_load: key " + keys[i].to_hex() + " is not stored (lookup first)");
       }
       if (state_[s] != kReady) {
-        throw Error(ErrorCode::kState, "prepare_load: key " + keys[i].to_hex() +
-                                           " is write-pending; it can be loaded after complete_store");
+        throw Error(ErrorCode::kState,
+                    "prepare_load: key " + keys[i].to_hex() +
+                        " is write-pending; it can be loaded after complete_store");
       }
       if (pins_[s] == std::numeric_limits<std::uint32_t>::max()) {
-        throw Error(ErrorCode::kState, "prepare_load: key " + keys[i].to_hex() + " has too many readers");
+        throw Error(ErrorCode::kState,
+                    "prepare_load: key " + keys[i].to_hex() + " has too many readers");
       }
       slots_out[i] = s;
     }
@@ -420,8 +436,10 @@ class ManagerImpl {
     stored_keys_.clear();
     for (const BlockKey& key : keys) {
       const std::uint32_t s = find(key);
-      if (s != KeyTable::kNone) work_slots_.push_back(s);
-      else if (vllm_) stored_keys_.push_back(key);
+      if (s != KeyTable::kNone)
+        work_slots_.push_back(s);
+      else if (vllm_)
+        stored_keys_.push_back(key);
     }
     policy_->touch(work_slots_);
     // Resident and absent keys touch disjoint state (lists vs ghosts), so two batches in call
@@ -479,8 +497,8 @@ class ManagerImpl {
   }
   std::uint32_t tracked_count(const BlockKey& key) const noexcept {
     if (tracker_.empty()) return 0;
-    const std::uint32_t t =
-        tracker_index_.find(key, [this](std::uint32_t i) -> const BlockKey& { return tracker_[i].key; });
+    const std::uint32_t t = tracker_index_.find(
+        key, [this](std::uint32_t i) -> const BlockKey& { return tracker_[i].key; });
     return t == KeyTable::kNone ? 0 : tracker_[t].count;
   }
 
@@ -489,7 +507,8 @@ class ManagerImpl {
     EventBuffer& out = events_[drained_];
     out.views.clear();
     for (const auto& b : out.batches) {
-      out.views.push_back(ManagerEvent{b.kind, std::span<const BlockKey>(out.keys).subspan(b.first, b.count)});
+      out.views.push_back(
+          ManagerEvent{b.kind, std::span<const BlockKey>(out.keys).subspan(b.first, b.count)});
     }
     EventBuffer& next = events_[active_];
     next.keys.clear();
@@ -550,7 +569,9 @@ class ManagerImpl {
     std::vector<ManagerEvent> views;
   };
 
-  [[nodiscard]] bool evictable(std::uint32_t s) const noexcept { return state_[s] == kReady && pins_[s] == 0; }
+  [[nodiscard]] bool evictable(std::uint32_t s) const noexcept {
+    return state_[s] == kReady && pins_[s] == 0;
+  }
 
   // Free slots (of the ready ones, Note [Ready slots]): the never-used ones [fresh_next_, ready_)
   // and the stack free_ of freed ones. Native puts every slot on the stack (slot 0 on top) so
@@ -565,7 +586,9 @@ class ManagerImpl {
     fresh_next_ = ready_;
     for (std::uint32_t s = ready_; s > 0; --s) free_.push_back(s - 1);
   }
-  [[nodiscard]] std::uint64_t free_count() const noexcept { return free_.size() + (ready_ - fresh_next_); }
+  [[nodiscard]] std::uint64_t free_count() const noexcept {
+    return free_.size() + (ready_ - fresh_next_);
+  }
   SlotIndex take_free_slot() noexcept {
     if (fresh_next_ < ready_) return fresh_next_++;
     const SlotIndex s = free_.back();
@@ -607,8 +630,10 @@ class ManagerImpl {
       return;
     }
     const auto slot = static_cast<std::uint32_t>(tracker_next_);
-    if (tracker_size_ == tracker_.size()) tracker_index_.erase(tracker_[slot].key, slot);
-    else ++tracker_size_;
+    if (tracker_size_ == tracker_.size())
+      tracker_index_.erase(tracker_[slot].key, slot);
+    else
+      ++tracker_size_;
     tracker_[slot] = TrackerEntry{key, 1};
     tracker_index_.insert(key, slot);
     tracker_next_ = (tracker_next_ + 1) % tracker_.size();
@@ -635,8 +660,8 @@ class ManagerImpl {
   std::vector<std::uint32_t> counts_;  // complete_load's per-call occurrence counts (under marks_)
   std::uint32_t epoch_ = 0;
 
-  std::vector<SlotIndex> free_;  // stack of freed slots (native: all free slots)
-  std::uint32_t fresh_next_ = 0; // slots >= this were never handed out since the last reset
+  std::vector<SlotIndex> free_;   // stack of freed slots (native: all free slots)
+  std::uint32_t fresh_next_ = 0;  // slots >= this were never handed out since the last reset
   KeyTable index_;
   std::uint64_t pending_ = 0;
   std::uint64_t pinned_ = 0;
@@ -675,17 +700,19 @@ namespace {
 ManagerConfig validated(ManagerConfig config) {
   constexpr std::uint64_t kMaxChunks = 0xFFFFFFFEull;  // kNoSlot is reserved
   if (config.num_chunks == 0 || config.num_chunks > kMaxChunks) {
-    throw_invalid("manager: num_chunks " + std::to_string(config.num_chunks) + " is out of range 1.." +
-                  std::to_string(kMaxChunks));
+    throw_invalid("manager: num_chunks " + std::to_string(config.num_chunks) +
+                  " is out of range 1.." + std::to_string(kMaxChunks));
   }
   if (config.ready_chunks && *config.ready_chunks > config.num_chunks) {
     throw_invalid("manager: ready_chunks " + std::to_string(*config.ready_chunks) +
                   " exceeds num_chunks " + std::to_string(config.num_chunks));
   }
   if (config.policy != PolicyKind::kLru && config.policy != PolicyKind::kArc) {
-    throw_invalid("manager: policy " + std::to_string(static_cast<int>(config.policy)) + " is unknown");
+    throw_invalid("manager: policy " + std::to_string(static_cast<int>(config.policy)) +
+                  " is unknown");
   }
-  if (config.semantics != ManagerSemantics::kNative && config.semantics != ManagerSemantics::kVllm) {
+  if (config.semantics != ManagerSemantics::kNative &&
+      config.semantics != ManagerSemantics::kVllm) {
     throw_invalid("manager: semantics " + std::to_string(static_cast<int>(config.semantics)) +
                   " is unknown; expected native (0) or vllm (1)");
   }
@@ -704,7 +731,9 @@ ManagerConfig validated(ManagerConfig config) {
 
 }  // namespace
 
-void Manager::validate(const ManagerConfig& config) { (void)validated(config); }
+void Manager::validate(const ManagerConfig& config) {
+  (void)validated(config);
+}
 
 Manager::Manager(const ManagerConfig& config) : Manager(config, nullptr) {}
 
@@ -715,8 +744,9 @@ Manager::Manager(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> po
     policy = checked.semantics == ManagerSemantics::kVllm ? make_vllm_policy(checked.policy, n)
                                                           : make_policy(checked.policy, n);
   } else if (policy->capacity() != checked.num_chunks) {
-    throw_invalid("manager: the eviction policy was built for " + std::to_string(policy->capacity()) +
-                  " slots, the manager has " + std::to_string(checked.num_chunks));
+    throw_invalid("manager: the eviction policy was built for " +
+                  std::to_string(policy->capacity()) + " slots, the manager has " +
+                  std::to_string(checked.num_chunks));
   }
   impl_ = std::make_unique<detail::ManagerImpl>(checked, std::move(policy));
 }
@@ -725,17 +755,25 @@ Manager::~Manager() = default;
 Manager::Manager(Manager&&) noexcept = default;
 Manager& Manager::operator=(Manager&&) noexcept = default;
 
-const ManagerConfig& Manager::config() const noexcept { return impl_->config(); }
-std::uint32_t Manager::num_chunks() const noexcept { return impl_->num_chunks(); }
-const EvictionPolicy& Manager::policy() const noexcept { return impl_->policy(); }
+const ManagerConfig& Manager::config() const noexcept {
+  return impl_->config();
+}
+std::uint32_t Manager::num_chunks() const noexcept {
+  return impl_->num_chunks();
+}
+const EvictionPolicy& Manager::policy() const noexcept {
+  return impl_->policy();
+}
 
 std::size_t Manager::lookup(std::span<const BlockKey> keys, std::span<LookupResult> results) {
   return impl_->lookup(keys, results);
 }
-StorePlan Manager::prepare_store(std::span<const BlockKey> keys, std::span<const BlockKey> protected_keys) {
+StorePlan Manager::prepare_store(std::span<const BlockKey> keys,
+                                 std::span<const BlockKey> protected_keys) {
   return impl_->prepare_store(keys, protected_keys);
 }
-std::span<const std::uint32_t> Manager::complete_store(std::span<const BlockKey> keys, bool success) {
+std::span<const std::uint32_t> Manager::complete_store(std::span<const BlockKey> keys,
+                                                       bool success) {
   return impl_->complete_store(keys, success);
 }
 void Manager::prepare_load(std::span<const BlockKey> keys, std::span<SlotIndex> slots_out) {
@@ -744,20 +782,44 @@ void Manager::prepare_load(std::span<const BlockKey> keys, std::span<SlotIndex> 
 std::span<const SlotIndex> Manager::prepare_load(std::span<const BlockKey> keys) {
   return impl_->prepare_load(keys);
 }
-void Manager::complete_load(std::span<const BlockKey> keys) { impl_->complete_load(keys); }
-void Manager::touch(std::span<const BlockKey> keys) { impl_->touch(keys); }
-void Manager::reset() { impl_->reset(); }
-LookupResult Manager::state_of(const BlockKey& key) const noexcept { return impl_->state_of(key); }
-SlotIndex Manager::slot_of(const BlockKey& key) const noexcept { return impl_->slot_of(key); }
-bool Manager::contains(const BlockKey& key) const noexcept { return impl_->slot_of(key) != kNoSlot; }
-std::uint32_t Manager::pin_count(const BlockKey& key) const noexcept { return impl_->pin_count(key); }
+void Manager::complete_load(std::span<const BlockKey> keys) {
+  impl_->complete_load(keys);
+}
+void Manager::touch(std::span<const BlockKey> keys) {
+  impl_->touch(keys);
+}
+void Manager::reset() {
+  impl_->reset();
+}
+LookupResult Manager::state_of(const BlockKey& key) const noexcept {
+  return impl_->state_of(key);
+}
+SlotIndex Manager::slot_of(const BlockKey& key) const noexcept {
+  return impl_->slot_of(key);
+}
+bool Manager::contains(const BlockKey& key) const noexcept {
+  return impl_->slot_of(key) != kNoSlot;
+}
+std::uint32_t Manager::pin_count(const BlockKey& key) const noexcept {
+  return impl_->pin_count(key);
+}
 std::uint32_t Manager::threshold_count(const BlockKey& key) const noexcept {
   return impl_->tracked_count(key);
 }
-std::span<const ManagerEvent> Manager::take_events() { return impl_->take_events(); }
-ManagerStats Manager::stats() const noexcept { return impl_->stats(); }
-void Manager::reset_stats() noexcept { impl_->reset_stats(); }
-std::uint32_t Manager::ready_chunks() const noexcept { return impl_->ready_chunks(); }
-void Manager::set_ready_chunks(std::uint64_t n) { impl_->set_ready_chunks(n); }
+std::span<const ManagerEvent> Manager::take_events() {
+  return impl_->take_events();
+}
+ManagerStats Manager::stats() const noexcept {
+  return impl_->stats();
+}
+void Manager::reset_stats() noexcept {
+  impl_->reset_stats();
+}
+std::uint32_t Manager::ready_chunks() const noexcept {
+  return impl_->ready_chunks();
+}
+void Manager::set_ready_chunks(std::uint64_t n) {
+  impl_->set_ready_chunks(n);
+}
 
 }  // namespace kvoffload

@@ -8,8 +8,10 @@ namespace kvoffload {
 
 std::string_view policy_kind_name(PolicyKind kind) noexcept {
   switch (kind) {
-    case PolicyKind::kLru: return "lru";
-    case PolicyKind::kArc: return "arc";
+    case PolicyKind::kLru:
+      return "lru";
+    case PolicyKind::kArc:
+      return "arc";
   }
   return "unknown";
 }
@@ -24,8 +26,10 @@ PolicyKind parse_policy_kind(std::string_view text) {
 
 std::unique_ptr<EvictionPolicy> make_policy(PolicyKind kind, std::uint32_t capacity) {
   switch (kind) {
-    case PolicyKind::kLru: return make_lru_policy(capacity);
-    case PolicyKind::kArc: return make_arc_policy(capacity);
+    case PolicyKind::kLru:
+      return make_lru_policy(capacity);
+    case PolicyKind::kArc:
+      return make_arc_policy(capacity);
   }
   throw_invalid("eviction policy " + std::to_string(static_cast<int>(kind)) + ": unknown");
 }

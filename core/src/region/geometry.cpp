@@ -9,11 +9,13 @@ namespace kvoffload {
 namespace {
 
 // The file holds a header page before the data and its size must fit off_t.
-constexpr std::uint64_t kMaxDataBytes = static_cast<std::uint64_t>(std::numeric_limits<off_t>::max()) / 2;
+constexpr std::uint64_t kMaxDataBytes =
+    static_cast<std::uint64_t>(std::numeric_limits<off_t>::max()) / 2;
 
 std::string describe(const RegionLayout& l) {
-  return "num_chunks=" + std::to_string(l.num_chunks) + ", slot_bytes=" +
-         std::to_string(l.slot_bytes) + ", world_size=" + std::to_string(l.world_size) +
+  return "num_chunks=" + std::to_string(l.num_chunks) +
+         ", slot_bytes=" + std::to_string(l.slot_bytes) +
+         ", world_size=" + std::to_string(l.world_size) +
          ", slot_align=" + std::to_string(l.slot_align) + (l.replicated ? ", replicated" : "");
 }
 
@@ -39,9 +41,10 @@ RegionGeometry RegionGeometry::compute(const RegionLayout& layout, std::size_t p
   }
   const std::uint64_t align = layout.slot_align;
   if (align < kMinSlotAlign || (align & (align - 1)) != 0 || align > page_size) {
-    throw_invalid("slot_align " + std::to_string(align) + " is not allowed: it must be a power of two from " +
-                  std::to_string(kMinSlotAlign) + " to the page size (" + std::to_string(page_size) +
-                  "); the default is " + std::to_string(kDefaultSlotAlign));
+    throw_invalid(
+        "slot_align " + std::to_string(align) + " is not allowed: it must be a power of two from " +
+        std::to_string(kMinSlotAlign) + " to the page size (" + std::to_string(page_size) +
+        "); the default is " + std::to_string(kDefaultSlotAlign));
   }
   RegionGeometry g;
   g.layout_ = layout;

@@ -1,7 +1,7 @@
 #include "region/header.hpp"
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -12,8 +12,10 @@ namespace kvoffload::detail {
 
 std::string_view state_name(std::uint32_t state) noexcept {
   switch (static_cast<RegionState>(state)) {
-    case RegionState::kCreating: return "creating";
-    case RegionState::kReady: return "ready";
+    case RegionState::kCreating:
+      return "creating";
+    case RegionState::kReady:
+      return "ready";
   }
   return "unknown";
 }
@@ -49,8 +51,10 @@ std::optional<RegionLayout> header_layout(const RegionHeader& h) noexcept {
   if (std::memcmp(h.magic, kRegionMagic, sizeof h.magic) != 0 || h.version != kRegionVersion) {
     return std::nullopt;
   }
-  return RegionLayout{.num_chunks = h.num_chunks, .slot_bytes = h.slot_bytes,
-                      .world_size = h.world_size, .replicated = h.replicated != 0,
+  return RegionLayout{.num_chunks = h.num_chunks,
+                      .slot_bytes = h.slot_bytes,
+                      .world_size = h.world_size,
+                      .replicated = h.replicated != 0,
                       .slot_align = h.slot_align};
 }
 
@@ -85,7 +89,8 @@ bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::stri
   return true;
 }
 
-void write_header(const Syscalls& sys, int fd, const RegionHeader& header, const std::string& path) {
+void write_header(const Syscalls& sys, int fd, const RegionHeader& header,
+                  const std::string& path) {
   // The whole area before the data, so the readiness table is allocated (and zero) from the start.
   std::vector<std::byte> area(static_cast<std::size_t>(header.data_offset));
   std::memcpy(area.data(), &header, sizeof header);

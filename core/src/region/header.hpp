@@ -24,8 +24,8 @@ std::string_view state_name(std::uint32_t state) noexcept;  // "creating" | "rea
 struct RegionHeader {
   char magic[8];
   std::uint32_t version;
-  std::uint32_t state;          // RegionState; the only field written after publication
-  std::uint64_t data_offset;    // bytes before the data (a multiple of the page size)
+  std::uint32_t state;        // RegionState; the only field written after publication
+  std::uint64_t data_offset;  // bytes before the data (a multiple of the page size)
   std::uint64_t num_chunks;
   std::uint64_t slot_bytes;
   std::uint32_t world_size;
@@ -33,18 +33,18 @@ struct RegionHeader {
   std::uint64_t row_stride;
   std::uint64_t data_bytes;
   std::uint64_t page_size;
-  char engine_id[136];          // NUL-terminated, for `region list`
-  std::uint64_t slot_align;     // every slot starts on this boundary
-  std::uint64_t slot_stride;    // slot_bytes rounded up to slot_align
+  char engine_id[136];             // NUL-terminated, for `region list`
+  std::uint64_t slot_align;        // every slot starts on this boundary
+  std::uint64_t slot_stride;       // slot_bytes rounded up to slot_align
   std::uint64_t readiness_offset;  // where the per-rank readiness table starts (kReadinessOffset)
 };
 
 // Note [Progressive bring-up] (region.cpp): one entry per rank, after the header and before the
 // data, written by that rank through its mapping and read by everyone, with atomics.
 struct RankReadiness {
-  std::uint32_t state;          // BringupState (0 pending, 1 running, 2 ready, 3 failed, 4 stopped)
-  std::uint32_t sys_errno;      // errno of a failure, when it had one
-  std::uint64_t ready_chunks;   // rows [0, ready_chunks) are ready on this rank
+  std::uint32_t state;         // BringupState (0 pending, 1 running, 2 ready, 3 failed, 4 stopped)
+  std::uint32_t sys_errno;     // errno of a failure, when it had one
+  std::uint64_t ready_chunks;  // rows [0, ready_chunks) are ready on this rank
 };
 static_assert(sizeof(RankReadiness) == 16);
 

@@ -24,13 +24,16 @@
 namespace kvoffload {
 namespace {
 
-const Syscalls& table(const Syscalls* sys) { return sys != nullptr ? *sys : real_syscalls(); }
+const Syscalls& table(const Syscalls* sys) {
+  return sys != nullptr ? *sys : real_syscalls();
+}
 
 // Region file names in the directory, sorted, optionally only `engine_id`'s.
 std::vector<std::string> region_names(const Syscalls& sys, int dirfd, const std::string& dir,
                                       const std::optional<std::string>& engine_id) {
   std::vector<std::string> names;
-  if (sys.list_dir(sys.context, dirfd, &names) != 0) throw_system_error("readdir", errno, "of " + dir);
+  if (sys.list_dir(sys.context, dirfd, &names) != 0)
+    throw_system_error("readdir", errno, "of " + dir);
   std::erase_if(names, [&](const std::string& n) {
     const std::string id = detail::engine_id_from_file_name(n);
     return id.empty() || (engine_id && id != *engine_id);
@@ -50,7 +53,9 @@ std::string type_name(mode_t mode) {
   return "not a regular file";
 }
 
-std::string not_a_region(mode_t mode) { return type_name(mode) + ", not a region file"; }
+std::string not_a_region(mode_t mode) {
+  return type_name(mode) + ", not a region file";
+}
 
 // One opened candidate: the descriptor (invalid when open failed), its stat, and the reason it is
 // not a region ("" when it is a regular file we could open).
@@ -67,7 +72,8 @@ Candidate open_candidate(const Syscalls& sys, int dirfd, const std::string& name
   // Read-only and never locked here (see the note on list in DESIGN §2). O_NONBLOCK: see
   // Note [Hostile entries].
   const int raw = detail::retry_eintr([&] {
-    return sys.openat(sys.context, dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+    return sys.openat(sys.context, dirfd, name.c_str(),
+                      O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
   });
   if (raw < 0) {
     const int err = errno;
@@ -79,7 +85,8 @@ Candidate open_candidate(const Syscalls& sys, int dirfd, const std::string& name
     // another user.
     if (sys.fstatat(sys.context, dirfd, name.c_str(), &c.st, AT_SYMLINK_NOFOLLOW) == 0) {
       c.have_stat = true;
-      c.problem = S_ISREG(c.st.st_mode) ? "cannot open it: " + errno_name(err) : not_a_region(c.st.st_mode);
+      c.problem =
+          S_ISREG(c.st.st_mode) ? "cannot open it: " + errno_name(err) : not_a_region(c.st.st_mode);
     } else {
       c.gone = errno == ENOENT;
       c.problem = "cannot open it: " + errno_name(err);
@@ -98,7 +105,8 @@ Candidate open_candidate(const Syscalls& sys, int dirfd, const std::string& name
 
 // Reads the header of a regular candidate; nullopt with `problem` set when there is none.
 std::optional<detail::RegionHeader> candidate_header(const Syscalls& sys, const Candidate& c,
-                                                     const std::string& path, std::string& problem) {
+                                                     const std::string& path,
+                                                     std::string& problem) {
   detail::RegionHeader header{};
   try {
     if (!detail::read_header(sys, c.fd.get(), header, path)) {
@@ -118,7 +126,8 @@ std::optional<detail::RegionHeader> candidate_header(const Syscalls& sys, const 
 
 }  // namespace
 
-std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir, const Syscalls* syscalls) {
+std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
+                                     const Syscalls* syscalls) {
   const Syscalls& sys = table(syscalls);
   const std::string dir = shm_dir.string();
   const detail::UniqueFd dirfd(sys, detail::open_shm_dir(sys, dir));
@@ -155,8 +164,8 @@ std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir, const
   return out;
 }
 
-CleanResult clean_regions(const std::filesystem::path& shm_dir, const std::optional<std::string>& engine_id,
-                          const Syscalls* syscalls) {
+CleanResult clean_regions(const std::filesystem::path& shm_dir,
+                          const std::optional<std::string>& engine_id, const Syscalls* syscalls) {
   const Syscalls& sys = table(syscalls);
   if (engine_id) detail::validate_engine_id(*engine_id);
   const std::string dir = shm_dir.string();
@@ -193,7 +202,8 @@ CleanResult clean_regions(const std::filesystem::path& shm_dir, const std::optio
     }
     // clean may lock: winning the exclusive lock means no one is attached, and it unlinks.
     if (sys.flock(sys.context, c.fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      if (errno != EWOULDBLOCK) throw_system_error("flock", errno, "(LOCK_EX|LOCK_NB) of " + path.string());
+      if (errno != EWOULDBLOCK)
+        throw_system_error("flock", errno, "(LOCK_EX|LOCK_NB) of " + path.string());
       result.kept.push_back(path);  // in use
       continue;
     }

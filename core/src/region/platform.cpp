@@ -19,7 +19,9 @@
 namespace kvoffload::platform {
 namespace {
 
-const Syscalls& table(const Syscalls* sys) { return sys != nullptr ? *sys : real_syscalls(); }
+const Syscalls& table(const Syscalls* sys) {
+  return sys != nullptr ? *sys : real_syscalls();
+}
 
 std::optional<std::uint64_t> parse_u64(std::string_view s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.remove_suffix(1);
@@ -77,7 +79,8 @@ std::vector<CgroupLevel> cgroup_levels(const Syscalls& sys) {
                         "memory.usage_in_bytes", "total_inactive_file"});
   }
   if (!v2_path.empty()) {
-    flavours.push_back({"/sys/fs/cgroup", v2_path, "memory.max", "memory.current", "inactive_file"});
+    flavours.push_back(
+        {"/sys/fs/cgroup", v2_path, "memory.max", "memory.current", "inactive_file"});
   }
   std::vector<CgroupLevel> levels;
   for (const Flavour& f : flavours) {

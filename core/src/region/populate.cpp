@@ -31,8 +31,9 @@ std::string describe_range(ByteRange r, const std::string& what) {
 
 // The error for a file-backed range that could not be allocated: it names how many bytes this
 // mapper still needed, how many the filesystem has free now and the difference.
-[[noreturn]] void throw_shortfall(const Syscalls& sys, const BackingFile& file, std::uint64_t needed,
-                                  int err, const char* call, const std::string& what) {
+[[noreturn]] void throw_shortfall(const Syscalls& sys, const BackingFile& file,
+                                  std::uint64_t needed, int err, const char* call,
+                                  const std::string& what) {
   std::string free_now = "unknown (fstatvfs failed)";
   std::string shortfall;
   struct statvfs vfs {};
@@ -41,32 +42,36 @@ std::string describe_range(ByteRange r, const std::string& what) {
     free_now = std::to_string(avail) + " bytes";
     shortfall = "; shortfall " + std::to_string(needed > avail ? needed - avail : 0) + " bytes";
   }
-  throw Error(ErrorCode::kCapacity,
-              std::string(call) + " could not allocate the pages of " + what + " (" + errno_name(err) +
-                  "): the shm filesystem " + file.dir +
-                  " ran out of space after the creator's capacity check. This mapper still needed " +
-                  std::to_string(needed) + " bytes for its slots and " + file.dir + " has " + free_now +
-                  " free" + shortfall +
-                  ". Another process took the space; free it, give the container a larger shm "
-                  "(--shm-size), share the host's (--ipc=host), or ask for a smaller region",
-              err, call);
+  throw Error(
+      ErrorCode::kCapacity,
+      std::string(call) + " could not allocate the pages of " + what + " (" + errno_name(err) +
+          "): the shm filesystem " + file.dir +
+          " ran out of space after the creator's capacity check. This mapper still needed " +
+          std::to_string(needed) + " bytes for its slots and " + file.dir + " has " + free_now +
+          " free" + shortfall +
+          ". Another process took the space; free it, give the container a larger shm "
+          "(--shm-size), share the host's (--ipc=host), or ask for a smaller region",
+      err, call);
 }
 
 // Errors of MADV_POPULATE_WRITE that mean "the page could not be allocated" on a file mapping:
 // EFAULT is the fault's SIGBUS (tmpfs full), ENOMEM a memory cgroup limit.
-bool is_allocation_failure(int err) noexcept { return err == EFAULT || err == ENOMEM || err == ENOSPC; }
+bool is_allocation_failure(int err) noexcept {
+  return err == EFAULT || err == ENOMEM || err == ENOSPC;
+}
 
 // fallocate of the file pages behind `r` (page-aligned already).
-void fallocate_range(const Syscalls& sys, const BackingFile& file, ByteRange r, std::uint64_t needed,
-                     const std::string& what) {
+void fallocate_range(const Syscalls& sys, const BackingFile& file, ByteRange r,
+                     std::uint64_t needed, const std::string& what) {
   const auto offset = static_cast<off_t>(r.begin - file.file_base);
   const int rc = retry_eintr(
       [&] { return sys.fallocate(sys.context, file.fd, 0, offset, static_cast<off_t>(r.size)); });
   if (rc == 0) return;
   const int err = errno;
   if (err == ENOSPC || err == EDQUOT) throw_shortfall(sys, file, needed, err, "fallocate", what);
-  throw_system_error("fallocate", err, "of " + std::to_string(r.size) + " bytes at offset " +
-                                           std::to_string(offset) + " of " + what);
+  throw_system_error("fallocate", err,
+                     "of " + std::to_string(r.size) + " bytes at offset " + std::to_string(offset) +
+                         " of " + what);
 }
 
 }  // namespace
@@ -139,8 +144,8 @@ PopulateReport populate(const Syscalls& sys, const PopulatePlan& plan, std::size
   // Bytes populated so far, for the shortfall figure of an allocation failure.
   std::atomic<std::uint64_t> done{0};
   auto madvise_range = [&](ByteRange r) {
-    const int rc = retry_eintr(
-        [&] { return sys.madvise(sys.context, r.begin, r.size, MADV_POPULATE_WRITE); });
+    const int rc =
+        retry_eintr([&] { return sys.madvise(sys.context, r.begin, r.size, MADV_POPULATE_WRITE); });
     if (rc == 0) return;
     const int err = errno;
     if (file_backed && is_allocation_failure(err)) {
@@ -153,8 +158,8 @@ PopulateReport populate(const Syscalls& sys, const PopulatePlan& plan, std::size
   // The probe: one call on the first page. Only EINVAL selects the fallback.
   ByteRange probe = plan.range(0);
   probe.size = std::min(probe.size, page_size);
-  const int rc =
-      retry_eintr([&] { return sys.madvise(sys.context, probe.begin, probe.size, MADV_POPULATE_WRITE); });
+  const int rc = retry_eintr(
+      [&] { return sys.madvise(sys.context, probe.begin, probe.size, MADV_POPULATE_WRITE); });
   if (rc == 0) {
     report.method = PopulateMethod::kMadvise;
   } else if (errno == EINVAL) {
@@ -175,7 +180,8 @@ PopulateReport populate(const Syscalls& sys, const PopulatePlan& plan, std::size
       } else {
         // Allocate before the first touch: touching a hole of a full tmpfs is a SIGBUS.
         if (file_backed) {
-          fallocate_range(sys, file, r, plan.total_bytes() - done.load(std::memory_order_relaxed), what);
+          fallocate_range(sys, file, r, plan.total_bytes() - done.load(std::memory_order_relaxed),
+                          what);
         }
         touch_pages_preserving(r, page_size);
       }
@@ -206,7 +212,8 @@ PopulateReport populate(const Syscalls& sys, const PopulatePlan& plan, std::size
       }
     } catch (const std::system_error& e) {
       for (auto& th : pool) th.join();
-      throw Error(ErrorCode::kSystem, "could not start populate threads for " + what + ": " + e.what(),
+      throw Error(ErrorCode::kSystem,
+                  "could not start populate threads for " + what + ": " + e.what(),
                   e.code().value(), "pthread_create");
     }
     run(0, n / workers);
@@ -215,7 +222,8 @@ PopulateReport populate(const Syscalls& sys, const PopulatePlan& plan, std::size
   }
 
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double gbps = report.seconds > 0 ? static_cast<double>(report.bytes) / report.seconds / 1e9 : 0.0;
+  const double gbps =
+      report.seconds > 0 ? static_cast<double>(report.bytes) / report.seconds / 1e9 : 0.0;
   log().info("{}: populated {} bytes with {} using {} thread(s) in {:.3f} s ({:.2f} GB/s)", what,
              report.bytes, to_string(report.method), workers, report.seconds, gbps);
   return report;

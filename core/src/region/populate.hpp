@@ -48,9 +48,9 @@ class PopulatePlan {
  private:
   std::byte* data_ = nullptr;
   std::uint64_t data_bytes_ = 0;
-  std::uint64_t stride_ = 0;   // distance between consecutive ranges
-  std::uint64_t first_ = 0;    // offset of range 0 from data
-  std::uint64_t length_ = 0;   // length of every range (the last unranked one may be shorter)
+  std::uint64_t stride_ = 0;  // distance between consecutive ranges
+  std::uint64_t first_ = 0;   // offset of range 0 from data
+  std::uint64_t length_ = 0;  // length of every range (the last unranked one may be shorter)
   std::size_t count_ = 0;
   std::uint64_t total_bytes_ = 0;
 };

@@ -44,9 +44,9 @@ std::uint32_t count_flock_holders(std::string_view text, dev_t dev, ino_t ino) {
     next_field(line);  // "N:"
     const std::string_view kind = next_field(line);
     if (kind != "FLOCK") continue;
-    next_field(line);  // ADVISORY / MANDATORY
-    next_field(line);  // READ / WRITE
-    next_field(line);  // pid
+    next_field(line);                              // ADVISORY / MANDATORY
+    next_field(line);                              // READ / WRITE
+    next_field(line);                              // pid
     const std::string_view id = next_field(line);  // MAJ:MIN:INODE (hex:hex:decimal)
     const auto c1 = id.find(':');
     const auto c2 = id.find(':', c1 == std::string_view::npos ? 0 : c1 + 1);

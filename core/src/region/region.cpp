@@ -85,11 +85,16 @@ std::string_view to_string(BringupMode m) noexcept {
 
 std::string_view to_string(BringupState s) noexcept {
   switch (s) {
-    case BringupState::kPending: return "pending";
-    case BringupState::kRunning: return "running";
-    case BringupState::kReady: return "ready";
-    case BringupState::kFailed: return "failed";
-    case BringupState::kStopped: return "stopped";
+    case BringupState::kPending:
+      return "pending";
+    case BringupState::kRunning:
+      return "running";
+    case BringupState::kReady:
+      return "ready";
+    case BringupState::kFailed:
+      return "failed";
+    case BringupState::kStopped:
+      return "stopped";
   }
   return "unknown";
 }
@@ -97,7 +102,8 @@ std::string_view to_string(BringupState s) noexcept {
 BringupMode parse_bringup_mode(std::string_view name) {
   if (name == "blocking") return BringupMode::kBlocking;
   if (name == "background") return BringupMode::kBackground;
-  throw_invalid("bring-up mode '" + std::string(name) + "' is unknown; use 'background' or 'blocking'");
+  throw_invalid("bring-up mode '" + std::string(name) +
+                "' is unknown; use 'background' or 'blocking'");
 }
 
 std::string_view to_string(RegionRole role) noexcept {
@@ -106,9 +112,12 @@ std::string_view to_string(RegionRole role) noexcept {
 
 std::string_view to_string(PopulateMethod m) noexcept {
   switch (m) {
-    case PopulateMethod::kMadvise: return "madvise";
-    case PopulateMethod::kFallback: return "fallback";
-    case PopulateMethod::kNone: return "none";
+    case PopulateMethod::kMadvise:
+      return "madvise";
+    case PopulateMethod::kFallback:
+      return "fallback";
+    case PopulateMethod::kNone:
+      return "none";
   }
   return "none";
 }
@@ -120,7 +129,8 @@ std::filesystem::path default_shm_dir() {
   return "/dev/shm";
 }
 
-std::filesystem::path region_path(const std::filesystem::path& shm_dir, const std::string& engine_id) {
+std::filesystem::path region_path(const std::filesystem::path& shm_dir,
+                                  const std::string& engine_id) {
   detail::validate_engine_id(engine_id);
   return shm_dir / (detail::kRegionPrefix + engine_id + detail::kRegionSuffix);
 }
@@ -167,12 +177,14 @@ void check_owner_and_mode(const struct stat& st, const std::string& path) {
   if ((st.st_mode & 077) != 0) {
     char mode[8];
     (void)std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    throw Error(ErrorCode::kPermission, path + " has mode " + mode +
-                                            ", wider than the 0600 regions are created with; refused");
+    throw Error(
+        ErrorCode::kPermission,
+        path + " has mode " + mode + ", wider than the 0600 regions are created with; refused");
   }
 }
 
-bool path_names_inode(const Syscalls& sys, int dirfd, const std::string& name, const struct stat& held) {
+bool path_names_inode(const Syscalls& sys, int dirfd, const std::string& name,
+                      const struct stat& held) {
   struct stat now {};
   if (sys.fstatat(sys.context, dirfd, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno == ENOENT) return false;
@@ -199,7 +211,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string describe_layout(const RegionLayout& l) {
-  return "{num_chunks=" + std::to_string(l.num_chunks) + ", slot_bytes=" + std::to_string(l.slot_bytes) +
+  return "{num_chunks=" + std::to_string(l.num_chunks) +
+         ", slot_bytes=" + std::to_string(l.slot_bytes) +
          ", world_size=" + std::to_string(l.world_size) +
          ", replicated=" + (l.replicated ? "true" : "false") +
          ", slot_align=" + std::to_string(l.slot_align) + "}";
@@ -210,8 +223,9 @@ using util::seconds_since;
 // A short randomised pause between attempts, so that processes racing over a stale file do not
 // retry in lock step.
 void backoff() {
-  thread_local std::minstd_rand rng(static_cast<unsigned>(
-      std::hash<std::thread::id>{}(std::this_thread::get_id()) ^ static_cast<unsigned>(::getpid())));
+  thread_local std::minstd_rand rng(
+      static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id()) ^
+                            static_cast<unsigned>(::getpid())));
   std::this_thread::sleep_for(std::chrono::microseconds(500 + rng() % 2000));
 }
 
@@ -253,7 +267,8 @@ struct Attached {
 void check_capacity(const Attempt& a) {
   struct statvfs vfs {};
   if (a.sys.fstatvfs(a.sys.context, a.dirfd, &vfs) != 0) {
-    throw_system_error("fstatvfs", errno, "of " + a.dir + " (checking space for region " + a.path + ")");
+    throw_system_error("fstatvfs", errno,
+                       "of " + a.dir + " (checking space for region " + a.path + ")");
   }
   const std::uint64_t fs_free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   std::uint64_t available = fs_free;
@@ -271,20 +286,21 @@ void check_capacity(const Attempt& a) {
       g.replicated() ? "1 copy (replicated)" : std::to_string(g.copies()) + " copies (world_size)";
   throw Error(
       ErrorCode::kCapacity,
-      "not enough shared memory for region " + a.path + ": it needs " + std::to_string(a.file_bytes) +
-          " bytes but " + std::to_string(available) + " bytes are available (checked against the " +
-          source + "). The size comes from num_chunks=" + std::to_string(g.num_chunks()) +
-          " x row_stride=" + std::to_string(g.row_stride()) + " (slot_bytes=" +
-          std::to_string(g.slot_bytes()) + " x " + copies + ", rounded up to the " +
-          std::to_string(g.page_size()) + "-byte page) plus a " +
-          std::to_string(a.file_bytes - g.data_bytes()) +
+      "not enough shared memory for region " + a.path + ": it needs " +
+          std::to_string(a.file_bytes) + " bytes but " + std::to_string(available) +
+          " bytes are available (checked against the " + source +
+          "). The size comes from num_chunks=" + std::to_string(g.num_chunks()) + " x row_stride=" +
+          std::to_string(g.row_stride()) + " (slot_bytes=" + std::to_string(g.slot_bytes()) +
+          " x " + copies + ", rounded up to the " + std::to_string(g.page_size()) +
+          "-byte page) plus a " + std::to_string(a.file_bytes - g.data_bytes()) +
           "-byte header. Fixes: give the container a larger shm (docker run --shm-size=...), "
           "share the host's (--ipc=host), or ask for a smaller region (fewer chunks or smaller "
           "slots)");
 }
 
 // Unlinks `name` only when it still names the inode we hold; returns errno of the failed step.
-int unlink_if_ours(const Syscalls& sys, int dirfd, const std::string& name, const struct stat& st) noexcept {
+int unlink_if_ours(const Syscalls& sys, int dirfd, const std::string& name,
+                   const struct stat& st) noexcept {
   try {
     if (!detail::path_names_inode(sys, dirfd, name, st)) return 0;
   } catch (const Error& e) {
@@ -305,16 +321,17 @@ Step try_create(Attempt& a, Attached& out) {
     // The space may be gone because a winner published and allocated after we saw no file.
     struct stat now {};
     if (sys.fstatat(sys.context, a.dirfd, a.name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0) {
-      log().info("region {}: capacity check failed, but another process created the region "
-                 "meanwhile; joining it", a.path);
+      log().info(
+          "region {}: capacity check failed, but another process created the region "
+          "meanwhile; joining it",
+          a.path);
       return Step::kLostRace;
     }
     throw;
   }
 
-  const int raw = detail::retry_eintr([&] {
-    return sys.openat(sys.context, a.dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  });
+  const int raw = detail::retry_eintr(
+      [&] { return sys.openat(sys.context, a.dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600); });
   if (raw < 0) {
     throw_system_error("open", errno, "(O_TMPFILE) in " + a.dir + " for region " + a.path);
   }
@@ -331,7 +348,8 @@ Step try_create(Attempt& a, Attached& out) {
   creator_lock.l_whence = SEEK_SET;
   creator_lock.l_start = detail::kCreatorLockStart;
   creator_lock.l_len = detail::kCreatorLockLen;
-  if (detail::retry_eintr([&] { return sys.fcntl_lock(sys.context, fd.get(), F_OFD_SETLK, &creator_lock); }) != 0) {
+  if (detail::retry_eintr(
+          [&] { return sys.fcntl_lock(sys.context, fd.get(), F_OFD_SETLK, &creator_lock); }) != 0) {
     throw_system_error("fcntl", errno, "(F_OFD_SETLK) on the header of the new region " + a.path);
   }
   detail::write_header(sys, fd.get(), detail::make_header(a.geometry, a.options.engine_id), a.path);
@@ -340,7 +358,8 @@ Step try_create(Attempt& a, Attached& out) {
   if (detail::retry_eintr([&] {
         return sys.ftruncate(sys.context, fd.get(), static_cast<off_t>(a.file_bytes));
       }) != 0) {
-    throw_system_error("ftruncate", errno, "to " + std::to_string(a.file_bytes) + " bytes of the new region " + a.path);
+    throw_system_error("ftruncate", errno,
+                       "to " + std::to_string(a.file_bytes) + " bytes of the new region " + a.path);
   }
   struct stat st {};
   if (sys.fstat(sys.context, fd.get(), &st) != 0) {
@@ -359,14 +378,16 @@ Step try_create(Attempt& a, Attached& out) {
     void* addr = sys.mmap(sys.context, nullptr, a.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                           fd.get(), 0);
     if (addr == MAP_FAILED) {
-      throw_system_error("mmap", errno, "of " + std::to_string(a.file_bytes) + " bytes of region " + a.path);
+      throw_system_error("mmap", errno,
+                         "of " + std::to_string(a.file_bytes) + " bytes of region " + a.path);
     }
     detail::Mapping mapping(sys, addr, a.file_bytes);
     detail::write_state(sys, fd.get(), detail::RegionState::kReady, a.path);
     out.mapping = std::move(mapping);
   } catch (...) {
     if (const int err = unlink_if_ours(sys, a.dirfd, a.name, st)) {
-      log().error("region {}: could not remove it after a failed creation: {}", a.path, errno_name(err));
+      log().error("region {}: could not remove it after a failed creation: {}", a.path,
+                  errno_name(err));
     }
     throw;
   }
@@ -374,7 +395,8 @@ Step try_create(Attempt& a, Attached& out) {
   // deciding whether a "creating" header has a live creator, and close() drops it anyway.
   creator_lock.l_type = F_UNLCK;
   if (sys.fcntl_lock(sys.context, fd.get(), F_OFD_SETLK, &creator_lock) != 0) {
-    log().warn("region {}: could not drop the creator lock ({}); it goes at close", a.path, errno_name(errno));
+    log().warn("region {}: could not drop the creator lock ({}); it goes at close", a.path,
+               errno_name(errno));
   }
   out.fd = std::move(fd);
   out.st = st;
@@ -399,20 +421,21 @@ bool creator_alive(const Attempt& a, int fd) {
 void check_header(const Attempt& a, const detail::RegionHeader& h) {
   const auto layout = detail::header_layout(h);
   if (layout && layout->slot_align != a.geometry.slot_align()) {
-    throw Error(ErrorCode::kMismatch, "region " + a.path + " was created with slot_align=" +
-                                          std::to_string(layout->slot_align) +
-                                          " but this process asks for slot_align=" +
-                                          std::to_string(a.geometry.slot_align()) +
-                                          "; every rank must use the same slot alignment");
+    throw Error(
+        ErrorCode::kMismatch,
+        "region " + a.path + " was created with slot_align=" + std::to_string(layout->slot_align) +
+            " but this process asks for slot_align=" + std::to_string(a.geometry.slot_align()) +
+            "; every rank must use the same slot alignment");
   }
   if (!layout) {
     throw Error(ErrorCode::kMismatch, a.path + " is not a kvoffload region of format version " +
-                                          std::to_string(detail::kRegionVersion) + " (bad magic or version " +
-                                          std::to_string(h.version) + "); refused");
+                                          std::to_string(detail::kRegionVersion) +
+                                          " (bad magic or version " + std::to_string(h.version) +
+                                          "); refused");
   }
   if (!(*layout == a.geometry.layout())) {
-    throw Error(ErrorCode::kMismatch, "region " + a.path + " has geometry " + describe_layout(*layout) +
-                                          " but this process expects " +
+    throw Error(ErrorCode::kMismatch, "region " + a.path + " has geometry " +
+                                          describe_layout(*layout) + " but this process expects " +
                                           describe_layout(a.geometry.layout()));
   }
   if (h.page_size != a.geometry.page_size() || h.row_stride != a.geometry.row_stride() ||
@@ -423,9 +446,10 @@ void check_header(const Attempt& a, const detail::RegionHeader& h) {
                 "region " + a.path + " was built with page size " + std::to_string(h.page_size) +
                     ", row stride " + std::to_string(h.row_stride) + " and data offset " +
                     std::to_string(h.data_offset) + "; this process computes " +
-                    std::to_string(a.geometry.page_size()) + ", " + std::to_string(a.geometry.row_stride()) +
-                    " and " +
-                    std::to_string(detail::data_offset_for(a.geometry.page_size(), a.geometry.world_size())));
+                    std::to_string(a.geometry.page_size()) + ", " +
+                    std::to_string(a.geometry.row_stride()) + " and " +
+                    std::to_string(
+                        detail::data_offset_for(a.geometry.page_size(), a.geometry.world_size())));
   }
 }
 
@@ -439,20 +463,24 @@ Step try_join(Attempt& a, Attached& out) {
     const int err = errno;
     if (err == ENOENT) return Step::kAbsent;
     if (err == ELOOP) {
-      throw Error(ErrorCode::kPermission, a.path + " is a symbolic link; regions are never opened "
-                                                  "through a link (O_NOFOLLOW). Remove it",
+      throw Error(ErrorCode::kPermission,
+                  a.path +
+                      " is a symbolic link; regions are never opened "
+                      "through a link (O_NOFOLLOW). Remove it",
                   err, "open");
     }
     if (err == EACCES || err == EPERM) {
-      throw Error(ErrorCode::kPermission, "open of region " + a.path + ": permission denied (" +
-                                              errno_name(err) + "); it belongs to another user",
+      throw Error(ErrorCode::kPermission,
+                  "open of region " + a.path + ": permission denied (" + errno_name(err) +
+                      "); it belongs to another user",
                   err, "open");
     }
     throw_system_error("open", err, "of region " + a.path);
   }
   detail::UniqueFd fd(sys, raw);
   struct stat st {};
-  if (sys.fstat(sys.context, fd.get(), &st) != 0) throw_system_error("fstat", errno, "of region " + a.path);
+  if (sys.fstat(sys.context, fd.get(), &st) != 0)
+    throw_system_error("fstat", errno, "of region " + a.path);
   // Owner and mode before the stale test: root must never reclaim another user's idle file.
   detail::check_owner_and_mode(st, a.path);
 
@@ -465,7 +493,8 @@ Step try_join(Attempt& a, Attached& out) {
     }
     return Step::kRetryNow;
   }
-  if (errno != EWOULDBLOCK) throw_system_error("flock", errno, "(LOCK_EX|LOCK_NB) of region " + a.path);
+  if (errno != EWOULDBLOCK)
+    throw_system_error("flock", errno, "(LOCK_EX|LOCK_NB) of region " + a.path);
   if (sys.flock(sys.context, fd.get(), LOCK_SH | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK) throw_system_error("flock", errno, "(LOCK_SH) of region " + a.path);
     a.last_observed = "locked exclusively by another process (being removed)";
@@ -506,14 +535,17 @@ Step try_join(Attempt& a, Attached& out) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 
-  if (sys.fstat(sys.context, fd.get(), &st) != 0) throw_system_error("fstat", errno, "of region " + a.path);
+  if (sys.fstat(sys.context, fd.get(), &st) != 0)
+    throw_system_error("fstat", errno, "of region " + a.path);
   if (static_cast<std::uint64_t>(st.st_size) < a.file_bytes) {
     throw Error(ErrorCode::kMismatch, "region " + a.path + " is " + std::to_string(st.st_size) +
                                           " bytes, expected " + std::to_string(a.file_bytes));
   }
-  void* addr = sys.mmap(sys.context, nullptr, a.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  void* addr =
+      sys.mmap(sys.context, nullptr, a.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (addr == MAP_FAILED) {
-    throw_system_error("mmap", errno, "of " + std::to_string(a.file_bytes) + " bytes of region " + a.path);
+    throw_system_error("mmap", errno,
+                       "of " + std::to_string(a.file_bytes) + " bytes of region " + a.path);
   }
   out.mapping = detail::Mapping(sys, addr, a.file_bytes);
   out.fd = std::move(fd);
@@ -566,9 +598,15 @@ struct Region::State {
 
 namespace {
 
-std::atomic_ref<std::uint32_t> table_state(detail::RankReadiness& e) { return std::atomic_ref(e.state); }
-std::atomic_ref<std::uint32_t> table_errno(detail::RankReadiness& e) { return std::atomic_ref(e.sys_errno); }
-std::atomic_ref<std::uint64_t> table_ready(detail::RankReadiness& e) { return std::atomic_ref(e.ready_chunks); }
+std::atomic_ref<std::uint32_t> table_state(detail::RankReadiness& e) {
+  return std::atomic_ref(e.state);
+}
+std::atomic_ref<std::uint32_t> table_errno(detail::RankReadiness& e) {
+  return std::atomic_ref(e.sys_errno);
+}
+std::atomic_ref<std::uint64_t> table_ready(detail::RankReadiness& e) {
+  return std::atomic_ref(e.ready_chunks);
+}
 
 }  // namespace
 
@@ -580,21 +618,25 @@ void Region::run_bringup(State& s) {
   detail::RankReadiness& entry = s.table[rank];
   table_ready(entry).store(0, std::memory_order_release);
   table_errno(entry).store(0, std::memory_order_relaxed);
-  table_state(entry).store(static_cast<std::uint32_t>(BringupState::kRunning), std::memory_order_release);
+  table_state(entry).store(static_cast<std::uint32_t>(BringupState::kRunning),
+                           std::memory_order_release);
   const Syscalls& sys = *s.sys;
   const std::string what = "region " + s.path.string();
   const detail::PopulatePlan plan(g, s.data, s.rank);
-  const detail::BackingFile file{.fd = s.fd.get(), .file_base = s.mapping.data(), .dirfd = s.dir.get(),
-                                 .dir = s.shm_dir};
+  const detail::BackingFile file{
+      .fd = s.fd.get(), .file_base = s.mapping.data(), .dirfd = s.dir.get(), .dir = s.shm_dir};
   auto finish = [&](BringupState state, std::optional<Error> error, std::uint64_t failed_chunk) {
-    if (error) table_errno(entry).store(static_cast<std::uint32_t>(error->sys_errno()), std::memory_order_relaxed);
+    if (error)
+      table_errno(entry).store(static_cast<std::uint32_t>(error->sys_errno()),
+                               std::memory_order_relaxed);
     if (state == BringupState::kStopped) table_ready(entry).store(0, std::memory_order_release);
     table_state(entry).store(static_cast<std::uint32_t>(state), std::memory_order_release);
     const std::lock_guard lock(s.mu);
     s.bringup.state = state;
     s.bringup.error = std::move(error);
     s.bringup.failed_chunk = failed_chunk;
-    s.bringup.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.started).count();
+    s.bringup.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - s.started).count();
     s.cv.notify_all();
   };
   std::uint64_t first = 0;
@@ -607,7 +649,8 @@ void Region::run_bringup(State& s) {
       const std::uint64_t rows = std::min(s.piece_rows, g.num_chunks() - first);
       const detail::PopulatePlan piece = plan.rows(first, rows);
       if (s.populate_pages) {
-        const PopulateReport r = detail::populate(sys, piece, g.page_size(), s.populate_threads, what, file);
+        const PopulateReport r =
+            detail::populate(sys, piece, g.page_size(), s.populate_threads, what, file);
         const std::lock_guard lock(s.mu);
         s.populate.method = r.method;
         s.populate.bytes += r.bytes;
@@ -616,8 +659,9 @@ void Region::run_bringup(State& s) {
         detail::allocate(sys, piece, file, what);
       }
       if (s.on_piece_ready) {
-        s.on_piece_ready({s.data + first * g.row_stride(), static_cast<std::size_t>(rows * g.row_stride())},
-                         first, rows);
+        s.on_piece_ready(
+            {s.data + first * g.row_stride(), static_cast<std::size_t>(rows * g.row_stride())},
+            first, rows);
       }
       table_ready(entry).store(first + rows, std::memory_order_release);
       const std::lock_guard lock(s.mu);
@@ -630,7 +674,8 @@ void Region::run_bringup(State& s) {
     throw;
   } catch (const std::exception& e) {
     Error wrapped(ErrorCode::kInternal, what + ": bring-up of rank " + std::to_string(rank) +
-                                            " failed at chunk " + std::to_string(first) + ": " + e.what());
+                                            " failed at chunk " + std::to_string(first) + ": " +
+                                            e.what());
     log().error("{}", wrapped.what());
     finish(BringupState::kFailed, wrapped, first);
     throw wrapped;
@@ -648,7 +693,8 @@ Region Region::create_or_join(const RegionOptions& options) {
                   std::to_string(kDefaultBringupPieceBytes) + ")");
   }
   if (options.bringup != BringupMode::kBlocking && options.bringup != BringupMode::kBackground) {
-    throw_invalid("bringup mode " + std::to_string(static_cast<int>(options.bringup)) + " is unknown");
+    throw_invalid("bringup mode " + std::to_string(static_cast<int>(options.bringup)) +
+                  " is unknown");
   }
   if (options.join_timeout.count() < 0) {
     throw_invalid("join_timeout is " + std::to_string(options.join_timeout.count()) +
@@ -656,15 +702,22 @@ Region Region::create_or_join(const RegionOptions& options) {
   }
   const RegionGeometry geometry = RegionGeometry::compute(options.layout, platform::page_size());
   if (options.rank) (void)geometry.copy_index(*options.rank);
-  const std::filesystem::path shm_dir = options.shm_dir.empty() ? default_shm_dir() : options.shm_dir;
+  const std::filesystem::path shm_dir =
+      options.shm_dir.empty() ? default_shm_dir() : options.shm_dir;
   const std::filesystem::path path = region_path(shm_dir, options.engine_id);
 
   detail::UniqueFd dir(sys, detail::open_shm_dir(sys, shm_dir.string()));
-  Attempt a{.sys = sys, .options = options, .geometry = geometry, .dir = shm_dir.string(),
-            .name = path.filename().string(), .path = path.string(), .dirfd = dir.get(),
+  Attempt a{.sys = sys,
+            .options = options,
+            .geometry = geometry,
+            .dir = shm_dir.string(),
+            .name = path.filename().string(),
+            .path = path.string(),
+            .dirfd = dir.get(),
             .file_bytes = detail::data_offset_for(geometry.page_size(), geometry.world_size()) +
                           geometry.data_bytes(),
-            .started = Clock::now(), .deadline = Clock::now() + options.join_timeout};
+            .started = Clock::now(),
+            .deadline = Clock::now() + options.join_timeout};
 
   Attached attached;
   for (;;) {
@@ -687,14 +740,17 @@ Region Region::create_or_join(const RegionOptions& options) {
   state->dir = std::move(dir);
   state->fd = std::move(attached.fd);
   state->mapping = std::move(attached.mapping);
-  state->data = state->mapping.data() + detail::data_offset_for(geometry.page_size(), geometry.world_size());
-  state->table = reinterpret_cast<detail::RankReadiness*>(state->mapping.data() + detail::kReadinessOffset);
+  state->data =
+      state->mapping.data() + detail::data_offset_for(geometry.page_size(), geometry.world_size());
+  state->table =
+      reinterpret_cast<detail::RankReadiness*>(state->mapping.data() + detail::kReadinessOffset);
   state->st = attached.st;
   state->open = true;
   state->shm_dir = shm_dir.string();
   state->populate_pages = options.populate;
   state->populate_threads = options.populate_threads;
-  state->piece_rows = std::max<std::uint64_t>(1, options.bringup_piece_bytes / geometry.row_stride());
+  state->piece_rows =
+      std::max<std::uint64_t>(1, options.bringup_piece_bytes / geometry.row_stride());
   state->on_piece_ready = options.on_piece_ready;
   state->started = a.started;
   state->bringup.num_chunks = geometry.num_chunks();
@@ -724,8 +780,8 @@ Region Region::create_or_join(const RegionOptions& options) {
   // Unranked: everything in blocking mode, nothing in background mode.
   if (options.bringup == BringupMode::kBlocking) {
     const detail::PopulatePlan plan(geometry, region.data(), std::nullopt);
-    const detail::BackingFile file{.fd = s.fd.get(), .file_base = s.mapping.data(), .dirfd = s.dir.get(),
-                                   .dir = s.shm_dir};
+    const detail::BackingFile file{
+        .fd = s.fd.get(), .file_base = s.mapping.data(), .dirfd = s.dir.get(), .dir = s.shm_dir};
     if (options.populate) {
       s.populate = detail::populate(sys, plan, geometry.page_size(), options.populate_threads,
                                     "region " + a.path, file);
@@ -749,13 +805,25 @@ Region& Region::operator=(Region&& other) noexcept {
   }
   return *this;
 }
-Region::~Region() { close(); }
+Region::~Region() {
+  close();
+}
 
-const RegionGeometry& Region::geometry() const noexcept { return state_->geometry; }
-RegionRole Region::role() const noexcept { return state_->role; }
-const std::filesystem::path& Region::path() const noexcept { return state_->path; }
-const std::string& Region::engine_id() const noexcept { return state_->engine_id; }
-std::optional<std::uint32_t> Region::rank() const noexcept { return state_->rank; }
+const RegionGeometry& Region::geometry() const noexcept {
+  return state_->geometry;
+}
+RegionRole Region::role() const noexcept {
+  return state_->role;
+}
+const std::filesystem::path& Region::path() const noexcept {
+  return state_->path;
+}
+const std::string& Region::engine_id() const noexcept {
+  return state_->engine_id;
+}
+std::optional<std::uint32_t> Region::rank() const noexcept {
+  return state_->rank;
+}
 PopulateReport Region::populate_report() const {
   const std::lock_guard lock(state_->mu);
   return state_->populate;
@@ -769,7 +837,8 @@ BringupStatus Region::bringup_status() const {
 void Region::wait_bringup() const {
   std::unique_lock lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->bringup.state != BringupState::kRunning; });
-  if (state_->bringup.state == BringupState::kFailed && state_->bringup.error) throw *state_->bringup.error;
+  if (state_->bringup.state == BringupState::kFailed && state_->bringup.error)
+    throw *state_->bringup.error;
   if (state_->bringup.state == BringupState::kStopped) {
     throw Error(ErrorCode::kState, "region " + state_->path.string() +
                                        ": bring-up was stopped by close() before it finished");
@@ -797,8 +866,12 @@ std::uint64_t Region::chunks_ready_on_all_ranks() const {
   }
   return ready;
 }
-bool Region::is_open() const noexcept { return state_ != nullptr && state_->open; }
-std::byte* Region::data() const noexcept { return is_open() ? state_->data : nullptr; }
+bool Region::is_open() const noexcept {
+  return state_ != nullptr && state_->open;
+}
+std::byte* Region::data() const noexcept {
+  return is_open() ? state_->data : nullptr;
+}
 
 std::span<std::byte> Region::slot(std::uint64_t chunk, std::uint32_t rank) const {
   if (!is_open()) throw Error(ErrorCode::kState, "slot() on a closed region");
@@ -845,7 +918,8 @@ bool Region::close() noexcept {
     // A failure stays visible (with its errno) to the processes still attached.
     const auto failed = static_cast<std::uint32_t>(BringupState::kFailed);
     if (table_state(entry).load(std::memory_order_acquire) != failed) {
-      table_state(entry).store(static_cast<std::uint32_t>(BringupState::kStopped), std::memory_order_release);
+      table_state(entry).store(static_cast<std::uint32_t>(BringupState::kStopped),
+                               std::memory_order_release);
     }
   }
   s.open = false;
@@ -873,9 +947,11 @@ bool Region::close() noexcept {
   // "Am I the last one?" can only be asked on the way out (Note [Region lifetime]).
   const Syscalls& sys = *s.sys;
   if (sys.flock(sys.context, s.fd.get(), LOCK_EX | LOCK_NB) == 0) {
-    if (const int err = unlink_if_ours(sys, s.dir.get(), s.name, s.st)) failed("unlink", errno_name(err));
+    if (const int err = unlink_if_ours(sys, s.dir.get(), s.name, s.st))
+      failed("unlink", errno_name(err));
   } else if (errno != EWOULDBLOCK) {
-    failed("flock", errno_name(errno) + " (the file stays; it is stale and `region clean` removes it)");
+    failed("flock",
+           errno_name(errno) + " (the file stays; it is stale and `region clean` removes it)");
   }
   if (const int err = s.fd.reset()) failed("close", errno_name(err));
   if (const int err = s.dir.reset()) failed("close (shm dir)", errno_name(err));

@@ -25,7 +25,8 @@ void check_owner_and_mode(const struct stat& st, const std::string& path);
 
 // Whether `name` in `dirfd` is still the file (dev, ino) we hold. ENOENT counts as "no".
 // Throws Error(kSystem) for other fstatat failures.
-bool path_names_inode(const Syscalls& sys, int dirfd, const std::string& name, const struct stat& held);
+bool path_names_inode(const Syscalls& sys, int dirfd, const std::string& name,
+                      const struct stat& held);
 
 // Opens a directory for *at() calls; refuses a missing or non-directory path with
 // kInvalidArgument.

@@ -15,17 +15,27 @@ namespace {
 int real_openat(void*, int dirfd, const char* path, int flags, mode_t mode) {
   return ::openat(dirfd, path, flags, mode);
 }
-int real_close(void*, int fd) { return ::close(fd); }
-int real_fstat(void*, int fd, struct stat* st) { return ::fstat(fd, st); }
+int real_close(void*, int fd) {
+  return ::close(fd);
+}
+int real_fstat(void*, int fd, struct stat* st) {
+  return ::fstat(fd, st);
+}
 int real_fstatat(void*, int dirfd, const char* path, struct stat* st, int flags) {
   return ::fstatat(dirfd, path, st, flags);
 }
-int real_fstatvfs(void*, int fd, struct statvfs* st) { return ::fstatvfs(fd, st); }
-int real_fchmod(void*, int fd, mode_t mode) { return ::fchmod(fd, mode); }
+int real_fstatvfs(void*, int fd, struct statvfs* st) {
+  return ::fstatvfs(fd, st);
+}
+int real_fchmod(void*, int fd, mode_t mode) {
+  return ::fchmod(fd, mode);
+}
 int real_fallocate(void*, int fd, int mode, off_t offset, off_t len) {
   return ::fallocate(fd, mode, offset, len);
 }
-int real_ftruncate(void*, int fd, off_t length) { return ::ftruncate(fd, length); }
+int real_ftruncate(void*, int fd, off_t length) {
+  return ::ftruncate(fd, length);
+}
 ssize_t real_pread(void*, int fd, void* buf, std::size_t count, off_t offset) {
   return ::pread(fd, buf, count, offset);
 }
@@ -42,12 +52,18 @@ int real_unlinkat(void*, int dirfd, const char* path, int flags) {
 void* real_mmap(void*, void* addr, std::size_t len, int prot, int flags, int fd, off_t offset) {
   return ::mmap(addr, len, prot, flags, fd, offset);
 }
-int real_munmap(void*, void* addr, std::size_t len) { return ::munmap(addr, len); }
+int real_munmap(void*, void* addr, std::size_t len) {
+  return ::munmap(addr, len);
+}
 int real_madvise(void*, void* addr, std::size_t len, int advice) {
   return ::madvise(addr, len, advice);
 }
-int real_flock(void*, int fd, int operation) { return ::flock(fd, operation); }
-int real_fcntl_lock(void*, int fd, int cmd, struct flock* lock) { return ::fcntl(fd, cmd, lock); }
+int real_flock(void*, int fd, int operation) {
+  return ::flock(fd, operation);
+}
+int real_fcntl_lock(void*, int fd, int cmd, struct flock* lock) {
+  return ::fcntl(fd, cmd, lock);
+}
 
 int real_read_file(void*, const char* path, std::string* out) {
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -94,13 +110,21 @@ int real_list_dir(void*, int dirfd, std::vector<std::string>* names) {
   return err == 0 ? 0 : -1;
 }
 
-int real_fsync(void*, int fd) { return ::fsync(fd); }
-int real_fdatasync(void*, int fd) { return ::fdatasync(fd); }
-int real_fcntl_int(void*, int fd, int cmd, int arg) { return ::fcntl(fd, cmd, arg); }
+int real_fsync(void*, int fd) {
+  return ::fsync(fd);
+}
+int real_fdatasync(void*, int fd) {
+  return ::fdatasync(fd);
+}
+int real_fcntl_int(void*, int fd, int cmd, int arg) {
+  return ::fcntl(fd, cmd, arg);
+}
 int real_renameat(void*, int olddirfd, const char* oldpath, int newdirfd, const char* newpath) {
   return ::renameat(olddirfd, oldpath, newdirfd, newpath);
 }
-int real_mkdirat(void*, int dirfd, const char* path, mode_t mode) { return ::mkdirat(dirfd, path, mode); }
+int real_mkdirat(void*, int dirfd, const char* path, mode_t mode) {
+  return ::mkdirat(dirfd, path, mode);
+}
 
 constexpr Syscalls kReal{
     .context = nullptr,
@@ -132,6 +156,8 @@ constexpr Syscalls kReal{
 
 }  // namespace
 
-const Syscalls& real_syscalls() noexcept { return kReal; }
+const Syscalls& real_syscalls() noexcept {
+  return kReal;
+}
 
 }  // namespace kvoffload

@@ -37,8 +37,8 @@ std::uint32_t portable_raw(const unsigned char* p, std::size_t n, std::uint32_t 
     if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
     w ^= c;
     c = kTables[7][w & 0xFF] ^ kTables[6][(w >> 8) & 0xFF] ^ kTables[5][(w >> 16) & 0xFF] ^
-        kTables[4][(w >> 24) & 0xFF] ^ kTables[3][(w >> 32) & 0xFF] ^
-        kTables[2][(w >> 40) & 0xFF] ^ kTables[1][(w >> 48) & 0xFF] ^ kTables[0][w >> 56];
+        kTables[4][(w >> 24) & 0xFF] ^ kTables[3][(w >> 32) & 0xFF] ^ kTables[2][(w >> 40) & 0xFF] ^
+        kTables[1][(w >> 48) & 0xFF] ^ kTables[0][w >> 56];
     p += 8;
     n -= 8;
   }
@@ -48,7 +48,7 @@ std::uint32_t portable_raw(const unsigned char* p, std::size_t n, std::uint32_t 
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) std::uint32_t hardware_raw(const unsigned char* p, std::size_t n,
-                                                              std::uint32_t c) noexcept {
+                                                             std::uint32_t c) noexcept {
   std::uint64_t c64 = c;
   while (n >= 8) {
     std::uint64_t w;

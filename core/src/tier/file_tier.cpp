@@ -133,7 +133,8 @@ struct FileTier::Impl {
       unlink_quietly(temp);
       return o;
     };
-    if (auto o = dio.write_all(fd, buf, rec, used_direct, temp)) return fail_with_temp(std::move(*o));
+    if (auto o = dio.write_all(fd, buf, rec, used_direct, temp))
+      return fail_with_temp(std::move(*o));
     if (options.fsync != FsyncPolicy::kNone && sys.fdatasync(sys.context, fd) != 0) {
       return fail_with_temp(ItemOutcome::failed("fdatasync " + temp.string(), errno));
     }
@@ -150,8 +151,9 @@ struct FileTier::Impl {
     struct statvfs vfs {};
     if (sys.fstatvfs(sys.context, lock_fd.get(), &vfs) != 0) {
       const int e = errno;
-      warnings.warn("fstatvfs " + errno_name(e), "file tier '{}': {}; keeping the capacity in force",
-                    options.name, errno_text("fstatvfs " + root.string(), e));
+      warnings.warn("fstatvfs " + errno_name(e),
+                    "file tier '{}': {}; keeping the capacity in force", options.name,
+                    errno_text("fstatvfs " + root.string(), e));
       return std::nullopt;
     }
     return static_cast<std::uint64_t>(vfs.f_bavail) * static_cast<std::uint64_t>(vfs.f_frsize);
@@ -175,7 +177,8 @@ struct FileTier::Impl {
   }
   void log_capacity(const std::optional<CapacityChange>& c) {
     if (!c) return;
-    warnings.warn("capacity", "file tier '{}': capacity {} bytes, below the configured {}: the "
+    warnings.warn("capacity",
+                  "file tier '{}': capacity {} bytes, below the configured {}: the "
                   "filesystem of {} has {} bytes free besides the {} bytes of records held",
                   options.name, c->capacity, index.configured(), root.string(), c->free, c->held);
   }
@@ -228,8 +231,9 @@ struct FileTier::Impl {
                    written.detail, evicted);
       if (evicted > 0) written = write_temp(buf, rec, temp, dir);
       if (written.status == TierItemStatus::kFailed && written.err == ENOSPC) {
-        written.detail += evicted > 0 ? " (again after evicting " + std::to_string(evicted) + " records)"
-                                      : " (no record left to evict)";
+        written.detail += evicted > 0
+                              ? " (again after evicting " + std::to_string(evicted) + " records)"
+                              : " (no record left to evict)";
       }
     }
     if (written.status != TierItemStatus::kOk) return written;
@@ -254,11 +258,14 @@ struct FileTier::Impl {
       index.mark_ready(item.key, epoch);
     }
     if (options.fsync == FsyncPolicy::kFull) {
-      const int raw = detail::retry_eintr(
-          [&] { return sys.openat(sys.context, AT_FDCWD, dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0); });
+      const int raw = detail::retry_eintr([&] {
+        return sys.openat(sys.context, AT_FDCWD, dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC,
+                          0);
+      });
       if (raw < 0) return ItemOutcome::failed("open " + dir.string(), errno);
       detail::UniqueFd dfd(sys, raw);
-      if (sys.fsync(sys.context, dfd.get()) != 0) return ItemOutcome::failed("fsync " + dir.string(), errno);
+      if (sys.fsync(sys.context, dfd.get()) != 0)
+        return ItemOutcome::failed("fsync " + dir.string(), errno);
     }
     return {};
   }
@@ -275,7 +282,8 @@ struct FileTier::Impl {
     const int fd = owned.get();
 
     struct stat st {};
-    if (sys.fstat(sys.context, fd, &st) != 0) return ItemOutcome::failed("fstat " + path.string(), errno);
+    if (sys.fstat(sys.context, fd, &st) != 0)
+      return ItemOutcome::failed("fstat " + path.string(), errno);
     const std::uint64_t rec = file_tier_record_bytes(item.into.size());
     if (static_cast<std::uint64_t>(st.st_size) != rec) {
       return ItemOutcome::miss("record is " + std::to_string(st.st_size) + " bytes, expected " +
@@ -367,14 +375,16 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
     if (created_root) {
       std::error_code ec;
       fs::remove(impl->root, ec);
-      if (ec) log().warn("file tier '{}': removing {}: {}", name, impl->root.string(), ec.message());
+      if (ec)
+        log().warn("file tier '{}': removing {}: {}", name, impl->root.string(), ec.message());
     }
   };
 
   try {
     const auto lock_path = impl->root / detail::kTierLockName;
     const int raw = detail::retry_eintr([&] {
-      return sys.openat(sys.context, AT_FDCWD, lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+      return sys.openat(sys.context, AT_FDCWD, lock_path.c_str(),
+                        O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     });
     if (raw < 0) throw_system_error("open", errno, lock_path.string());
     impl->lock_fd = detail::UniqueFd(sys, raw);
@@ -410,11 +420,12 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
     impl->counters.evictions = evicted;
 
     impl->pool = std::make_unique<detail::IoPool>(options.io_threads, detail::kRecordAlign);
-    log().info("file tier '{}': opened {} ({} records, {} bytes, {} stale temp files removed, {} "
-               "evicted to fit {} bytes; {} I/O threads, {})",
-               name, impl->root.string(), impl->index.size(), impl->index.used_bytes(),
-               found.stale_temps_removed, evicted, impl->index.capacity(), options.io_threads,
-               impl->dio.enabled() ? "O_DIRECT when supported" : "buffered");
+    log().info(
+        "file tier '{}': opened {} ({} records, {} bytes, {} stale temp files removed, {} "
+        "evicted to fit {} bytes; {} I/O threads, {})",
+        name, impl->root.string(), impl->index.size(), impl->index.used_bytes(),
+        found.stale_temps_removed, evicted, impl->index.capacity(), options.io_threads,
+        impl->dio.enabled() ? "O_DIRECT when supported" : "buffered");
   } catch (...) {
     undo();
     throw;
@@ -424,10 +435,16 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
 
 FileTier::FileTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-FileTier::~FileTier() { close(); }
+FileTier::~FileTier() {
+  close();
+}
 
-const std::string& FileTier::name() const noexcept { return impl_->options.name; }
-const std::filesystem::path& FileTier::root() const noexcept { return impl_->root; }
+const std::string& FileTier::name() const noexcept {
+  return impl_->options.name;
+}
+const std::filesystem::path& FileTier::root() const noexcept {
+  return impl_->root;
+}
 std::filesystem::path FileTier::record_path(const BlockKey& key) const {
   return impl_->record_path(key);
 }
@@ -482,8 +499,8 @@ TierBatch FileTier::put(std::span<const TierPut> items) {
       }
       if (!s.index.fits(rec)) {
         ++s.counters.puts_failed;
-        immediate.push_back({i, TierItemStatus::kFailed, ENOSPC,
-                             "capacity is held by writes in flight"});
+        immediate.push_back(
+            {i, TierItemStatus::kFailed, ENOSPC, "capacity is held by writes in flight"});
         continue;
       }
       const std::uint64_t epoch = s.index.reserve(item.key, rec);
@@ -584,12 +601,14 @@ TierBatch FileTier::get(std::span<const TierGet> items) {
                 drop = s.index.erase(item.key, epoch);
               }
               break;
-            case TierItemStatus::kFailed: ++s.counters.gets_failed; break;
+            case TierItemStatus::kFailed:
+              ++s.counters.gets_failed;
+              break;
           }
         }
         if (drop) {
-          s.warnings.warn("unusable record", "file tier '{}': record {} unusable ({}); dropped", s.options.name,
-                     item.key.to_hex(), o.detail);
+          s.warnings.warn("unusable record", "file tier '{}': record {} unusable ({}); dropped",
+                          s.options.name, item.key.to_hex(), o.detail);
           s.reclaim(item.key);
         }
         promise.set(i, o.status, o.err, std::move(o.detail));

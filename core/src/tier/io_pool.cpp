@@ -24,7 +24,9 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
   return *this;
 }
 
-AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+AlignedBuffer::~AlignedBuffer() {
+  std::free(data_);
+}
 
 std::byte* AlignedBuffer::reserve(std::size_t bytes) {
   if (bytes <= capacity_) return data_;

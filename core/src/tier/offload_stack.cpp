@@ -12,12 +12,18 @@ namespace kvoffload {
 
 std::string_view to_string(InitStep step) noexcept {
   switch (step) {
-    case InitStep::kRegion: return "region";
-    case InitStep::kPrimary: return "primary";
-    case InitStep::kSecondary: return "secondary";
-    case InitStep::kTieredStore: return "tiered_store";
-    case InitStep::kRuntime: return "runtime";
-    case InitStep::kTransferEngine: return "transfer_engine";
+    case InitStep::kRegion:
+      return "region";
+    case InitStep::kPrimary:
+      return "primary";
+    case InitStep::kSecondary:
+      return "secondary";
+    case InitStep::kTieredStore:
+      return "tiered_store";
+    case InitStep::kRuntime:
+      return "runtime";
+    case InitStep::kTransferEngine:
+      return "transfer_engine";
   }
   return "unknown";
 }
@@ -28,7 +34,8 @@ namespace {
 RegionGeometry validate_region(const RegionOptions& o) {
   const std::filesystem::path shm_dir = o.shm_dir.empty() ? default_shm_dir() : o.shm_dir;
   (void)region_path(shm_dir, o.engine_id);  // validates the engine id
-  if (o.populate_threads == 0) throw_invalid("region: populate_threads is 0; it must be at least 1");
+  if (o.populate_threads == 0)
+    throw_invalid("region: populate_threads is 0; it must be at least 1");
   if (o.join_timeout.count() < 0) {
     throw_invalid("region: join_timeout is " + std::to_string(o.join_timeout.count()) +
                   " ms; it must be >= 0");
@@ -45,7 +52,8 @@ void run_hook(const InitHooks& hooks, InitStep step, std::size_t index) {
 }
 
 // Reports one released resource to the test hook; a throwing hook must not stop the teardown.
-void released(const std::function<void(InitStep, std::size_t)>& hook, InitStep step, std::size_t index) noexcept {
+void released(const std::function<void(InitStep, std::size_t)>& hook, InitStep step,
+              std::size_t index) noexcept {
   if (!hook) return;
   try {
     hook(step, index);
@@ -84,8 +92,9 @@ void validate(const StackConfig& config) {
     const FileTierOptions& t = config.file_tiers[i];
     FileTier::validate(t);
     if (t.capacity_bytes < record) {
-      throw_invalid("file tier '" + t.name + "': capacity_bytes " + std::to_string(t.capacity_bytes) +
-                    " cannot hold one chunk row (" + std::to_string(record) + " bytes on disk)");
+      throw_invalid("file tier '" + t.name + "': capacity_bytes " +
+                    std::to_string(t.capacity_bytes) + " cannot hold one chunk row (" +
+                    std::to_string(record) + " bytes on disk)");
     }
     if (!roots.insert(t.root.lexically_normal()).second) {
       throw_invalid("file tier '" + t.name + "': root " + t.root.string() +
@@ -97,14 +106,13 @@ void validate(const StackConfig& config) {
     const RemoteGeometry& rg = t.geometry;
     if (rg.slot_bytes != g.slot_bytes() || rg.world_size != g.world_size() ||
         rg.replicated != g.replicated() || rg.stride() != g.slot_stride()) {
-      throw_invalid("remote tier '" + t.name + "': geometry (slot_bytes " +
-                    std::to_string(rg.slot_bytes) + ", slot_stride " + std::to_string(rg.stride()) +
-                    ", world_size " + std::to_string(rg.world_size) +
-                    ", replicated " + (rg.replicated ? "yes" : "no") +
-                    ") differs from the region's (slot_bytes " + std::to_string(g.slot_bytes()) +
-                    ", slot_stride " + std::to_string(g.slot_stride()) +
-                    ", world_size " + std::to_string(g.world_size()) + ", replicated " +
-                    (g.replicated() ? "yes" : "no") + ")");
+      throw_invalid(
+          "remote tier '" + t.name + "': geometry (slot_bytes " + std::to_string(rg.slot_bytes) +
+          ", slot_stride " + std::to_string(rg.stride()) + ", world_size " +
+          std::to_string(rg.world_size) + ", replicated " + (rg.replicated ? "yes" : "no") +
+          ") differs from the region's (slot_bytes " + std::to_string(g.slot_bytes()) +
+          ", slot_stride " + std::to_string(g.slot_stride()) + ", world_size " +
+          std::to_string(g.world_size()) + ", replicated " + (g.replicated() ? "yes" : "no") + ")");
     }
   }
 }
@@ -121,7 +129,8 @@ void validate(const WorkerConfig& config) {
   if (b != "auto") {
     for (const BackendInfo& info : list_backends()) {
       if (info.name == b && !info.built) {
-        throw Error(ErrorCode::kNotAvailable, "worker: backend '" + b + "' is not available: " + info.detail);
+        throw Error(ErrorCode::kNotAvailable,
+                    "worker: backend '" + b + "' is not available: " + info.detail);
       }
     }
   }
@@ -131,18 +140,20 @@ void validate(const WorkerConfig& config) {
   KvLayout layout;
   layout.groups = config.groups;
   layout.blocks_per_chunk = config.blocks_per_chunk;
-  layout.host = HostSlots{.base = &placeholder,
-                          .buffer_bytes = g.data_bytes(),
-                          .num_chunks = g.num_chunks(),
-                          .row_stride = g.row_stride(),
-                          .slot_offset = static_cast<std::uint64_t>(g.copy_index(*config.region.rank)) * g.slot_bytes(),
-                          .slot_bytes = g.slot_bytes()};
+  layout.host = HostSlots{
+      .base = &placeholder,
+      .buffer_bytes = g.data_bytes(),
+      .num_chunks = g.num_chunks(),
+      .row_stride = g.row_stride(),
+      .slot_offset = static_cast<std::uint64_t>(g.copy_index(*config.region.rank)) * g.slot_bytes(),
+      .slot_bytes = g.slot_bytes()};
   layout.validate();
 }
 
 // ---- OffloadStack -------------------------------------------------------------------------------
 
-std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config, const InitHooks& hooks) {
+std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config,
+                                                  const InitHooks& hooks) {
   validate(config);  // before any resource exists
   std::unique_ptr<OffloadStack> s(new OffloadStack());
   s->after_release_ = hooks.after_release;
@@ -159,8 +170,8 @@ std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config, con
       s->tiers_.push_back(hooks.make_file_tier ? hooks.make_file_tier(config.file_tiers[i])
                                                : FileTier::open(config.file_tiers[i]));
       if (!s->tiers_.back()) {
-        throw Error(ErrorCode::kInternal, "file tier factory returned null for tier " +
-                                              std::to_string(i));
+        throw Error(ErrorCode::kInternal,
+                    "file tier factory returned null for tier " + std::to_string(i));
       }
     }
 
@@ -169,16 +180,16 @@ std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config, con
       s->tiers_.push_back(hooks.make_remote_tier ? hooks.make_remote_tier(config.remote_tiers[i])
                                                  : RemoteTier::open(config.remote_tiers[i]));
       if (!s->tiers_.back()) {
-        throw Error(ErrorCode::kInternal, "remote tier factory returned null for tier " +
-                                              std::to_string(i));
+        throw Error(ErrorCode::kInternal,
+                    "remote tier factory returned null for tier " + std::to_string(i));
       }
     }
 
     run_hook(hooks, InitStep::kTieredStore, 0);
     std::vector<SecondaryTier*> raw;
     for (auto& t : s->tiers_) raw.push_back(t.get());
-    s->store_ = std::make_unique<TieredStore>(*s->manager_, PrimaryRows::of(*s->region_),
-                                              std::move(raw));
+    s->store_ =
+        std::make_unique<TieredStore>(*s->manager_, PrimaryRows::of(*s->region_), std::move(raw));
   } catch (const std::exception& e) {
     log().debug("offload stack: initialisation failed ({}); releasing what was built", e.what());
     s->close();  // logs its own failures; the original exception propagates
@@ -189,7 +200,9 @@ std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config, con
   return s;
 }
 
-OffloadStack::~OffloadStack() { close(); }
+OffloadStack::~OffloadStack() {
+  close();
+}
 
 bool OffloadStack::close() noexcept {
   bool ok = true;
@@ -237,9 +250,9 @@ std::unique_ptr<OffloadWorker> OffloadWorker::build(const WorkerConfig& config,
     if (!w->runtime_) throw Error(ErrorCode::kInternal, "runtime factory returned null");
 
     run_hook(hooks, InitStep::kTransferEngine, 0);
-    w->engine_ = std::make_unique<TransferEngine>(*w->runtime_, *w->region_, *config.region.rank,
-                                                  config.groups, config.blocks_per_chunk,
-                                                  config.engine);
+    w->engine_ =
+        std::make_unique<TransferEngine>(*w->runtime_, *w->region_, *config.region.rank,
+                                         config.groups, config.blocks_per_chunk, config.engine);
   } catch (const std::exception& e) {
     log().debug("offload worker: initialisation failed ({}); releasing what was built", e.what());
     w->close();
@@ -248,7 +261,9 @@ std::unique_ptr<OffloadWorker> OffloadWorker::build(const WorkerConfig& config,
   return w;
 }
 
-OffloadWorker::~OffloadWorker() { close(); }
+OffloadWorker::~OffloadWorker() {
+  close();
+}
 
 bool OffloadWorker::close() noexcept {
   bool ok = true;

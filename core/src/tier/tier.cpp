@@ -21,18 +21,24 @@ struct TierBatchState {
 
 std::string_view to_string(TierItemStatus status) noexcept {
   switch (status) {
-    case TierItemStatus::kOk: return "ok";
-    case TierItemStatus::kMiss: return "miss";
-    case TierItemStatus::kFailed: return "failed";
+    case TierItemStatus::kOk:
+      return "ok";
+    case TierItemStatus::kMiss:
+      return "miss";
+    case TierItemStatus::kFailed:
+      return "failed";
   }
   return "unknown";
 }
 
 std::string_view to_string(TierPresence presence) noexcept {
   switch (presence) {
-    case TierPresence::kAbsent: return "absent";
-    case TierPresence::kPresent: return "present";
-    case TierPresence::kPending: return "pending";
+    case TierPresence::kAbsent:
+      return "absent";
+    case TierPresence::kPresent:
+      return "present";
+    case TierPresence::kPending:
+      return "pending";
   }
   return "unknown";
 }
@@ -47,7 +53,9 @@ void SecondaryTier::lookup(std::span<const BlockKey> keys, std::span<TierPresenc
   }
 }
 
-std::size_t TierBatch::size() const noexcept { return state_ ? state_->results.size() : 0; }
+std::size_t TierBatch::size() const noexcept {
+  return state_ ? state_->results.size() : 0;
+}
 
 bool TierBatch::ready() const noexcept {
   if (!state_) return true;
@@ -91,8 +99,8 @@ void TierBatchPromise::set(std::size_t index, TierItemStatus status, int sys_err
   {
     std::lock_guard lock(state_->mutex);
     if (index >= state_->results.size() || state_->done[index]) {
-      throw Error(ErrorCode::kInternal, "tier batch item " + std::to_string(index) +
-                                            " set twice or out of range");
+      throw Error(ErrorCode::kInternal,
+                  "tier batch item " + std::to_string(index) + " set twice or out of range");
     }
     auto& r = state_->results[index];
     r.status = status;

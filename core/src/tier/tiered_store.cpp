@@ -93,9 +93,15 @@ TieredLookup TieredStore::lookup(std::span<const BlockKey> keys, std::span<TierL
   miss_index_.clear();
   for (std::size_t i = 0; i < keys.size(); ++i) {
     switch (results[i]) {
-      case LookupResult::kHit: locations_[i] = TierLocation::kPrimary; break;
-      case LookupResult::kHitPending: locations_[i] = TierLocation::kPrimaryPending; break;
-      case LookupResult::kMiss: miss_index_.push_back(i); break;
+      case LookupResult::kHit:
+        locations_[i] = TierLocation::kPrimary;
+        break;
+      case LookupResult::kHitPending:
+        locations_[i] = TierLocation::kPrimaryPending;
+        break;
+      case LookupResult::kMiss:
+        miss_index_.push_back(i);
+        break;
     }
   }
   ask_tiers(keys);
@@ -184,7 +190,8 @@ PromoteTicket TieredStore::promote(std::span<const BlockKey> keys,
   } catch (...) {
     // Keys not handed to a tier free their slots now; those handed over finish in poll().
     std::vector<BlockKey> unsent;
-    for (; t < tiers_.size(); ++t) unsent.insert(unsent.end(), by_tier[t].begin(), by_tier[t].end());
+    for (; t < tiers_.size(); ++t)
+      unsent.insert(unsent.end(), by_tier[t].begin(), by_tier[t].end());
     if (!unsent.empty()) primary_.complete_store(unsent, false);
     if (!p.reads.empty()) promotions_.push_back(std::move(p));
     throw;
@@ -217,9 +224,10 @@ std::vector<PromoteCompletion> TieredStore::progress(bool block) {
       }
     }
     if (failed > 0) {
-      warnings_->warn("offload " + (first_errno != 0 ? errno_name(first_errno) : std::string("error")),
-                      "tiered store: {} of {} keys were not written to a secondary tier (first: {})",
-                      failed, it->keys.size(), first_failure);
+      warnings_->warn(
+          "offload " + (first_errno != 0 ? errno_name(first_errno) : std::string("error")),
+          "tiered store: {} of {} keys were not written to a secondary tier (first: {})", failed,
+          it->keys.size(), first_failure);
     }
     primary_.complete_load(it->keys);
     it = offloads_.erase(it);
@@ -282,7 +290,8 @@ bool TieredStore::consume(Promotion& p, PromotionRead& read) {
       continue;
     }
     log().debug("tiered store: promotion of {} from tier '{}' gave {} ({}); trying tier '{}'",
-                r.key.to_hex(), tiers_[from]->name(), to_string(r.status), r.detail, tiers_[next]->name());
+                r.key.to_hex(), tiers_[from]->name(), to_string(r.status), r.detail,
+                tiers_[next]->name());
     again[next].push_back(read.gets[i]);
     any = true;
   }
@@ -301,8 +310,12 @@ bool TieredStore::consume(Promotion& p, PromotionRead& read) {
   return any;
 }
 
-std::vector<PromoteCompletion> TieredStore::poll() { return progress(false); }
-std::vector<PromoteCompletion> TieredStore::drain() { return progress(true); }
+std::vector<PromoteCompletion> TieredStore::poll() {
+  return progress(false);
+}
+std::vector<PromoteCompletion> TieredStore::drain() {
+  return progress(true);
+}
 
 TieredStats TieredStore::stats() const noexcept {
   TieredStats s = stats_;

@@ -27,7 +27,8 @@ BackendInfo probe_sim();
 // on first use (core/src/gpu/backend_modules.cpp). make_* throws Error(kNotAvailable) when the
 // module is not built or cannot load (its runtime library missing), or no device is usable (the
 // message says why); Error(kDevice) for other runtime failures. probe_* never throws.
-std::unique_ptr<DeviceRuntime> make_vendor_runtime(std::string_view name, const RuntimeOptions& options);
+std::unique_ptr<DeviceRuntime> make_vendor_runtime(std::string_view name,
+                                                   const RuntimeOptions& options);
 BackendInfo probe_vendor(std::string_view name);
 
 }  // namespace kvoffload::detail

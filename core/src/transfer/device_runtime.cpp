@@ -16,10 +16,14 @@ std::string_view to_string(CopyPath path) noexcept {
 
 std::string_view to_string(CopyKind kind) noexcept {
   switch (kind) {
-    case CopyKind::kHostToDevice: return "h2d";
-    case CopyKind::kDeviceToHost: return "d2h";
-    case CopyKind::kDeviceToDevice: return "d2d";
-    case CopyKind::kHostToHost: return "h2h";
+    case CopyKind::kHostToDevice:
+      return "h2d";
+    case CopyKind::kDeviceToHost:
+      return "d2h";
+    case CopyKind::kDeviceToDevice:
+      return "d2d";
+    case CopyKind::kHostToHost:
+      return "h2h";
   }
   return "?";
 }
@@ -36,7 +40,9 @@ Stream& Stream::operator=(Stream&& other) noexcept {
   }
   return *this;
 }
-Stream::~Stream() { reset(); }
+Stream::~Stream() {
+  reset();
+}
 void Stream::reset() noexcept {
   if (handle_ != 0 && runtime_ != nullptr) runtime_->do_destroy_stream(handle_);
   handle_ = 0;
@@ -53,7 +59,9 @@ Event& Event::operator=(Event&& other) noexcept {
   }
   return *this;
 }
-Event::~Event() { reset(); }
+Event::~Event() {
+  reset();
+}
 void Event::reset() noexcept {
   if (handle_ != 0 && runtime_ != nullptr) runtime_->do_destroy_event(handle_);
   handle_ = 0;
@@ -77,7 +85,9 @@ HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept
   }
   return *this;
 }
-HostRegistration::~HostRegistration() { reset(); }
+HostRegistration::~HostRegistration() {
+  reset();
+}
 bool HostRegistration::reset() noexcept {
   bool ok = true;
   if (handle_ != 0 && runtime_ != nullptr) ok = runtime_->do_unregister_host(handle_);
@@ -110,7 +120,9 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   }
   return *this;
 }
-DeviceBuffer::~DeviceBuffer() { reset(); }
+DeviceBuffer::~DeviceBuffer() {
+  reset();
+}
 void DeviceBuffer::reset() noexcept {
   if (ptr_ != nullptr && runtime_ != nullptr) runtime_->do_free_device(ptr_);
   runtime_ = nullptr;
@@ -134,7 +146,8 @@ void DeviceRuntime::do_free_device_async(void* ptr, std::uintptr_t stream) noexc
     do_synchronize_stream(stream);
   } catch (const std::exception& e) {
     try {
-      log().warn("free_device_async: synchronizing the stream failed ({}); freeing anyway", e.what());
+      log().warn("free_device_async: synchronizing the stream failed ({}); freeing anyway",
+                 e.what());
     } catch (...) {
     }
   }
@@ -149,9 +162,13 @@ HostRegistration DeviceRuntime::register_host(void* ptr, std::size_t bytes, std:
   return HostRegistration(this, rec.handle, ptr, bytes, rec.device_base);
 }
 
-Stream DeviceRuntime::create_stream() { return Stream(this, do_create_stream()); }
+Stream DeviceRuntime::create_stream() {
+  return Stream(this, do_create_stream());
+}
 
-Event DeviceRuntime::create_event(bool timing) { return Event(this, do_create_event(timing)); }
+Event DeviceRuntime::create_event(bool timing) {
+  return Event(this, do_create_event(timing));
+}
 
 DeviceBuffer DeviceRuntime::allocate_device(std::size_t bytes) {
   if (bytes == 0) throw_invalid("allocate_device: zero bytes");
@@ -161,7 +178,8 @@ DeviceBuffer DeviceRuntime::allocate_device(std::size_t bytes) {
 // ---- factory ----
 
 std::vector<BackendInfo> list_backends() {
-  return {detail::probe_vendor("cuda"), detail::probe_vendor("hip"), detail::probe_host(), detail::probe_sim()};
+  return {detail::probe_vendor("cuda"), detail::probe_vendor("hip"), detail::probe_host(),
+          detail::probe_sim()};
 }
 
 std::unique_ptr<DeviceRuntime> make_runtime(std::string_view name, const RuntimeOptions& options) {
@@ -180,7 +198,8 @@ std::unique_ptr<DeviceRuntime> make_runtime(std::string_view name, const Runtime
     }
     return detail::make_host_runtime(options);
   }
-  throw_invalid("unknown device runtime '" + std::string(name) + "' (expected host, sim, cuda, hip or auto)");
+  throw_invalid("unknown device runtime '" + std::string(name) +
+                "' (expected host, sim, cuda, hip or auto)");
 }
 
 }  // namespace kvoffload

@@ -4,7 +4,8 @@
 
 namespace kvoffload {
 
-FaultInjectingRuntime::FaultInjectingRuntime(DeviceRuntime& inner, FaultPlan plan) : inner_(inner), plan_(plan) {}
+FaultInjectingRuntime::FaultInjectingRuntime(DeviceRuntime& inner, FaultPlan plan)
+    : inner_(inner), plan_(plan) {}
 
 void FaultInjectingRuntime::set_plan(const FaultPlan& plan) {
   std::lock_guard lock(mutex_);
@@ -12,21 +13,24 @@ void FaultInjectingRuntime::set_plan(const FaultPlan& plan) {
   registrations_seen_ = 0;
 }
 
-DeviceRuntime::RegistrationRecord FaultInjectingRuntime::do_register_host(void* ptr, std::size_t bytes,
+DeviceRuntime::RegistrationRecord FaultInjectingRuntime::do_register_host(void* ptr,
+                                                                          std::size_t bytes,
                                                                           std::size_t align) {
   {
     std::lock_guard lock(mutex_);
     const int n = registrations_seen_++;
     if (plan_.fail_registrations < 0 || n < plan_.fail_registrations) {
       ++injected_reg_failures_;
-      throw Error(ErrorCode::kDevice, "injected fault: host registration refused", 0, "register_host");
+      throw Error(ErrorCode::kDevice, "injected fault: host registration refused", 0,
+                  "register_host");
     }
   }
   return inner_.do_register_host(ptr, bytes, align);
 }
 
-void FaultInjectingRuntime::do_enqueue_copies(std::uintptr_t stream, std::span<const CopyDescriptor> batch,
-                                              CopyKind kind, CopyPath path) {
+void FaultInjectingRuntime::do_enqueue_copies(std::uintptr_t stream,
+                                              std::span<const CopyDescriptor> batch, CopyKind kind,
+                                              CopyPath path) {
   const std::uint64_t index = batches_++;
   ++(path == CopyPath::kKernel ? kernel_batches_ : dma_batches_);
   last_batch_descriptors_ = batch.size();
@@ -52,7 +56,9 @@ void FaultInjectingRuntime::do_enqueue_copies(std::uintptr_t stream, std::span<c
   }
   if (fail) {
     ++injected_copy_failures_;
-    if (!async) throw Error(ErrorCode::kDevice, "injected fault: copy batch launch failed", 0, "enqueue_copies");
+    if (!async)
+      throw Error(ErrorCode::kDevice, "injected fault: copy batch launch failed", 0,
+                  "enqueue_copies");
     return;  // the bytes are not copied; the next event on this stream reports the fault
   }
   inner_.do_enqueue_copies(stream, batch, kind, path);
@@ -73,8 +79,8 @@ void FaultInjectingRuntime::do_record_event(std::uintptr_t event, std::uintptr_t
 void FaultInjectingRuntime::check_poisoned(std::uintptr_t event) {
   std::lock_guard lock(mutex_);
   if (poisoned_events_.contains(event)) {
-    throw Error(ErrorCode::kDevice, "injected fault: asynchronous copy failure (illegal address)", 0,
-                "event_query");
+    throw Error(ErrorCode::kDevice, "injected fault: asynchronous copy failure (illegal address)",
+                0, "event_query");
   }
 }
 

@@ -36,40 +36,61 @@ class FaultInjectingRuntime final : public DeviceRuntime {
   [[nodiscard]] std::uint64_t batches() const noexcept { return batches_.load(); }
   [[nodiscard]] std::uint64_t kernel_batches() const noexcept { return kernel_batches_.load(); }
   [[nodiscard]] std::uint64_t dma_batches() const noexcept { return dma_batches_.load(); }
-  [[nodiscard]] std::uint64_t last_batch_descriptors() const noexcept { return last_batch_descriptors_.load(); }
-  [[nodiscard]] std::uint64_t injected_copy_failures() const noexcept { return injected_copy_failures_.load(); }
-  [[nodiscard]] std::uint64_t injected_registration_failures() const noexcept { return injected_reg_failures_.load(); }
+  [[nodiscard]] std::uint64_t last_batch_descriptors() const noexcept {
+    return last_batch_descriptors_.load();
+  }
+  [[nodiscard]] std::uint64_t injected_copy_failures() const noexcept {
+    return injected_copy_failures_.load();
+  }
+  [[nodiscard]] std::uint64_t injected_registration_failures() const noexcept {
+    return injected_reg_failures_.load();
+  }
 
   [[nodiscard]] std::string_view name() const noexcept override { return inner_.name(); }
   [[nodiscard]] BackendInfo info() const override { return inner_.info(); }
-  [[nodiscard]] bool supports_kernel_path() const noexcept override { return inner_.supports_kernel_path(); }
+  [[nodiscard]] bool supports_kernel_path() const noexcept override {
+    return inner_.supports_kernel_path();
+  }
   [[nodiscard]] RuntimeCounters counters() const noexcept override { return inner_.counters(); }
 
  protected:
   RegistrationRecord do_register_host(void* ptr, std::size_t bytes, std::size_t align) override;
-  bool do_unregister_host(std::uintptr_t handle) noexcept override { return inner_.do_unregister_host(handle); }
+  bool do_unregister_host(std::uintptr_t handle) noexcept override {
+    return inner_.do_unregister_host(handle);
+  }
   std::uintptr_t do_create_stream() override { return inner_.do_create_stream(); }
-  void do_destroy_stream(std::uintptr_t stream) noexcept override { inner_.do_destroy_stream(stream); }
+  void do_destroy_stream(std::uintptr_t stream) noexcept override {
+    inner_.do_destroy_stream(stream);
+  }
   std::uintptr_t do_create_event(bool timing) override { return inner_.do_create_event(timing); }
   void do_destroy_event(std::uintptr_t event) noexcept override;
   void* do_allocate_device(std::size_t bytes) override { return inner_.do_allocate_device(bytes); }
   void do_free_device(void* ptr) noexcept override { inner_.do_free_device(ptr); }
-  void do_enqueue_copies(std::uintptr_t stream, std::span<const CopyDescriptor> batch, CopyKind kind,
-                         CopyPath path) override;
+  void do_enqueue_copies(std::uintptr_t stream, std::span<const CopyDescriptor> batch,
+                         CopyKind kind, CopyPath path) override;
   void do_record_event(std::uintptr_t event, std::uintptr_t stream) override;
-  void do_wait_event(std::uintptr_t stream, std::uintptr_t event) override { inner_.do_wait_event(stream, event); }
+  void do_wait_event(std::uintptr_t stream, std::uintptr_t event) override {
+    inner_.do_wait_event(stream, event);
+  }
   bool do_query_event(std::uintptr_t event) override;
   void do_synchronize_event(std::uintptr_t event) override;
-  void do_synchronize_stream(std::uintptr_t stream) override { inner_.do_synchronize_stream(stream); }
+  void do_synchronize_stream(std::uintptr_t stream) override {
+    inner_.do_synchronize_stream(stream);
+  }
   double do_elapsed_seconds(std::uintptr_t start, std::uintptr_t end) override {
     return inner_.do_elapsed_seconds(start, end);
   }
   void do_launch_host_func(std::uintptr_t stream, void (*fn)(void*), void* arg) override {
     inner_.do_launch_host_func(stream, fn, arg);
   }
-  void do_memcpy_sync(void* dst, const void* src, std::size_t bytes) override { inner_.do_memcpy_sync(dst, src, bytes); }
-  void do_memset_sync(void* dst, int value, std::size_t bytes) override { inner_.do_memset_sync(dst, value, bytes); }
-  void do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag, std::uint32_t value) override {
+  void do_memcpy_sync(void* dst, const void* src, std::size_t bytes) override {
+    inner_.do_memcpy_sync(dst, src, bytes);
+  }
+  void do_memset_sync(void* dst, int value, std::size_t bytes) override {
+    inner_.do_memset_sync(dst, value, bytes);
+  }
+  void do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag,
+                         std::uint32_t value) override {
     inner_.do_wait_host_flag(stream, flag, value);
   }
   void do_free_device_async(void* ptr, std::uintptr_t stream) noexcept override {
@@ -83,7 +104,7 @@ class FaultInjectingRuntime final : public DeviceRuntime {
   std::mutex mutex_;
   FaultPlan plan_;
   int registrations_seen_ = 0;
-  std::unordered_set<std::uintptr_t> faulted_streams_;   // next record on them poisons the event
+  std::unordered_set<std::uintptr_t> faulted_streams_;  // next record on them poisons the event
   std::unordered_set<std::uintptr_t> poisoned_events_;
   std::atomic<std::uint64_t> batches_{0};
   std::atomic<std::uint64_t> kernel_batches_{0};

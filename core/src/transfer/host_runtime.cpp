@@ -25,7 +25,6 @@
 namespace kvoffload::detail {
 namespace {
 
-
 // Splitting costs a wake-up of each helper (microseconds idle, a time slice on a loaded machine),
 // so only batches that take a millisecond or more on one thread are split.
 constexpr std::uint64_t kDefaultSplitMinBytes = 8ULL << 20;
@@ -142,7 +141,8 @@ struct Task {
 // Blocks until *flag == value (a host flag gate, as cuStreamWaitValue32).
 void wait_flag(const std::uint32_t* flag, std::uint32_t value) {
   std::atomic_ref<std::uint32_t> word(*const_cast<std::uint32_t*>(flag));
-  while (word.load(std::memory_order_acquire) != value) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  while (word.load(std::memory_order_acquire) != value)
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
 }
 
 class HostStream {
@@ -201,9 +201,12 @@ class HostStream {
 
 class HostRuntime final : public DeviceRuntime {
  public:
-  explicit HostRuntime(const RuntimeOptions& options) : options_(options), pool_(helpers_for(options)) {
-    split_min_ = options.host_split_min_bytes != 0 ? options.host_split_min_bytes : kDefaultSplitMinBytes;
-    kernel_parts_ = options.kernel_max_blocks != 0 ? options.kernel_max_blocks : pool_.helpers() + 1;
+  explicit HostRuntime(const RuntimeOptions& options)
+      : options_(options), pool_(helpers_for(options)) {
+    split_min_ =
+        options.host_split_min_bytes != 0 ? options.host_split_min_bytes : kDefaultSplitMinBytes;
+    kernel_parts_ =
+        options.kernel_max_blocks != 0 ? options.kernel_max_blocks : pool_.helpers() + 1;
   }
   ~HostRuntime() override = default;
 
@@ -212,7 +215,8 @@ class HostRuntime final : public DeviceRuntime {
   [[nodiscard]] bool supports_kernel_path() const noexcept override { return true; }
 
   // Executes one copy batch in the calling (worker) thread, with helpers when it is large.
-  void execute(std::span<const CopyDescriptor> batch, CopyPath path, std::vector<std::uint64_t>& ends) {
+  void execute(std::span<const CopyDescriptor> batch, CopyPath path,
+               std::vector<std::uint64_t>& ends) {
     ends.resize(batch.size());
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -228,7 +232,8 @@ class HostRuntime final : public DeviceRuntime {
     }
     // No part smaller than split_min / threads: a batch at the threshold uses every thread.
     const std::uint64_t min_part = std::max<std::uint64_t>(4096, split_min_ / threads);
-    parts = static_cast<unsigned>(std::min<std::uint64_t>(parts, std::max<std::uint64_t>(1, total / min_part)));
+    parts = static_cast<unsigned>(
+        std::min<std::uint64_t>(parts, std::max<std::uint64_t>(1, total / min_part)));
     if (parts <= 1 || pool_.helpers() == 0) {
       for (const CopyDescriptor& d : batch) std::memcpy(d.dst, d.src, d.bytes);
       return;
@@ -243,7 +248,8 @@ class HostRuntime final : public DeviceRuntime {
   }
 
  protected:
-  RegistrationRecord do_register_host(void* ptr, std::size_t bytes, std::size_t /*align*/) override {
+  RegistrationRecord do_register_host(void* ptr, std::size_t bytes,
+                                      std::size_t /*align*/) override {
     std::lock_guard lock(reg_mutex_);
     const auto begin = reinterpret_cast<std::uintptr_t>(ptr);
     const std::uintptr_t end = begin + bytes;
@@ -262,7 +268,8 @@ class HostRuntime final : public DeviceRuntime {
 
   bool do_unregister_host(std::uintptr_t handle) noexcept override {
     std::lock_guard lock(reg_mutex_);
-    auto it = std::find_if(registered_.begin(), registered_.end(), [&](const Range& r) { return r.handle == handle; });
+    auto it = std::find_if(registered_.begin(), registered_.end(),
+                           [&](const Range& r) { return r.handle == handle; });
     if (it == registered_.end()) {
       log().error("host runtime: unregister of unknown registration {}", handle);
       return false;
@@ -289,15 +296,16 @@ class HostRuntime final : public DeviceRuntime {
     const std::size_t rounded = (bytes + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign;
     void* p = std::aligned_alloc(kDeviceAlign, rounded);
     if (p == nullptr) {
-      throw Error(ErrorCode::kDevice, "host runtime: allocate_device of " + std::to_string(bytes) +
-                                          " bytes failed", ENOMEM, "aligned_alloc");
+      throw Error(ErrorCode::kDevice,
+                  "host runtime: allocate_device of " + std::to_string(bytes) + " bytes failed",
+                  ENOMEM, "aligned_alloc");
     }
     return p;
   }
   void do_free_device(void* ptr) noexcept override { std::free(ptr); }
 
-  void do_enqueue_copies(std::uintptr_t stream, std::span<const CopyDescriptor> batch, CopyKind kind,
-                         CopyPath path) override {
+  void do_enqueue_copies(std::uintptr_t stream, std::span<const CopyDescriptor> batch,
+                         CopyKind kind, CopyPath path) override {
     if (batch.empty()) return;
     if (path == CopyPath::kKernel) check_kernel_batch(batch, kind);
     if (stream == 0) {
@@ -359,7 +367,8 @@ class HostRuntime final : public DeviceRuntime {
     const std::shared_ptr<Marker> mb = b->current();
     if (!a->timing || !b->timing || !ma || !mb || !ma->is_done() || !mb->is_done()) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "host runtime: elapsed_seconds needs two completed timing events", 0, "elapsed_seconds");
+                  "host runtime: elapsed_seconds needs two completed timing events", 0,
+                  "elapsed_seconds");
     }
     return std::chrono::duration<double>(mb->completed_at() - ma->completed_at()).count();
   }
@@ -376,7 +385,8 @@ class HostRuntime final : public DeviceRuntime {
     reinterpret_cast<HostStream*>(stream)->push(std::move(task));
   }
 
-  void do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag, std::uint32_t value) override {
+  void do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag,
+                         std::uint32_t value) override {
     if (stream == 0) {
       wait_flag(flag, value);
       return;
@@ -427,7 +437,8 @@ class HostRuntime final : public DeviceRuntime {
                          [&](const Range& r) { return b >= r.begin && b + n <= r.end; });
     };
     for (const CopyDescriptor& d : batch) {
-      if ((check_src && !registered(d.src, d.bytes)) || (check_dst && !registered(d.dst, d.bytes))) {
+      if ((check_src && !registered(d.src, d.bytes)) ||
+          (check_dst && !registered(d.dst, d.bytes))) {
         throw Error(ErrorCode::kDevice,
                     "host runtime: kernel-path copy touches host memory that is not registered "
                     "(a GPU kernel would fault here)",
@@ -454,11 +465,21 @@ void HostStream::run() {
     queue_.pop_front();
     lock.unlock();
     switch (task.kind) {
-      case Task::Kind::kCopy: runtime_.execute(task.descs, task.path, ends_); break;
-      case Task::Kind::kRecord: task.marker->complete(); break;
-      case Task::Kind::kWait: task.marker->wait(); break;
-      case Task::Kind::kFunc: task.fn(task.arg); break;
-      case Task::Kind::kWaitFlag: wait_flag(task.flag, task.flag_value); break;
+      case Task::Kind::kCopy:
+        runtime_.execute(task.descs, task.path, ends_);
+        break;
+      case Task::Kind::kRecord:
+        task.marker->complete();
+        break;
+      case Task::Kind::kWait:
+        task.marker->wait();
+        break;
+      case Task::Kind::kFunc:
+        task.fn(task.arg);
+        break;
+      case Task::Kind::kWaitFlag:
+        wait_flag(task.flag, task.flag_value);
+        break;
     }
     lock.lock();
     if (task.kind == Task::Kind::kCopy) {
@@ -479,7 +500,8 @@ std::unique_ptr<DeviceRuntime> make_host_runtime(const RuntimeOptions& options) 
 BackendInfo probe_host() {
   return BackendInfo{"host", true, 1,
                      "host memory, worker-thread streams, memcpy (" +
-                         std::to_string(std::thread::hardware_concurrency()) + " hardware threads)"};
+                         std::to_string(std::thread::hardware_concurrency()) +
+                         " hardware threads)"};
 }
 
 }  // namespace kvoffload::detail

@@ -12,7 +12,9 @@ namespace {
 
 constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
 
-bool mul_overflows(std::uint64_t a, std::uint64_t b) noexcept { return a != 0 && b > kMax / a; }
+bool mul_overflows(std::uint64_t a, std::uint64_t b) noexcept {
+  return a != 0 && b > kMax / a;
+}
 
 std::string where(std::size_t g, std::size_t t) {
   return "group " + std::to_string(g) + " tensor " + std::to_string(t);
@@ -20,14 +22,17 @@ std::string where(std::size_t g, std::size_t t) {
 
 }  // namespace
 
-std::string_view to_string(Direction d) noexcept { return d == Direction::kStore ? "store" : "load"; }
+std::string_view to_string(Direction d) noexcept {
+  return d == Direction::kStore ? "store" : "load";
+}
 
 HostSlots HostSlots::from_buffer(std::span<std::byte> buffer, std::uint64_t slot_bytes,
                                  std::uint64_t row_stride, std::uint32_t copy_index) {
   if (buffer.data() == nullptr || buffer.empty()) throw_invalid("host slots: empty host buffer");
   if (slot_bytes == 0) throw_invalid("host slots: slot_bytes must be > 0");
   if (row_stride == 0) row_stride = slot_bytes;
-  if (mul_overflows(copy_index, slot_bytes)) throw_invalid("host slots: copy_index * slot_bytes overflows");
+  if (mul_overflows(copy_index, slot_bytes))
+    throw_invalid("host slots: copy_index * slot_bytes overflows");
   HostSlots s;
   s.base = buffer.data();
   s.buffer_bytes = buffer.size();
@@ -35,13 +40,14 @@ HostSlots HostSlots::from_buffer(std::span<std::byte> buffer, std::uint64_t slot
   s.slot_offset = std::uint64_t{copy_index} * slot_bytes;
   s.slot_bytes = slot_bytes;
   if (s.slot_offset + slot_bytes > row_stride) {
-    throw_invalid("host slots: copy " + std::to_string(copy_index) + " of " + std::to_string(slot_bytes) +
-                  "-byte slots does not fit a row of " + std::to_string(row_stride) + " bytes");
+    throw_invalid("host slots: copy " + std::to_string(copy_index) + " of " +
+                  std::to_string(slot_bytes) + "-byte slots does not fit a row of " +
+                  std::to_string(row_stride) + " bytes");
   }
   s.num_chunks = s.buffer_bytes / row_stride;
   if (s.num_chunks == 0) {
-    throw_invalid("host slots: buffer of " + std::to_string(s.buffer_bytes) + " bytes holds no row of " +
-                  std::to_string(row_stride) + " bytes");
+    throw_invalid("host slots: buffer of " + std::to_string(s.buffer_bytes) +
+                  " bytes holds no row of " + std::to_string(row_stride) + " bytes");
   }
   return s;
 }
@@ -59,7 +65,8 @@ void KvLayout::validate() const {
   if (blocks_per_chunk == 0) throw_invalid("kv layout: blocks_per_chunk must be > 0");
   std::uint64_t page_sum = 0;
   for (std::size_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].tensors.empty()) throw_invalid("kv layout: group " + std::to_string(g) + " has no tensors");
+    if (groups[g].tensors.empty())
+      throw_invalid("kv layout: group " + std::to_string(g) + " has no tensors");
     for (std::size_t t = 0; t < groups[g].tensors.size(); ++t) {
       const DeviceTensor& d = groups[g].tensors[t];
       const std::string w = where(g, t);
@@ -71,7 +78,8 @@ void KvLayout::validate() const {
         throw_invalid("kv layout: " + w + " has block_stride " + std::to_string(stride) +
                       " < page_bytes " + std::to_string(d.page_bytes) + " (blocks would overlap)");
       }
-      if (mul_overflows(d.num_blocks - 1, stride) || (d.num_blocks - 1) * stride > kMax - d.page_bytes ||
+      if (mul_overflows(d.num_blocks - 1, stride) ||
+          (d.num_blocks - 1) * stride > kMax - d.page_bytes ||
           d.base > kMax - ((d.num_blocks - 1) * stride + d.page_bytes)) {
         throw_invalid("kv layout: " + w + " extent overflows the address space");
       }
@@ -79,21 +87,25 @@ void KvLayout::validate() const {
       page_sum += d.page_bytes;
     }
   }
-  if (mul_overflows(page_sum, blocks_per_chunk)) throw_invalid("kv layout: blocks_per_chunk * page bytes overflows");
+  if (mul_overflows(page_sum, blocks_per_chunk))
+    throw_invalid("kv layout: blocks_per_chunk * page bytes overflows");
   const std::uint64_t need = page_sum * blocks_per_chunk;
   if (host.base == nullptr) throw_invalid("kv layout: host slots have no buffer");
   if (host.slot_bytes < need) {
-    throw_invalid("kv layout: host slot of " + std::to_string(host.slot_bytes) + " bytes is too small for " +
-                  std::to_string(blocks_per_chunk) + " blocks per chunk x " + std::to_string(page_sum) +
-                  " bytes per block (all tensors of all groups) = " + std::to_string(need) + " bytes");
+    throw_invalid(
+        "kv layout: host slot of " + std::to_string(host.slot_bytes) + " bytes is too small for " +
+        std::to_string(blocks_per_chunk) + " blocks per chunk x " + std::to_string(page_sum) +
+        " bytes per block (all tensors of all groups) = " + std::to_string(need) + " bytes");
   }
-  if (host.num_chunks == 0 || host.row_stride == 0) throw_invalid("kv layout: host slots have no chunks");
+  if (host.num_chunks == 0 || host.row_stride == 0)
+    throw_invalid("kv layout: host slots have no chunks");
   if (host.slot_offset + host.slot_bytes > host.row_stride) {
     throw_invalid("kv layout: host slot [" + std::to_string(host.slot_offset) + ", +" +
                   std::to_string(host.slot_bytes) + ") does not fit the row stride " +
                   std::to_string(host.row_stride));
   }
-  if (mul_overflows(host.num_chunks, host.row_stride) || host.num_chunks * host.row_stride > host.buffer_bytes) {
+  if (mul_overflows(host.num_chunks, host.row_stride) ||
+      host.num_chunks * host.row_stride > host.buffer_bytes) {
     throw_invalid("kv layout: " + std::to_string(host.num_chunks) + " chunks of " +
                   std::to_string(host.row_stride) + " bytes exceed the host buffer of " +
                   std::to_string(host.buffer_bytes) + " bytes");

@@ -9,8 +9,8 @@ namespace kvoffload::detail {
 Planner::Planner(const KvLayout& layout) : layout_(layout) {
   std::uint64_t host_offset = 0;
   for (const KvGroup& g : layout.groups) {
-    Group group{static_cast<std::uint32_t>(tensors_.size()), static_cast<std::uint32_t>(g.tensors.size()),
-                ~std::uint64_t{0}};
+    Group group{static_cast<std::uint32_t>(tensors_.size()),
+                static_cast<std::uint32_t>(g.tensors.size()), ~std::uint64_t{0}};
     for (const DeviceTensor& t : g.tensors) {
       const std::uint64_t stride = t.block_stride == 0 ? t.page_bytes : t.block_stride;
       tensors_.push_back(Tensor{t.base, t.page_bytes, stride, host_offset});
@@ -25,34 +25,37 @@ void Planner::validate(Direction direction, const TransferSpec& spec) {
   const std::uint64_t bpc = layout_.blocks_per_chunk;
   if (spec.chunks.empty()) throw_invalid("transfer spec: no host chunks");
   if (spec.skip >= bpc) {
-    throw_invalid("transfer spec: skip " + std::to_string(spec.skip) + " must be < blocks_per_chunk " +
-                  std::to_string(bpc));
+    throw_invalid("transfer spec: skip " + std::to_string(spec.skip) +
+                  " must be < blocks_per_chunk " + std::to_string(bpc));
   }
   if (spec.group_blocks.size() != groups_.size()) {
-    throw_invalid("transfer spec: " + std::to_string(spec.group_blocks.size()) + " block lists for " +
-                  std::to_string(groups_.size()) + " KV groups");
+    throw_invalid("transfer spec: " + std::to_string(spec.group_blocks.size()) +
+                  " block lists for " + std::to_string(groups_.size()) + " KV groups");
   }
   const std::uint64_t capacity = spec.chunks.size() * bpc - spec.skip;
   std::uint64_t longest = 0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const auto blocks = spec.group_blocks[g];
     if (blocks.size() > capacity) {
-      throw_invalid("transfer spec: group " + std::to_string(g) + " has " + std::to_string(blocks.size()) +
-                    " blocks but " + std::to_string(spec.chunks.size()) + " chunks from position " +
+      throw_invalid("transfer spec: group " + std::to_string(g) + " has " +
+                    std::to_string(blocks.size()) + " blocks but " +
+                    std::to_string(spec.chunks.size()) + " chunks from position " +
                     std::to_string(spec.skip) + " hold " + std::to_string(capacity));
     }
     longest = std::max<std::uint64_t>(longest, blocks.size());
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       if (blocks[i] >= groups_[g].num_blocks) {
-        throw_invalid("transfer spec: group " + std::to_string(g) + " block id " + std::to_string(blocks[i]) +
-                      " (index " + std::to_string(i) + ") is out of range: the group's tensors have " +
+        throw_invalid("transfer spec: group " + std::to_string(g) + " block id " +
+                      std::to_string(blocks[i]) + " (index " + std::to_string(i) +
+                      ") is out of range: the group's tensors have " +
                       std::to_string(groups_[g].num_blocks) + " blocks");
       }
     }
   }
   if (longest + spec.skip <= (spec.chunks.size() - 1) * bpc) {
-    throw_invalid("transfer spec: " + std::to_string(spec.chunks.size()) + " chunks listed but the blocks (" +
-                  std::to_string(longest) + " from position " + std::to_string(spec.skip) + ") fill only " +
+    throw_invalid("transfer spec: " + std::to_string(spec.chunks.size()) +
+                  " chunks listed but the blocks (" + std::to_string(longest) + " from position " +
+                  std::to_string(spec.skip) + ") fill only " +
                   std::to_string((longest + spec.skip + bpc - 1) / bpc));
   }
   for (std::size_t c = 0; c < spec.chunks.size(); ++c) {
@@ -66,7 +69,8 @@ void Planner::validate(Direction direction, const TransferSpec& spec) {
   // Two copies into the same destination would make the result depend on copy order: refuse
   // duplicate destinations (chunks for a store, GPU blocks per group for a load). A bitmap member
   // is set and then cleared again, so the check allocates nothing after warm-up.
-  auto check_unique = [&](std::span<const std::uint64_t> ids, std::uint64_t range, const char* what) {
+  auto check_unique = [&](std::span<const std::uint64_t> ids, std::uint64_t range,
+                          const char* what) {
     const std::size_t words = static_cast<std::size_t>((range + 63) / 64);
     if (seen_.size() < words) seen_.resize(words, 0);
     std::size_t i = 0;
@@ -81,7 +85,8 @@ void Planner::validate(Direction direction, const TransferSpec& spec) {
       word |= bit;
     }
     for (std::size_t j = 0; j < i; ++j) seen_[ids[j] / 64] = 0;
-    if (dup) throw_invalid(std::string("transfer spec: duplicate ") + what + " " + std::to_string(ids[i]));
+    if (dup)
+      throw_invalid(std::string("transfer spec: duplicate ") + what + " " + std::to_string(ids[i]));
   };
   if (direction == Direction::kStore) {
     check_unique(spec.chunks, layout_.host.num_chunks, "host chunk id");
@@ -127,7 +132,8 @@ Plan Planner::plan(Direction direction, const TransferSpec& spec) {
       // Block index i of this group sits at global position skip + i.
       const std::uint64_t chunk_start = c * bpc;  // global position of this chunk's first slot
       if (chunk_start + first_pos >= blocks.size() + spec.skip) continue;
-      const std::uint64_t last_pos = std::min<std::uint64_t>(bpc, blocks.size() + spec.skip - chunk_start);
+      const std::uint64_t last_pos =
+          std::min<std::uint64_t>(bpc, blocks.size() + spec.skip - chunk_start);
       const Group& group = groups_[g];
       for (std::uint32_t t = group.first_tensor; t < group.first_tensor + group.tensor_count; ++t) {
         const Tensor& tensor = tensors_[t];

@@ -1,8 +1,8 @@
 #pragma once
 // Planner: expands a job (TransferSpec) into copy descriptors for one direction, validating every
-// id, coalescing copies that are contiguous on both sides, and choosing DMA or kernel for the batch.
-// Buffers are members reused across plans: after warm-up, planning allocates nothing.
-// Not thread-safe: the engine keeps one planner per direction, used under that direction's lock.
+// id, coalescing copies that are contiguous on both sides, and choosing DMA or kernel for the
+// batch. Buffers are members reused across plans: after warm-up, planning allocates nothing. Not
+// thread-safe: the engine keeps one planner per direction, used under that direction's lock.
 
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/kv_layout.hpp>
@@ -15,9 +15,9 @@
 namespace kvoffload::detail {
 
 struct Plan {
-  std::span<CopyDescriptor> copies;   // valid until the next plan()
+  std::span<CopyDescriptor> copies;  // valid until the next plan()
   std::uint64_t bytes = 0;
-  std::uint64_t fragments = 0;        // (block, tensor) pieces before coalescing
+  std::uint64_t fragments = 0;  // (block, tensor) pieces before coalescing
 };
 
 class Planner {
@@ -41,7 +41,7 @@ class Planner {
   struct Group {
     std::uint32_t first_tensor;
     std::uint32_t tensor_count;
-    std::uint64_t num_blocks;   // min over the group's tensors
+    std::uint64_t num_blocks;  // min over the group's tensors
   };
 
   void validate(Direction direction, const TransferSpec& spec);

@@ -29,8 +29,8 @@ namespace kvoffload {
 // enqueue failed part-way is failed, but it finishes only when the work already enqueued for it
 // has: its end event is still recorded behind whatever made it onto the stream (or, if even that
 // fails, submit synchronizes the stream), because a copy of a failed load still writes device
-// blocks that the caller reuses as soon as it sees the result. Events come from a pool and return to it when a job is retired, so steady-state
-// submission creates no events.
+// blocks that the caller reuses as soon as it sees the result. Events come from a pool and return
+// to it when a job is retired, so steady-state submission creates no events.
 
 struct TransferEngine::Impl {
   struct Inflight {
@@ -47,11 +47,12 @@ struct TransferEngine::Impl {
     Stream stream;
     std::optional<detail::Planner> planner;
     PathPolicy policy;
-    std::mutex submit_mutex;         // planner, enqueue order
-    std::deque<Inflight> inflight;   // guarded by state_mutex
+    std::mutex submit_mutex;        // planner, enqueue order
+    std::deque<Inflight> inflight;  // guarded by state_mutex
   };
 
-  Impl(DeviceRuntime& rt, KvLayout l, EngineOptions o) : runtime(rt), layout(std::move(l)), options(o) {
+  Impl(DeviceRuntime& rt, KvLayout l, EngineOptions o)
+      : runtime(rt), layout(std::move(l)), options(o) {
     layout.validate();
     lanes[0].direction = Direction::kStore;
     lanes[1].direction = Direction::kLoad;
@@ -63,12 +64,15 @@ struct TransferEngine::Impl {
     }
     if (options.register_host) {
       try {
-        registration = runtime.register_host(layout.host.base, layout.host.buffer_bytes, layout.host.row_stride);
+        registration = runtime.register_host(layout.host.base, layout.host.buffer_bytes,
+                                             layout.host.row_stride);
         log().info("transfer engine: registered {} bytes of host memory with the {} runtime",
                    layout.host.buffer_bytes, runtime.name());
       } catch (const Error& e) {
-        log().warn("transfer engine: host registration failed ({}); using the slower DMA-only path, "
-                   "the copy kernel is disabled", e.what());
+        log().warn(
+            "transfer engine: host registration failed ({}); using the slower DMA-only path, "
+            "the copy kernel is disabled",
+            e.what());
       }
     }
   }
@@ -84,7 +88,8 @@ struct TransferEngine::Impl {
   // Device-minus-host offset of the registered host buffer (kernel_allowed() holds).
   [[nodiscard]] std::ptrdiff_t device_delta() const noexcept {
     if (registration) {
-      return static_cast<std::byte*>(registration.device_base()) - static_cast<std::byte*>(registration.host_base());
+      return static_cast<std::byte*>(registration.device_base()) -
+             static_cast<std::byte*>(registration.host_base());
     }
     return piece_delta;  // written before pieces_cover was set
   }
@@ -93,19 +98,26 @@ struct TransferEngine::Impl {
     const auto* base = static_cast<const std::byte*>(layout.host.base);
     const auto* p = static_cast<const std::byte*>(piece.host_base());
     if (!piece || p < base || p + piece.bytes() > base + layout.host.buffer_bytes) {
-      throw_invalid("transfer engine: note_host_registration: the piece is not inside the engine's host buffer");
+      throw_invalid(
+          "transfer engine: note_host_registration: the piece is not inside the engine's host "
+          "buffer");
     }
-    const std::ptrdiff_t delta = static_cast<std::byte*>(piece.device_base()) - static_cast<std::byte*>(piece.host_base());
+    const std::ptrdiff_t delta =
+        static_cast<std::byte*>(piece.device_base()) - static_cast<std::byte*>(piece.host_base());
     std::lock_guard lock(pieces_mu);
-    if (!piece_bases.insert(p).second) throw_invalid("transfer engine: note_host_registration: piece told twice");
+    if (!piece_bases.insert(p).second)
+      throw_invalid("transfer engine: note_host_registration: piece told twice");
     if (piece_bases.size() == 1) {
       piece_delta = delta;
     } else if (delta != piece_delta && !pieces_mixed) {
       pieces_mixed = true;  // kernels address host memory as base + one offset
-      log().warn("transfer engine: registered pieces have different device offsets; the copy kernel stays off");
+      log().warn(
+          "transfer engine: registered pieces have different device offsets; the copy kernel stays "
+          "off");
     }
     piece_bytes += piece.bytes();
-    if (!pieces_mixed && piece_bytes >= layout.host.buffer_bytes) pieces_cover.store(true, std::memory_order_release);
+    if (!pieces_mixed && piece_bytes >= layout.host.buffer_bytes)
+      pieces_cover.store(true, std::memory_order_release);
   }
 
   // Needs state_mutex.
@@ -128,7 +140,8 @@ struct TransferEngine::Impl {
       std::lock_guard lock(state_mutex);
       if (closed) throw Error(ErrorCode::kState, "transfer engine: submit after shutdown");
       if (!ids.insert(static_cast<std::uint64_t>(id)).second) {
-        throw_invalid("transfer engine: duplicate job id " + std::to_string(static_cast<std::uint64_t>(id)) +
+        throw_invalid("transfer engine: duplicate job id " +
+                      std::to_string(static_cast<std::uint64_t>(id)) +
                       " (a job with this id is in flight or its result was not collected)");
       }
     }
@@ -164,17 +177,20 @@ struct TransferEngine::Impl {
     try {
       const StreamView s = ln.stream.view();
       switch (wait_on.kind()) {
-        case WaitOn::Kind::kNothing: break;
+        case WaitOn::Kind::kNothing:
+          break;
         case WaitOn::Kind::kStream:
           runtime.record_event(wait_event.view(), wait_on.stream_view());
           runtime.wait_event(s, wait_event.view());
           break;
-        case WaitOn::Kind::kEvent: runtime.wait_event(s, wait_on.event_view()); break;
+        case WaitOn::Kind::kEvent:
+          runtime.wait_event(s, wait_on.event_view());
+          break;
       }
       runtime.record_event(job.start.view(), s);
-      runtime.enqueue_copies(s, plan.copies,
-                             direction == Direction::kStore ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice,
-                             path);
+      runtime.enqueue_copies(
+          s, plan.copies,
+          direction == Direction::kStore ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice, path);
       runtime.record_event(job.end.view(), s);
     } catch (const std::exception& e) {
       job.failed = true;
@@ -189,8 +205,8 @@ struct TransferEngine::Impl {
         try {
           runtime.synchronize_stream(ln.stream.view());
         } catch (const std::exception& sync_error) {
-          log().error("transfer engine: {} stream unusable after job {} failed: {}", to_string(direction),
-                      static_cast<std::uint64_t>(id), sync_error.what());
+          log().error("transfer engine: {} stream unusable after job {} failed: {}",
+                      to_string(direction), static_cast<std::uint64_t>(id), sync_error.what());
         }
       }
     }
@@ -292,17 +308,20 @@ struct TransferEngine::Impl {
     std::unique_lock lock(state_mutex);
     for (JobId id : wanted) {
       if (!ids.contains(static_cast<std::uint64_t>(id))) {
-        throw Error(ErrorCode::kNotFound, "transfer engine: job " + std::to_string(static_cast<std::uint64_t>(id)) +
-                                              " is not pending (never submitted or already collected)");
+        throw Error(ErrorCode::kNotFound,
+                    "transfer engine: job " + std::to_string(static_cast<std::uint64_t>(id)) +
+                        " is not pending (never submitted or already collected)");
       }
     }
     auto find_done = [&](JobId id) {
-      return std::find_if(completed.begin(), completed.end(), [&](const JobResult& r) { return r.job_id == id; });
+      return std::find_if(completed.begin(), completed.end(),
+                          [&](const JobResult& r) { return r.job_id == id; });
     };
     block_until(lock, [&]() -> int {
       for (JobId id : wanted) {
         // An id collected meanwhile by another thread's poll() is no longer waited for.
-        if (!ids.contains(static_cast<std::uint64_t>(id)) || find_done(id) != completed.end()) continue;
+        if (!ids.contains(static_cast<std::uint64_t>(id)) || find_done(id) != completed.end())
+          continue;
         for (int l = 0; l < 2; ++l) {
           for (const Inflight& job : lanes[l].inflight) {
             if (job.id == id) return l;
@@ -347,7 +366,8 @@ struct TransferEngine::Impl {
       try {
         if (ln.stream) runtime.synchronize_stream(ln.stream.view());
       } catch (const std::exception& e) {
-        log().error("transfer engine: draining the {} stream failed: {}", to_string(ln.direction), e.what());
+        log().error("transfer engine: draining the {} stream failed: {}", to_string(ln.direction),
+                    e.what());
       }
     }
     std::unique_lock lock(state_mutex);
@@ -359,7 +379,8 @@ struct TransferEngine::Impl {
     }
     for (Lane& ln : lanes) {
       for (Inflight& job : ln.inflight) {  // only after a failed drain: report, never complete
-        JobResult r{job.id, ln.direction, false, job.bytes, 0.0, "transfer engine shut down before the job finished"};
+        JobResult r{job.id,    ln.direction, false,
+                    job.bytes, 0.0,          "transfer engine shut down before the job finished"};
         completed.push_back(std::move(r));
       }
       ln.inflight.clear();
@@ -400,8 +421,8 @@ struct TransferEngine::Impl {
 
 namespace {
 
-double measure(DeviceRuntime& rt, StreamView s, std::span<const CopyDescriptor> batch, CopyKind kind, CopyPath path,
-               std::uint64_t bytes) {
+double measure(DeviceRuntime& rt, StreamView s, std::span<const CopyDescriptor> batch,
+               CopyKind kind, CopyPath path, std::uint64_t bytes) {
   Event a = rt.create_event(true);
   Event b = rt.create_event(true);
   double best = 0.0;
@@ -432,8 +453,11 @@ CalibrationReport TransferEngine::calibrate() {
   DeviceRuntime& rt = im.runtime;
   DeviceBuffer dev = rt.allocate_device(kTotal * 2);
   // Scratch host memory of our own, never the slots: calibration must not touch KV data.
-  std::unique_ptr<void, decltype(&std::free)> host(std::aligned_alloc(4096, kTotal * 2), &std::free);
-  if (!host) throw Error(ErrorCode::kSystem, "calibrate: host scratch allocation failed", ENOMEM, "aligned_alloc");
+  std::unique_ptr<void, decltype(&std::free)> host(std::aligned_alloc(4096, kTotal * 2),
+                                                   &std::free);
+  if (!host)
+    throw Error(ErrorCode::kSystem, "calibrate: host scratch allocation failed", ENOMEM,
+                "aligned_alloc");
   std::memset(host.get(), 0, kTotal * 2);
   HostRegistration reg = rt.register_host(host.get(), kTotal * 2);
   Stream s = rt.create_stream();
@@ -459,7 +483,8 @@ CalibrationReport TransferEngine::calibrate() {
           ker.push_back({kp, dp, size});
         }
       }
-      const CopyKind kind = d == Direction::kStore ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice;
+      const CopyKind kind =
+          d == Direction::kStore ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice;
       CalibrationPoint p{d, size, count, measure(rt, s.view(), dma, kind, CopyPath::kDma, kTotal),
                          measure(rt, s.view(), ker, kind, CopyPath::kKernel, kTotal)};
       report.points.push_back(p);
@@ -471,7 +496,8 @@ CalibrationReport TransferEngine::calibrate() {
     }
     std::lock_guard lock(im.lane(d).submit_mutex);
     im.lane(d).policy.kernel_below_bytes = threshold;
-    log().info("transfer engine: calibrated {}: kernel for mean pieces below {} bytes", to_string(d), threshold);
+    log().info("transfer engine: calibrated {}: kernel for mean pieces below {} bytes",
+               to_string(d), threshold);
   }
   report.store_policy = im.lanes[0].policy;
   report.load_policy = im.lanes[1].policy;
@@ -488,8 +514,9 @@ TransferEngine::TransferEngine(DeviceRuntime& runtime, KvLayout layout, EngineOp
   if (options.calibrate) calibrate();
 }
 
-TransferEngine::TransferEngine(DeviceRuntime& runtime, Region& region, std::uint32_t rank, std::vector<KvGroup> groups,
-                               std::uint32_t blocks_per_chunk, EngineOptions options) {
+TransferEngine::TransferEngine(DeviceRuntime& runtime, Region& region, std::uint32_t rank,
+                               std::vector<KvGroup> groups, std::uint32_t blocks_per_chunk,
+                               EngineOptions options) {
   KvLayout layout;
   layout.groups = std::move(groups);
   layout.blocks_per_chunk = blocks_per_chunk;
@@ -522,13 +549,22 @@ TransferEngine::Impl& need(const std::shared_ptr<TransferEngine::Impl>& impl) {
 }
 }  // namespace
 
-void TransferEngine::note_host_registration(const HostRegistration& piece) { need(impl_).note_piece(piece); }
-void TransferEngine::submit(JobId job_id, Direction direction, const TransferSpec& spec, WaitOn wait_on) {
+void TransferEngine::note_host_registration(const HostRegistration& piece) {
+  need(impl_).note_piece(piece);
+}
+void TransferEngine::submit(JobId job_id, Direction direction, const TransferSpec& spec,
+                            WaitOn wait_on) {
   need(impl_).submit(job_id, direction, spec, wait_on);
 }
-std::vector<JobResult> TransferEngine::poll() { return need(impl_).poll(); }
-std::vector<JobResult> TransferEngine::wait(std::span<const JobId> ids) { return need(impl_).wait(ids); }
-std::vector<JobResult> TransferEngine::wait_all() { return need(impl_).wait_all(); }
+std::vector<JobResult> TransferEngine::poll() {
+  return need(impl_).poll();
+}
+std::vector<JobResult> TransferEngine::wait(std::span<const JobId> ids) {
+  return need(impl_).wait(ids);
+}
+std::vector<JobResult> TransferEngine::wait_all() {
+  return need(impl_).wait_all();
+}
 void TransferEngine::shutdown() noexcept {
   if (impl_) impl_->shutdown();
 }
@@ -539,8 +575,12 @@ EngineStats TransferEngine::stats() const {
   s.host_registered = static_cast<bool>(im.registration) || im.pieces_cover.load();
   return s;
 }
-bool TransferEngine::host_registered() const { return stats().host_registered; }
-const KvLayout& TransferEngine::layout() const { return need(impl_).layout; }
+bool TransferEngine::host_registered() const {
+  return stats().host_registered;
+}
+const KvLayout& TransferEngine::layout() const {
+  return need(impl_).layout;
+}
 PathPolicy TransferEngine::policy(Direction direction) const {
   Impl& im = need(impl_);
   std::lock_guard lock(im.lane(direction).submit_mutex);

@@ -10,7 +10,9 @@
 
 namespace kvoffload::run {
 
-Channel::~Channel() { close(); }
+Channel::~Channel() {
+  close();
+}
 
 void Channel::close() noexcept {
   if (fd_ >= 0) {
@@ -42,7 +44,8 @@ std::optional<nlohmann::json> Channel::receive(std::chrono::milliseconds timeout
       try {
         return nlohmann::json::parse(line);
       } catch (const nlohmann::json::exception& e) {
-        throw Error(ErrorCode::kInternal, "malformed message from a run process: " + std::string(e.what()));
+        throw Error(ErrorCode::kInternal,
+                    "malformed message from a run process: " + std::string(e.what()));
       }
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -61,7 +64,9 @@ std::optional<nlohmann::json> Channel::receive(std::chrono::milliseconds timeout
       if (errno == EINTR) continue;
       throw_system_error("recv", errno, "from a run process");
     }
-    if (n == 0) throw Error(ErrorCode::kSystem, "a run process closed its channel (it exited)", EPIPE, "recv");
+    if (n == 0)
+      throw Error(ErrorCode::kSystem, "a run process closed its channel (it exited)", EPIPE,
+                  "recv");
     buffer_.append(chunk, static_cast<std::size_t>(n));
   }
 }

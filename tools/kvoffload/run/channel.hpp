@@ -13,7 +13,9 @@ namespace kvoffload::run {
 class Channel {
  public:
   explicit Channel(int fd) noexcept : fd_(fd) {}
-  Channel(Channel&& other) noexcept : fd_(other.fd_), buffer_(std::move(other.buffer_)) { other.fd_ = -1; }
+  Channel(Channel&& other) noexcept : fd_(other.fd_), buffer_(std::move(other.buffer_)) {
+    other.fd_ = -1;
+  }
   Channel& operator=(Channel&&) = delete;
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;

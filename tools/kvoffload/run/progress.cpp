@@ -26,14 +26,19 @@ void Progress::update(std::uint64_t requests, double elapsed, double hit_rate, d
     std::string bar(static_cast<std::size_t>(filled), '#');
     bar.append(static_cast<std::size_t>(kWidth - filled), '-');
     // Progress is best effort: a failed write to stderr must not stop the run.
-    (void)std::fprintf(stderr, "\r[%s] %3.0f%%  %llu requests  hit %.1f%%  store %.2f GB/s  load %.2f GB/s  %llu evictions ",
-                 bar.c_str(), fraction * 100, static_cast<unsigned long long>(requests), hit_rate * 100,
-                 store_gbps, load_gbps, static_cast<unsigned long long>(evictions));
+    (void)std::fprintf(stderr,
+                       "\r[%s] %3.0f%%  %llu requests  hit %.1f%%  store %.2f GB/s  load %.2f GB/s "
+                       " %llu evictions ",
+                       bar.c_str(), fraction * 100, static_cast<unsigned long long>(requests),
+                       hit_rate * 100, store_gbps, load_gbps,
+                       static_cast<unsigned long long>(evictions));
     drew_ = true;
   } else {
-    (void)std::fprintf(stderr, "run: %3.0f%% %llu requests, hit rate %.1f%%, store %.2f GB/s, load %.2f GB/s, %llu evictions\n",
-                 fraction * 100, static_cast<unsigned long long>(requests), hit_rate * 100, store_gbps,
-                 load_gbps, static_cast<unsigned long long>(evictions));
+    (void)std::fprintf(stderr,
+                       "run: %3.0f%% %llu requests, hit rate %.1f%%, store %.2f GB/s, load %.2f "
+                       "GB/s, %llu evictions\n",
+                       fraction * 100, static_cast<unsigned long long>(requests), hit_rate * 100,
+                       store_gbps, load_gbps, static_cast<unsigned long long>(evictions));
   }
   (void)std::fflush(stderr);
 }

@@ -24,8 +24,9 @@ std::vector<int> parse_devices(const std::string& list) {
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v < 0 || v > 1023) {
-      throw_invalid("--devices '" + list + "': '" + item +
-                    "' is not a device number; give comma-separated numbers from 0 to 1023, e.g. 0,1");
+      throw_invalid(
+          "--devices '" + list + "': '" + item +
+          "' is not a device number; give comma-separated numbers from 0 to 1023, e.g. 0,1");
     }
     out.push_back(static_cast<int>(v));
     pos = comma + 1;
@@ -51,7 +52,8 @@ int RunConfig::device_for_rank(std::uint32_t rank, int device_count) const {
 void RunConfig::finalize() {
   // The range of each flag is checked when the command line is parsed (cmd_run.cpp); what is
   // left depends on several flags together, or is not a number.
-  if (backend != "host" && backend != "sim" && backend != "cuda" && backend != "hip" && backend != "auto") {
+  if (backend != "host" && backend != "sim" && backend != "cuda" && backend != "hip" &&
+      backend != "auto") {
     throw_invalid("--backend '" + backend + "' is not a backend; use host, sim, cuda, hip or auto");
   }
   if (!devices.empty()) (void)parse_devices(devices);
@@ -80,29 +82,36 @@ void RunConfig::finalize() {
     throw_invalid("--layers x --block-bytes x --blocks-per-chunk overflows");
   }
   slot_bytes = block_bytes * layers * blocks_per_chunk;
-  const RegionGeometry one_row =
-      RegionGeometry::compute({.num_chunks = 1, .slot_bytes = slot_bytes, .world_size = world_size},
-                              platform::page_size());
+  const RegionGeometry one_row = RegionGeometry::compute(
+      {.num_chunks = 1, .slot_bytes = slot_bytes, .world_size = world_size}, platform::page_size());
   num_chunks = host_pool_bytes / one_row.row_stride();
   if (num_chunks < max_request_chunks()) {
-    throw_invalid("--host-pool " + std::to_string(host_pool_bytes) + " holds " +
-                  std::to_string(num_chunks) + " chunks of " + std::to_string(one_row.row_stride()) +
-                  " bytes (world size x layers x block bytes x blocks per chunk, page-rounded); one "
-                  "request needs " + std::to_string(max_request_chunks()) +
-                  ": give a larger --host-pool or smaller blocks");
+    throw_invalid(
+        "--host-pool " + std::to_string(host_pool_bytes) + " holds " + std::to_string(num_chunks) +
+        " chunks of " + std::to_string(one_row.row_stride()) +
+        " bytes (world size x layers x block bytes x blocks per chunk, page-rounded); one "
+        "request needs " +
+        std::to_string(max_request_chunks()) + ": give a larger --host-pool or smaller blocks");
   }
 }
 
 void to_json(nlohmann::json& j, const RunConfig& c) {
-  j = nlohmann::json{{"engine_id", c.engine_id},     {"shm_dir", c.shm_dir},
-                     {"backend", c.backend},         {"devices", c.devices},
+  j = nlohmann::json{{"engine_id", c.engine_id},
+                     {"shm_dir", c.shm_dir},
+                     {"backend", c.backend},
+                     {"devices", c.devices},
                      {"world_size", c.world_size},
-                     {"layers", c.layers},           {"block_bytes", c.block_bytes},
+                     {"layers", c.layers},
+                     {"block_bytes", c.block_bytes},
                      {"blocks_per_chunk", c.blocks_per_chunk},
-                     {"gpu_blocks", c.gpu_blocks},   {"host_pool_bytes", c.host_pool_bytes},
-                     {"seed", c.seed},               {"populate_threads", c.populate_threads},
-                     {"slot_bytes", c.slot_bytes},   {"num_chunks", c.num_chunks},
-                     {"bringup", c.bringup},         {"bringup_piece_bytes", c.bringup_piece_bytes}};
+                     {"gpu_blocks", c.gpu_blocks},
+                     {"host_pool_bytes", c.host_pool_bytes},
+                     {"seed", c.seed},
+                     {"populate_threads", c.populate_threads},
+                     {"slot_bytes", c.slot_bytes},
+                     {"num_chunks", c.num_chunks},
+                     {"bringup", c.bringup},
+                     {"bringup_piece_bytes", c.bringup_piece_bytes}};
 }
 
 void from_json(const nlohmann::json& j, RunConfig& c) {

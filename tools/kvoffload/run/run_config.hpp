@@ -10,17 +10,17 @@
 namespace kvoffload::run {
 
 struct RunConfig {
-  std::string engine_id;            // default run-<pid>
-  std::string shm_dir;              // empty: default_shm_dir()
-  std::string backend = "auto";     // host | sim | cuda | hip | auto
+  std::string engine_id;         // default run-<pid>
+  std::string shm_dir;           // empty: default_shm_dir()
+  std::string backend = "auto";  // host | sim | cuda | hip | auto
   // Devices of the ranks, comma-separated (rank r takes entry r mod count); empty: rank r on
   // device r mod the backend's device count.
   std::string devices;
-  std::uint32_t world_size = 2;     // rank processes
-  std::uint32_t layers = 8;         // KV tensors per rank (one per layer, K and V packed)
+  std::uint32_t world_size = 2;           // rank processes
+  std::uint32_t layers = 8;               // KV tensors per rank (one per layer, K and V packed)
   std::uint64_t block_bytes = 16 * 1024;  // bytes of one GPU block of one layer on one rank
   std::uint32_t blocks_per_chunk = 4;
-  std::uint64_t gpu_blocks = 512;   // device cache blocks per layer per rank
+  std::uint64_t gpu_blocks = 512;  // device cache blocks per layer per rank
   std::uint64_t host_pool_bytes = 64ULL << 20;
   double duration_seconds = 5.0;    // 0: no time limit (then requests must be > 0)
   std::uint64_t requests = 0;       // 0: until duration
@@ -28,9 +28,9 @@ struct RunConfig {
   std::uint32_t prefix_chunks = 8;  // longest shared prefix, in chunks
   std::uint32_t unique_chunks = 2;  // chunks unique to each request
   std::uint64_t seed = 1;
-  std::string file_tier;            // non-empty: a secondary file tier under this directory
+  std::string file_tier;  // non-empty: a secondary file tier under this directory
   std::uint64_t file_tier_bytes = 1ULL << 30;  // its capacity (oldest records go beyond it)
-  std::string remote_tier;          // non-empty: a distributed tier at this URL (redis://...)
+  std::string remote_tier;  // non-empty: a distributed tier at this URL (redis://...)
   unsigned populate_threads = 1;
   // Note [Progressive bring-up]: "background" serves from the start on the rows every rank made
   // ready; "blocking" populates and registers everything before the first request.
@@ -39,8 +39,8 @@ struct RunConfig {
   bool json = false;
 
   // Derived (computed by finalize()).
-  std::uint64_t slot_bytes = 0;     // layers · block_bytes · blocks_per_chunk
-  std::uint64_t num_chunks = 0;     // host_pool_bytes / row_stride
+  std::uint64_t slot_bytes = 0;  // layers · block_bytes · blocks_per_chunk
+  std::uint64_t num_chunks = 0;  // host_pool_bytes / row_stride
 
   // Validates every field (kInvalidArgument naming the flag, the value and what is allowed) and
   // computes slot_bytes and num_chunks from the page size.

@@ -6,9 +6,9 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/geometry.hpp>
-#include <kvoffload/platform.hpp>
 #include <kvoffload/log.hpp>
 #include <kvoffload/offload_stack.hpp>
+#include <kvoffload/platform.hpp>
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -34,7 +34,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::atomic<bool> g_interrupted{false};
-extern "C" void on_interrupt(int /*signal*/) { g_interrupted.store(true); }
+extern "C" void on_interrupt(int /*signal*/) {
+  g_interrupted.store(true);
+}
 
 // Restores the previous handlers on scope exit.
 class InterruptGuard {
@@ -83,7 +85,8 @@ std::vector<RankProcess> spawn_ranks(std::uint32_t world_size) {
     }
     if (pid == 0) {
       ::fcntl(fds[1], F_SETFD, 0);  // the one descriptor the rank inherits
-      ::execl(self.c_str(), "kvoffload", "run-worker", "--fd", fd_text.c_str(), static_cast<char*>(nullptr));
+      ::execl(self.c_str(), "kvoffload", "run-worker", "--fd", fd_text.c_str(),
+              static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(fds[1]);
@@ -143,8 +146,8 @@ nlohmann::json keys_json(std::span<const BlockKey> keys) {
 }
 
 template <typename Slots>
-nlohmann::json job_json(std::uint64_t job, const Slots& slots, std::span<const std::uint64_t> blocks,
-                        std::span<const BlockKey> keys) {
+nlohmann::json job_json(std::uint64_t job, const Slots& slots,
+                        std::span<const std::uint64_t> blocks, std::span<const BlockKey> keys) {
   nlohmann::json chunks = nlohmann::json::array();
   for (auto s : slots) chunks.push_back(static_cast<std::uint64_t>(s));
   return {{"job", job}, {"chunks", chunks}, {"blocks", blocks}, {"keys", keys_json(keys)}};
@@ -162,7 +165,9 @@ struct Totals {
   }
 };
 
-double gbps(std::uint64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0.0; }
+double gbps(std::uint64_t bytes, double seconds) {
+  return seconds > 0 ? bytes / seconds / 1e9 : 0.0;
+}
 
 }  // namespace
 
@@ -173,7 +178,8 @@ RunOutcome run_scheduler(const RunConfig& config) {
 
   StackConfig stack_config;
   stack_config.region.engine_id = config.engine_id;
-  stack_config.region.layout = {.num_chunks = config.num_chunks, .slot_bytes = config.slot_bytes,
+  stack_config.region.layout = {.num_chunks = config.num_chunks,
+                                .slot_bytes = config.slot_bytes,
                                 .world_size = config.world_size};
   if (!config.shm_dir.empty()) stack_config.region.shm_dir = config.shm_dir;
   stack_config.region.populate_threads = config.populate_threads;
@@ -196,14 +202,15 @@ RunOutcome run_scheduler(const RunConfig& config) {
   if (!config.remote_tier.empty()) {
     RemoteTierOptions remote;
     remote.url = RemoteUrl::parse(config.remote_tier);
-    remote.geometry = {.slot_bytes = config.slot_bytes,
-                       .world_size = config.world_size,
-                       .tensor_layout = "kvoffload-run layers=" + std::to_string(config.layers),
-                       .block_bytes = config.block_bytes,
-                       .blocks_per_chunk = config.blocks_per_chunk,
-                       .dtype = "u8",
-                       .slot_stride = RegionGeometry::compute(stack_config.region.layout, platform::page_size())
-                                          .slot_stride()};
+    remote.geometry = {
+        .slot_bytes = config.slot_bytes,
+        .world_size = config.world_size,
+        .tensor_layout = "kvoffload-run layers=" + std::to_string(config.layers),
+        .block_bytes = config.block_bytes,
+        .blocks_per_chunk = config.blocks_per_chunk,
+        .dtype = "u8",
+        .slot_stride = RegionGeometry::compute(stack_config.region.layout, platform::page_size())
+                           .slot_stride()};
     stack_config.remote_tiers.push_back(remote);
   }
   std::unique_ptr<OffloadStack> stack = OffloadStack::build(stack_config);
@@ -272,8 +279,9 @@ RunOutcome run_scheduler(const RunConfig& config) {
       manager.touch(keys);
       if (found.available_prefix > found.primary_prefix) {
         const auto missing = std::span(keys).subspan(found.primary_prefix,
-                                                      found.available_prefix - found.primary_prefix);
-        const PromoteTicket ticket = store.promote(missing, std::span(keys).first(found.primary_prefix));
+                                                     found.available_prefix - found.primary_prefix);
+        const PromoteTicket ticket =
+            store.promote(missing, std::span(keys).first(found.primary_prefix));
         if (ticket.id != 0) {
           for (const PromoteCompletion& c : store.drain()) t.promoted += c.promoted.size();
         }
@@ -303,8 +311,9 @@ RunOutcome run_scheduler(const RunConfig& config) {
       store_slots.assign(plan.slots.begin(), plan.slots.end());
       if (!plan.ok()) ++t.cannot_store;
       if (!store_keys.empty()) {
-        request["store"] = job_json(next_job++, store_slots,
-                                    all_blocks.subspan(hit * bpc, store_keys.size() * bpc), store_keys);
+        request["store"] =
+            job_json(next_job++, store_slots,
+                     all_blocks.subspan(hit * bpc, store_keys.size() * bpc), store_keys);
       }
       if (!request.contains("load") && !request.contains("store")) {
         // Served without the offload tier (nothing to load, no room to store yet).
@@ -322,8 +331,10 @@ RunOutcome run_scheduler(const RunConfig& config) {
         const nlohmann::json done = receive_from(ranks[r], r, std::chrono::seconds(300));
         if (done.contains("load")) {
           const auto& l = done["load"];
-          const bool ok = l.at("success").get<bool>() && l.at("mismatched_bytes").get<std::uint64_t>() == 0;
-          if (!l.at("success").get<bool>()) t.note_error("rank " + std::to_string(r) + " load: " + l.value("error", ""));
+          const bool ok =
+              l.at("success").get<bool>() && l.at("mismatched_bytes").get<std::uint64_t>() == 0;
+          if (!l.at("success").get<bool>())
+            t.note_error("rank " + std::to_string(r) + " load: " + l.value("error", ""));
           load_ok = load_ok && ok;
           t.load_bytes += l.at("bytes").get<std::uint64_t>();
           t.verified_bytes += l.at("verified_bytes").get<std::uint64_t>();
@@ -372,9 +383,11 @@ RunOutcome run_scheduler(const RunConfig& config) {
       for (std::uint32_t r = 0; r < config.world_size; ++r) {
         const RankBringup b = region.rank_bringup(r);
         if (b.state == BringupState::kFailed || b.state == BringupState::kStopped) {
-          t.note_error("rank " + std::to_string(r) + " bring-up " + std::string(to_string(b.state)) + " after " +
+          t.note_error("rank " + std::to_string(r) + " bring-up " +
+                       std::string(to_string(b.state)) + " after " +
                        std::to_string(b.ready_chunks) + " of " + std::to_string(config.num_chunks) +
-                       " chunks" + (b.sys_errno != 0 ? " (" + errno_name(b.sys_errno) + ")" : std::string()) +
+                       " chunks" +
+                       (b.sys_errno != 0 ? " (" + errno_name(b.sys_errno) + ")" : std::string()) +
                        "; its log has the error");
           ended = true;
         }
@@ -421,10 +434,12 @@ RunOutcome run_scheduler(const RunConfig& config) {
   const bool region_removed = !std::filesystem::exists(region_path, ec);
 
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  const bool all_verified = t.mismatched_bytes == 0 && t.failed_jobs == 0 && t.verified_bytes == t.load_bytes;
+  const bool all_verified =
+      t.mismatched_bytes == 0 && t.failed_jobs == 0 && t.verified_bytes == t.load_bytes;
   nlohmann::json report{
       {"engine_id", config.engine_id},
-      {"backend", rank_reports.empty() ? config.backend : rank_reports[0].value("backend", config.backend)},
+      {"backend",
+       rank_reports.empty() ? config.backend : rank_reports[0].value("backend", config.backend)},
       {"world_size", config.world_size},
       {"layers", config.layers},
       {"block_bytes", config.block_bytes},
@@ -449,26 +464,31 @@ RunOutcome run_scheduler(const RunConfig& config) {
       {"mismatched_bytes", t.mismatched_bytes},
       {"failed_jobs", t.failed_jobs},
       {"all_verified", all_verified},
-      {"populate", {{"method", std::string(to_string(scheduler_populate.method))},
-                    {"bytes", scheduler_populate.bytes},
-                    {"seconds", scheduler_populate.seconds}}},
+      {"populate",
+       {{"method", std::string(to_string(scheduler_populate.method))},
+        {"bytes", scheduler_populate.bytes},
+        {"seconds", scheduler_populate.seconds}}},
       {"ranks", rank_reports},
       {"interrupted", g_interrupted.load()},
       {"region_removed", region_removed && closed},
       {"errors", t.errors},
       {"seconds", seconds}};
   double registration = 0;
-  for (const auto& r : rank_reports) registration = std::max(registration, r.value("registration_seconds", 0.0));
+  for (const auto& r : rank_reports)
+    registration = std::max(registration, r.value("registration_seconds", 0.0));
   report["registration_seconds"] = registration;
   if (!remote_json.is_null()) report["remote"] = remote_json;
   report["bringup"] = config.bringup;
   report["bringup_piece_bytes"] = config.bringup_piece_bytes;
-  report["first_request_seconds"] = first_request_seconds ? nlohmann::json(*first_request_seconds) : nlohmann::json();
-  report["pool_ready_seconds"] = pool_ready_seconds ? nlohmann::json(*pool_ready_seconds) : nlohmann::json();
+  report["first_request_seconds"] =
+      first_request_seconds ? nlohmann::json(*first_request_seconds) : nlohmann::json();
+  report["pool_ready_seconds"] =
+      pool_ready_seconds ? nlohmann::json(*pool_ready_seconds) : nlohmann::json();
   double longest_piece = 0;
   for (const auto& b : byes) {
     if (b.contains("registration")) {
-      longest_piece = std::max(longest_piece, b["registration"].value("longest_piece_seconds", 0.0));
+      longest_piece =
+          std::max(longest_piece, b["registration"].value("longest_piece_seconds", 0.0));
     }
   }
   report["registration_longest_piece_seconds"] = longest_piece;
@@ -490,16 +510,21 @@ std::string format_report(const nlohmann::json& r) {
   out << "kvoffload run: engine " << r["engine_id"].get<std::string>() << ", backend "
       << r["backend"].get<std::string>() << ", " << r["world_size"] << " ranks, " << r["chunks"]
       << " chunks of " << r["slot_bytes"] << " bytes per rank\n";
-  out << "  requests        " << r["requests"] << " (" << r["chunks_looked_up"] << " chunks looked up)\n";
+  out << "  requests        " << r["requests"] << " (" << r["chunks_looked_up"]
+      << " chunks looked up)\n";
   out << "  hit rate        " << gb(100.0 * r["hit_rate"].get<double>()) << " % (" << r["hits"]
       << " hits, " << r["misses"] << " misses), " << r["evictions"] << " evictions, "
       << r["promoted"] << " promoted from the file tier\n";
-  out << "  stored          " << r["store_bytes"] << " bytes at " << gb(r["store_gbps"].get<double>()) << " GB/s\n";
-  out << "  loaded          " << r["load_bytes"] << " bytes at " << gb(r["load_gbps"].get<double>()) << " GB/s\n";
+  out << "  stored          " << r["store_bytes"] << " bytes at "
+      << gb(r["store_gbps"].get<double>()) << " GB/s\n";
+  out << "  loaded          " << r["load_bytes"] << " bytes at " << gb(r["load_gbps"].get<double>())
+      << " GB/s\n";
   out << "  populate        " << r["populate"]["method"].get<std::string>() << ", "
       << gb(r["populate"]["seconds"].get<double>()) << " s; registration "
       << gb(r["registration_seconds"].get<double>()) << " s\n";
-  auto secs = [&](const nlohmann::json& v) { return v.is_null() ? std::string("never") : gb(v.get<double>()) + " s"; };
+  auto secs = [&](const nlohmann::json& v) {
+    return v.is_null() ? std::string("never") : gb(v.get<double>()) + " s";
+  };
   out << "  bring-up        " << r["bringup"].get<std::string>() << ": first request served after "
       << secs(r["first_request_seconds"]) << ", pool ready on every rank after "
       << secs(r["pool_ready_seconds"]) << "\n";

@@ -24,7 +24,9 @@ namespace kvoffload::run {
 namespace {
 
 std::atomic<bool> g_stop{false};
-extern "C" void on_stop_signal(int /*signal*/) { g_stop.store(true); }
+extern "C" void on_stop_signal(int /*signal*/) {
+  g_stop.store(true);
+}
 
 using Clock = std::chrono::steady_clock;
 using util::seconds_since;
@@ -44,7 +46,8 @@ std::optional<JobPart> parse_part(const nlohmann::json& request, const char* nam
   j.at("job").get_to(part.job);
   j.at("chunks").get_to(part.chunks);
   j.at("blocks").get_to(part.blocks);
-  for (const auto& k : j.at("keys")) part.keys.emplace_back(k.at(0).get<std::uint64_t>(), k.at(1).get<std::uint64_t>());
+  for (const auto& k : j.at("keys"))
+    part.keys.emplace_back(k.at(0).get<std::uint64_t>(), k.at(1).get<std::uint64_t>());
   return part;
 }
 
@@ -65,7 +68,8 @@ class RankState {
     }
     RegionOptions options;
     options.engine_id = config.engine_id;
-    options.layout = {.num_chunks = config.num_chunks, .slot_bytes = config.slot_bytes,
+    options.layout = {.num_chunks = config.num_chunks,
+                      .slot_bytes = config.slot_bytes,
                       .world_size = config.world_size};
     options.rank = rank;
     if (!config.shm_dir.empty()) options.shm_dir = config.shm_dir;
@@ -82,7 +86,8 @@ class RankState {
         HostRegistration reg = runtime_->register_host(rows.data(), rows.size());
         const double s = seconds_since(start);
         const std::lock_guard lock(pieces_mu_);
-        if (engine_told_) engine_->note_host_registration(reg);  // the kernel path opens at the last piece
+        if (engine_told_)
+          engine_->note_host_registration(reg);  // the kernel path opens at the last piece
         pieces_.push_back(std::move(reg));
         piece_seconds_ += s;
         longest_piece_seconds_ = std::max(longest_piece_seconds_, s);
@@ -150,7 +155,10 @@ class RankState {
             {"backend", std::string(runtime_->name())},
             {"device", device_},
             {"role", std::string(to_string(region_->role()))},
-            {"populate", {{"method", std::string(to_string(p.method))}, {"bytes", p.bytes}, {"seconds", p.seconds}}},
+            {"populate",
+             {{"method", std::string(to_string(p.method))},
+              {"bytes", p.bytes},
+              {"seconds", p.seconds}}},
             {"registration_seconds", registration_seconds_},
             {"host_registered", engine_->host_registered()},
             {"device_bytes", config_.gpu_blocks * config_.block_bytes * config_.layers}};
@@ -161,13 +169,15 @@ class RankState {
     const auto store = parse_part(request, "store");
     // The "model" writes the KV of the chunks to store (the compute that produced them), and the
     // blocks a load fills are cleared first so stale bytes can never pass verification.
-    if (store) for_each_block(*store, [&](const BlockTag& tag, void* device) {
-      fill_pattern(tag, staging_);
-      runtime_->memcpy_sync(device, staging_.data(), staging_.size());
-    });
-    if (load) for_each_block(*load, [&](const BlockTag&, void* device) {
-      runtime_->memset_sync(device, 0x5A, config_.block_bytes);
-    });
+    if (store)
+      for_each_block(*store, [&](const BlockTag& tag, void* device) {
+        fill_pattern(tag, staging_);
+        runtime_->memcpy_sync(device, staging_.data(), staging_.size());
+      });
+    if (load)
+      for_each_block(*load, [&](const BlockTag&, void* device) {
+        runtime_->memset_sync(device, 0x5A, config_.block_bytes);
+      });
     std::vector<JobId> ids;
     if (load) ids.push_back(submit(*load, Direction::kLoad));
     if (store) ids.push_back(submit(*store, Direction::kStore));
@@ -199,17 +209,24 @@ class RankState {
     const EngineStats s = engine_->stats();
     const BringupStatus b = region_->bringup_status();
     const PopulateReport p = region_->populate_report();
-    nlohmann::json bye{{"op", "bye"}, {"rank", rank_}, {"dma_batches", s.dma_batches},
-                       {"kernel_batches", s.kernel_batches}, {"fragments", s.fragments},
+    nlohmann::json bye{{"op", "bye"},
+                       {"rank", rank_},
+                       {"dma_batches", s.dma_batches},
+                       {"kernel_batches", s.kernel_batches},
+                       {"fragments", s.fragments},
                        {"descriptors", s.descriptors},
-                       {"bringup", {{"state", std::string(to_string(b.state))},
-                                    {"seconds", b.seconds},
-                                    {"ready_chunks", b.ready_chunks},
-                                    {"error", b.error ? b.error->what() : ""}}},
-                       {"populate", {{"method", std::string(to_string(p.method))}, {"bytes", p.bytes},
-                                     {"seconds", p.seconds}}}};
+                       {"bringup",
+                        {{"state", std::string(to_string(b.state))},
+                         {"seconds", b.seconds},
+                         {"ready_chunks", b.ready_chunks},
+                         {"error", b.error ? b.error->what() : ""}}},
+                       {"populate",
+                        {{"method", std::string(to_string(p.method))},
+                         {"bytes", p.bytes},
+                         {"seconds", p.seconds}}}};
     const std::lock_guard lock(pieces_mu_);
-    bye["registration"] = {{"pieces", pieces_.size()}, {"seconds", piece_seconds_},
+    bye["registration"] = {{"pieces", pieces_.size()},
+                           {"seconds", piece_seconds_},
                            {"longest_piece_seconds", longest_piece_seconds_}};
     return bye;
   }
@@ -219,12 +236,15 @@ class RankState {
   void for_each_block(const JobPart& part, Fn&& fn) {
     const std::uint32_t bpc = config_.blocks_per_chunk;
     for (std::size_t i = 0; i < part.blocks.size(); ++i) {
-      const BlockTag tag{.key = part.keys[i / bpc], .rank = rank_, .layer = 0,
+      const BlockTag tag{.key = part.keys[i / bpc],
+                         .rank = rank_,
+                         .layer = 0,
                          .position = static_cast<std::uint32_t>(i % bpc)};
       for (std::uint32_t layer = 0; layer < config_.layers; ++layer) {
         BlockTag t = tag;
         t.layer = layer;
-        auto* device = static_cast<std::byte*>(caches_[layer].data()) + part.blocks[i] * config_.block_bytes;
+        auto* device =
+            static_cast<std::byte*>(caches_[layer].data()) + part.blocks[i] * config_.block_bytes;
         fn(t, device);
       }
     }

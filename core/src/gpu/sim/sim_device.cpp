@@ -28,7 +28,6 @@ namespace kvoffload::gpu::sim {
 
 namespace {
 
-
 // The CUDA runtime's numbering, so that messages read the same as on a GPU.
 enum SimError : int {
   kSuccess = 0,
@@ -57,14 +56,17 @@ constexpr ErrorText kErrors[] = {
     {kInvalidValue, "simErrorInvalidValue", "invalid argument"},
     {kOutOfMemory, "simErrorMemoryAllocation", "out of memory"},
     {kInvalidDevice, "simErrorInvalidDevice", "invalid device ordinal"},
-    {kInvalidContext, "simErrorInvalidContext", "invalid device context (no device set on this thread)"},
+    {kInvalidContext, "simErrorInvalidContext",
+     "invalid device context (no device set on this thread)"},
     {kInvalidHandle, "simErrorInvalidResourceHandle", "invalid resource handle"},
     {kNotReady, "simErrorNotReady", "device not ready"},
     {kIllegalAddress, "simErrorIllegalAddress", "an illegal memory access was encountered"},
-    {kLaunchOutOfResources, "simErrorLaunchOutOfResources", "too many resources requested for launch"},
+    {kLaunchOutOfResources, "simErrorLaunchOutOfResources",
+     "too many resources requested for launch"},
     {kAlreadyRegistered, "simErrorHostMemoryAlreadyRegistered",
      "part or all of the requested memory range is already mapped"},
-    {kNotRegistered, "simErrorHostMemoryNotRegistered", "pointer does not correspond to a registered memory region"},
+    {kNotRegistered, "simErrorHostMemoryNotRegistered",
+     "pointer does not correspond to a registered memory region"},
     {kNotPermitted, "simErrorNotPermitted", "operation not permitted"},
     {kNotSupported, "simErrorNotSupported", "operation not supported"},
     {kCaptureImplicit, "simErrorStreamCaptureImplicit",
@@ -88,20 +90,29 @@ struct CopyPiece {
 };
 
 struct Op {
-  enum class Kind : std::uint8_t { kCopy, kMemset, kKernel, kRecord, kWaitEvent, kWaitValue, kHostFunc, kFree };
+  enum class Kind : std::uint8_t {
+    kCopy,
+    kMemset,
+    kKernel,
+    kRecord,
+    kWaitEvent,
+    kWaitValue,
+    kHostFunc,
+    kFree
+  };
   Kind kind = Kind::kCopy;
-  std::vector<CopyPiece> pieces;       // kCopy (already translated)
-  std::vector<std::byte> snapshot;     // kCopy with source order ANY: the sources as read at the call
-  void* dst = nullptr;                 // kMemset, kFree
+  std::vector<CopyPiece> pieces;    // kCopy (already translated)
+  std::vector<std::byte> snapshot;  // kCopy with source order ANY: the sources as read at the call
+  void* dst = nullptr;              // kMemset, kFree
   std::size_t bytes = 0;
   int value = 0;
-  const void* descs = nullptr;         // kKernel: device-visible descriptor address
+  const void* descs = nullptr;  // kKernel: device-visible descriptor address
   std::size_t count = 0;
   unsigned ctas = 0;
-  std::shared_ptr<Marker> marker;      // kRecord, kWaitEvent
-  std::uint32_t* flag = nullptr;       // kWaitValue (host address)
+  std::shared_ptr<Marker> marker;  // kRecord, kWaitEvent
+  std::uint32_t* flag = nullptr;   // kWaitValue (host address)
   std::uint32_t flag_value = 0;
-  void (*fn)(void*) = nullptr;         // kHostFunc
+  void (*fn)(void*) = nullptr;  // kHostFunc
   void* arg = nullptr;
 };
 
@@ -109,7 +120,9 @@ struct Op {
 class AddressRange {
  public:
   AddressRange() = default;
-  AddressRange(std::uintptr_t base, std::size_t size) : base_(base), size_(size) { free_[0] = size; }
+  AddressRange(std::uintptr_t base, std::size_t size) : base_(base), size_(size) {
+    free_[0] = size;
+  }
 
   // Offset of a new block of `bytes` (rounded up to pages), or SIZE_MAX.
   std::size_t allocate(std::size_t bytes) {
@@ -146,7 +159,8 @@ class AddressRange {
     return n;
   }
   // The block holding [addr, addr + bytes) as (offset, block size), or {SIZE_MAX, 0}.
-  [[nodiscard]] std::pair<std::size_t, std::size_t> find(std::uintptr_t addr, std::size_t bytes) const {
+  [[nodiscard]] std::pair<std::size_t, std::size_t> find(std::uintptr_t addr,
+                                                         std::size_t bytes) const {
     if (addr < base_ || addr >= base_ + size_) return {SIZE_MAX, 0};
     const std::size_t off = addr - base_;
     auto it = used_.upper_bound(off);
@@ -155,7 +169,9 @@ class AddressRange {
     if (off + bytes > it->first + it->second) return {SIZE_MAX, 0};
     return {it->first, it->second};
   }
-  [[nodiscard]] bool contains(std::uintptr_t addr) const noexcept { return addr >= base_ && addr < base_ + size_; }
+  [[nodiscard]] bool contains(std::uintptr_t addr) const noexcept {
+    return addr >= base_ && addr < base_ + size_;
+  }
   [[nodiscard]] std::uintptr_t base() const noexcept { return base_; }
 
  private:
@@ -176,7 +192,7 @@ struct HostMapping {
 struct ThreadState {
   const void* device = nullptr;  // the SimDevice::Impl this belongs to
   int last_error = 0;
-  int bound = -1;                // device set on this thread, -1: none (no context)
+  int bound = -1;  // device set on this thread, -1: none (no context)
   int capture_mode = 0;
 };
 // Trivially destructible storage: runtimes destroyed during static destruction (after this
@@ -326,8 +342,12 @@ void SimStream::execute(Op& op) {
     case Op::Kind::kKernel:
       if (!poisoned) run_kernel(op);
       break;
-    case Op::Kind::kRecord: op.marker->complete(); break;
-    case Op::Kind::kWaitEvent: op.marker->wait(); break;
+    case Op::Kind::kRecord:
+      op.marker->complete();
+      break;
+    case Op::Kind::kWaitEvent:
+      op.marker->wait();
+      break;
     case Op::Kind::kWaitValue: {
       std::atomic_ref<std::uint32_t> word(*op.flag);
       while (word.load(std::memory_order_acquire) != op.flag_value && dev_.sticky() == 0) {
@@ -335,7 +355,9 @@ void SimStream::execute(Op& op) {
       }
       break;
     }
-    case Op::Kind::kHostFunc: op.fn(op.arg); break;
+    case Op::Kind::kHostFunc:
+      op.fn(op.arg);
+      break;
     case Op::Kind::kFree: {
       std::lock_guard lock(dev_.mu);
       const std::size_t off = reinterpret_cast<std::uintptr_t>(op.dst) - dev_.device_range.base();
@@ -354,9 +376,10 @@ void SimStream::run_kernel(const Op& op) {
   const std::size_t table_bytes = op.count * sizeof(kernels::CopyDesc);
   const void* table = dev_.translate_kernel(op.descs, table_bytes);
   if (table == nullptr) {
-    dev_.poison(kIllegalAddress, fmt::format("kernel read its descriptors at {} (+{} bytes), which is neither "
-                                             "device memory nor mapped host memory",
-                                             op.descs, table_bytes));
+    dev_.poison(kIllegalAddress,
+                fmt::format("kernel read its descriptors at {} (+{} bytes), which is neither "
+                            "device memory nor mapped host memory",
+                            op.descs, table_bytes));
     return;
   }
   rewritten_.resize(op.count);
@@ -367,17 +390,20 @@ void SimStream::run_kernel(const Op& op) {
     void* src = dev_.translate_kernel(d.src, d.bytes);
     void* dst = dev_.translate_kernel(d.dst, d.bytes);
     if (src == nullptr || dst == nullptr) {
-      dev_.poison(kIllegalAddress,
-                  fmt::format("copy kernel descriptor {} of {}: {} {} (+{} bytes) is neither device memory nor "
-                              "registered host memory (a GPU faults here)",
-                              i, op.count, src == nullptr ? "source" : "destination",
-                              src == nullptr ? d.src : static_cast<const void*>(d.dst), d.bytes));
+      dev_.poison(
+          kIllegalAddress,
+          fmt::format(
+              "copy kernel descriptor {} of {}: {} {} (+{} bytes) is neither device memory nor "
+              "registered host memory (a GPU faults here)",
+              i, op.count, src == nullptr ? "source" : "destination",
+              src == nullptr ? d.src : static_cast<const void*>(d.dst), d.bytes));
       return;
     }
     d.src = src;
     d.dst = dst;
   }
-  if (!executor_) executor_ = std::make_unique<CtaExecutor>(static_cast<unsigned>(kernels::kBatchCopyThreads));
+  if (!executor_)
+    executor_ = std::make_unique<CtaExecutor>(static_cast<unsigned>(kernels::kBatchCopyThreads));
   dev_.counters.kernel_ctas.fetch_add(op.ctas);
   executor_->run(rewritten_.data(), op.count, op.ctas);
 }
@@ -386,25 +412,30 @@ void SimStream::run_kernel(const Op& op) {
 
 SimDevice::Impl::Impl(SimOptions o) : options(o) {
   reservation_bytes = options.device_memory_bytes;
-  device_reservation = ::mmap(nullptr, reservation_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (device_reservation == MAP_FAILED) throw_system_error("mmap", errno, "simulated device address space");
-  alias = ::mmap(nullptr, reservation_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  device_reservation = ::mmap(nullptr, reservation_bytes, PROT_NONE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (device_reservation == MAP_FAILED)
+    throw_system_error("mmap", errno, "simulated device address space");
+  alias = ::mmap(nullptr, reservation_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (alias == MAP_FAILED) {
     const int err = errno;
     ::munmap(device_reservation, reservation_bytes);
     throw_system_error("mmap", err, "simulated device memory alias");
   }
-  device_range = AddressRange(reinterpret_cast<std::uintptr_t>(device_reservation), reservation_bytes);
+  device_range =
+      AddressRange(reinterpret_cast<std::uintptr_t>(device_reservation), reservation_bytes);
   if (!options.unified_addressing) {
-    window_reservation =
-        ::mmap(nullptr, reservation_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    window_reservation = ::mmap(nullptr, reservation_bytes, PROT_NONE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (window_reservation == MAP_FAILED) {
       const int err = errno;
       ::munmap(alias, reservation_bytes);
       ::munmap(device_reservation, reservation_bytes);
       throw_system_error("mmap", err, "simulated device window for host memory");
     }
-    window_range = AddressRange(reinterpret_cast<std::uintptr_t>(window_reservation), reservation_bytes);
+    window_range =
+        AddressRange(reinterpret_cast<std::uintptr_t>(window_reservation), reservation_bytes);
   }
 }
 
@@ -418,7 +449,8 @@ SimDevice::Impl::~Impl() {
   ::munmap(device_reservation, reservation_bytes);
 }
 
-std::pair<SimDevice::Impl::Side, void*> SimDevice::Impl::translate_dma(const void* p, std::size_t n) {
+std::pair<SimDevice::Impl::Side, void*> SimDevice::Impl::translate_dma(const void* p,
+                                                                       std::size_t n) {
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
   std::lock_guard lock(mu);
   if (device_range.contains(addr)) {
@@ -473,14 +505,16 @@ void SimDevice::Impl::synchronize_all() {
 
 namespace {
 
-SimDevice::Impl& dev(void* ctx) { return *static_cast<SimDevice::Impl*>(ctx); }
+SimDevice::Impl& dev(void* ctx) {
+  return *static_cast<SimDevice::Impl*>(ctx);
+}
 
 // Every call that a poisoned CUDA context refuses returns the sticky error first.
-#define KVO_SIM_STICKY(d)                        \
-  do {                                           \
+#define KVO_SIM_STICKY(d)                       \
+  do {                                          \
     if (const int s_ = (d).sticky(); s_ != 0) { \
-      return (d).fail(s_);                       \
-    }                                            \
+      return (d).fail(s_);                      \
+    }                                           \
   } while (0)
 
 const char* sim_error_name(void*, int err) {
@@ -512,11 +546,13 @@ int sim_set_device(void* ctx, int device) {
   thread_state(ctx).bound = device;
   return kSuccess;
 }
-int sim_device_describe(void* ctx, int device, char* name, std::size_t name_len, char* arch, std::size_t arch_len) {
+int sim_device_describe(void* ctx, int device, char* name, std::size_t name_len, char* arch,
+                        std::size_t arch_len) {
   auto& d = dev(ctx);
   if (device < 0 || device >= d.options.device_count) return d.fail(kInvalidDevice);
   std::snprintf(name, name_len, "kvoffload simulated device %d", device);
-  std::snprintf(arch, arch_len, "sim (%s addressing)", d.options.unified_addressing ? "unified" : "separate");
+  std::snprintf(arch, arch_len, "sim (%s addressing)",
+                d.options.unified_addressing ? "unified" : "separate");
   return kSuccess;
 }
 int sim_version(void*, int* version) {
@@ -673,7 +709,8 @@ int unmap_host(SimDevice::Impl& d, void* ptr, bool pinned) {
   std::lock_guard lock(d.mu);
   auto it = d.host_maps.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == d.host_maps.end() || it->second.pinned != pinned) return d.fail(kNotRegistered);
-  if (d.window_reservation != nullptr) (void)d.window_range.release(it->second.device - d.window_range.base());
+  if (d.window_reservation != nullptr)
+    (void)d.window_range.release(it->second.device - d.window_range.base());
   d.host_maps.erase(it);
   return kSuccess;
 }
@@ -682,7 +719,8 @@ int sim_host_register(void* ctx, void* ptr, std::size_t bytes) {
   auto& d = dev(ctx);
   KVO_SIM_STICKY(d);
   d.counters.host_register_calls.fetch_add(1);
-  if (int n = d.faults.fail_register_at.load(); n > 0 && d.faults.fail_register_at.fetch_sub(1) == 1) {
+  if (int n = d.faults.fail_register_at.load();
+      n > 0 && d.faults.fail_register_at.fetch_sub(1) == 1) {
     return d.fail(kOutOfMemory);
   }
   if (ptr == nullptr || bytes == 0) return d.fail(kInvalidValue);
@@ -700,7 +738,8 @@ int sim_host_unregister(void* ctx, void* ptr) {
 int sim_host_device_pointer(void* ctx, void** device, void* host) {
   auto& d = dev(ctx);
   KVO_SIM_STICKY(d);
-  if (int n = d.faults.fail_device_pointer.load(); n > 0 && d.faults.fail_device_pointer.fetch_sub(1) >= 1) {
+  if (int n = d.faults.fail_device_pointer.load();
+      n > 0 && d.faults.fail_device_pointer.fetch_sub(1) >= 1) {
     return d.fail(kInvalidValue);
   }
   const auto addr = reinterpret_cast<std::uintptr_t>(host);
@@ -776,19 +815,23 @@ int sim_pointer_is_device(void* ctx, const void* ptr, int* is_device) {
 }
 
 // Checks a DMA's two sides against `kind` and returns the translated piece, or an error.
-int dma_piece(SimDevice::Impl& d, void* dst, const void* src, std::size_t bytes, int kind, CopyPiece& out) {
+int dma_piece(SimDevice::Impl& d, void* dst, const void* src, std::size_t bytes, int kind,
+              CopyPiece& out) {
   using Side = SimDevice::Impl::Side;
   const auto [dside, dhost] = d.translate_dma(dst, bytes);
   const auto [sside, shost] = d.translate_dma(src, bytes);
   if (dside == Side::kInvalid || sside == Side::kInvalid) return kInvalidValue;
-  const Side want_src = kind == kMemcpyHostToDevice || kind == kMemcpyHostToHost ? Side::kHost : Side::kDevice;
-  const Side want_dst = kind == kMemcpyDeviceToHost || kind == kMemcpyHostToHost ? Side::kHost : Side::kDevice;
+  const Side want_src =
+      kind == kMemcpyHostToDevice || kind == kMemcpyHostToHost ? Side::kHost : Side::kDevice;
+  const Side want_dst =
+      kind == kMemcpyDeviceToHost || kind == kMemcpyHostToHost ? Side::kHost : Side::kDevice;
   if (kind != kMemcpyDefault && (sside != want_src || dside != want_dst)) return kInvalidValue;
   out = CopyPiece{dhost, shost, bytes};
   return kSuccess;
 }
 
-int sim_memcpy_async(void* ctx, void* dst, const void* src, std::size_t bytes, int kind, void* stream) {
+int sim_memcpy_async(void* ctx, void* dst, const void* src, std::size_t bytes, int kind,
+                     void* stream) {
   auto& d = dev(ctx);
   KVO_SIM_STICKY(d);
   d.counters.memcpy_calls.fetch_add(1);
@@ -798,7 +841,8 @@ int sim_memcpy_async(void* ctx, void* dst, const void* src, std::size_t bytes, i
   Op op;
   op.kind = Op::Kind::kCopy;
   op.pieces.resize(1);
-  if (const int err = dma_piece(d, dst, src, bytes, kind, op.pieces[0]); err != kSuccess) return d.fail(err);
+  if (const int err = dma_piece(d, dst, src, bytes, kind, op.pieces[0]); err != kSuccess)
+    return d.fail(err);
   d.stream_of(stream)->push(std::move(op));
   return kSuccess;
 }
@@ -816,8 +860,9 @@ int sim_memset_async(void* ctx, void* dst, int value, std::size_t bytes, void* s
   return kSuccess;
 }
 
-int sim_memcpy_batch_async(void* ctx, void** dsts, const void** srcs, std::size_t* sizes, std::size_t count,
-                           int source_in_stream_order, void* stream, std::size_t* fail_index) {
+int sim_memcpy_batch_async(void* ctx, void** dsts, const void** srcs, std::size_t* sizes,
+                           std::size_t count, int source_in_stream_order, void* stream,
+                           std::size_t* fail_index) {
   auto& d = dev(ctx);
   *fail_index = SIZE_MAX;
   KVO_SIM_STICKY(d);
@@ -837,7 +882,8 @@ int sim_memcpy_batch_async(void* ctx, void** dsts, const void** srcs, std::size_
   op.pieces.resize(count);
   std::size_t total = 0;
   for (std::size_t i = 0; i < count; ++i) {
-    if (sizes[i] == 0 || dma_piece(d, dsts[i], srcs[i], sizes[i], kMemcpyDefault, op.pieces[i]) != kSuccess) {
+    if (sizes[i] == 0 ||
+        dma_piece(d, dsts[i], srcs[i], sizes[i], kMemcpyDefault, op.pieces[i]) != kSuccess) {
       *fail_index = i;
       d.counters.batch_refused.fetch_add(1);
       return kInvalidValue;
@@ -857,15 +903,23 @@ int sim_memcpy_batch_async(void* ctx, void** dsts, const void** srcs, std::size_
   d.stream_of(stream)->push(std::move(op));
   return kSuccess;
 }
-const char* sim_batch_error_text(void* ctx, int code) { return sim_error_name(ctx, code); }
-int sim_batch_error_is_permanent(void*, int code) { return code == kNotSupported || code == kNotPermitted ? 1 : 0; }
+const char* sim_batch_error_text(void* ctx, int code) {
+  return sim_error_name(ctx, code);
+}
+int sim_batch_error_is_permanent(void*, int code) {
+  return code == kNotSupported || code == kNotPermitted ? 1 : 0;
+}
 
-int sim_kernel_check(void*) { return kSuccess; }
-int sim_kernel_launch(void* ctx, const VendorCopyDesc* descs, std::size_t count, int ctas, void* stream) {
+int sim_kernel_check(void*) {
+  return kSuccess;
+}
+int sim_kernel_launch(void* ctx, const VendorCopyDesc* descs, std::size_t count, int ctas,
+                      void* stream) {
   auto& d = dev(ctx);
   // An unrelated earlier error left in this thread's slot (torch's, say); a launch API does not
   // clear it, and must not report it either.
-  if (const int stale = d.faults.stale_error_before_launch.load(); stale != 0) thread_state(ctx).last_error = stale;
+  if (const int stale = d.faults.stale_error_before_launch.load(); stale != 0)
+    thread_state(ctx).last_error = stale;
   KVO_SIM_STICKY(d);
   if (int n = d.faults.fail_launches.load(); n > 0 && d.faults.fail_launches.fetch_sub(1) >= 1) {
     return d.fail(kLaunchOutOfResources);
@@ -892,7 +946,8 @@ SimOptions SimOptions::from_env() {
     char* end = nullptr;
     const long n = std::strtol(env, &end, 10);
     if (*end != '\0' || n < 1 || n > 64) {
-      throw_invalid(std::string("KVOFFLOAD_SIM_DEVICES='") + env + "' is not a device count from 1 to 64");
+      throw_invalid(std::string("KVOFFLOAD_SIM_DEVICES='") + env +
+                    "' is not a device count from 1 to 64");
     }
     o.device_count = static_cast<int>(n);
   }
@@ -946,8 +1001,9 @@ SimDevice::SimDevice(SimOptions options) : impl_(std::make_unique<Impl>(options)
   a.memcpy_batch_async = options.batch_memcpy ? sim_memcpy_batch_async : nullptr;
   a.batch_error_text = sim_batch_error_text;
   a.batch_error_is_permanent = sim_batch_error_is_permanent;
-  a.batch_detail = options.batch_memcpy ? "simulated batched memcpy (source order STREAM or ANY)"
-                                        : "per-copy loop: this simulated device has no batched memcpy";
+  a.batch_detail = options.batch_memcpy
+                       ? "simulated batched memcpy (source order STREAM or ANY)"
+                       : "per-copy loop: this simulated device has no batched memcpy";
   a.kernel_check = sim_kernel_check;
   a.kernel_launch = sim_kernel_launch;
   a.kernel_threads = kernels::kBatchCopyThreads;
@@ -955,10 +1011,18 @@ SimDevice::SimDevice(SimOptions options) : impl_(std::make_unique<Impl>(options)
 
 SimDevice::~SimDevice() = default;
 
-const VendorApi& SimDevice::api() const noexcept { return impl_->api; }
-SimFaults& SimDevice::faults() noexcept { return impl_->faults; }
-const SimCounters& SimDevice::counters() const noexcept { return impl_->counters; }
-int SimDevice::sticky_error() const noexcept { return impl_->sticky(); }
+const VendorApi& SimDevice::api() const noexcept {
+  return impl_->api;
+}
+SimFaults& SimDevice::faults() noexcept {
+  return impl_->faults;
+}
+const SimCounters& SimDevice::counters() const noexcept {
+  return impl_->counters;
+}
+int SimDevice::sticky_error() const noexcept {
+  return impl_->sticky();
+}
 std::string SimDevice::sticky_reason() const {
   std::lock_guard lock(impl_->mu);
   return impl_->sticky_reason;

@@ -48,15 +48,16 @@ struct SimOptions {
 
 // Knobs tests turn while the device runs (all atomics).
 struct SimFaults {
-  std::atomic<int> refuse_batches{0};           // refuse the next N batch calls ...
-  std::atomic<int> refuse_batch_code{1};        // ... with this code (1 invalid value, 801 not supported)
-  std::atomic<int> fail_launches{0};            // the next N kernel launches fail (701)
-  std::atomic<int> stale_error_before_launch{0};  // set this error in the launching thread's slot first
-  std::atomic<int> fail_register_at{0};         // the Nth host_register call from now fails (1-based)
-  std::atomic<int> fail_device_pointer{0};      // the next N host_device_pointer calls fail
-  std::atomic<int> fail_memcpy_at{0};           // the Nth memcpy_async enqueue from now fails
-  std::atomic<int> op_delay_us{0};              // every stream operation sleeps this long first
-  std::atomic<int> legacy_capturing{0};         // the legacy stream reports a capture
+  std::atomic<int> refuse_batches{0};     // refuse the next N batch calls ...
+  std::atomic<int> refuse_batch_code{1};  // ... with this code (1 invalid value, 801 not supported)
+  std::atomic<int> fail_launches{0};      // the next N kernel launches fail (701)
+  std::atomic<int> stale_error_before_launch{
+      0};                                   // set this error in the launching thread's slot first
+  std::atomic<int> fail_register_at{0};     // the Nth host_register call from now fails (1-based)
+  std::atomic<int> fail_device_pointer{0};  // the next N host_device_pointer calls fail
+  std::atomic<int> fail_memcpy_at{0};       // the Nth memcpy_async enqueue from now fails
+  std::atomic<int> op_delay_us{0};          // every stream operation sleeps this long first
+  std::atomic<int> legacy_capturing{0};     // the legacy stream reports a capture
 };
 
 // What the device saw.
@@ -69,7 +70,7 @@ struct SimCounters {
   std::atomic<std::uint64_t> host_register_calls{0};
   std::atomic<std::int64_t> live_registrations{0};
   std::atomic<std::int64_t> live_device_allocations{0};
-  std::atomic<std::uint64_t> device_syncs{0};   // device-wide synchronizations (a blocking free)
+  std::atomic<std::uint64_t> device_syncs{0};  // device-wide synchronizations (a blocking free)
   std::atomic<std::uint64_t> illegal_accesses{0};
 };
 

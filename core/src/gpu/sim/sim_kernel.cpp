@@ -24,7 +24,9 @@ namespace kvoffload::kernels::sim {
 namespace {
 thread_local ThreadContext* g_current = nullptr;
 }  // namespace
-ThreadContext& this_thread() noexcept { return *g_current; }
+ThreadContext& this_thread() noexcept {
+  return *g_current;
+}
 }  // namespace kvoffload::kernels::sim
 
 namespace kvoffload::gpu::sim {
@@ -112,7 +114,8 @@ void CtaExecutor::leave() {
 #endif
 #if defined(KVO_SIM_ASAN)
   void* fake = nullptr;
-  __sanitizer_start_switch_fiber(f.state == Fiber::State::kDone ? nullptr : &fake, home_stack_, home_stack_bytes_);
+  __sanitizer_start_switch_fiber(f.state == Fiber::State::kDone ? nullptr : &fake, home_stack_,
+                                 home_stack_bytes_);
 #endif
   ::swapcontext(&f.context, &home_);
 #if defined(KVO_SIM_ASAN)

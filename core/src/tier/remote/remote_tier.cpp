@@ -194,7 +194,8 @@ struct RemoteTier::Impl {
   void node_failed(Node& node, const std::string& error) {
     if (node.breaker.on_failure(RemoteClock::now())) {
       ++breaker_opens;
-      warn.warn("breaker " + node.name, "remote tier {}: node {} failed ({}); its chunks miss for {} ms, then it is probed",
+      warn.warn("breaker " + node.name,
+                "remote tier {}: node {} failed ({}); its chunks miss for {} ms, then it is probed",
                 o.name, node.name, error, o.breaker_backoff.count());
     } else {
       warn.warn("node " + node.name, "remote tier {}: node {}: {}", o.name, node.name, error);
@@ -373,8 +374,8 @@ struct RemoteTier::Impl {
       case OpKind::kGet:
         if (ok) {
           for (std::uint32_t c = 0; c < copies; ++c) {
-            std::memcpy(row.into.data() + c * stride, ops[c].value.bytes.data() + kRemoteHeaderBytes,
-                        slot);
+            std::memcpy(row.into.data() + c * stride,
+                        ops[c].value.bytes.data() + kRemoteHeaderBytes, slot);
           }
           ++loaded;
           ctx.promise->set(r, TierItemStatus::kOk);
@@ -745,7 +746,8 @@ TierBatch RemoteTier::put(std::span<const TierPut> items) {
   m.begin(ctx);
   std::vector<std::uint32_t> indices;
   indices.reserve(ctx->ops.size());
-  const std::uint64_t row_bytes = m.stride * m.copies;  // as TieredStore hands rows: copies x slot stride
+  const std::uint64_t row_bytes =
+      m.stride * m.copies;  // as TieredStore hands rows: copies x slot stride
   for (std::size_t r = 0; r < items.size(); ++r) {
     m.init_row(*ctx, r, items[r].key);
     const bool sized = items[r].bytes.size() == row_bytes;
@@ -777,7 +779,8 @@ TierBatch RemoteTier::get(std::span<const TierGet> items) {
   m.begin(ctx);
   std::vector<std::uint32_t> indices;
   indices.reserve(ctx->ops.size());
-  const std::uint64_t row_bytes = m.stride * m.copies;  // as TieredStore hands rows: copies x slot stride
+  const std::uint64_t row_bytes =
+      m.stride * m.copies;  // as TieredStore hands rows: copies x slot stride
   for (std::size_t r = 0; r < items.size(); ++r) {
     m.init_row(*ctx, r, items[r].key);
     ctx->rows[r].into = items[r].into;
