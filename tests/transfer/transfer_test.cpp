@@ -791,6 +791,12 @@ TEST(TransferFactory, ListsBackendsAndRefusesUnknown) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   }
   for (const BackendInfo& b : list) {
+    // A module that is not there is "not built", never a load failure of a missing file.
+    EXPECT_EQ(b.detail.find("cannot open shared object file"), std::string::npos)
+        << b.name << ": " << b.detail;
+    if (!b.built) {
+      EXPECT_NE(b.detail.find("does not include"), std::string::npos) << b.name << ": " << b.detail;
+    }
     if (b.built) continue;
     try {
       (void)make_runtime(b.name);

@@ -47,13 +47,17 @@ Module open_module(std::string_view name) {
   std::string errors;
   void* handle = nullptr;
   for (const std::string& path : candidates) {
-    if (path.find('/') != std::string::npos && !std::filesystem::exists(path)) continue;
+    const bool bare = path.find('/') == std::string::npos;
+    if (!bare && !std::filesystem::exists(path)) continue;
     // RTLD_LOCAL: the vendor runtime's symbols stay out of the global namespace (a Python
     // process may hold another copy of libcudart).
     handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle != nullptr) break;
     const char* err = ::dlerror();
-    errors += (errors.empty() ? "" : "; ") + std::string(err != nullptr ? err : path);
+    const std::string text = err != nullptr ? err : path;
+    // The bare name not found on the linker's path means "not built", not "failed to load".
+    if (bare && text.find("cannot open shared object file") != std::string::npos) continue;
+    errors += (errors.empty() ? "" : "; ") + text;
   }
   if (handle == nullptr) {
     m.why = errors.empty()
