@@ -5,6 +5,7 @@
 // kernel path refuses host memory that is not registered (a GPU would fault there).
 #include "transfer/backend_factories.hpp"
 #include "transfer/cpu_event.hpp"
+#include "transfer/cpu_stream.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
@@ -147,56 +148,29 @@ void wait_flag(const std::uint32_t* flag, std::uint32_t value) {
 
 class HostStream {
  public:
-  explicit HostStream(HostRuntime& runtime) : runtime_(runtime), worker_([this] { run(); }) {}
-  HostStream(const HostStream&) = delete;
-  HostStream& operator=(const HostStream&) = delete;
-  ~HostStream() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;  // the worker drains what is queued first
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
+  explicit HostStream(HostRuntime& runtime)
+      : runtime_(runtime), queue_([this](Task& task) { execute(task); }) {}
 
   // A descriptor vector from the spare list, so steady-state submission does not allocate.
   std::vector<CopyDescriptor> take_buffer() {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(spare_mutex_);
     if (spare_.empty()) return {};
     std::vector<CopyDescriptor> v = std::move(spare_.back());
     spare_.pop_back();
     return v;
   }
 
-  void push(Task task) {
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back(std::move(task));
-      ++enqueued_;
-    }
-    cv_.notify_all();
-  }
-
-  void synchronize() {
-    std::unique_lock lock(mutex_);
-    const std::uint64_t ticket = enqueued_;
-    idle_cv_.wait(lock, [&] { return finished_ >= ticket; });
-  }
+  void push(Task task) { queue_.push(std::move(task)); }
+  void synchronize() { queue_.synchronize(); }
 
  private:
-  void run();
+  void execute(Task& task);  // on the worker thread
 
   HostRuntime& runtime_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::condition_variable idle_cv_;
-  std::deque<Task> queue_;
+  std::mutex spare_mutex_;
   std::vector<std::vector<CopyDescriptor>> spare_;
-  std::uint64_t enqueued_ = 0;
-  std::uint64_t finished_ = 0;
-  bool stop_ = false;
   std::vector<std::uint64_t> ends_;  // worker-only scratch: prefix sums of a batch
-  std::thread worker_;               // last: starts after every member above exists
+  OrderedQueue<Task> queue_;         // last: its worker stops before the members above go
 };
 
 class HostRuntime final : public DeviceRuntime {
@@ -456,38 +430,28 @@ class HostRuntime final : public DeviceRuntime {
   std::uintptr_t next_registration_ = 0;
 };
 
-void HostStream::run() {
-  std::unique_lock lock(mutex_);
-  for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ and drained
-    Task task = std::move(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
-    switch (task.kind) {
-      case Task::Kind::kCopy:
-        runtime_.execute(task.descs, task.path, ends_);
-        break;
-      case Task::Kind::kRecord:
-        task.marker->complete();
-        break;
-      case Task::Kind::kWait:
-        task.marker->wait();
-        break;
-      case Task::Kind::kFunc:
-        task.fn(task.arg);
-        break;
-      case Task::Kind::kWaitFlag:
-        wait_flag(task.flag, task.flag_value);
-        break;
-    }
-    lock.lock();
-    if (task.kind == Task::Kind::kCopy) {
+void HostStream::execute(Task& task) {
+  switch (task.kind) {
+    case Task::Kind::kCopy:
+      runtime_.execute(task.descs, task.path, ends_);
       task.descs.clear();
-      spare_.push_back(std::move(task.descs));
-    }
-    ++finished_;
-    idle_cv_.notify_all();
+      {
+        std::lock_guard lock(spare_mutex_);
+        spare_.push_back(std::move(task.descs));
+      }
+      break;
+    case Task::Kind::kRecord:
+      task.marker->complete();
+      break;
+    case Task::Kind::kWait:
+      task.marker->wait();
+      break;
+    case Task::Kind::kFunc:
+      task.fn(task.arg);
+      break;
+    case Task::Kind::kWaitFlag:
+      wait_flag(task.flag, task.flag_value);
+      break;
   }
 }
 

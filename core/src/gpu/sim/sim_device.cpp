@@ -3,6 +3,7 @@
 
 #include "gpu/sim/sim_kernel.hpp"
 #include "transfer/cpu_event.hpp"
+#include "transfer/cpu_stream.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
@@ -265,68 +266,26 @@ struct SimDevice::Impl {
 
 class SimStream {
  public:
-  explicit SimStream(SimDevice::Impl& dev) : dev_(dev), worker_([this] { run(); }) {}
-  SimStream(const SimStream&) = delete;
-  SimStream& operator=(const SimStream&) = delete;
-  ~SimStream() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;  // the worker drains what is queued first
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
+  explicit SimStream(SimDevice::Impl& dev) : dev_(dev), queue_([this](Op& op) { run(op); }) {}
 
-  void push(Op op) {
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back(std::move(op));
-      ++enqueued_;
-    }
-    cv_.notify_all();
-  }
-
-  void synchronize() {
-    std::unique_lock lock(mutex_);
-    const std::uint64_t ticket = enqueued_;
-    idle_cv_.wait(lock, [&] { return finished_ >= ticket; });
-  }
+  void push(Op op) { queue_.push(std::move(op)); }
+  void synchronize() { queue_.synchronize(); }
 
  private:
-  void run();
-  void execute(Op& op);
-  void run_kernel(const Op& op);
-
-  SimDevice::Impl& dev_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::condition_variable idle_cv_;
-  std::deque<Op> queue_;
-  std::uint64_t enqueued_ = 0;
-  std::uint64_t finished_ = 0;
-  bool stop_ = false;
-  std::vector<kernels::CopyDesc> rewritten_;  // worker-only: descriptors as host addresses
-  std::unique_ptr<CtaExecutor> executor_;     // worker-only: made at the first launch
-  std::thread worker_;                        // last: starts after every member above exists
-};
-
-void SimStream::run() {
-  std::unique_lock lock(mutex_);
-  for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ and drained
-    Op op = std::move(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
+  void run(Op& op) {  // on the worker thread
     if (const int delay = dev_.faults.op_delay_us.load(); delay > 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(delay));
     }
     execute(op);
-    lock.lock();
-    ++finished_;
-    idle_cv_.notify_all();
   }
-}
+  void execute(Op& op);
+  void run_kernel(const Op& op);
+
+  SimDevice::Impl& dev_;
+  std::vector<kernels::CopyDesc> rewritten_;  // worker-only: descriptors as host addresses
+  std::unique_ptr<CtaExecutor> executor_;     // worker-only: made at the first launch
+  detail::OrderedQueue<Op> queue_;            // last: its worker stops before the members above go
+};
 
 void SimStream::execute(Op& op) {
   const bool poisoned = dev_.sticky() != 0;  // a faulted device runs no more copies
@@ -550,9 +509,9 @@ int sim_device_describe(void* ctx, int device, char* name, std::size_t name_len,
                         std::size_t arch_len) {
   auto& d = dev(ctx);
   if (device < 0 || device >= d.options.device_count) return d.fail(kInvalidDevice);
-  std::snprintf(name, name_len, "kvoffload simulated device %d", device);
-  std::snprintf(arch, arch_len, "sim (%s addressing)",
-                d.options.unified_addressing ? "unified" : "separate");
+  (void)std::snprintf(name, name_len, "kvoffload simulated device %d", device);
+  (void)std::snprintf(arch, arch_len, "sim (%s addressing)",
+                      d.options.unified_addressing ? "unified" : "separate");
   return kSuccess;
 }
 int sim_version(void*, int* version) {
@@ -560,7 +519,7 @@ int sim_version(void*, int* version) {
   return kSuccess;
 }
 void sim_version_text(void*, int version, char* out, std::size_t len) {
-  std::snprintf(out, len, "%d.%d", version / 1000, (version % 1000) / 10);
+  (void)std::snprintf(out, len, "%d.%d", version / 1000, (version % 1000) / 10);
 }
 int sim_exchange_capture_mode(void* ctx, int* mode, int relaxed) {
   ThreadState& t = thread_state(ctx);
