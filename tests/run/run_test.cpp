@@ -317,6 +317,8 @@ INSTANTIATE_TEST_SUITE_P(
         UsageCase{{"--gpu-blocks", "3"}, "--gpu-blocks 3"},
         UsageCase{{"--duration", "0"}, "--requests"}, UsageCase{{"--no-such-flag"}, "no-such-flag"},
         UsageCase{{"--bringup", "lazy"}, "--bringup 'lazy'"},
-        UsageCase{{"--bringup-piece", "0"}, "--bringup-piece: 0 is out of range"}));
+        UsageCase{{"--bringup-piece", "0"}, "--bringup-piece: 0 is out of range"},
+        UsageCase{{"--remote-lookup-budget", "0"},
+                  "--remote-lookup-budget: 0 is out of range; allowed 1 to 60000"}));
 
 }  // namespace

@@ -79,6 +79,11 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
       "--remote-tier", config->remote_tier,
       "Distributed tier shared with other engines: redis://host:port[/db], "
       "redis-cluster://host:port[,...] or memcached://host:port[,...] (off by default)");
+  app->add_option("--remote-lookup-budget", config->remote_lookup_budget_ms,
+                  "Milliseconds a request waits for the remote store's existence answer before "
+                  "the chunk counts as a miss")
+      ->capture_default_str()
+      ->check(whole_range(1, 60'000));
   app->add_option("--threads", config->populate_threads, "Populate threads")
       ->capture_default_str()
       ->check(whole_range(1, 256));

@@ -31,6 +31,9 @@ struct RunConfig {
   std::string file_tier;  // non-empty: a secondary file tier under this directory
   std::uint64_t file_tier_bytes = 1ULL << 30;  // its capacity (oldest records go beyond it)
   std::string remote_tier;  // non-empty: a distributed tier at this URL (redis://...)
+  // How long a request waits for the store's existence answer before it counts as a miss
+  // (RemoteTierOptions::lookup_timeout).
+  std::uint64_t remote_lookup_budget_ms = 50;
   unsigned populate_threads = 1;
   // Note [Progressive bring-up]: "background" serves from the start on the rows every rank made
   // ready; "blocking" populates and registers everything before the first request.

@@ -202,6 +202,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
   if (!config.remote_tier.empty()) {
     RemoteTierOptions remote;
     remote.url = RemoteUrl::parse(config.remote_tier);
+    remote.lookup_timeout = std::chrono::milliseconds(config.remote_lookup_budget_ms);
     remote.geometry = {
         .slot_bytes = config.slot_bytes,
         .world_size = config.world_size,
@@ -272,7 +273,10 @@ RunOutcome run_scheduler(const RunConfig& config) {
       // again, and it ends because the tier turns a pending answer into a miss once its lookup
       // budget is spent (never a stall). An engine would schedule other work meanwhile.
       TieredLookup found = store.lookup(keys);
-      for (int retry = 0; found.pending > 0 && retry < 10'000; ++retry) {
+      const auto give_up = Clock::now() +
+                           2 * std::chrono::milliseconds(config.remote_lookup_budget_ms) +
+                           std::chrono::seconds(1);  // a safety net: the tier ends it first
+      while (found.pending > 0 && Clock::now() < give_up) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
         found = store.lookup(keys);
       }
