@@ -291,10 +291,65 @@ TEST(RemoteRedis, KillNineMidRunDegradesToMissesAndARestartedEmptyNodeIsUsedAgai
     std::this_thread::sleep_for(10ms);
   }
   ASSERT_EQ(put[0].status, TierItemStatus::kOk) << put[0].detail;
-  const GetResult after = get_rows(*tier, before);  // the restarted node lost them: misses
-  EXPECT_EQ(count(after.items, TierItemStatus::kMiss), before.size());
-  EXPECT_EQ(get_rows(*tier, keys_from(60, 1)).rows[0], row_of(keys_from(60, 1)[0], kSlot * kWorld));
+  // Every connection of the node is used again, not only the one that probed: each worker had a
+  // socket to the dead server, and none of them may fail a request after the restart.
+  const std::uint64_t errors_before = tier->remote_stats().get_errors;
+  for (int round = 0; round < 20; ++round) {
+    const GetResult after = get_rows(*tier, before);  // the restarted node lost them: misses
+    ASSERT_EQ(count(after.items, TierItemStatus::kMiss), before.size())
+        << "round " << round << ": " << after.items[0].detail;
+    ASSERT_EQ(get_rows(*tier, keys_from(60, 1)).rows[0],
+              row_of(keys_from(60, 1)[0], kSlot * kWorld))
+        << "round " << round;
+  }
+  EXPECT_EQ(tier->remote_stats().get_errors, errors_before);
   EXPECT_EQ(tier->remote_stats().nodes_open, 0u);
+}
+
+// Only one worker sees a node die when the tier is idle (one single-task request); after the
+// node comes back every other worker must reconnect too, not send down its dead socket.
+TEST(RemoteRedis, EveryConnectionOfARestartedNodeReconnects) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  RemoteTierOptions o = options(redis.url());
+  o.connections_per_node = 4;
+  o.max_inflight_bytes = 4 * 6000;  // one value per task: a batch of 16 rows is 32 tasks
+  o.breaker_failures = 1;
+  o.get_timeout = 2000ms;
+  o.put_timeout = 2000ms;
+  auto tier = RemoteTier::open(o);
+  const auto keys = keys_from(1, 16);
+  ASSERT_EQ(count(put_rows(*tier, keys), TierItemStatus::kOk), keys.size());
+  // Until every worker holds a connection (the server counts them; +1 for redis-cli itself).
+  auto clients = [&] {
+    const std::string info = redis.cli({"INFO", "clients"});
+    const auto at = info.find("connected_clients:");
+    return at == std::string::npos ? 0 : std::stoi(info.substr(at + 18));
+  };
+  for (int i = 0; i < 200 && clients() < 5; ++i) (void)get_rows(*tier, keys);
+  ASSERT_EQ(clients(), 5);
+
+  redis.kill9();  // while idle: no worker has noticed
+  EXPECT_EQ(count(get_rows(*tier, keys_from(1, 1)).items, TierItemStatus::kFailed), 1u);
+  EXPECT_EQ(tier->remote_stats().breaker_opens, 1u);
+  redis.restart();
+  std::vector<TierItemResult> put;
+  for (int i = 0; i < 200; ++i) {  // the probe after the backoff closes the circuit
+    put = put_rows(*tier, keys_from(60, 1));
+    if (put[0].status == TierItemStatus::kOk) break;
+    // Refused while the circuit waits; the first probe, whichever worker sends it, succeeds.
+    ASSERT_THAT(put[0].detail, HasSubstr("circuit open")) << "attempt " << i;
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(put[0].status, TierItemStatus::kOk) << put[0].detail;
+  const std::uint64_t errors = tier->remote_stats().errors();
+  for (int round = 0; round < 10; ++round) {
+    const GetResult g = get_rows(*tier, keys);  // the restarted node is empty: all misses
+    ASSERT_EQ(count(g.items, TierItemStatus::kMiss), keys.size())
+        << "round " << round << ": " << g.items[0].detail;
+  }
+  EXPECT_EQ(tier->remote_stats().errors(), errors);
+  EXPECT_EQ(tier->remote_stats().breaker_opens, 1u);
 }
 
 TEST(RemoteRedis, FrozenNodeAnswersPendingThenMissWithinTheBudget) {

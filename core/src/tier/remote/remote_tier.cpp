@@ -72,6 +72,10 @@ struct Node {
   std::uint64_t queued_bytes = 0;
   bool stopping = false;
   std::vector<std::thread> workers;
+  // Bumped on every failure of the node: a worker whose connection is older reconnects before
+  // its next task. Without it, after a restart of the node only the worker that saw the failure
+  // reconnected; the others' first request went down a socket the dead server had reset.
+  std::atomic<std::uint64_t> generation{0};
 };
 
 enum class Known : std::uint8_t { kPending, kPresent, kAbsent };
@@ -192,6 +196,7 @@ struct RemoteTier::Impl {
   }
 
   void node_failed(Node& node, const std::string& error) {
+    node.generation.fetch_add(1);
     if (node.breaker.on_failure(RemoteClock::now())) {
       ++breaker_opens;
       warn.warn("breaker " + node.name,
@@ -447,8 +452,14 @@ struct RemoteTier::Impl {
 
   // ---- workers --------------------------------------------------------------------------------
 
-  void worker(Node& node) {
+  // A worker's connection and the node generation it was opened in.
+  struct WorkerConnection {
     std::unique_ptr<StoreConnection> conn;
+    std::uint64_t generation = 0;
+  };
+
+  void worker(Node& node) {
+    WorkerConnection conn;
     std::vector<ValueOp*> ptrs;
     while (true) {
       Task task;
@@ -465,8 +476,8 @@ struct RemoteTier::Impl {
     }
   }
 
-  void process(Node& node, Task& task, std::unique_ptr<StoreConnection>& conn,
-               std::vector<ValueOp*>& ptrs) {
+  void process(Node& node, Task& task, WorkerConnection& wc, std::vector<ValueOp*>& ptrs) {
+    std::unique_ptr<StoreConnection>& conn = wc.conn;
     const auto& ctx = task.ctx;
     const auto now = RemoteClock::now();
     if (now >= ctx->deadline) {
@@ -478,8 +489,10 @@ struct RemoteTier::Impl {
         fail_op(ctx, i, "node " + node.name + ": circuit open");
       return;
     }
+    if (conn && wc.generation != node.generation.load()) conn.reset();  // opened before a failure
     if (!conn) {
       try {
+        wc.generation = node.generation.load();
         const auto deadline = std::min(ctx->deadline, now + o.connect_timeout);
         conn = o.url.kind == RemoteKind::kMemcached
                    ? connect_memcached(node.endpoint, deadline)
