@@ -127,8 +127,8 @@ class RemoteRunTest : public ::testing::Test {
 TEST_F(RemoteRunTest, TwoEnginesShareChunksThroughOneRedis) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);
-  // A budget no loaded CI machine runs out of: with the default 50 ms an existence answer that
-  // came late made engine-b recompute (and store again) a chunk engine-a had stored.
+  // A lookup budget no loaded CI machine runs out of, so every existence answer is the store's
+  // (with 50 ms a late answer is a miss, and the counts below would depend on the machine).
   const std::vector<std::string> patient = {
       "--requests", "120", "--duration", "0", "--remote-lookup-budget", "10000"};
   ASSERT_EQ(exec(run_args(redis.url(), "engine-a", patient)), 0) << err();
@@ -148,7 +148,18 @@ TEST_F(RemoteRunTest, TwoEnginesShareChunksThroughOneRedis) {
   const json& rb = b["remote"];
   EXPECT_GT(rb["promoted"].get<std::uint64_t>(), 0u);
   EXPECT_GT(rb["lookup_present"].get<std::uint64_t>(), 0u) << "chunks engine-a stored";
-  EXPECT_EQ(rb["stored"], 0) << "the same workload: every chunk was in the store already";
+  // The same workload asks the store once about every chunk, so it finds each one engine-a put
+  // there, and stores only what it did not find. Engine-a may not have stored a chunk or two (a
+  // request finds no room while earlier write-through puts still pin their slots: its
+  // cannot_store), so "stored" is 0 only when engine-a stored everything.
+  EXPECT_EQ(rb["lookup_present"], ra["stored"]);
+  const std::uint64_t absent =
+      rb["lookups"].get<std::uint64_t>() - rb["lookup_present"].get<std::uint64_t>();
+  EXPECT_LE(rb["stored"].get<std::uint64_t>(), absent)
+      << "engine-b stored again a chunk that was in the store already";
+  if (a["cannot_store"] == 0) {
+    EXPECT_EQ(rb["stored"], 0) << "engine-a stored every chunk";
+  }
   EXPECT_EQ(rb["errors"], 0);
   EXPECT_EQ(b["promoted"], rb["promoted"]);
   for (const char* field : {"promoted", "stored", "misses", "corrupt", "errors"}) {
