@@ -64,6 +64,7 @@ class RemoteRunTest : public ::testing::Test {
   pid_t start(std::vector<std::string> args) {
     args.insert(args.begin(), binary());
     std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     const std::string out = (dir_ / "out").string();

@@ -10,6 +10,7 @@
 #include "remote_servers.hpp"
 #include "test_env.hpp"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -71,6 +72,8 @@ std::vector<TierItemResult> put_rows(RemoteTier& tier, const std::vector<BlockKe
   const std::size_t bytes = tier.options().geometry.slot_bytes * tier.options().geometry.copies();
   std::vector<std::vector<std::byte>> rows;
   std::vector<TierPut> puts;
+  rows.reserve(keys.size());
+  puts.reserve(keys.size());
   for (const auto& k : keys) rows.push_back(row_of(k, bytes));
   for (std::size_t i = 0; i < keys.size(); ++i) puts.push_back({keys[i], rows[i]});
   return tier.put(puts).wait();
@@ -87,6 +90,7 @@ GetResult get_rows(RemoteTier& tier, const std::vector<BlockKey>& keys) {
   GetResult g;
   g.rows.assign(keys.size(), std::vector<std::byte>(bytes, std::byte{0xEE}));
   std::vector<TierGet> gets;
+  gets.reserve(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) gets.push_back({keys[i], g.rows[i]});
   g.items = tier.get(gets).wait();
   return g;
