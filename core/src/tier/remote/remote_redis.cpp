@@ -159,16 +159,9 @@ class RedisConnection final : public StoreConnection {
   bool write_all(iovec* iov, std::size_t count, RemoteClock::time_point deadline,
                  std::string& error) {
     while (count > 0) {
-      pollfd pfd{c_->fd, POLLOUT, 0};
-      const int ms = remaining_ms(deadline);
-      const int pr = ms == 0 ? 0 : ::poll(&pfd, 1, ms);
-      if (pr < 0 && errno == EINTR) continue;
-      if (pr == 0) {
+      // Send first and wait (poll) only for a full socket buffer: one syscall per send, not two.
+      if (RemoteClock::now() >= deadline) {
         error = "deadline passed while sending";
-        return false;
-      }
-      if (pr < 0) {
-        error = std::string("poll: ") + std::strerror(errno);
         return false;
       }
       msghdr msg{};
@@ -176,9 +169,18 @@ class RedisConnection final : public StoreConnection {
       msg.msg_iovlen = std::min<std::size_t>(count, IOV_MAX);
       const ssize_t n = ::sendmsg(c_->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0) {
-        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-        error = std::string("send: ") + std::strerror(errno);
-        return false;
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          error = std::string("send: ") + std::strerror(errno);
+          return false;
+        }
+        pollfd pfd{c_->fd, POLLOUT, 0};
+        const int pr = ::poll(&pfd, 1, std::max(1, remaining_ms(deadline)));
+        if (pr < 0 && errno != EINTR) {
+          error = std::string("poll: ") + std::strerror(errno);
+          return false;
+        }
+        continue;  // pr == 0: the deadline passed; the check at the top reports it
       }
       std::size_t left = static_cast<std::size_t>(n);
       while (count > 0 && left >= iov->iov_len) {
@@ -251,32 +253,33 @@ class RedisConnection final : public StoreConnection {
     return true;
   }
 
+  // Receives what the socket holds; waits (poll) only when it holds nothing, so a value that
+  // streams in costs one syscall per receive, not two.
   ssize_t recv_some(char* dst, std::size_t len, RemoteClock::time_point deadline,
                     std::string& error) {
     while (true) {
-      pollfd pfd{c_->fd, POLLIN, 0};
-      const int ms = remaining_ms(deadline);
-      const int pr = ms == 0 ? 0 : ::poll(&pfd, 1, ms);
-      if (pr < 0 && errno == EINTR) continue;
-      if (pr == 0) {
+      if (RemoteClock::now() >= deadline) {
         error = "deadline passed waiting for a reply";
         return -1;
       }
-      if (pr < 0) {
-        error = std::string("poll: ") + std::strerror(errno);
-        return -1;
-      }
       const ssize_t n = ::recv(c_->fd, dst, len, MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-        error = std::string("recv: ") + std::strerror(errno);
-        return -1;
-      }
+      if (n > 0) return n;
       if (n == 0) {
         error = "the server closed the connection";
         return -1;
       }
-      return n;
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        error = std::string("recv: ") + std::strerror(errno);
+        return -1;
+      }
+      pollfd pfd{c_->fd, POLLIN, 0};
+      const int pr = ::poll(&pfd, 1, std::max(1, remaining_ms(deadline)));
+      if (pr < 0 && errno != EINTR) {
+        error = std::string("poll: ") + std::strerror(errno);
+        return -1;
+      }
+      // pr == 0: the deadline passed (rounded up to 1 ms); the check at the top reports it.
     }
   }
 
@@ -380,7 +383,9 @@ class RedisConnection final : public StoreConnection {
       op.detail = "unexpected bulk reply";
     }
     return true;
-  }
+    // The analyzer does not follow the pool's deleter (a function pointer in the unique_ptr's
+    // deleter) and reports the buffer as leaked when a read fails; `v` frees it on every path.
+  }  // NOLINT(clang-analyzer-unix.Malloc)
 
   // Skips the reply that follows a failed ASKING.
   bool skip_reply(RemoteClock::time_point deadline, std::string& error) {
