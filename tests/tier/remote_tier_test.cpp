@@ -310,6 +310,28 @@ TEST(RemoteRedis, KillNineMidRunDegradesToMissesAndARestartedEmptyNodeIsUsedAgai
   EXPECT_EQ(tier->remote_stats().nodes_open, 0u);
 }
 
+// Note [Task size]: one batch is spread over every connection of the node, never more tasks than
+// connections while the window allows, and tiny requests are not split at all.
+TEST(RemoteRedis, ABatchIsCutIntoOneTaskPerConnection) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  RemoteTierOptions o = options(redis.url(), 64 * 1024, 1);
+  o.connections_per_node = 4;
+  o.max_inflight_bytes = 64ULL << 20;  // a window of 4 MiB per task: never the limit here
+  o.put_timeout = 5000ms;
+  o.get_timeout = 5000ms;
+  auto tier = RemoteTier::open(o);
+  const auto keys = keys_from(1, 32);  // 32 values of 64 KiB: 2 MiB, 8 values per connection
+  ASSERT_EQ(count(put_rows(*tier, keys), TierItemStatus::kOk), keys.size());
+  EXPECT_EQ(tier->remote_stats().tasks, 4u);
+  ASSERT_EQ(count(get_rows(*tier, keys).items, TierItemStatus::kOk), keys.size());
+  EXPECT_EQ(tier->remote_stats().tasks, 8u);
+  ASSERT_EQ(count(get_rows(*tier, keys_from(1, 3)).items, TierItemStatus::kOk), 3u);
+  EXPECT_EQ(tier->remote_stats().tasks, 11u) << "three values of 64 KiB: one task each";
+  for (const auto p : resolve(*tier, keys_from(100, 16))) EXPECT_EQ(p, TierPresence::kAbsent);
+  EXPECT_EQ(tier->remote_stats().tasks, 12u) << "16 EXISTS are one task";
+}
+
 // Only one worker sees a node die when the tier is idle (one single-task request); after the
 // node comes back every other worker must reconnect too, not send down its dead socket.
 TEST(RemoteRedis, EveryConnectionOfARestartedNodeReconnects) {

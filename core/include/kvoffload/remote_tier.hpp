@@ -125,9 +125,11 @@ struct RemoteStats {
   std::uint64_t lookup_errors = 0;   // existence checks that failed (answered absent)
   std::uint64_t redirects = 0;       // cluster MOVED/ASK followed
   std::uint64_t map_refreshes = 0;   // cluster slot maps loaded
-  std::uint64_t breaker_opens = 0;   // a node's circuit opened
-  std::uint64_t nodes = 0;           // nodes known
-  std::uint64_t nodes_open = 0;      // nodes whose circuit is open now
+  std::uint64_t tasks = 0;  // pipelines handed to node connections (a batch per node is cut into
+                            // at most one per connection unless the in-flight window is smaller)
+  std::uint64_t breaker_opens = 0;  // a node's circuit opened
+  std::uint64_t nodes = 0;          // nodes known
+  std::uint64_t nodes_open = 0;     // nodes whose circuit is open now
   // The run's summary: misses = get_misses + lookup_absent; errors = put + get + lookup errors.
   [[nodiscard]] std::uint64_t misses() const noexcept { return get_misses + lookup_absent; }
   [[nodiscard]] std::uint64_t errors() const noexcept {

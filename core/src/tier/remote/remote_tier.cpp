@@ -5,7 +5,8 @@
 // the ops are routed to nodes (standalone: the one node; cluster: CRC16 slot -> master from the
 // CLUSTER SLOTS map; memcached: libmemcached's ketama hash) and cut into tasks of at most
 // max_inflight_bytes / connections_per_node wire bytes, so the bytes one node has in flight stay
-// within max_inflight_bytes. A worker pipelines its task (all requests, then all replies) against
+// within max_inflight_bytes, and of at most an equal share of the batch per connection (Note
+// [Task size]). A worker pipelines its task (all requests, then all replies) against
 // the batch's deadline. A row completes when its last copy does; only then, and only when every
 // copy verified, are the bytes copied into the caller's row, so a miss never tears a region slot.
 #include "kvoffload/remote_tier.hpp"
@@ -128,7 +129,7 @@ struct RemoteTier::Impl {
 
   std::atomic<std::uint64_t> stored{0}, put_errors{0}, loaded{0}, get_misses{0}, corrupt{0},
       get_errors{0}, lookups{0}, lookup_present{0}, lookup_absent{0}, lookup_errors{0},
-      redirects{0}, map_refreshes{0}, breaker_opens{0}, in_flight{0};
+      redirects{0}, map_refreshes{0}, breaker_opens{0}, in_flight{0}, tasks_sent{0};
 
   explicit Impl(const RemoteTierOptions& options) : o(options), warn(options.warn_interval) {
     fingerprint = o.geometry.fingerprint();
@@ -286,11 +287,20 @@ struct RemoteTier::Impl {
       for (const std::uint32_t i : indices) fail_op(ctx, i, "node " + node.name + ": circuit open");
       return;
     }
+    // Note [Task size]: a task is at most the window, and at most an equal share of this batch
+    // per connection, so one batch keeps every connection of the node busy (32 values of 256 KiB
+    // on 4 connections: 4 tasks of 2 MiB, not 2 of 4 MiB and two idle connections). Below
+    // kMinShare a batch is not split further: tiny requests (EXISTS) gain nothing from it.
+    constexpr std::uint64_t kMinShare = 64 * 1024;
+    std::uint64_t total = 0;
+    for (const std::uint32_t i : indices) total += ctx->ops[i].wire_bytes();
+    const std::uint64_t share = (total + o.connections_per_node - 1) / o.connections_per_node;
+    const std::uint64_t limit = std::min(window, std::max(share, kMinShare));
     std::vector<Task> tasks;
     Task t{ctx, {}, 0};
     for (const std::uint32_t i : indices) {
       const std::uint64_t b = ctx->ops[i].wire_bytes();
-      if (!t.ops.empty() && t.bytes + b > window) {
+      if (!t.ops.empty() && t.bytes + b > limit) {
         tasks.push_back(std::move(t));
         t = Task{ctx, {}, 0};
       }
@@ -309,6 +319,7 @@ struct RemoteTier::Impl {
         }
         node.queued_bytes += task.bytes;
         node.queue.push_back(std::move(task));
+        ++tasks_sent;
       }
     }
     node.cv.notify_all();
@@ -911,6 +922,7 @@ RemoteStats RemoteTier::remote_stats() const {
   s.lookup_errors = m.lookup_errors;
   s.redirects = m.redirects;
   s.map_refreshes = m.map_refreshes;
+  s.tasks = m.tasks_sent;
   s.breaker_opens = m.breaker_opens;
   std::shared_lock lock(m.nodes_mutex);
   s.nodes = m.nodes.size();
