@@ -174,13 +174,8 @@ class RedisConnection final : public StoreConnection {
           error = std::string("send: ") + std::strerror(errno);
           return false;
         }
-        pollfd pfd{c_->fd, POLLOUT, 0};
-        const int pr = ::poll(&pfd, 1, std::max(1, remaining_ms(deadline)));
-        if (pr < 0 && errno != EINTR) {
-          error = std::string("poll: ") + std::strerror(errno);
-          return false;
-        }
-        continue;  // pr == 0: the deadline passed; the check at the top reports it
+        if (!wait_socket(POLLOUT, deadline, error)) return false;
+        continue;
       }
       std::size_t left = static_cast<std::size_t>(n);
       while (count > 0 && left >= iov->iov_len) {
@@ -204,28 +199,8 @@ class RedisConnection final : public StoreConnection {
         return nullptr;
       }
       if (reply != nullptr) return ReplyPtr(static_cast<redisReply*>(reply));
-      pollfd pfd{c_->fd, POLLIN, 0};
-      const int ms = remaining_ms(deadline);
-      const int pr = ms == 0 ? 0 : ::poll(&pfd, 1, ms);
-      if (pr < 0 && errno == EINTR) continue;
-      if (pr == 0) {
-        error = "deadline passed waiting for a reply";
-        return nullptr;
-      }
-      if (pr < 0) {
-        error = std::string("poll: ") + std::strerror(errno);
-        return nullptr;
-      }
-      const ssize_t n = ::recv(c_->fd, buffer_.data(), buffer_.size(), MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-        error = std::string("recv: ") + std::strerror(errno);
-        return nullptr;
-      }
-      if (n == 0) {
-        error = "the server closed the connection";
-        return nullptr;
-      }
+      const ssize_t n = recv_some(buffer_.data(), buffer_.size(), deadline, error);
+      if (n <= 0) return nullptr;
       if (redisReaderFeed(c_->reader, buffer_.data(), static_cast<std::size_t>(n)) != REDIS_OK) {
         error = "protocol error: reader refused input";
         return nullptr;
@@ -273,14 +248,19 @@ class RedisConnection final : public StoreConnection {
         error = std::string("recv: ") + std::strerror(errno);
         return -1;
       }
-      pollfd pfd{c_->fd, POLLIN, 0};
-      const int pr = ::poll(&pfd, 1, std::max(1, remaining_ms(deadline)));
-      if (pr < 0 && errno != EINTR) {
-        error = std::string("poll: ") + std::strerror(errno);
-        return -1;
-      }
-      // pr == 0: the deadline passed (rounded up to 1 ms); the check at the top reports it.
+      if (!wait_socket(POLLIN, deadline, error)) return -1;
     }
+  }
+
+  // Waits until the socket is ready for `events` or the deadline passes (rounded up to 1 ms; the
+  // caller's loop reports a passed deadline). False only when poll itself fails.
+  bool wait_socket(short events, RemoteClock::time_point deadline, std::string& error) {
+    pollfd pfd{c_->fd, events, 0};
+    if (::poll(&pfd, 1, std::max(1, remaining_ms(deadline))) < 0 && errno != EINTR) {
+      error = std::string("poll: ") + std::strerror(errno);
+      return false;
+    }
+    return true;
   }
 
   // One "\r\n"-terminated line (without it).
