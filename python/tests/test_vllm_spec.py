@@ -3,14 +3,12 @@
 # OffloadPromMetrics, and KvoffloadManager.get_stats passing through vLLM's
 # OffloadingConnectorStats into Prometheus (prometheus_client, a registry per test).
 import functools
-import json
-import re
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 import vllm_real
+from vllm_readme import readme_transfer_config
 
 vllm_real.require()
 
@@ -28,15 +26,6 @@ import kvoffload.vllm as kv_vllm  # noqa: E402
 from kvoffload.vllm import KvoffloadManager, KvoffloadSpec  # noqa: E402
 
 CTX = ReqContext(req_id="s")
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def readme_transfer_config() -> dict:
-    text = README.read_text()
-    section = text[text.index("## vLLM integration"):]
-    match = re.search(r"--kv-transfer-config '(\{.*?\})'", section, re.S)
-    assert match, "README's vLLM section has no --kv-transfer-config '...'"
-    return json.loads(match.group(1))
 
 
 def key(i):

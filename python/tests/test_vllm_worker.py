@@ -5,15 +5,13 @@
 # in the region and back on the device. The device is host memory (numpy) on the host backend and
 # the simulated GPU's memory, which the host cannot dereference, on `sim`.
 import dataclasses
-import json
-import re
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import vllm_real
+from vllm_readme import readme_transfer_config
 
 vllm_real.require()
 
@@ -46,16 +44,6 @@ from kvoffload.vllm import KvoffloadManager, KvoffloadSpec, KvoffloadWorker  # n
 
 CTX = ReqContext(req_id="w")
 NUM_GPU_BLOCKS = 16
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def readme_transfer_config() -> dict:
-    """The --kv-transfer-config JSON of the README's vLLM section, as a user copies it."""
-    text = README.read_text()
-    section = text[text.index("## vLLM integration"):]
-    match = re.search(r"--kv-transfer-config '(\{.*?\})'", section, re.S)
-    assert match, "README's vLLM section has no --kv-transfer-config '...'"
-    return json.loads(match.group(1))
 
 
 def backends():
