@@ -26,11 +26,13 @@ trap cleanup EXIT
 # install_into VENV_PYTHON: pip-installs this tree into the venv of VENV_PYTHON.
 install_into() {
   local py=$1 tag log
-  tag=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  # One build dir per interpreter (two 3.11s here: Debian's and pyenv's), reused by later runs.
+  tag=$("$py" -c 'import hashlib, sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-" + hashlib.sha1(sys.base_prefix.encode()).hexdigest()[:8])')
   log=$work/pip-$tag.log
   step "pip install --no-build-isolation . with $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
   if ! "$py" -m pip install --no-build-isolation --no-index --no-deps -v \
-      -C "cmake-args=$cmake_args" -C "build-dir=$src/build/pip-$tag" "$src" >"$log" 2>&1; then
+      --config-settings "cmake-args=$cmake_args" --config-settings "build-dir=$src/build/pip-$tag" \
+      "$src" >"$log" 2>&1; then
     tail -n 60 "$log" >&2
     die "pip install with $py (whole log: KEEP=1)"
   fi

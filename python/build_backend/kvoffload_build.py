@@ -2,7 +2,8 @@
 runs, and packs the `kvoffload` package into a wheel.
 
     pip install --no-build-isolation .                 # into the environment of that pip
-    pip install --no-build-isolation . -C cmake-args="-DKVOFFLOAD_CUDA=OFF" -C build-dir=build/pip
+    pip install --no-build-isolation . --config-settings cmake-args="-DKVOFFLOAD_CUDA=OFF" \
+        --config-settings build-dir=build/pip
 
 Why not setuptools: the build needs only CMake, a C++ compiler and pybind11's CMake package
 (Debian: pybind11-dev); with this backend it needs nothing from the target environment but pip
@@ -17,7 +18,7 @@ package itself: __init__.py, vllm.py, _cli.py, the extension _kvoffload*.so, lib
 / _hip.so, loaded from libkvoffload's directory) and bin/kvoffload (the program, run by the
 `kvoffload` console script).
 
-Config settings (pip -C / --config-settings):
+Config settings (pip --config-settings KEY=VALUE, or -C from pip 23.1 on):
   cmake-args   extra CMake arguments (also from $KVOFFLOAD_CMAKE_ARGS), e.g. -DKVOFFLOAD_CUDA=ON
   build-dir    keep the CMake build there (reused by the next build) instead of a temporary one
   jobs         parallel build jobs (default: the CPU count)
