@@ -140,9 +140,9 @@ TransferEngine.for_buffer(runtime, buffer, slot_bytes, groups, blocks_per_chunk,
 slots in any HostBuffer (or an int address with nbytes=...).
 groups: a list of KV groups, each a list of DeviceTensor (or (base, num_blocks, page_bytes[,
 block_stride]) tuples) with device addresses as ints.)")
-      .def(py::init([](py::object runtime, std::shared_ptr<RegionHolder> region, std::uint32_t rank,
-                       py::handle groups, std::uint32_t blocks_per_chunk, bool register_host,
-                       bool allow_kernel, bool calibrate) {
+      .def(py::init([](const py::object& runtime, const std::shared_ptr<RegionHolder>& region,
+                       std::uint32_t rank, py::handle groups, std::uint32_t blocks_per_chunk,
+                       bool register_host, bool allow_kernel, bool calibrate) {
              if (!region->region.is_open()) throw Error(ErrorCode::kState, "the region is closed");
              auto& rt = runtime.cast<DeviceRuntime&>();
              auto g = groups_from_py(groups);
@@ -159,9 +159,10 @@ block_stride]) tuples) with device addresses as ints.)")
            py::arg("allow_kernel") = true, py::arg("calibrate") = false)
       .def_static(
           "for_buffer",
-          [](py::object runtime, py::object buffer, std::uint64_t slot_bytes, py::handle groups,
-             std::uint32_t blocks_per_chunk, std::uint64_t row_stride, std::uint32_t copy_index,
-             std::uint64_t nbytes, bool register_host, bool allow_kernel, bool calibrate) {
+          [](const py::object& runtime, py::object buffer, std::uint64_t slot_bytes,
+             py::handle groups, std::uint32_t blocks_per_chunk, std::uint64_t row_stride,
+             std::uint32_t copy_index, std::uint64_t nbytes, bool register_host, bool allow_kernel,
+             bool calibrate) {
             auto& rt = runtime.cast<DeviceRuntime&>();
             std::byte* base = nullptr;
             std::uint64_t size = 0;
@@ -197,7 +198,7 @@ block_stride]) tuples) with device addresses as ints.)")
              const std::vector<std::vector<std::uint64_t>>& group_blocks, std::uint32_t skip,
              const std::optional<std::vector<std::pair<std::vector<std::uint64_t>, std::uint32_t>>>&
                  group_chunks,
-             py::object wait_stream, py::object wait_event) {
+             const py::object& wait_stream, const py::object& wait_event) {
             if (!wait_stream.is_none() && !wait_event.is_none()) {
               throw Error(ErrorCode::kInvalidArgument, "give wait_stream or wait_event, not both");
             }
@@ -232,6 +233,7 @@ block_stride]) tuples) with device addresses as ints.)")
           "wait",
           [](PyEngine& p, const std::vector<std::uint64_t>& ids) {
             std::vector<JobId> j;
+            j.reserve(ids.size());
             for (auto id : ids) j.push_back(JobId{id});
             py::gil_scoped_release release;
             return p.engine->wait(j);

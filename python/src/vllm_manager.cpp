@@ -371,9 +371,13 @@ PyObject* guarded(FastState* st, Body&& body) noexcept {
       PyErr_SetObject(st->error_cls.ptr(), exc.ptr());
     } catch (py::error_already_set& inner) {
       inner.restore();
+    } catch (...) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());  // kvoffload.Error could not be built
     }
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "kvoffload.vllm: unknown C++ exception");
   }
   return nullptr;
 }
@@ -532,9 +536,9 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
            py::arg("max_tracker_size"))
       .def(
           "fast_methods",
-          [](py::object self, py::object error_cls, py::tuple lookup_results, py::object spec_cls,
-             py::object output_cls, py::object event_cls, py::object medium, py::object events,
-             py::list alloc_sizes, py::object new_array, bool plain_output) {
+          [](const py::object& self, py::object error_cls, py::tuple lookup_results,
+             py::object spec_cls, py::object output_cls, py::object event_cls, py::object medium,
+             py::object events, py::list alloc_sizes, py::object new_array, bool plain_output) {
             if (lookup_results.size() != 3) {
               throw Error(ErrorCode::kInvalidArgument,
                           "fast_methods: lookup_results needs (MISS, HIT, HIT_PENDING)");
@@ -557,7 +561,7 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
             py::capsule capsule(state.get(), kCapsuleName, [](PyObject* c) {
               delete static_cast<FastState*>(PyCapsule_GetPointer(c, kCapsuleName));
             });
-            state.release();
+            (void)state.release();  // owned by the capsule from here on
             py::dict out;
             for (PyMethodDef& def : kFastMethods) {
               PyObject* f = PyCFunction_NewEx(&def, capsule.ptr(), nullptr);
@@ -574,14 +578,14 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
           "new_array / plain_output: Note [Plain result objects]")
       .def_static(
           "plain_spec",
-          [](py::object spec_cls, py::object new_array, const std::vector<SlotIndex>& ids) {
-            return make_spec(spec_cls, new_array, ids);
-          },
+          [](const py::object& spec_cls, const py::object& new_array,
+             const std::vector<SlotIndex>& ids) { return make_spec(spec_cls, new_array, ids); },
           py::arg("spec_cls"), py::arg("new_array"), py::arg("block_ids"),
           "A spec as prepare_load builds it (the conformance check of Note [Plain result objects])")
       .def_static(
           "plain_output",
-          [](py::object output_cls, py::object to_store, py::object spec, py::object evicted) {
+          [](const py::object& output_cls, const py::object& to_store, const py::object& spec,
+             const py::object& evicted) {
             return make_output(output_cls, true,
                                py::make_tuple("keys_to_store", "store_spec", "evicted_keys"),
                                to_store.ptr(), spec.ptr(), evicted.ptr());
