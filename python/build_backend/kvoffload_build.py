@@ -34,6 +34,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -135,7 +136,9 @@ def _write_wheel(wheel_dir: Path, version: str, files: dict[str, Path]) -> str:
         for arcname, src in files.items():
             data = src.read_bytes()
             zi = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
-            zi.external_attr = (0o755 if os.access(src, os.X_OK) else 0o644) << 16
+            # pip restores the executable bit only for entries marked as regular files.
+            mode = 0o755 if os.access(src, os.X_OK) else 0o644
+            zi.external_attr = (stat.S_IFREG | mode) << 16
             zi.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(zi, data)
             records.append(_record_line(arcname, data))
