@@ -358,19 +358,29 @@ FastState* state_of(PyObject* capsule) noexcept {
   return static_cast<FastState*>(PyCapsule_GetPointer(capsule, kCapsuleName));
 }
 
+// error_already_set::restore() throws if called twice (pybind11_fail); never here, but a noexcept
+// caller must not let it out.
+void restore_error(py::error_already_set& e) noexcept {
+  try {
+    e.restore();
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "kvoffload.vllm: a Python error could not be restored");
+  }
+}
+
 // Runs body; C++ exceptions become Python exceptions (kvoffload.Error for kvoffload's).
 template <class Body>
 PyObject* guarded(FastState* st, Body&& body) noexcept {
   try {
     return body();
   } catch (py::error_already_set& e) {
-    e.restore();
+    restore_error(e);
   } catch (const Error& e) {
     try {
       py::object exc = st->error_cls(e.what(), static_cast<int>(e.code()), e.sys_errno(), e.call());
       PyErr_SetObject(st->error_cls.ptr(), exc.ptr());
     } catch (py::error_already_set& inner) {
-      inner.restore();
+      restore_error(inner);
     } catch (...) {
       PyErr_SetString(PyExc_RuntimeError, e.what());  // kvoffload.Error could not be built
     }
