@@ -8,7 +8,7 @@
 #   2. a venv of the first python3 on PATH when that is another interpreter (a pyenv build here,
 #      without numpy or the `wheel` package): the same install, `import kvoffload`, a Manager, the
 #      console script.
-# Usage: tools/check-pip-install.sh   (from anywhere; builds in build/pip-<python tag>, reused)
+# Usage: tools/check-pip-install.sh   (from anywhere; builds in build/pip, reused)
 # Env:   KVOFFLOAD_PIP_CMAKE_ARGS (default "-DKVOFFLOAD_CUDA=OFF -DKVOFFLOAD_HIP=OFF": the GPU
 #        backends are compiled by .ci/run's cuda/hip stages), KEEP=1 keeps the temp dir.
 set -euo pipefail
@@ -25,17 +25,23 @@ trap cleanup EXIT
 
 # install_into VENV_PYTHON: pip-installs this tree into the venv of VENV_PYTHON.
 install_into() {
-  local py=$1 tag log
-  # One build dir per interpreter (two 3.11s here: Debian's and pyenv's), reused by later runs.
+  local py=$1 tag log inc
+  # One build dir for every interpreter: the second configure finds the other interpreter's
+  # headers (FindPython re-resolves when Python_EXECUTABLE changes) and rebuilds only the
+  # extension; the library and the program, which do not depend on Python, are built once.
   tag=$("$py" -c 'import hashlib, sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-" + hashlib.sha1(sys.base_prefix.encode()).hexdigest()[:8])')
   log=$work/pip-$tag.log
   step "pip install --no-build-isolation . with $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
   if ! "$py" -m pip install --no-build-isolation --no-index --no-deps -v \
-      --config-settings "cmake-args=$cmake_args" --config-settings "build-dir=$src/build/pip-$tag" \
+      --config-settings "cmake-args=$cmake_args" --config-settings "build-dir=$src/build/pip" \
       "$src" >"$log" 2>&1; then
     tail -n 60 "$log" >&2
     die "pip install with $py (whole log: KEEP=1)"
   fi
+  # The shared build dir must have compiled the extension against this interpreter's headers.
+  inc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  grep -rqsF --include=build.ninja --include=flags.make -- "$inc" "$src/build/pip" ||
+    die "the extension in build/pip was not compiled against $py's headers ($inc)"
 }
 
 # check_installed VENV_PYTHON: the package is the venv's, and it works without PYTHONPATH.

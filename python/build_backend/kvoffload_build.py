@@ -159,8 +159,16 @@ def _build(build_dir: Path, stage: Path, settings) -> None:
     extra += shlex.split(_setting(settings, "cmake-args", "") or "")
     generator = ["-G", "Ninja"] if shutil.which("ninja") and not (build_dir / "Makefile").exists() else []
     env = dict(os.environ)
+    # A kept build dir may have been configured for another interpreter: FindPython and pybind11
+    # keep that interpreter's headers and module suffix in the cache even when Python_EXECUTABLE
+    # changes, so forget them and let this configure find this interpreter's. Only the extension
+    # rebuilds; the library and the program do not depend on Python.
+    forget = []
+    if (build_dir / "CMakeCache.txt").exists():
+        forget = ["-U_Python_*", "-UPYBIND11_PYTHON_EXECUTABLE_LAST", "-UPYTHON_MODULE_EXTENSION",
+                  "-UPYTHON_IS_DEBUG", "-Upybind11_INCLUDE_DIRS"]
     # nvcc is looked up under /usr/local/cuda too (cmake/KvoffloadGpu.cmake).
-    _run([cmake, "-S", str(ROOT), "-B", str(build_dir), *generator,
+    _run([cmake, "-S", str(ROOT), "-B", str(build_dir), *generator, *forget,
           "-DCMAKE_BUILD_TYPE=Release",
           f"-DPython_EXECUTABLE={sys.executable}",
           "-DKVOFFLOAD_PYTHON_NEEDS_NUMPY=OFF",
