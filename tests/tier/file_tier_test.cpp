@@ -4,6 +4,7 @@
 #include "kvoffload/file_tier.hpp"
 #include "kvoffload/error.hpp"
 #include "tier/crc32c.hpp"
+#include "tier/io_pool.hpp"
 #include "tier_test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -16,8 +17,11 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace kvoffload {
 namespace {
@@ -513,6 +517,9 @@ TEST(FileTier, ValidationRefusesBadOptionsAndTouchesNothing) {
   auto o = options_for(dir.path() / "t");
   o.io_threads = 0;
   expect_invalid(o, "io_threads");
+  o.io_threads = 2;
+  o.read_threads = 3;
+  expect_invalid(o, "read_threads 3 exceeds io_threads 2");
   EXPECT_EQ(test::files_under(dir.path()), before);
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "t"));
 }
@@ -533,6 +540,87 @@ TEST(FileTier, FailedOpenLeavesNothingBehind) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "t"));
   EXPECT_EQ(test::fd_snapshot(), fds);
+}
+
+// The order in which a pool runs the tasks queued behind a blocked worker.
+std::string lane_order(unsigned threads, unsigned read_threads) {
+  detail::IoPool pool(threads, read_threads, 4096);
+  std::promise<void> started;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::mutex mutex;
+  std::string order;
+  std::atomic<int> done{0};
+  // Every worker blocks first, so what follows queues up behind them.
+  for (unsigned i = 0; i < threads; ++i) {
+    pool.submit([&, released, i](detail::IoWorker&) {
+      if (i == 0) started.set_value();
+      released.wait();
+      ++done;
+    });
+  }
+  started.get_future().wait();
+  auto record = [&](char c) {
+    return [&, c](detail::IoWorker&) {
+      std::lock_guard lock(mutex);
+      order += c;
+      ++done;
+    };
+  };
+  std::vector<detail::IoPool::Task> writes;
+  writes.emplace_back(record('w'));
+  writes.emplace_back(record('w'));
+  pool.submit_many(std::move(writes), detail::IoLane::kWrite);
+  std::vector<detail::IoPool::Task> reads;
+  reads.emplace_back(record('r'));
+  pool.submit_many(std::move(reads), detail::IoLane::kRead);
+  release.set_value();
+  while (done.load() < static_cast<int>(threads) + 3) std::this_thread::yield();
+  return order;
+}
+
+TEST(IoPool, ReadPriorityWorkersServeQueuedReadsBeforeEarlierWrites) {
+  // One read-priority worker: the load queued after two stores runs first (vLLM's fs tier's
+  // n_read_threads); without read workers the pool keeps submission order.
+  EXPECT_EQ(lane_order(1, 1), "rww");
+  EXPECT_EQ(lane_order(1, 0), "wwr");
+}
+
+TEST(IoPool, EachLaneIsServedWhenTheOtherIsEmpty) {
+  // Only read-priority workers: writes still run (no starvation), reads first.
+  detail::IoPool pool(2, 2, 4096);
+  std::atomic<int> n{0};
+  std::vector<detail::IoPool::Task> writes;
+  for (int i = 0; i < 8; ++i) writes.emplace_back([&](detail::IoWorker&) { ++n; });
+  pool.submit_many(std::move(writes), detail::IoLane::kWrite);
+  while (n.load() < 8) std::this_thread::yield();
+  EXPECT_EQ(n.load(), 8);
+}
+
+TEST(FileTier, ReadThreadsServeGetsAndPutsAlike) {
+  TempDir dir;
+  auto o = options_for(dir.path() / "t");
+  o.io_threads = 3;
+  o.read_threads = 1;
+  auto tier = FileTier::open(o);
+  const auto data = put_keys(*tier, 6, 10000);
+  expect_round_trip(*tier, data);
+}
+
+TEST(TierBatch, FinishedAtIsSetWithTheLastItem) {
+  const BlockKey keys[] = {BlockKey::from_u64(1), BlockKey::from_u64(2)};
+  TierBatchPromise promise(keys);
+  const TierBatch batch = promise.batch();
+  EXPECT_FALSE(batch.finished_at().has_value());
+  const auto before = std::chrono::steady_clock::now();
+  promise.set(0, TierItemStatus::kOk);
+  EXPECT_FALSE(batch.finished_at().has_value());
+  promise.set(1, TierItemStatus::kMiss);
+  const auto after = std::chrono::steady_clock::now();
+  ASSERT_TRUE(batch.finished_at().has_value());
+  EXPECT_GE(*batch.finished_at(), before);
+  EXPECT_LE(*batch.finished_at(), after);
+  EXPECT_FALSE(TierBatch().finished_at().has_value());  // an empty batch has no finishing time
 }
 
 }  // namespace

@@ -51,6 +51,10 @@ struct FileTierOptions {
   std::uint64_t capacity_bytes = 0;  // > 0: file bytes kept; the oldest records go beyond it.
                                      // Capped by the filesystem: see Note [Full disk]
   unsigned io_threads = 4;           // 1..256
+  // Of io_threads, how many serve reads (gets: promotions a request waits for) first; the others
+  // serve writes first, and each takes the other kind when its own queue is empty (vLLM's fs
+  // tier's n_read_threads / n_write_threads). 0: one queue for both, in submission order.
+  unsigned read_threads = 0;
   DirectIoMode direct_io = DirectIoMode::kAuto;
   FsyncPolicy fsync = FsyncPolicy::kNone;
   std::string name = "file";  // for logs and stats

@@ -330,6 +330,10 @@ void FileTier::validate(const FileTierOptions& o) {
     throw_invalid("file tier '" + o.name + "': io_threads " + std::to_string(o.io_threads) +
                   " is outside 1..256");
   }
+  if (o.read_threads > o.io_threads) {
+    throw_invalid("file tier '" + o.name + "': read_threads " + std::to_string(o.read_threads) +
+                  " exceeds io_threads " + std::to_string(o.io_threads));
+  }
   std::error_code ec;
   const auto st = fs::symlink_status(o.root, ec);
   fs::path must_write = o.root;
@@ -419,7 +423,8 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
     }
     impl->counters.evictions = evicted;
 
-    impl->pool = std::make_unique<detail::IoPool>(options.io_threads, detail::kRecordAlign);
+    impl->pool = std::make_unique<detail::IoPool>(options.io_threads, options.read_threads,
+                                                  detail::kRecordAlign);
     log().info(
         "file tier '{}': opened {} ({} records, {} bytes, {} stale temp files removed, {} "
         "evicted to fit {} bytes; {} I/O threads, {})",
@@ -618,7 +623,7 @@ TierBatch FileTier::get(std::span<const TierGet> items) {
   }
   for (std::size_t i : absent) promise.set(i, TierItemStatus::kMiss, 0, "not held");
   s.begin_flight(tasks.size());
-  s.pool->submit_many(std::move(tasks));
+  s.pool->submit_many(std::move(tasks), detail::IoLane::kRead);
   return promise.batch();
 }
 
