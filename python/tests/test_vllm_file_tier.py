@@ -214,3 +214,23 @@ def test_a_full_filesystem_evicts_the_oldest_records_and_stores_go_on(tmp_path):
     assert p2["bytes"] < 1 << 20, out
     assert out["latest_hits"] == ["HIT"] * 5 and out["oldest"] == ["MISS"], out
     assert out["restart_entries"] > 0 and out["restart_hits"] == ["HIT"] * 5, out
+
+
+def test_the_readme_configuration_is_what_these_tests_run(tmp_path):
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+    from vllm_readme import readme_tier_config
+
+    config = readme_tier_config("file")
+    extra = json.loads(json.dumps(config["kv_connector_extra_config"]))
+    assert extra["spec_name"] == "TieringOffloadingSpec"
+    tier = extra["secondary_tiers"][0]
+    assert SecondaryTierFactory.get_tier_class(tier) is KvoffloadFileTier
+    tier["root_dir"] = str(tmp_path)
+    extra["cpu_bytes_to_use"] = 32 * 4 * 4096
+    e = Engine(extra)
+    try:
+        keys = [key(i, b"readme") for i in range(3)]
+        e.store(keys)
+        assert e.tier.stats()["entries"] == 3
+    finally:
+        e.shutdown()
