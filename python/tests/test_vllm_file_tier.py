@@ -19,36 +19,17 @@ from vllm.v1.kv_offload.base import Locality, LookupResult, Medium  # noqa: E402
 
 import kvoffload  # noqa: E402
 from kvoffload.vllm import KvoffloadFileTier  # noqa: E402
-from vllm_tiering import Engine, key  # noqa: E402
+from vllm_tiering import Engine, engines, key, tiering  # noqa: E402, F401 (engines: a fixture)
 
 HIT, MISS, RETRY, PENDING = (LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY,
                              LookupResult.HIT_PENDING)
 TESTS = Path(__file__).resolve().parent
 
 
-def tiering(tier: dict, cpu_blocks: int = 32) -> dict:
-    return {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": cpu_blocks * 4 * 4096,
-            "secondary_tiers": [tier]}
-
-
 def file_tier(root, **more) -> dict:
     # vLLM's fs tier keys, with kvoffload's tier in place of "fs".
     return {"type": "file", "module_path": "kvoffload.vllm", "root_dir": str(root),
             "n_read_threads": 2, "n_write_threads": 2, **more}
-
-
-@pytest.fixture
-def engines():
-    made = []
-
-    def make(extra, **config):
-        e = Engine(extra, **config)
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.shutdown()
 
 
 def test_vllms_fs_keys_select_kvoffloads_file_tier(tmp_path, engines):

@@ -18,7 +18,7 @@ from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E40
 import kvoffload  # noqa: E402
 from kvoffload.vllm import KvoffloadFileTier, KvoffloadRemoteTier  # noqa: E402
 from store_servers import Cluster, Server  # noqa: E402
-from vllm_tiering import Engine, key, row_bytes_of  # noqa: E402
+from vllm_tiering import Engine, engines, key, row_bytes_of, tiering  # noqa: E402, F401 (engines: a fixture)
 
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 
@@ -34,12 +34,6 @@ def eventually(what, timeout: float = 20.0):
         time.sleep(0.02)
 
 
-def tiering(tier: dict, cpu_blocks: int = 32) -> dict:
-    # The primary row is 2 ranks x 8 KiB (vllm_tiering's default geometry).
-    return {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": cpu_blocks * 4 * 4096,
-            "secondary_tiers": [tier]}
-
-
 def remote(url: str, **more) -> dict:
     return {"type": "remote", "module_path": "kvoffload.vllm", "url": url, **more}
 
@@ -49,20 +43,6 @@ def redis():
     server = Server("redis")
     yield server
     server.close()
-
-
-@pytest.fixture
-def engines():
-    made = []
-
-    def make(extra, **config):
-        e = Engine(extra, **config)
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.shutdown()
 
 
 def test_vllms_factory_loads_the_tiers_from_type_and_module_path():

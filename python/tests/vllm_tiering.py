@@ -23,6 +23,7 @@ import time
 import uuid
 
 import numpy as np
+import pytest
 
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
 from vllm.v1.kv_offload.config import (
@@ -64,6 +65,13 @@ def offloading_config(extra: dict, *, engine_id: str | None = None, model: str =
             data_parallel_index=dp_index, data_parallel_size=dp_size,
             data_parallel_rank_local=None, is_parallelism_agnostic=False),
     )
+
+
+def tiering(tier: dict, cpu_blocks: int = 32) -> dict:
+    """A TieringOffloadingSpec extra config with one secondary tier; a primary row is 2 ranks x
+    8 KiB (offloading_config's default geometry)."""
+    return {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": cpu_blocks * 4 * 4096,
+            "secondary_tiers": [tier]}
 
 
 def step_context() -> ScheduleEndContext:
@@ -174,3 +182,18 @@ class Engine:
         # Our views of the rows go first: vLLM releases its memoryview and closes the mapping.
         self.rows = self.view = None
         self.manager.shutdown()
+
+
+@pytest.fixture
+def engines():
+    """Makes Engines; shuts them all down when the test ends."""
+    made = []
+
+    def make(extra, **config):
+        e = Engine(extra, **config)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.shutdown()
