@@ -11,6 +11,9 @@ connector's ``kv_connector_extra_config`` (the README's "vLLM integration" secti
 - :class:`KvoffloadSpec` is an ``OffloadingSpec``: the scheduler side gets a KvoffloadManager, the
   worker side a :class:`KvoffloadWorker` that moves blocks between the KV-cache tensors and
   kvoffload's shared host Region with a TransferEngine (CUDA, HIP, or for tests host and sim).
+- ``remote`` and ``file`` (:class:`KvoffloadRemoteTier`, :class:`KvoffloadFileTier`, from
+  ``kvoffload.vllm_tiers``) are secondary tiers for vLLM's own ``TieringOffloadingSpec``:
+  ``{"type": "remote", "module_path": "kvoffload.vllm", "url": "redis://..."}``.
 
 Importing this module needs vLLM; without it the import fails with an ImportError that says so.
 """
@@ -56,7 +59,25 @@ except ImportError as _err:  # pragma: no cover - depends on the installed vLLM
 
 from . import _kvoffload as _ext
 
-__all__ = ["KvoffloadManager", "KvoffloadSpec", "KvoffloadWorker"]
+__all__ = ["KvoffloadManager", "KvoffloadSpec", "KvoffloadWorker", "KvoffloadRemoteTier",
+           "KvoffloadFileTier"]
+
+_TIERS = ("KvoffloadRemoteTier", "KvoffloadFileTier", "remote", "file")
+
+
+def __getattr__(name: str):
+    # The secondary tiers need vLLM's tiering framework (vllm/v1/kv_offload/tiering/), which older
+    # vLLMs lack: they are imported when vLLM's SecondaryTierFactory asks for them, so the spec
+    # above keeps working without it.
+    if name in _TIERS:
+        try:
+            from . import vllm_tiers
+        except ImportError as err:
+            raise ImportError(
+                f"kvoffload.vllm.{name} is a secondary tier for vLLM's TieringOffloadingSpec and "
+                f"needs vLLM's tiering framework (vllm/v1/kv_offload/tiering/): {err}") from err
+        return getattr(vllm_tiers, name)
+    raise AttributeError(f"module 'kvoffload.vllm' has no attribute {name!r}")
 
 logger = logging.getLogger(__name__)
 

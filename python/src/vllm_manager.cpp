@@ -2,7 +2,7 @@
 //
 // vLLM names a block by an OffloadKey, a bytes object (a block hash, 32 bytes for SHA-256, plus 4
 // bytes of KV-group index). The Manager keys are 128 bits, so each key's bytes are hashed to 128
-// bits here (key_of_bytes), straight from the bytes object's buffer: no Python object and no
+// bits (key_of, vllm_keys.hpp), straight from the bytes object's buffer: no Python object and no
 // allocation per key. Every call converts its whole sequence in one loop into a reused vector.
 //
 // vLLM hands back the key objects it was given (evicted keys, stored-event keys), so the core keeps
@@ -12,6 +12,7 @@
 // The Manager runs with ManagerSemantics::kVllm (Note [vLLM semantics] in manager.cpp). Calls hold
 // the GIL throughout (they take microseconds), so Python threads are serialised.
 #include "bindings.hpp"
+#include "vllm_keys.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/manager.hpp>
@@ -26,111 +27,6 @@ namespace py = pybind11;
 
 namespace kvoffload::python {
 namespace {
-
-constexpr std::uint64_t rotl(std::uint64_t x, int r) noexcept {
-  return (x << r) | (x >> (64 - r));
-}
-constexpr std::uint64_t fmix(std::uint64_t k) noexcept {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
-}
-
-// 128-bit hash of a key's bytes: MurmurHash3_x64_128's block mixing and finalisation, with the
-// tail zero-padded into one last block and the length folded in. Engines' keys are themselves
-// cryptographic hashes, so a 128-bit mix keeps distinct keys distinct (birthday bound ~n^2/2^129)
-// at a few nanoseconds per 36-byte key.
-BlockKey key_of_bytes(const char* data, std::size_t len) noexcept {
-  constexpr std::uint64_t c1 = 0x87c37b91114253d5ULL;
-  constexpr std::uint64_t c2 = 0x4cf5ad432745937fULL;
-  std::uint64_t h1 = 0x9E3779B97F4A7C15ULL;
-  std::uint64_t h2 = 0xC2B2AE3D27D4EB4FULL;
-  const auto mix = [&](std::uint64_t k1, std::uint64_t k2) {
-    k1 *= c1;
-    k1 = rotl(k1, 31);
-    k1 *= c2;
-    h1 ^= k1;
-    h1 = rotl(h1, 27);
-    h1 += h2;
-    h1 = h1 * 5 + 0x52dce729;
-    k2 *= c2;
-    k2 = rotl(k2, 33);
-    k2 *= c1;
-    h2 ^= k2;
-    h2 = rotl(h2, 31);
-    h2 += h1;
-    h2 = h2 * 5 + 0x38495ab5;
-  };
-  std::size_t i = 0;
-  for (; i + 16 <= len; i += 16) {
-    std::uint64_t k1 = 0;
-    std::uint64_t k2 = 0;
-    std::memcpy(&k1, data + i, 8);
-    std::memcpy(&k2, data + i + 8, 8);
-    mix(k1, k2);
-  }
-  if (i < len) {
-    unsigned char tail[16] = {};
-    std::memcpy(tail, data + i, len - i);
-    std::uint64_t k1 = 0;
-    std::uint64_t k2 = 0;
-    std::memcpy(&k1, tail, 8);
-    std::memcpy(&k2, tail + 8, 8);
-    mix(k1, k2);
-  }
-  h1 ^= len;
-  h2 ^= len;
-  h1 += h2;
-  h2 += h1;
-  h1 = fmix(h1);
-  h2 = fmix(h2);
-  h1 += h2;
-  h2 += h1;
-  return BlockKey(h1, h2);
-}
-
-[[noreturn]] void throw_bad_key(PyObject* obj) {
-  throw Error(
-      ErrorCode::kInvalidArgument,
-      std::string("kvoffload.vllm: an OffloadKey is a bytes object, got ") + Py_TYPE(obj)->tp_name);
-}
-
-BlockKey key_of(PyObject* obj) {
-  if (PyBytes_CheckExact(obj) || PyBytes_Check(obj)) {
-    return key_of_bytes(PyBytes_AS_STRING(obj), static_cast<std::size_t>(PyBytes_GET_SIZE(obj)));
-  }
-  if (PyByteArray_Check(obj)) {
-    return key_of_bytes(PyByteArray_AS_STRING(obj),
-                        static_cast<std::size_t>(PyByteArray_GET_SIZE(obj)));
-  }
-  throw_bad_key(obj);
-}
-
-// Borrowed items of a sequence (list/tuple directly, anything else iterated once into a list).
-class Items {
- public:
-  explicit Items(py::handle seq) {
-    if (PyBytes_Check(seq.ptr())) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "kvoffload.vllm: expected a collection of keys, got one bytes key");
-    }
-    fast_ = py::reinterpret_steal<py::object>(
-        PySequence_Fast(seq.ptr(), "expected a collection of keys"));
-    if (!fast_) throw py::error_already_set();
-    size_ = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(fast_.ptr()));
-    items_ = PySequence_Fast_ITEMS(fast_.ptr());
-  }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  [[nodiscard]] PyObject* operator[](std::size_t i) const noexcept { return items_[i]; }
-
- private:
-  py::object fast_;
-  std::size_t size_ = 0;
-  PyObject** items_ = nullptr;
-};
 
 class VllmManagerCore {
  public:

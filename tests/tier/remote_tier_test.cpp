@@ -170,6 +170,31 @@ TEST(RemoteRedis, RoundTripOneValuePerRankSlotAndAsyncLookup) {
   EXPECT_THROW(reader->lookup(keys, first), Error);
 }
 
+TEST(RemoteRedis, KnownAnswersFromMemoryAndNeverStartsACheck) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  auto writer = RemoteTier::open(options(redis.url()));
+  const auto keys = keys_from(300, 3);
+  ASSERT_EQ(count(put_rows(*writer, keys), TierItemStatus::kOk), keys.size());
+  EXPECT_EQ(writer->known(keys[0]), TierPresence::kPresent);  // its own put
+
+  auto reader = RemoteTier::open(options(redis.url()));
+  const std::vector<BlockKey> asked = {keys[0], keys_from(900, 1)[0]};
+  for (const auto& k : asked) EXPECT_FALSE(reader->known(k).has_value());
+  EXPECT_EQ(reader->remote_stats().lookups, 0u);  // known() asked the store nothing
+  std::vector<TierPresence> out(asked.size());
+  reader->lookup(asked, out);  // one batch for both
+  EXPECT_EQ(reader->remote_stats().lookups, asked.size());
+  const auto settled = resolve(*reader, asked);
+  EXPECT_EQ(settled[0], TierPresence::kPresent);
+  EXPECT_EQ(settled[1], TierPresence::kAbsent);
+  EXPECT_EQ(reader->known(asked[0]), TierPresence::kPresent);
+  EXPECT_FALSE(reader->known(keys[1]).has_value());  // never asked
+  EXPECT_EQ(reader->remote_stats().lookups, asked.size());
+  reader->close();
+  EXPECT_THROW((void)reader->known(asked[0]), Error);
+}
+
 TEST(RemoteRedis, ReplicatedLayoutStoresOneValuePerChunk) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);

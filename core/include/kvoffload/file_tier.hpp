@@ -1,11 +1,13 @@
 #pragma once
 // FileTier: a SecondaryTier keeping one file per chunk row under a root directory.
 //
-// Layout: <root>/<hh>/<key hex>.kvb, hh = the first key byte in hex (256 fan-out directories,
+// Layout: <root>/<hh>/<key hex>.kvb, hh = the last key byte in hex (256 fan-out directories,
 // created on first use), plus <root>/.kvoffload-tier.lock, flock'ed exclusively by the one
-// FileTier that owns the root (a second opener gets kState). A record is a 64-byte header (magic,
-// version, key, payload length, CRC32C of the payload, CRC32C of the header) followed by the
-// payload, zero-padded to 4 KiB so the same file can be written and read with O_DIRECT.
+// FileTier that owns the root (a second opener gets kState). A record is the payload, zero padding
+// and a 64-byte header at the end (magic, version, key, payload length, CRC32C of the payload,
+// CRC32C of the header), a whole number of 4 KiB blocks so the same file can be written and read
+// with O_DIRECT; a payload in 4 KiB-aligned memory moves without a copy except its last block
+// (Note [File tier record] in file_record.cpp).
 //
 // Writes go to <root>/<hh>/.<key hex>.<n>.tmp and are renamed into place, so a reader never sees a
 // half-written record under the real name. Temporary files of a previous owner are deleted when
@@ -51,8 +53,17 @@ struct FileTierOptions {
   std::uint64_t capacity_bytes = 0;  // > 0: file bytes kept; the oldest records go beyond it.
                                      // Capped by the filesystem: see Note [Full disk]
   unsigned io_threads = 4;           // 1..256
+  // Of io_threads, how many serve reads (gets: promotions a request waits for) first; the others
+  // serve writes first, and each takes the other kind when its own queue is empty (vLLM's fs
+  // tier's n_read_threads / n_write_threads). 0: one queue for both, in submission order.
+  unsigned read_threads = 0;
   DirectIoMode direct_io = DirectIoMode::kAuto;
   FsyncPolicy fsync = FsyncPolicy::kNone;
+  // Gets read a record's payload straight into TierGet::into (with O_DIRECT when `into` is 4 KiB
+  // aligned: no copy) and verify it there, so a miss may leave torn bytes in `into` (the TierGet
+  // contract otherwise says it is untouched). For callers that discard the destination of an item
+  // that did not succeed, as vLLM's tiering does with a failed promotion's primary slots.
+  bool verify_in_destination = false;
   std::string name = "file";  // for logs and stats
   // The system calls the tier makes (kvoffload/syscalls.hpp, the seam the region uses too):
   // tests pass a table that fails chosen calls. nullptr: the real calls. A table given here must

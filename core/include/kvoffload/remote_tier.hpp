@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -150,6 +151,11 @@ class KVOFFLOAD_API RemoteTier final : public SecondaryTier {
   TierBatch get(std::span<const TierGet> items) override;
   [[nodiscard]] bool contains(const BlockKey& key) const override;  // known present, no I/O
   void lookup(std::span<const BlockKey> keys, std::span<TierPresence> out) override;
+  // The answer lookup() would give for `key` from what the tier remembers, without starting an
+  // existence check: nullopt for a key it has no answer for (never asked, forgotten, or an absent
+  // answer that expired). Lets a caller collect the unknown keys of a scheduler step and ask
+  // them in one lookup() batch (one pipelined EXISTS per node instead of one per key).
+  [[nodiscard]] std::optional<TierPresence> known(const BlockKey& key);
   TierBatch remove(std::span<const BlockKey> keys) override;  // forgets locally; shared data stays
   void drain() override;
   [[nodiscard]] TierStats stats() const override;

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -75,6 +76,10 @@ class KVOFFLOAD_API TierBatch {
   bool wait_for(std::chrono::milliseconds timeout) const;
   // Number of items whose status is kOk (waits).
   [[nodiscard]] std::size_t ok_count() const;
+  // Non-blocking: when the last item was set (steady clock), or nullopt while items are
+  // outstanding. An empty batch has no finishing time. Lets a poller report a batch's transfer
+  // time without counting how long it waited to be polled.
+  [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> finished_at() const noexcept;
 
  private:
   friend class TierBatchPromise;

@@ -48,12 +48,13 @@ bool DirectIo::drop_direct(int fd, const std::filesystem::path& path, std::strin
 }
 
 std::optional<ItemOutcome> DirectIo::write_all(int fd, const std::byte* buf, std::size_t n,
-                                               bool& used_direct,
-                                               const std::filesystem::path& path) {
+                                               bool& used_direct, const std::filesystem::path& path,
+                                               off_t at) {
   std::size_t off = 0;
   while (off < n) {
-    const ssize_t r = retry_eintr(
-        [&] { return sys_.pwrite(sys_.context, fd, buf + off, n - off, static_cast<off_t>(off)); });
+    const ssize_t r = retry_eintr([&] {
+      return sys_.pwrite(sys_.context, fd, buf + off, n - off, at + static_cast<off_t>(off));
+    });
     if (r < 0) {
       const int e = errno;
       if (e == EINVAL && used_direct) {
@@ -70,12 +71,13 @@ std::optional<ItemOutcome> DirectIo::write_all(int fd, const std::byte* buf, std
 }
 
 std::optional<ItemOutcome> DirectIo::read_all(int fd, std::byte* buf, std::size_t n,
-                                              bool& used_direct,
-                                              const std::filesystem::path& path) {
+                                              bool& used_direct, const std::filesystem::path& path,
+                                              off_t at) {
   std::size_t off = 0;
   while (off < n) {
-    const ssize_t r = retry_eintr(
-        [&] { return sys_.pread(sys_.context, fd, buf + off, n - off, static_cast<off_t>(off)); });
+    const ssize_t r = retry_eintr([&] {
+      return sys_.pread(sys_.context, fd, buf + off, n - off, at + static_cast<off_t>(off));
+    });
     if (r < 0) {
       const int e = errno;
       if (e == EINVAL && used_direct) {

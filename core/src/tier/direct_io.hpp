@@ -30,13 +30,14 @@ class DirectIo {
   // O_DIRECT: buffered from now on. Returns fd or -1 with errno set.
   int open_record(const std::filesystem::path& path, int flags, bool& used_direct);
 
-  // Writes n bytes at offset 0; nullopt on success, else the failure.
+  // Writes n bytes at file offset `at`; nullopt on success, else the failure.
   std::optional<ItemOutcome> write_all(int fd, const std::byte* buf, std::size_t n,
-                                       bool& used_direct, const std::filesystem::path& path);
-  // Reads n bytes at offset 0; nullopt on success, a miss when the file ended early, a failure
-  // otherwise.
+                                       bool& used_direct, const std::filesystem::path& path,
+                                       off_t at = 0);
+  // Reads n bytes at file offset `at`; nullopt on success, a miss when the file ended early, a
+  // failure otherwise.
   std::optional<ItemOutcome> read_all(int fd, std::byte* buf, std::size_t n, bool& used_direct,
-                                      const std::filesystem::path& path);
+                                      const std::filesystem::path& path, off_t at = 0);
 
  private:
   void disable(std::string_view where, const std::filesystem::path& path);

@@ -2,6 +2,14 @@
 // renamed by hand, or a truncated write that left a plausible size, is rejected; the header has
 // its own CRC so a flipped length byte is caught before it is trusted for anything. The payload
 // CRC covers exactly payload_bytes; the zero padding is not checked (it carries no data).
+//
+// Layout (format 2): the payload first, from offset 0, then zero padding, then the 64-byte header
+// as the last bytes of the file; the file is a whole number of 4 KiB blocks (the same size as
+// format 1, whose header came first). With the payload at offset 0, the payload's whole 4 KiB
+// blocks move between the file and the caller's memory with O_DIRECT and no copy when that memory
+// is 4 KiB-aligned (vLLM's primary rows and region slots are page-aligned): only the last block
+// or two -- the payload's remainder, the padding and the header -- go through a small bounce
+// buffer (record_split). Format 1 records (an earlier kvoffload) read as misses and are dropped.
 #include "tier/file_record.hpp"
 
 #include "kvoffload/error.hpp"
@@ -16,8 +24,8 @@ namespace kvoffload {
 namespace detail {
 namespace {
 
-constexpr char kMagic[8] = {'K', 'V', 'O', 'T', 'I', 'E', 'R', '1'};
-constexpr std::uint32_t kVersion = 1;
+constexpr char kMagic[8] = {'K', 'V', 'O', 'T', 'I', 'E', 'R', '2'};
+constexpr std::uint32_t kVersion = 2;
 
 static_assert(std::endian::native == std::endian::little,
               "file-tier records are written in the host byte order, assumed little-endian");
@@ -51,33 +59,58 @@ std::string errno_text(std::string_view call, int err) {
   return s;
 }
 
-std::size_t record_payload_offset() noexcept {
-  return sizeof(RecordHeader);
+RecordSplit record_split(std::uint64_t payload_bytes) noexcept {
+  const std::uint64_t rec = file_tier_record_bytes(payload_bytes);
+  const std::uint64_t whole = payload_bytes / kRecordAlign * kRecordAlign;
+  const std::uint64_t prefix = std::min(whole, rec - kRecordAlign);
+  return {prefix, rec - prefix};
 }
 
-void encode_record(std::byte* buf, const BlockKey& key, std::span<const std::byte> payload) {
-  const std::uint64_t rec = file_tier_record_bytes(payload.size());
+namespace {
+
+// The header of a record whose payload CRC is `payload_crc`, into the last 64 bytes at `end`.
+void put_header(std::byte* end, const BlockKey& key, std::uint64_t payload_bytes,
+                std::uint32_t payload_crc) {
   RecordHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kVersion;
-  h.payload_bytes = payload.size();
+  h.payload_bytes = payload_bytes;
   h.key = key.to_bytes();
-  h.payload_crc = crc32c(payload);
-  std::memcpy(buf, &h, sizeof h);
-  h.header_crc = crc32c(std::span<const std::byte>(buf, kHeaderCrcSpan));
-  std::memcpy(buf, &h, sizeof h);
-  if (!payload.empty()) std::memcpy(buf + sizeof h, payload.data(), payload.size());
-  std::memset(buf + sizeof h + payload.size(), 0, rec - sizeof h - payload.size());
+  h.payload_crc = payload_crc;
+  std::byte* at = end - sizeof h;
+  std::memcpy(at, &h, sizeof h);
+  h.header_crc = crc32c(std::span<const std::byte>(at, kHeaderCrcSpan));
+  std::memcpy(at, &h, sizeof h);
 }
 
-std::optional<std::string> check_record(const std::byte* buf, const BlockKey& key,
-                                        std::uint64_t payload_bytes) {
+}  // namespace
+
+void encode_record(std::byte* buf, const BlockKey& key, std::span<const std::byte> payload) {
+  const std::uint64_t rec = file_tier_record_bytes(payload.size());
+  if (!payload.empty()) std::memcpy(buf, payload.data(), payload.size());
+  std::memset(buf + payload.size(), 0, rec - payload.size());
+  put_header(buf + rec, key, payload.size(), crc32c(payload));
+}
+
+void encode_record_tail(std::byte* tail, const BlockKey& key, std::span<const std::byte> payload) {
+  const RecordSplit split = record_split(payload.size());
+  const std::size_t rest = payload.size() - split.prefix;
+  if (rest != 0) std::memcpy(tail, payload.data() + split.prefix, rest);
+  std::memset(tail + rest, 0, split.tail - rest);
+  put_header(tail + split.tail, key, payload.size(), crc32c(payload));
+}
+
+std::optional<std::string> check_record_split(std::span<const std::byte> prefix,
+                                              const std::byte* tail, const BlockKey& key,
+                                              std::uint64_t payload_bytes) {
+  const RecordSplit split = record_split(payload_bytes);
   RecordHeader h{};
-  std::memcpy(&h, buf, sizeof h);
+  const std::byte* at = tail + split.tail - sizeof h;
+  std::memcpy(&h, at, sizeof h);
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.version != kVersion) {
-    return "bad magic or version";
+    return "bad magic or version (not a record, or one of an earlier format)";
   }
-  if (crc32c(std::span<const std::byte>(buf, kHeaderCrcSpan)) != h.header_crc) {
+  if (crc32c(std::span<const std::byte>(at, kHeaderCrcSpan)) != h.header_crc) {
     return "header checksum mismatch";
   }
   if (h.key != key.to_bytes()) return "record holds another key";
@@ -85,10 +118,17 @@ std::optional<std::string> check_record(const std::byte* buf, const BlockKey& ke
     return "record holds " + std::to_string(h.payload_bytes) + " bytes, expected " +
            std::to_string(payload_bytes);
   }
-  if (crc32c(std::span<const std::byte>(buf + sizeof h, payload_bytes)) != h.payload_crc) {
-    return "payload checksum mismatch";
-  }
+  const std::uint32_t crc =
+      crc32c(std::span<const std::byte>(tail, payload_bytes - split.prefix), crc32c(prefix));
+  if (crc != h.payload_crc) return "payload checksum mismatch";
   return std::nullopt;
+}
+
+std::optional<std::string> check_record(const std::byte* buf, const BlockKey& key,
+                                        std::uint64_t payload_bytes) {
+  const RecordSplit split = record_split(payload_bytes);
+  return check_record_split(std::span<const std::byte>(buf, split.prefix), buf + split.prefix, key,
+                            payload_bytes);
 }
 
 }  // namespace detail

@@ -29,16 +29,33 @@ std::string fan_dir_name(const BlockKey& key);
 std::string errno_text(std::string_view call, int err);
 
 // Writes the record of `key` holding `payload` into `buf` (file_tier_record_bytes(payload.size())
-// bytes): header, payload, zero padding.
+// bytes): payload, zero padding, header.
 void encode_record(std::byte* buf, const BlockKey& key, std::span<const std::byte> payload);
+
+// How a record of `payload_bytes` is moved without copying its payload: the first `prefix` bytes
+// of the file are the payload's first `prefix` bytes (a whole number of 4 KiB blocks, possibly 0);
+// the `tail` bytes after them (4 or 8 KiB) hold the payload's remainder, the padding and the
+// header. prefix + tail == file_tier_record_bytes(payload_bytes).
+struct RecordSplit {
+  std::uint64_t prefix = 0;
+  std::uint64_t tail = 0;
+};
+RecordSplit record_split(std::uint64_t payload_bytes) noexcept;
+
+// Writes the tail of the record of `key` holding `payload` into `tail` (record_split().tail
+// bytes); the payload's CRC covers all of it, read from `payload`.
+void encode_record_tail(std::byte* tail, const BlockKey& key, std::span<const std::byte> payload);
 
 // Checks a record read whole into `buf` for `key` and `payload_bytes`: nullopt when it verifies,
 // else why it is a miss (bad magic, checksums, another key or length).
 std::optional<std::string> check_record(const std::byte* buf, const BlockKey& key,
                                         std::uint64_t payload_bytes);
 
-// Where a record's payload starts in its file.
-std::size_t record_payload_offset() noexcept;
+// The same for a record read in two pieces: its first prefix bytes in `prefix` (where the payload
+// landed), the rest in `tail` (record_split(payload_bytes)).
+std::optional<std::string> check_record_split(std::span<const std::byte> prefix,
+                                              const std::byte* tail, const BlockKey& key,
+                                              std::uint64_t payload_bytes);
 
 // Carries a per-item failure out of a worker task without an exception for expected outcomes.
 struct ItemOutcome {

@@ -113,9 +113,15 @@ struct FileTier::Impl {
     return 0;
   }
 
-  // Writes `buf` to the new file `temp` (creating the fan-out directory when missing), syncs it
-  // as the policy says and closes it. On failure nothing is left: the temp file is removed.
-  ItemOutcome write_temp(const std::byte* buf, std::size_t rec, const std::filesystem::path& temp,
+  // A piece of a record, written at the file offset where the previous one ended.
+  struct Piece {
+    const std::byte* data = nullptr;
+    std::size_t bytes = 0;
+  };
+
+  // Writes the pieces to the new file `temp` (creating the fan-out directory when missing), syncs
+  // it as the policy says and closes it. On failure nothing is left: the temp file is removed.
+  ItemOutcome write_temp(std::span<const Piece> pieces, const std::filesystem::path& temp,
                          const std::filesystem::path& dir) {
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
     bool used_direct = false;
@@ -133,8 +139,13 @@ struct FileTier::Impl {
       unlink_quietly(temp);
       return o;
     };
-    if (auto o = dio.write_all(fd, buf, rec, used_direct, temp))
-      return fail_with_temp(std::move(*o));
+    off_t at = 0;
+    for (const Piece& piece : pieces) {
+      if (piece.bytes == 0) continue;
+      if (auto o = dio.write_all(fd, piece.data, piece.bytes, used_direct, temp, at))
+        return fail_with_temp(std::move(*o));
+      at += static_cast<off_t>(piece.bytes);
+    }
     if (options.fsync != FsyncPolicy::kNone && sys.fdatasync(sys.context, fd) != 0) {
       return fail_with_temp(ItemOutcome::failed("fdatasync " + temp.string(), errno));
     }
@@ -143,6 +154,13 @@ struct FileTier::Impl {
       return fail_with_temp(ItemOutcome::failed("close " + temp.string(), errno));
     }
     return {};
+  }
+
+  // Whether the whole 4 KiB blocks of a payload at `data` can move between the file and the
+  // caller's memory without a copy: O_DIRECT needs 4 KiB-aligned memory (buffered I/O does not).
+  [[nodiscard]] bool in_place(const void* data, std::uint64_t prefix) const noexcept {
+    return prefix != 0 &&
+           (!dio.enabled() || reinterpret_cast<std::uintptr_t>(data) % detail::kRecordAlign == 0);
   }
 
   // Free bytes of the root's filesystem for an unprivileged writer (f_bavail), or nullopt when
@@ -214,14 +232,25 @@ struct FileTier::Impl {
   ItemOutcome do_put(detail::IoWorker& worker, const TierPut& item, std::uint64_t epoch,
                      std::uint64_t temp_id) {
     const std::uint64_t rec = file_tier_record_bytes(item.bytes.size());
-    std::byte* buf = worker.bounce.reserve(rec);
-    detail::encode_record(buf, item.key, item.bytes);
+    // The payload's whole blocks go from the caller's memory (no copy); the rest through a small
+    // bounce buffer. Unaligned memory under O_DIRECT: the whole record through the bounce buffer.
+    const detail::RecordSplit split = detail::record_split(item.bytes.size());
+    std::array<Piece, 2> pieces{};
+    if (in_place(item.bytes.data(), split.prefix)) {
+      std::byte* tail = worker.bounce.reserve(split.tail);
+      detail::encode_record_tail(tail, item.key, item.bytes);
+      pieces = {Piece{item.bytes.data(), split.prefix}, Piece{tail, split.tail}};
+    } else {
+      std::byte* buf = worker.bounce.reserve(rec);
+      detail::encode_record(buf, item.key, item.bytes);
+      pieces = {Piece{buf, rec}, Piece{}};
+    }
 
     const auto final_path = record_path(item.key);
     const auto dir = final_path.parent_path();
     const auto temp =
         dir / ("." + item.key.to_hex() + "." + std::to_string(temp_id) + detail::kTempSuffix);
-    ItemOutcome written = write_temp(buf, rec, temp, dir);
+    ItemOutcome written = write_temp(pieces, temp, dir);
     if (written.status == TierItemStatus::kFailed && written.err == ENOSPC) {
       // Note [Full disk]: the disk filled behind our capacity (another writer, or a capacity
       // measured before the last put): make room from the oldest records and retry once.
@@ -229,7 +258,7 @@ struct FileTier::Impl {
       warnings.log(spdlog::level::info, "enospc retry",
                    "file tier '{}': {}; evicted the {} oldest records, retrying once", options.name,
                    written.detail, evicted);
-      if (evicted > 0) written = write_temp(buf, rec, temp, dir);
+      if (evicted > 0) written = write_temp(pieces, temp, dir);
       if (written.status == TierItemStatus::kFailed && written.err == ENOSPC) {
         written.detail += evicted > 0
                               ? " (again after evicting " + std::to_string(evicted) + " records)"
@@ -290,14 +319,28 @@ struct FileTier::Impl {
                                    std::to_string(rec) + " (short or another length)",
                                true);
     }
+    const detail::RecordSplit split = detail::record_split(item.into.size());
+    if (options.verify_in_destination && in_place(item.into.data(), split.prefix)) {
+      // The payload's whole blocks straight into the destination, verified there.
+      std::byte* tail = worker.bounce.reserve(split.tail);
+      if (auto o = dio.read_all(fd, item.into.data(), split.prefix, used_direct, path))
+        return std::move(*o);
+      if (auto o = dio.read_all(fd, tail, split.tail, used_direct, path,
+                                static_cast<off_t>(split.prefix)))
+        return std::move(*o);
+      const std::span<const std::byte> prefix(item.into.data(), split.prefix);
+      if (auto why = detail::check_record_split(prefix, tail, item.key, item.into.size())) {
+        return ItemOutcome::miss(std::move(*why), true);
+      }
+      std::memcpy(item.into.data() + split.prefix, tail, item.into.size() - split.prefix);
+      return {};
+    }
     std::byte* buf = worker.bounce.reserve(rec);
     if (auto o = dio.read_all(fd, buf, rec, used_direct, path)) return std::move(*o);
     if (auto why = detail::check_record(buf, item.key, item.into.size())) {
       return ItemOutcome::miss(std::move(*why), true);
     }
-    if (!item.into.empty()) {
-      std::memcpy(item.into.data(), buf + detail::record_payload_offset(), item.into.size());
-    }
+    if (!item.into.empty()) std::memcpy(item.into.data(), buf, item.into.size());
     return {};
   }
 
@@ -329,6 +372,10 @@ void FileTier::validate(const FileTierOptions& o) {
   if (o.io_threads == 0 || o.io_threads > 256) {
     throw_invalid("file tier '" + o.name + "': io_threads " + std::to_string(o.io_threads) +
                   " is outside 1..256");
+  }
+  if (o.read_threads > o.io_threads) {
+    throw_invalid("file tier '" + o.name + "': read_threads " + std::to_string(o.read_threads) +
+                  " exceeds io_threads " + std::to_string(o.io_threads));
   }
   std::error_code ec;
   const auto st = fs::symlink_status(o.root, ec);
@@ -419,7 +466,8 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
     }
     impl->counters.evictions = evicted;
 
-    impl->pool = std::make_unique<detail::IoPool>(options.io_threads, detail::kRecordAlign);
+    impl->pool = std::make_unique<detail::IoPool>(options.io_threads, options.read_threads,
+                                                  detail::kRecordAlign);
     log().info(
         "file tier '{}': opened {} ({} records, {} bytes, {} stale temp files removed, {} "
         "evicted to fit {} bytes; {} I/O threads, {})",
@@ -618,7 +666,7 @@ TierBatch FileTier::get(std::span<const TierGet> items) {
   }
   for (std::size_t i : absent) promise.set(i, TierItemStatus::kMiss, 0, "not held");
   s.begin_flight(tasks.size());
-  s.pool->submit_many(std::move(tasks));
+  s.pool->submit_many(std::move(tasks), detail::IoLane::kRead);
   return promise.batch();
 }
 

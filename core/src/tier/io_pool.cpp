@@ -2,6 +2,7 @@
 
 #include "kvoffload/log.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <new>
@@ -38,12 +39,16 @@ std::byte* AlignedBuffer::reserve(std::size_t bytes) {
   return data_;
 }
 
-IoPool::IoPool(unsigned threads, std::size_t alignment) {
+IoPool::IoPool(unsigned threads, unsigned read_threads, std::size_t alignment)
+    : read_threads_(std::min(read_threads, threads)) {
   workers_.reserve(threads);
   for (unsigned i = 0; i < threads; ++i) workers_.push_back(IoWorker{AlignedBuffer(alignment)});
   threads_.reserve(threads);
   try {
-    for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this, i] { run(workers_[i]); });
+    for (unsigned i = 0; i < threads; ++i) {
+      const IoLane first = i < read_threads_ ? IoLane::kRead : IoLane::kWrite;
+      threads_.emplace_back([this, i, first] { run(workers_[i], first); });
+    }
   } catch (...) {
     {
       std::lock_guard lock(mutex_);
@@ -64,32 +69,37 @@ IoPool::~IoPool() {
   for (auto& t : threads_) t.join();
 }
 
-void IoPool::submit(Task task) {
+void IoPool::submit(Task task, IoLane l) {
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(task));
+    lane(l).push_back(std::move(task));
   }
   cv_.notify_one();
 }
 
-void IoPool::submit_many(std::vector<Task>&& tasks) {
+void IoPool::submit_many(std::vector<Task>&& tasks, IoLane l) {
+  if (tasks.empty()) return;
   {
     std::lock_guard lock(mutex_);
-    for (auto& t : tasks) queue_.push_back(std::move(t));
+    auto& q = lane(l);
+    for (auto& t : tasks) q.push_back(std::move(t));
   }
   cv_.notify_all();
 }
 
-void IoPool::run(IoWorker& worker) {
+void IoPool::run(IoWorker& worker, IoLane first) {
+  std::deque<Task>& own = lane(first);
+  std::deque<Task>& other = lane(first == IoLane::kRead ? IoLane::kWrite : IoLane::kRead);
   for (;;) {
     Task task;
     {
       std::unique_lock lock(mutex_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return stopping_ || !own.empty() || !other.empty(); });
       // Drain before stopping: a queued task owns a batch slot that a waiter is counting on.
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      std::deque<Task>& q = !own.empty() ? own : other;
+      if (q.empty()) return;
+      task = std::move(q.front());
+      q.pop_front();
     }
     try {
       task(worker);

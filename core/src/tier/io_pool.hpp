@@ -1,9 +1,15 @@
 #pragma once
 // A bounded pool of I/O threads for the file tier. Each worker owns an aligned bounce buffer, so
 // O_DIRECT transfers never allocate per item once the buffer has grown to the largest record.
+//
+// Two lanes (as vLLM's fs tier has two thread groups): reads (promotions, which a request is
+// waiting for) and writes. `read_threads` workers take the read lane first, the others the write
+// lane first; each takes from the other lane when its own is empty, so neither starves. With
+// read_threads == 0 there is one queue, in submission order.
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -37,27 +43,36 @@ struct IoWorker {
   AlignedBuffer bounce;
 };
 
+enum class IoLane : std::uint8_t { kRead = 0, kWrite = 1 };
+
 class IoPool {
  public:
   using Task = std::function<void(IoWorker&)>;
 
-  IoPool(unsigned threads, std::size_t alignment);
+  // read_threads <= threads.
+  IoPool(unsigned threads, unsigned read_threads, std::size_t alignment);
   IoPool(const IoPool&) = delete;
   IoPool& operator=(const IoPool&) = delete;
   // Runs every task already queued, then joins the workers.
   ~IoPool();
 
   // Tasks must not throw (the tier catches inside them); a task that does is a bug and is logged.
-  void submit(Task task);
-  void submit_many(std::vector<Task>&& tasks);
+  void submit(Task task, IoLane lane = IoLane::kWrite);
+  void submit_many(std::vector<Task>&& tasks, IoLane lane = IoLane::kWrite);
   [[nodiscard]] unsigned threads() const noexcept { return static_cast<unsigned>(threads_.size()); }
 
  private:
-  void run(IoWorker& worker);
+  void run(IoWorker& worker, IoLane first);
+  std::deque<Task>& lane(IoLane l) noexcept {
+    // Without read threads both lanes are one queue, so the order of submission is kept.
+    return read_threads_ == 0 || l == IoLane::kWrite ? writes_ : reads_;
+  }
 
+  unsigned read_threads_ = 0;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;
+  std::deque<Task> reads_;
+  std::deque<Task> writes_;
   bool stopping_ = false;
   std::vector<IoWorker> workers_;
   std::vector<std::thread> threads_;

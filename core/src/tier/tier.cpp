@@ -15,6 +15,7 @@ struct TierBatchState {
   std::vector<TierItemResult> results;
   std::vector<bool> done;
   std::size_t remaining = 0;
+  std::chrono::steady_clock::time_point finished{};  // set with the last item
 };
 
 }  // namespace detail
@@ -76,6 +77,13 @@ bool TierBatch::wait_for(std::chrono::milliseconds timeout) const {
   return state_->cv.wait_for(lock, timeout, [&] { return state_->remaining == 0; });
 }
 
+std::optional<std::chrono::steady_clock::time_point> TierBatch::finished_at() const noexcept {
+  if (!state_) return std::nullopt;
+  std::lock_guard lock(state_->mutex);
+  if (state_->remaining != 0 || state_->results.empty()) return std::nullopt;
+  return state_->finished;
+}
+
 std::size_t TierBatch::ok_count() const {
   std::size_t n = 0;
   for (const auto& r : wait()) n += r.status == TierItemStatus::kOk ? 1 : 0;
@@ -108,6 +116,7 @@ void TierBatchPromise::set(std::size_t index, TierItemStatus status, int sys_err
     r.detail = std::move(detail);
     state_->done[index] = true;
     last = --state_->remaining == 0;
+    if (last) state_->finished = std::chrono::steady_clock::now();
   }
   if (last) state_->cv.notify_all();
 }

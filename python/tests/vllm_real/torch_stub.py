@@ -119,6 +119,15 @@ class Tensor:
             )
         return self._owner
 
+    def view(self, *shape) -> "Tensor":
+        """torch's view of a contiguous host tensor with another shape (vLLM's
+        SharedOffloadRegion.create_kv_memoryview: a (num_blocks, row) view of its 1-D base)."""
+        if self.device.type != "cpu" or not isinstance(self._owner, np.ndarray):
+            raise TypeError("torch stub: view() is implemented for host tensors over numpy only")
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return from_numpy(self._owner.reshape(shape))
+
     def __repr__(self) -> str:
         return f"tensor(<stub>, shape={tuple(self.shape)}, dtype={self.dtype}, device='{self.device}')"
 
@@ -133,6 +142,12 @@ def from_numpy(array: np.ndarray) -> Tensor:
         strides.append(s // array.itemsize)
     return Tensor(address=array.ctypes.data, shape=array.shape, strides=strides,
                   dtype=_BY_NUMPY[array.dtype], device=device("cpu"), owner=array)
+
+
+def frombuffer(buffer, dtype: dtype = None) -> Tensor:
+    """torch.frombuffer: a 1-D host tensor sharing the buffer's memory (vLLM's SharedOffloadRegion
+    maps its region file and views it this way)."""
+    return from_numpy(np.frombuffer(buffer, dtype=(dtype or uint8).np_dtype))
 
 
 def _no_gpu(what: str):

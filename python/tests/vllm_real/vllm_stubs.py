@@ -168,12 +168,48 @@ def _device_communicators(tree: Path) -> types.ModuleType:
 
 
 def _shm_broadcast(tree: Path) -> types.ModuleType:
-    m = _module("vllm.distributed.device_communicators.shm_broadcast", "not in the tree")
+    m = _module("vllm.distributed.device_communicators.shm_broadcast",
+                "shm_broadcast.py: check_shm_free_space, as vLLM defines it (SharedOffloadRegion's "
+                "creator calls it; TieringOffloadingSpec's scheduler side creates one)")
 
-    def check_shm_free_space(*args, **kwargs):
-        raise RuntimeError("vLLM's SharedOffloadRegion is not used by these tests")
+    def check_shm_free_space(required_bytes: int, shm_path: str = "/dev/shm") -> None:
+        # vLLM's body at this commit: skip when the mount point is absent, else refuse a segment
+        # larger than the free space, naming both.
+        import os
+        import shutil
+
+        if not os.path.isdir(shm_path):
+            return
+        free_bytes = shutil.disk_usage(shm_path).free
+        if required_bytes <= free_bytes:
+            return
+        mib = 1 << 20
+        raise RuntimeError(
+            f"Insufficient space in {shm_path}: {required_bytes / mib:.0f} MiB "
+            f"required, {free_bytes / mib:.0f} MiB free. Increase {shm_path} "
+            "(e.g. --shm-size or --ipc=host)."
+        )
 
     m.check_shm_free_space = check_shm_free_space
+    return m
+
+
+# --- vllm.v1.kv_cache_interface: the KV-cache spec classes (not in the tree). -------------------
+def _kv_cache_interface(tree: Path) -> types.ModuleType:
+    # canonical_mapping.py (imported by vLLM's FileMapper, which its fs tier and kvoffload's tiers
+    # use to name a run) imports these names for isinstance checks in functions that run only for
+    # canonical_layout on a GPU worker; nothing here constructs one.
+    m = _module("vllm.v1.kv_cache_interface", "vllm/v1/kv_cache_interface.py: names only")
+
+    def spec_class(name: str) -> type:
+        def refuse(self, *args, **kwargs):
+            raise NotImplementedError(f"vllm.v1.kv_cache_interface.{name} is a stand-in")
+
+        return type(name, (), {"__init__": refuse, "__module__": m.__name__})
+
+    for name in ("KVCacheSpec", "AttentionSpec", "MLAAttentionSpec", "MambaSpec",
+                 "UniformTypeKVCacheSpecs", "KVCacheConfig", "KVCacheTensor", "KVCacheGroupSpec"):
+        setattr(m, name, spec_class(name))
     return m
 
 
@@ -242,4 +278,5 @@ STUBS: dict[str, Callable[[Path], types.ModuleType]] = {
     "vllm.config": _config,
     "vllm.config.utils": _config_utils,
     "vllm.distributed.kv_transfer.kv_connector.factory": _kv_connector_factory,
+    "vllm.v1.kv_cache_interface": _kv_cache_interface,
 }

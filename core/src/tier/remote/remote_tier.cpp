@@ -461,6 +461,29 @@ struct RemoteTier::Impl {
     it->second = PresenceEntry{state, true, it->second.delivered, RemoteClock::now()};
   }
 
+  // What lookup() answers for a remembered key, or nullopt when its answer expired and a new
+  // check must start. presence_mutex held.
+  std::optional<TierPresence> answer_locked(PresenceEntry& e, RemoteClock::time_point now) {
+    if (e.state == Known::kPresent) return TierPresence::kPresent;
+    // A resolved absent answer reaches the caller at least once, then lives negative_ttl (at
+    // least lookup_timeout, so a caller polling a batch sees every key settle).
+    if (e.state == Known::kAbsent && (!e.delivered || now - e.at < absent_ttl)) {
+      e.delivered = true;
+      return TierPresence::kAbsent;
+    }
+    if (e.state == Known::kPending) {
+      if (now - e.at < o.lookup_timeout) return TierPresence::kPending;
+      // The budget ran out: a miss now, never a stall; the answer may still land later.
+      if (!e.counted) {
+        e.counted = true;
+        ++lookup_absent;
+      }
+      e.delivered = true;
+      return TierPresence::kAbsent;
+    }
+    return std::nullopt;
+  }
+
   // ---- workers --------------------------------------------------------------------------------
 
   // A worker's connection and the node generation it was opened in.
@@ -843,33 +866,11 @@ void RemoteTier::lookup(std::span<const BlockKey> keys, std::span<TierPresence> 
     for (std::size_t i = 0; i < keys.size(); ++i) {
       auto it = m.presence.find(keys[i]);
       if (it != m.presence.end()) {
-        PresenceEntry& e = it->second;
-        if (e.state == Known::kPresent) {
-          out[i] = TierPresence::kPresent;
+        if (const auto answer = m.answer_locked(it->second, now)) {
+          out[i] = *answer;
           continue;
         }
-        // A resolved absent answer reaches the caller at least once, then lives negative_ttl
-        // (at least lookup_timeout, so a caller polling a batch sees every key settle).
-        if (e.state == Known::kAbsent && (!e.delivered || now - e.at < m.absent_ttl)) {
-          e.delivered = true;
-          out[i] = TierPresence::kAbsent;
-          continue;
-        }
-        if (e.state == Known::kPending) {
-          if (now - e.at >= m.o.lookup_timeout) {
-            // The budget ran out: a miss now, never a stall; the answer may still land later.
-            if (!e.counted) {
-              e.counted = true;
-              ++m.lookup_absent;
-            }
-            e.delivered = true;
-            out[i] = TierPresence::kAbsent;
-          } else {
-            out[i] = TierPresence::kPending;
-          }
-          continue;
-        }
-        e = PresenceEntry{Known::kPending, false, false, now};  // an absent answer that expired
+        it->second = PresenceEntry{Known::kPending, false, false, now};  // an expired answer
       } else {
         m.make_room();
         if (m.presence.size() >= m.o.presence_capacity) {
@@ -890,6 +891,15 @@ void RemoteTier::lookup(std::span<const BlockKey> keys, std::span<TierPresence> 
   for (std::size_t r = 0; r < ask.size(); ++r) m.init_row(*ctx, r, ask[r]);
   for (std::uint32_t i = 0; i < indices.size(); ++i) indices[i] = i;
   m.submit(ctx, indices);
+}
+
+std::optional<TierPresence> RemoteTier::known(const BlockKey& key) {
+  Impl& m = *impl_;
+  require_open(m.closed, m.o.name);
+  std::lock_guard lock(m.presence_mutex);
+  const auto it = m.presence.find(key);
+  if (it == m.presence.end()) return std::nullopt;
+  return m.answer_locked(it->second, RemoteClock::now());
 }
 
 TierBatch RemoteTier::remove(std::span<const BlockKey> keys) {
