@@ -91,7 +91,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(KillPoint{"unnamed_file_built", Op::kLinkat, 1, true, false},
                       KillPoint{"just_published", Op::kLinkat, 1, false, true},
                       KillPoint{"just_mapped", Op::kMmap, 1, false, true},
-                      KillPoint{"before_ready", Op::kPwrite, 2, true, true},
+                      KillPoint{"before_ready", Op::kPwrite, 3, true, true},
                       KillPoint{"populate_probe", Op::kMadvise, 1, true, true},
                       KillPoint{"populate_rows", Op::kMadvise, 4, true, true},
                       KillPoint{"before_teardown", Op::kMunmap, 1, true, true}),
