@@ -234,12 +234,16 @@ class KvoffloadWorker(OffloadingWorker):
             raise ValueError("KvoffloadWorker: the KV-cache group references no tensor")
         slot_bytes = self._bpc * sum(t.page_bytes for t in tensors)
         self._runtime = _ext.make_runtime(backend, device=device)
+        # The worker's own rank even in the replicated layout (where every rank's slot is copy 0):
+        # each rank slot has one holder at a time, so a second process on this rank, or a
+        # data-parallel replica given the same kvoffload_engine_id, is refused here with
+        # kvoffload.Error(IN_USE) naming the holder's PID instead of sharing its slots.
         self._region = _ext.Region.create_or_join(
             engine_id=engine_id,
             num_chunks=num_blocks,
             slot_bytes=slot_bytes,
             world_size=world_size,
-            rank=0 if replicated else rank,
+            rank=rank,
             replicated=replicated,
             shm_dir=shm_dir,
             join_timeout=join_timeout,
@@ -317,7 +321,8 @@ class KvoffloadSpec(OffloadingSpec):
 
     kv_connector_extra_config keys: cpu_bytes_to_use (required), eviction_policy ("lru" | "arc"),
     store_threshold, max_tracker_size (as CPUOffloadingSpec), and kvoffload's own:
-    kvoffload_engine_id (the region's name; default from the config's engine id),
+    kvoffload_engine_id (the region's name; default from the config's engine id; one per engine:
+    each data-parallel replica needs its own, or its workers are refused, kvoffload.Error IN_USE),
     kvoffload_backend ("auto" | "cuda" | "hip" | "host"), kvoffload_device, kvoffload_rank,
     kvoffload_shm_dir, replicated_layout.
     """

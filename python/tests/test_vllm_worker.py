@@ -228,3 +228,44 @@ def test_spec_configuration_errors(shm_dir):
     two_groups = CanonicalKVCaches(tensors=caches.tensors, group_data_refs=caches.group_data_refs * 2)
     with pytest.raises(ValueError, match="2 KV-cache groups"):
         KvoffloadSpec(config(shm_dir, "host")).get_worker(two_groups)
+
+
+def test_data_parallel_replicas_given_one_engine_id_are_refused(shm_dir):
+    # Two DP replicas, each with its own rank 0 worker, configured with one kvoffload_engine_id:
+    # sharing the region would let each serve the other's KV. The second replica's worker is
+    # refused naming the first one's PID; with distinct ids both run.
+    first_cfg = config(shm_dir, "host")
+    second_cfg = config(shm_dir, "host", kvoffload_engine_id=first_cfg.extra_config["kvoffload_engine_id"])
+    _, caches = kv_caches(7)
+    first = KvoffloadSpec(first_cfg).get_worker(caches)
+    with pytest.raises(kvoffload.Error) as e:
+        KvoffloadSpec(second_cfg).get_worker(caches)
+    assert e.value.code == kvoffload.ErrorCode.IN_USE
+    assert f"rank 0 of engine '{first_cfg.extra_config['kvoffload_engine_id']}'" in str(e.value)
+    assert f"is held by PID {os.getpid()}." in str(e.value)
+    other = KvoffloadSpec(config(shm_dir, "host")).get_worker(caches)  # its own engine id
+    other.shutdown()
+    first.shutdown()
+
+
+def test_replicated_layout_workers_each_hold_their_own_rank(shm_dir):
+    # MLA: every rank's slot is copy 0 of the row, but each worker still holds its own rank, so
+    # tensor-parallel ranks attach side by side and a second rank-1 worker is refused.
+    def replicated(rank):
+        cfg = config(shm_dir, "host", replicated_layout=True, kvoffload_rank=rank,
+                     kvoffload_engine_id=engine_id)
+        cfg.parallel.world_size = 2
+        return KvoffloadSpec(cfg)
+
+    engine_id = "vllm-mla-" + uuid.uuid4().hex[:8]
+    _, caches = kv_caches(8)
+    rank0 = replicated(0).get_worker(caches)
+    rank1 = replicated(1).get_worker(caches)
+    assert rank0._region.rank == 0 and rank1._region.rank == 1
+    np.asarray(rank0._region.slot(2))[:] = 0x3C
+    assert (np.asarray(rank1._region.slot(2)) == 0x3C).all()  # rank 1's slot is copy 0 too
+    with pytest.raises(kvoffload.Error) as e:
+        replicated(1).get_worker(caches)
+    assert e.value.code == kvoffload.ErrorCode.IN_USE
+    rank1.shutdown()
+    rank0.shutdown()
