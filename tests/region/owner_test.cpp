@@ -485,10 +485,15 @@ TEST(Owners, ARefusalDuringTheHoldersRecordingWaitsForItsPid) {
   claimant_sys.before(Op::kFcntlLock, 3, [&] { recorded.wait(); });
 
   std::optional<Region> holder;
+  std::string holder_error;
   std::thread holder_thread([&] {
     auto o = small_options(dir.path(), id, 0);
     o.syscalls = holder_sys.get();
-    holder.emplace(Region::create_or_join(o));
+    try {
+      holder.emplace(Region::create_or_join(o));
+    } catch (const Error& e) {
+      holder_error = e.what();
+    }
   });
   paused.wait();
   auto o = small_options(dir.path(), id, 0);
@@ -498,7 +503,7 @@ TEST(Owners, ARefusalDuringTheHoldersRecordingWaitsForItsPid) {
   holder_thread.join();
   EXPECT_EQ(e.code(), ErrorCode::kInUse) << e.what();
   EXPECT_THAT(e.what(), AllOf(HasSubstr(pid_text(::getpid())), Not(HasSubstr("999999"))));
-  ASSERT_TRUE(holder.has_value());
+  ASSERT_TRUE(holder.has_value()) << holder_error;
   ASSERT_TRUE(holder->close());
 }
 
@@ -516,10 +521,15 @@ TEST(Owners, AHolderThatNeverRecordsIsStillAHolder) {
     done.wait();
   });
   std::optional<Region> holder;
+  std::string holder_error;
   std::thread holder_thread([&] {
     auto o = small_options(dir.path(), id, 0);
     o.syscalls = holder_sys.get();
-    holder.emplace(Region::create_or_join(o));
+    try {
+      holder.emplace(Region::create_or_join(o));
+    } catch (const Error& e) {
+      holder_error = e.what();
+    }
   });
   paused.wait();
   const Error e =
@@ -529,7 +539,7 @@ TEST(Owners, AHolderThatNeverRecordsIsStillAHolder) {
   EXPECT_EQ(e.code(), ErrorCode::kInUse) << e.what();
   EXPECT_THAT(e.what(), AllOf(HasSubstr("had not recorded its PID yet"),
                               HasSubstr("stop the process that holds it")));
-  ASSERT_TRUE(holder.has_value());
+  ASSERT_TRUE(holder.has_value()) << holder_error;
   ASSERT_TRUE(holder->close());
 }
 
