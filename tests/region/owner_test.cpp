@@ -121,6 +121,24 @@ class Gate {
   bool open_ = false;
 };
 
+// create_or_join(options) on a thread of its own (its syscall table pauses it where a test says);
+// after join(), `region` is the result or `error` says why there is none.
+struct HolderThread {
+  std::optional<Region> region;
+  std::string error;
+  std::thread thread;
+
+  explicit HolderThread(const RegionOptions& options)
+      : thread([this, options] {
+          try {
+            region.emplace(Region::create_or_join(options));
+          } catch (const Error& e) {
+            error = e.what();
+          }
+        }) {}
+  void join() { thread.join(); }
+};
+
 // A child that takes `role` and holds it until the test ends it (SIGKILL or its release pipe
 // closes). start() returns once the child holds the role.
 class HoldingChild {
@@ -484,27 +502,19 @@ TEST(Owners, ARefusalDuringTheHoldersRecordingWaitsForItsPid) {
   claimant_sys.after(Op::kFcntlLock, 2, [&] { looked.open(); });  // its first F_OFD_GETLK
   claimant_sys.before(Op::kFcntlLock, 3, [&] { recorded.wait(); });
 
-  std::optional<Region> holder;
-  std::string holder_error;
-  std::thread holder_thread([&] {
-    auto o = small_options(dir.path(), id, 0);
-    o.syscalls = holder_sys.get();
-    try {
-      holder.emplace(Region::create_or_join(o));
-    } catch (const Error& e) {
-      holder_error = e.what();
-    }
-  });
+  auto holder_opts = small_options(dir.path(), id, 0);
+  holder_opts.syscalls = holder_sys.get();
+  HolderThread holder(holder_opts);
   paused.wait();
   auto o = small_options(dir.path(), id, 0);
   o.syscalls = claimant_sys.get();
   const Error e = expect_error([&] { (void)Region::create_or_join(o); });
   looked.open();
-  holder_thread.join();
+  holder.join();
   EXPECT_EQ(e.code(), ErrorCode::kInUse) << e.what();
   EXPECT_THAT(e.what(), AllOf(HasSubstr(pid_text(::getpid())), Not(HasSubstr("999999"))));
-  ASSERT_TRUE(holder.has_value()) << holder_error;
-  ASSERT_TRUE(holder->close());
+  ASSERT_TRUE(holder.region) << holder.error;
+  ASSERT_TRUE(holder.region->close());
 }
 
 // A holder stopped between its lock and its record for longer than the claimant waits: the
@@ -520,27 +530,19 @@ TEST(Owners, AHolderThatNeverRecordsIsStillAHolder) {
     paused.open();
     done.wait();
   });
-  std::optional<Region> holder;
-  std::string holder_error;
-  std::thread holder_thread([&] {
-    auto o = small_options(dir.path(), id, 0);
-    o.syscalls = holder_sys.get();
-    try {
-      holder.emplace(Region::create_or_join(o));
-    } catch (const Error& e) {
-      holder_error = e.what();
-    }
-  });
+  auto holder_opts = small_options(dir.path(), id, 0);
+  holder_opts.syscalls = holder_sys.get();
+  HolderThread holder(holder_opts);
   paused.wait();
   const Error e =
       expect_error([&] { (void)Region::create_or_join(small_options(dir.path(), id, 0)); });
   done.open();
-  holder_thread.join();
+  holder.join();
   EXPECT_EQ(e.code(), ErrorCode::kInUse) << e.what();
   EXPECT_THAT(e.what(), AllOf(HasSubstr("had not recorded its PID yet"),
                               HasSubstr("stop the process that holds it")));
-  ASSERT_TRUE(holder.has_value()) << holder_error;
-  ASSERT_TRUE(holder->close());
+  ASSERT_TRUE(holder.region) << holder.error;
+  ASSERT_TRUE(holder.region->close());
 }
 
 // A replicated (MLA) layout still has one holder per rank: every rank maps copy 0, and two ranks
