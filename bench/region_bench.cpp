@@ -115,7 +115,8 @@ void BM_RegionCreatePopulate(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(populated));
   if (state.iterations() > 0) {
-    state.counters["populate_MiB"] = static_cast<double>(populated / state.iterations()) / kMiB;
+    state.counters["populate_MiB"] =
+        static_cast<double>(populated) / static_cast<double>(state.iterations()) / kMiB;
     state.counters["populate_s"] = populate_seconds / static_cast<double>(state.iterations());
   }
   state.SetLabel(std::string(fallback ? "fallback" : "madvise") +
@@ -311,7 +312,7 @@ void BM_RegionBringupRanks(benchmark::State& state) {
             report[1] = report[0] - t;
           }
         } catch (const std::exception& e) {
-          std::fprintf(stderr, "rank %u: %s\n", r, e.what());
+          (void)std::fprintf(stderr, "rank %u: %s\n", r, e.what());
         }
         if (write(up[1], report, sizeof report) != static_cast<ssize_t>(sizeof report)) _exit(3);
         (void)read_all(release[0], &c, 1);  // EOF: everyone is up
@@ -415,7 +416,8 @@ int main(int argc, char** argv) {
   const char* base = std::getenv("KVOFFLOAD_BENCH_SHM_DIR");
   std::string tmpl = std::string(base != nullptr ? base : "/dev/shm") + "/kvoffload_bench_XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) {
-    std::fprintf(stderr, "region_bench: mkdtemp %s: %s\n", tmpl.c_str(), std::strerror(errno));
+    (void)std::fprintf(stderr, "region_bench: mkdtemp %s: %s\n", tmpl.c_str(),
+                       std::strerror(errno));
     return 1;
   }
   g_shm_dir = tmpl;

@@ -225,11 +225,11 @@ detaches.)")
           },
           "Roles held now: [(rank, pid)], rank None for the scheduler; pid 0 not yet recorded");
   m.def(
-      "list_regions", [](std::filesystem::path shm_dir) { return list_regions(shm_dir); },
+      "list_regions", [](const std::filesystem::path& shm_dir) { return list_regions(shm_dir); },
       py::arg("shm_dir"), "Regions in shm_dir (counted without taking any lock)");
   m.def(
       "clean_regions",
-      [](std::filesystem::path shm_dir, std::optional<std::string> engine_id) {
+      [](const std::filesystem::path& shm_dir, const std::optional<std::string>& engine_id) {
         auto result = clean_regions(shm_dir, engine_id);
         return py::make_tuple(result.removed, result.kept);
       },

@@ -367,6 +367,7 @@ TEST_P(OwnerRace, ClaimantsStartedTogetherExactlyOneWins) {
     std::latch threads_done(kThreads);  // each thread's result is written before it counts down
     std::vector<std::string> thread_results(kThreads);
     std::vector<std::thread> threads;
+    threads.reserve(kThreads);
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
         std::string& result = thread_results[static_cast<std::size_t>(t)];
@@ -387,6 +388,7 @@ TEST_P(OwnerRace, ClaimantsStartedTogetherExactlyOneWins) {
 
     // Each process reports W (and keeps holding) or L/E with the message (and exits).
     std::vector<std::string> process_results;
+    process_results.reserve(results.size());
     for (auto& r : results) process_results.push_back(r->take());
     // A thread's result is final once it lost, or once it won: losers return quickly.
     int winners = 0;
