@@ -355,10 +355,14 @@ TEST_F(CliTest, CreateHumanText) {
 }
 
 TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
+  // The creator holds rank 1; rank 0 is filled by one process and checked by the next ones (a
+  // rank slot has one holder at a time, so they take turns).
   Holder creator;
-  const json c = start_holder(create_args("fill", {"--rank", "0", "--fill", "0xA5"}), &creator);
+  const json c = start_holder(create_args("fill", {"--rank", "1", "--fill", "0x5B"}), &creator);
   EXPECT_EQ(c.value("role", ""), "creator");
   EXPECT_EQ(c.value("filled_bytes", 0ULL), 16ULL * 24 * 1024);
+  const json f = run_json(create_args("fill", {"--rank", "0", "--fill", "0xA5"}));
+  EXPECT_EQ(f.value("role", ""), "joiner");
 
   // Rank 0's slots hold the byte, in hex or decimal.
   const json j = run_json(create_args("fill", {"--rank", "0", "--check", "0xa5"}));
@@ -368,10 +372,11 @@ TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
   EXPECT_EQ(run_json(create_args("fill", {"--rank", "0", "--check", "165", "--threads", "3"}))
                 .value("role", ""),
             "joiner");
-  // Rank 1's slots were not touched by rank 0's fill.
-  EXPECT_EQ(
-      run_json(create_args("fill", {"--rank", "1", "--check", "0"})).value("checked_bytes", 0ULL),
-      16ULL * 24 * 1024);
+  // Rank 1's slots hold the creator's byte, not rank 0's: an unranked check sees both.
+  const Result both = run(create_args("fill", {"--unranked", "--check", "0x5B"}));
+  EXPECT_EQ(both.exit_code, kExitError);
+  EXPECT_THAT(both.err, HasSubstr("chunk 0, slot 0, byte offset 0"));
+  EXPECT_THAT(both.err, HasSubstr("holds 0xa5"));
 
   // A wrong byte fails with exit 1 and names where and what.
   const Result bad = run(create_args("fill", {"--rank", "0", "--check", "0x5A", "--json"}));
@@ -388,10 +393,12 @@ TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
 }
 
 TEST_F(CliTest, CheckFindsTheFirstBadByteOfAPartlyFilledRegion) {
-  // The unranked holder fills everything; a rank-1 joiner then overwrites its slot of every chunk
+  // An unranked command fills everything; a rank-1 joiner then overwrites its slot of every chunk
   // so an unranked check must point at rank 1's slot of chunk 0.
+  // A rank-0 holder keeps the region; the scheduler role is free for each unranked command.
   Holder creator;
-  start_holder(create_args("part", {"--unranked", "--fill", "0x11"}), &creator);
+  start_holder(create_args("part", {"--rank", "0"}), &creator);
+  run_json(create_args("part", {"--unranked", "--fill", "0x11"}));
   run_json(create_args("part", {"--rank", "1", "--fill", "0x22"}));
   const Result bad = run(create_args("part", {"--unranked", "--check", "0x11"}));
   EXPECT_EQ(bad.exit_code, kExitError);
@@ -445,6 +452,42 @@ TEST_F(CliTest, ListShowsAttachedCountAndStaleFlag) {
   const Result human = run({"region", "list", "--shm-dir", shm_.string()});
   EXPECT_EQ(human.exit_code, kExitOk);
   EXPECT_THAT(human.out, HasSubstr("stale"));
+}
+
+// One holder per rank and one scheduler (--unranked): a second is refused with exit 1 and a message
+// naming the engine, the role and the holder's PID; `region list` shows the holders (and takes no
+// role); kill -9 frees a role for the next claimant at once.
+TEST_F(CliTest, ASecondHolderOfARankOrTheSchedulerIsRefusedNamingThePid) {
+  Holder rank0, scheduler;
+  start_holder(create_args("dup", {"--rank", "0"}), &rank0);
+  start_holder(create_args("dup", {"--unranked"}), &scheduler);
+
+  const Result again = run(create_args("dup", {"--rank", "0", "--json"}));
+  EXPECT_EQ(again.exit_code, kExitError) << again.err;
+  EXPECT_THAT(again.err, HasSubstr("rank 0 of engine 'dup' is held by PID " +
+                                   std::to_string(rank0.pid) + "."));
+  EXPECT_THAT(again.err, HasSubstr("its own engine id"));
+  const Result twice = run(create_args("dup", {"--unranked"}));
+  EXPECT_EQ(twice.exit_code, kExitError) << twice.err;
+  EXPECT_THAT(twice.err, HasSubstr("the scheduler role of engine 'dup' is held by PID " +
+                                   std::to_string(scheduler.pid) + "."));
+
+  const json l = run_json({"region", "list", "--shm-dir", shm_.string()});
+  ASSERT_EQ(l["regions"].size(), 1U) << l.dump();
+  EXPECT_EQ(l["regions"][0].value("attached", 0), 2) << "refused claimants left nothing attached";
+  EXPECT_EQ(l["regions"][0]["owners"],
+            json::parse(R"([{"role": "rank", "rank": 0, "pid": )" + std::to_string(rank0.pid) +
+                        R"(}, {"role": "scheduler", "rank": null, "pid": )" +
+                        std::to_string(scheduler.pid) + "}]"));
+  const Result human = run({"region", "list", "--shm-dir", shm_.string()});
+  EXPECT_THAT(human.out, HasSubstr("held by: rank 0 pid " + std::to_string(rank0.pid) +
+                                   ", scheduler pid " + std::to_string(scheduler.pid)));
+
+  stop_holder(rank0.pid, SIGKILL);
+  EXPECT_EQ(run_json(create_args("dup", {"--rank", "0", "--join-timeout", "0"})).value("role", ""),
+            "joiner");
+  EXPECT_EQ(stop_holder(scheduler.pid, SIGTERM), std::optional<int>(kExitOk));
+  EXPECT_TRUE(shm_is_empty());
 }
 
 TEST_F(CliTest, CleanRemovesStaleAndKeepsInUse) {

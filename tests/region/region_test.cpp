@@ -98,6 +98,7 @@ TEST(Region, PopulateReportNamesMethodAndBytes) {
   EXPECT_THAT(expect_error([&] { (void)unranked.slot(0); }).code(), ErrorCode::kState);
 
   opts.populate = false;
+  opts.rank = 0;  // rank 1 is held by `ranked`
   Region none = Region::create_or_join(opts);
   EXPECT_EQ(none.populate_report().method, PopulateMethod::kNone);
 }

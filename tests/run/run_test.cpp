@@ -48,15 +48,16 @@ class RunTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Starts `kvoffload run <args> --shm-dir <shm>` with stdout/stderr to files.
-  pid_t start(std::vector<std::string> args) {
+  // Starts `kvoffload run <args> --shm-dir <shm>` with stdout/stderr to files (out<tag>,
+  // err<tag>: several runs at once use different tags).
+  pid_t start(std::vector<std::string> args, const std::string& tag = "") {
     args.insert(args.begin(), {binary(), "run", "--shm-dir", shm_.string()});
     std::vector<char*> argv;
     argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    const std::string out = (dir_ / "out").string();
-    const std::string err = (dir_ / "err").string();
+    const std::string out = (dir_ / ("out" + tag)).string();
+    const std::string err = (dir_ / ("err" + tag)).string();
     const pid_t pid = fork();
     if (pid == 0) {
       setpgid(0, 0);  // its own process group, as a terminal job would be
@@ -83,9 +84,9 @@ class RunTest : public ::testing::Test {
   }
 
   int run(std::vector<std::string> args) { return finish(start(std::move(args))); }
-  std::string out() const { return slurp(dir_ / "out"); }
-  std::string err() const { return slurp(dir_ / "err"); }
-  json report() const { return json::parse(out()); }
+  std::string out(const std::string& tag = "") const { return slurp(dir_ / ("out" + tag)); }
+  std::string err(const std::string& tag = "") const { return slurp(dir_ / ("err" + tag)); }
+  json report(const std::string& tag = "") const { return json::parse(out(tag)); }
   bool shm_empty() const { return fs::is_empty(shm_); }
 
   fs::path dir_;
@@ -249,6 +250,39 @@ TEST_F(RunTest, InterruptStopsCleanlyAndRemovesTheRegion) {
   EXPECT_TRUE(r["interrupted"].get<bool>());
   EXPECT_TRUE(r["all_verified"].get<bool>());
   EXPECT_TRUE(shm_empty()) << "nothing left behind after Ctrl-C";
+}
+
+// A second `run --engine-id X` while one runs would hand out the first one's slots: it is refused
+// at start (exit 1, naming the scheduler role, the engine id and the first run's PID) and the first
+// run goes on undisturbed: every loaded byte verifies and it removes the region when it ends.
+TEST_F(RunTest, ASecondRunWithTheSameEngineIdIsRefusedAndTheFirstIsUndisturbed) {
+  const pid_t first =
+      start({"--backend", "host", "--duration", "60", "--engine-id", "twin", "--json"}, "1");
+  for (int i = 0; i < 200 && err("1").find("run:") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_THAT(err("1"), HasSubstr("run:")) << "the first run is serving";
+
+  // The same geometry (a different one would be refused as a mismatch before the role counts).
+  EXPECT_EQ(finish(start({"--backend", "host", "--requests", "20", "--duration", "0", "--engine-id",
+                          "twin", "--json"},
+                         "2")),
+            1)
+      << err("2");
+  EXPECT_THAT(err("2"), HasSubstr("the scheduler role of engine 'twin' is held by PID " +
+                                  std::to_string(first) + "."));
+  EXPECT_THAT(err("2"), HasSubstr("its own engine id"));
+  EXPECT_THAT(err("2"), ::testing::Not(HasSubstr("run:"))) << "refused before any rank started";
+  EXPECT_FALSE(shm_empty()) << "the first run's region is still there";
+
+  kill(-first, SIGINT);
+  EXPECT_EQ(finish(first), 130) << err("1");
+  const json r = report("1");
+  EXPECT_TRUE(r["all_verified"].get<bool>());
+  EXPECT_EQ(r["mismatched_bytes"], 0);
+  EXPECT_EQ(r["failed_jobs"], 0);
+  EXPECT_TRUE(r["region_removed"].get<bool>());
+  EXPECT_TRUE(shm_empty());
 }
 
 TEST_F(RunTest, AnUnavailableBackendFailsAndLeavesNothing) {

@@ -6,9 +6,13 @@
 //         script reading stdout knows the fill is done when the first line arrives.
 //         --rank defaults to 0; --unranked maps as the scheduler does (no slot of its own):
 //         --fill then writes the whole data (padding included), --check verifies every rank's slot.
+//         Either way it takes that role (Note [Owners]): a rank or scheduler another live process
+//         holds is refused, naming its PID.
 //         SIGINT, SIGTERM or SIGHUP during --hold end the hold early: the region is released
 //         normally (the last process out unlinks the file) and the command exits 0.
-// list:   the regions in the shm dir with size, attached process count and stale flag.
+// list:   the regions in the shm dir with size, attached process count, stale flag and the PIDs
+//         holding the scheduler role and each rank slot (read from /proc/locks; list locks
+//         nothing).
 // clean:  removes stale regions only; a region in use is never removed.
 #include "cli.hpp"
 #include "util/clock.hpp"
@@ -409,6 +413,18 @@ int run_list(const ListOptions& o) {
       item["row_stride"] = r.geometry->row_stride();
       item["data_bytes"] = r.geometry->data_bytes();
     }
+    // Roles held now (ranks, then the scheduler) and their PIDs; 0: not recorded yet.
+    nlohmann::json owners = nlohmann::json::array();
+    std::string owners_text;
+    for (const RegionOwner& owner : r.owners) {
+      owners.push_back({{"role", owner.rank ? "rank" : "scheduler"},
+                        {"rank", owner.rank ? nlohmann::json(*owner.rank) : nlohmann::json()},
+                        {"pid", owner.pid}});
+      owners_text += std::string(owners_text.empty() ? "" : ", ") +
+                     (owner.rank ? "rank " + std::to_string(*owner.rank) : "scheduler") + " pid " +
+                     (owner.pid != 0 ? std::to_string(owner.pid) : "?");
+    }
+    item["owners"] = owners;
     if (!r.problem.empty()) item["problem"] = r.problem;
     items.push_back(std::move(item));
     if (!r.problem.empty()) {  // named like a region, but not one we could read: say why, go on
@@ -422,6 +438,7 @@ int run_list(const ListOptions& o) {
            << human_bytes(r.geometry->slot_bytes()) << " x " << r.geometry->copies() << ")";
     }
     text << "  " << r.path.string() << "\n";
+    if (!owners_text.empty()) text << "  held by: " << owners_text << "\n";
   }
   emit(o.json, nlohmann::json{{"shm_dir", shm_dir.string()}, {"regions", items}}, text.str());
   return kExitOk;
@@ -488,11 +505,14 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
       ->type_name("C")
       ->check(whole_range(1, std::numeric_limits<std::uint32_t>::max()));
   auto* rank =
-      create->add_option("--rank", c->rank, "This process's rank (default 0)")
+      create
+          ->add_option("--rank", c->rank,
+                       "This process's rank (default 0); one live process per rank")
           ->type_name("R")
           ->check(whole_range(0, std::numeric_limits<std::uint32_t>::max() - 1));  // < --world-size
-  auto* unranked =
-      create->add_flag("--unranked", c->unranked, "Map without a rank (as the scheduler does)");
+  auto* unranked = create->add_flag(
+      "--unranked", c->unranked,
+      "Map without a rank, as the engine's scheduler (one live process at a time)");
   rank->excludes(unranked);
   create->add_flag("--replicated", c->replicated,
                    "Replicated (MLA) layout: all ranks share slot 0");
@@ -516,8 +536,8 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
       ->check(real_range(0.0, 1e9, "seconds"));
   create->add_flag("--json", c->json, "Print one JSON object");
 
-  auto* list =
-      app->add_subcommand("list", "List regions with size, attached processes and stale flag");
+  auto* list = app->add_subcommand(
+      "list", "List regions with size, attached processes, stale flag and role holders");
   auto l = std::make_shared<ListOptions>();
   list->add_option("--shm-dir", l->shm_dir, kShmDirHelp)->type_name("DIR");
   list->add_flag("--json", l->json, "Print one JSON object");

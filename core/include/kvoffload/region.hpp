@@ -106,7 +106,11 @@ struct PopulateReport {
 // process or many, are independent attachments with their own lock).
 class KVOFFLOAD_API Region {
  public:
-  // Creates the region, or joins it when another process created it (or is creating it).
+  // Creates the region, or joins it when another process created it (or is creating it), and
+  // takes this mapper's role: its rank slot, or (unranked) the scheduler role. A role has one
+  // holder at a time and is freed when its holder closes or dies (kill -9 included); while another
+  // process holds it this throws kInUse naming the engine id, the role and the holder's PID
+  // (Note [Owners] in core/src/region/owners.hpp).
   static Region create_or_join(const RegionOptions& options);
 
   Region(Region&& other) noexcept;
@@ -167,6 +171,12 @@ KVOFFLOAD_API std::filesystem::path region_path(const std::filesystem::path& shm
 // The directory used when none is given: $KVOFFLOAD_SHM_DIR, else /dev/shm.
 KVOFFLOAD_API std::filesystem::path default_shm_dir();
 
+// A role of a region and the live process holding it (Note [Owners]).
+struct RegionOwner {
+  std::optional<std::uint32_t> rank;  // nullopt: the scheduler role (the unranked mapper)
+  std::uint32_t pid = 0;              // 0: the holder has not recorded its PID yet
+};
+
 struct RegionInfo {
   std::filesystem::path path;
   std::string engine_id;
@@ -175,6 +185,8 @@ struct RegionInfo {
   bool stale = false;                      // no holder
   bool complete = false;                   // header says the region finished creation
   std::optional<RegionGeometry> geometry;  // when the header is readable
+  // Roles held now, ranks in order then the scheduler; seen in /proc/locks, never locked.
+  std::vector<RegionOwner> owners;
   // Empty for a region file; otherwise why this entry, named like a region, is not one we could
   // read ("a FIFO, not a region file", "a directory, ...", "no region header ..."). Such entries
   // are listed, never opened for blocking reads or followed, and never removed by clean.

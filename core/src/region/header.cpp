@@ -20,9 +20,14 @@ std::string_view state_name(std::uint32_t state) noexcept {
   return "unknown";
 }
 
+std::uint64_t owners_offset_for(std::uint32_t world_size) noexcept {
+  return kReadinessOffset + std::uint64_t{world_size} * sizeof(RankReadiness);
+}
+
 std::uint64_t data_offset_for(std::size_t page_size, std::uint32_t world_size) noexcept {
   const std::uint64_t page = page_size;
-  const std::uint64_t end = kReadinessOffset + std::uint64_t{world_size} * sizeof(RankReadiness);
+  const std::uint64_t end =
+      owners_offset_for(world_size) + (std::uint64_t{world_size} + 1) * sizeof(OwnerRecord);
   return (end + page - 1) / page * page;
 }
 
@@ -42,6 +47,7 @@ RegionHeader make_header(const RegionGeometry& g, std::string_view engine_id) {
   h.slot_align = g.slot_align();
   h.slot_stride = g.slot_stride();
   h.readiness_offset = kReadinessOffset;
+  h.owners_offset = owners_offset_for(g.world_size());
   const std::size_t n = std::min(engine_id.size(), sizeof h.engine_id - 1);
   std::memcpy(h.engine_id, engine_id.data(), n);
   return h;
@@ -73,20 +79,26 @@ void pwrite_all(const Syscalls& sys, int fd, const void* buf, std::size_t len, o
   }
 }
 
-}  // namespace
-
-bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::string& path) {
-  auto* p = reinterpret_cast<std::byte*>(&out);
+// Reads exactly `len` bytes at `off`; false when the file ends first.
+bool pread_all(const Syscalls& sys, int fd, void* buf, std::size_t len, off_t off,
+               const std::string& what) {
+  auto* p = static_cast<std::byte*>(buf);
   std::size_t got = 0;
-  while (got < sizeof out) {
+  while (got < len) {
     const ssize_t n = retry_eintr([&] {
-      return sys.pread(sys.context, fd, p + got, sizeof out - got, static_cast<off_t>(got));
+      return sys.pread(sys.context, fd, p + got, len - got, off + static_cast<off_t>(got));
     });
-    if (n < 0) throw_system_error("pread", errno, "of the header of " + path);
+    if (n < 0) throw_system_error("pread", errno, what);
     if (n == 0) return false;
     got += static_cast<std::size_t>(n);
   }
   return true;
+}
+
+}  // namespace
+
+bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::string& path) {
+  return pread_all(sys, fd, &out, sizeof out, 0, "of the header of " + path);
 }
 
 void write_header(const Syscalls& sys, int fd, const RegionHeader& header,
@@ -101,6 +113,21 @@ void write_state(const Syscalls& sys, int fd, RegionState state, const std::stri
   const auto value = static_cast<std::uint32_t>(state);
   pwrite_all(sys, fd, &value, sizeof value, offsetof(RegionHeader, state),
              "of the state of " + path);
+}
+
+void write_owner(const Syscalls& sys, int fd, std::uint64_t offset, const OwnerRecord& record,
+                 const std::string& path) {
+  pwrite_all(sys, fd, &record, sizeof record, static_cast<off_t>(offset),
+             "of the owner table of " + path);
+}
+
+OwnerRecord read_owner(const Syscalls& sys, int fd, std::uint64_t offset, const std::string& path) {
+  OwnerRecord record{};
+  if (!pread_all(sys, fd, &record, sizeof record, static_cast<off_t>(offset),
+                 "of the owner table of " + path)) {
+    return OwnerRecord{};
+  }
+  return record;
 }
 
 }  // namespace kvoffload::detail

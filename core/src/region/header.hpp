@@ -14,8 +14,9 @@
 namespace kvoffload::detail {
 
 inline constexpr char kRegionMagic[8] = {'K', 'V', 'O', 'F', 'F', 'R', 'G', 'N'};
-// Version 2 added slot_align (Note [Slot alignment] in geometry.hpp).
-inline constexpr std::uint32_t kRegionVersion = 2;
+// Version 2 added slot_align (Note [Slot alignment] in geometry.hpp); version 3 the owner table
+// (owners_offset, Note [Owners] in owners.hpp).
+inline constexpr std::uint32_t kRegionVersion = 3;
 
 enum class RegionState : std::uint32_t { kCreating = 1, kReady = 2 };
 
@@ -37,6 +38,7 @@ struct RegionHeader {
   std::uint64_t slot_align;        // every slot starts on this boundary
   std::uint64_t slot_stride;       // slot_bytes rounded up to slot_align
   std::uint64_t readiness_offset;  // where the per-rank readiness table starts (kReadinessOffset)
+  std::uint64_t owners_offset;     // where the owner table starts (owners_offset_for)
 };
 
 // Note [Progressive bring-up] (region.cpp): one entry per rank, after the header and before the
@@ -56,8 +58,20 @@ static_assert(sizeof(RegionHeader) <= kReadinessOffset);
 inline constexpr off_t kCreatorLockStart = 0;
 inline constexpr off_t kCreatorLockLen = sizeof(RegionHeader);
 
-// Bytes before the data: the header and the readiness table of `world_size` ranks, rounded up to
-// a page.
+// Note [Owners] (owners.hpp): one record per role (rank 0 .. world_size-1, then the scheduler),
+// right after the readiness table; the role's locks sit on the first two bytes of its record.
+struct OwnerRecord {
+  std::uint32_t pid;  // of the process holding the role, 0 when none (valid only while it holds
+                      // the role's "recorded" lock)
+  std::uint32_t reserved;
+};
+static_assert(sizeof(OwnerRecord) == 8);
+
+// Start of the owner table: the end of the readiness table of `world_size` ranks.
+std::uint64_t owners_offset_for(std::uint32_t world_size) noexcept;
+
+// Bytes before the data: the header, the readiness table of `world_size` ranks and the owner
+// table (world_size + 1 records), rounded up to a page.
 std::uint64_t data_offset_for(std::size_t page_size, std::uint32_t world_size) noexcept;
 
 RegionHeader make_header(const RegionGeometry& geometry, std::string_view engine_id);
@@ -73,5 +87,11 @@ bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::stri
 // state field; throws Error(kSystem) naming the path.
 void write_header(const Syscalls& sys, int fd, const RegionHeader& header, const std::string& path);
 void write_state(const Syscalls& sys, int fd, RegionState state, const std::string& path);
+
+// pwrite / pread of the owner record at `offset` (Note [Owners]); throw Error(kSystem) naming
+// the path. A short file reads as an empty record.
+void write_owner(const Syscalls& sys, int fd, std::uint64_t offset, const OwnerRecord& record,
+                 const std::string& path);
+OwnerRecord read_owner(const Syscalls& sys, int fd, std::uint64_t offset, const std::string& path);
 
 }  // namespace kvoffload::detail

@@ -17,6 +17,7 @@
 #include "kvoffload/region.hpp"
 #include "kvoffload/syscalls.hpp"
 #include "region/header.hpp"
+#include "region/owners.hpp"
 #include "region/proc_locks.hpp"
 #include "region/region_internal.hpp"
 #include "region/sys.hpp"
@@ -156,6 +157,12 @@ std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
                                                   static_cast<std::size_t>(header->page_size));
         } catch (const Error& e) {
           info.problem = std::string("corrupt header: ") + e.what();
+        }
+        try {
+          info.owners =
+              detail::held_roles(sys, c.fd.get(), c.st, *header, locks, info.path.string());
+        } catch (const Error& e) {
+          info.problem = "cannot read its owner table: " + errno_name(e.sys_errno());
         }
       }
     }
