@@ -7,14 +7,44 @@
 #include <exception>
 #include <iostream>
 #include <map>
+#include <new>
+#include <string_view>
 #include <vector>
 
 namespace kvoffload::cli {
 std::map<std::string, CommandSetup>& command_registry();
 }
 
+namespace {
+
+// Whether the command line asks for JSON. Read from the words themselves, so that a command line
+// CLI11 refused (a usage error) still gets its error as JSON: "--json" before a "--" separator.
+bool json_requested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view word = argv[i];
+    if (word == "--") break;
+    if (word == "--json") return true;
+  }
+  return false;
+}
+
+// Reports a failure: the message on stderr (always), and with --json one error object on stdout,
+// so a caller parsing stdout gets an answer on every exit.
+int report_failure(bool json, std::string_view code, const std::string& message, int exit_code,
+                   int sys_errno = 0, std::string_view call = {}) {
+  using namespace kvoffload::cli;
+  std::cerr << "kvoffload: " << printable(message) << "\n";
+  if (json) {
+    emit(true, error_object(code, message, exit_code, sys_errno, call), "");
+  }
+  return exit_code;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace kvoffload::cli;
+  const bool json = json_requested(argc, argv);
   CLI::App app{"kvoffload: offload KV-cache blocks to a shared pinned host pool"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("kvoffload ") + KVOFFLOAD_VERSION_STRING);
@@ -26,25 +56,32 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
-    std::cerr << "kvoffload: " << e.what()
-              << "\nRun 'kvoffload --help' or 'kvoffload <command> --help' for usage.\n";
-    return kExitUsage;
+    return report_failure(json, "usage",
+                          std::string(e.what()) +
+                              "\nRun 'kvoffload --help' or 'kvoffload <command> --help' for usage.",
+                          kExitUsage);
   } catch (const kvoffload::Error& e) {
-    std::cerr << "kvoffload: " << e.what() << "\n";  // from an option callback (a bad size)
-    return kExitUsage;
+    // From an option callback (a bad size).
+    return report_failure(json, kvoffload::error_code_name(e.code()), e.what(), kExitUsage,
+                          e.sys_errno(), e.call());
   }
 
   try {
     for (const Command& command : commands) {
       if (command.app->parsed()) return command.run();
     }
-    std::cerr << "kvoffload: no command given; run 'kvoffload --help'\n";
-    return kExitUsage;
+    return report_failure(json, "usage", "no command given; run 'kvoffload --help'", kExitUsage);
   } catch (const kvoffload::Error& e) {
-    std::cerr << "kvoffload: " << e.what() << "\n";
-    return e.code() == kvoffload::ErrorCode::kInvalidArgument ? kExitUsage : kExitError;
+    const int code = e.code() == kvoffload::ErrorCode::kInvalidArgument ? kExitUsage : kExitError;
+    return report_failure(json, kvoffload::error_code_name(e.code()), e.what(), code, e.sys_errno(),
+                          e.call());
+  } catch (const std::bad_alloc&) {
+    return report_failure(json, "out_of_memory",
+                          "out of memory (std::bad_alloc); the input may be larger than this "
+                          "machine's memory",
+                          kExitError);
   } catch (const std::exception& e) {
-    std::cerr << "kvoffload: unexpected error: " << e.what() << "\n";
-    return kExitError;
+    return report_failure(json, "internal", std::string("unexpected error: ") + e.what(),
+                          kExitError);
   }
 }
