@@ -154,6 +154,10 @@ TEST_F(RunTest, OnTheSimulatedGpuEveryByteVerifiesAndRanksSpreadOverDevices) {
   args[args.size() - 2] = "3";
   EXPECT_NE(run(args), 0);
   EXPECT_THAT(err(), HasSubstr("would use device 3"));
+  // The error is the first thing on stderr: the other rank, told to stop, leaves quietly (it
+  // used to warn about a broken pipe before the real error).
+  EXPECT_EQ(err().rfind("kvoffload: rank ", 0), 0u) << err();
+  EXPECT_THAT(err(), ::testing::Not(HasSubstr("EPIPE")));
   EXPECT_TRUE(shm_empty());
 }
 
@@ -189,6 +193,11 @@ TEST_F(RunTest, BackgroundBringupServesAtOnceAndReportsReadiness) {
   EXPECT_EQ(b["bringup"], "blocking");
   EXPECT_TRUE(b["pool_ready_seconds"].is_number());
   EXPECT_EQ(b["rank_bringup"][0]["registration"]["pieces"], 0);
+  // Note [Run phases]: the pool is ready before the first request, so every request is "ready".
+  EXPECT_EQ(b["phases"]["coming_up"]["requests"], 0);
+  EXPECT_EQ(b["phases"]["ready"]["requests"], b["requests"]);
+  EXPECT_EQ(b["phases"]["ready"]["hits"], b["hits"]);
+  EXPECT_EQ(b["paced_seconds"], 0.0);
 }
 
 // Note [Run phases]: in background bring-up the load generator waits until the rows ready on every
@@ -313,6 +322,14 @@ TEST_F(RunTest, HumanOutputWithoutJson) {
   EXPECT_THAT(text, ::testing::ContainsRegex("pool ready on every rank after [0-9.]+ s"));
   EXPECT_THAT(text, ::testing::ContainsRegex("promoted +[1-9][0-9]* from the file tier"));
   EXPECT_THAT(text, ::testing::Not(::testing::ContainsRegex("[0-9]{6,} bytes")));
+
+  // One request can hit nothing (and the file tier, which keeps its records across runs, is left
+  // out), so nothing comes back: the summary does not claim a verification.
+  args.resize(args.size() - 2);  // --file-tier DIR
+  *std::find(args.begin(), args.end(), "120") = "1";
+  ASSERT_EQ(run(args), 0) << err();
+  EXPECT_THAT(out(), HasSubstr("nothing was loaded back, so nothing was verified"));
+  EXPECT_THAT(out(), ::testing::Not(HasSubstr("every byte verified")));
 }
 
 TEST_F(RunTest, InterruptStopsCleanlyAndRemovesTheRegion) {
