@@ -213,7 +213,7 @@ detaches.)")
   // shm_dir=None: default_shm_dir() ($KVOFFLOAD_SHM_DIR, else /dev/shm), as everywhere else.
   m.def(
       "list_regions",
-      [](std::optional<std::filesystem::path> shm_dir) {
+      [](const std::optional<std::filesystem::path>& shm_dir) {
         return list_regions(shm_dir ? *shm_dir : default_shm_dir());
       },
       py::arg("shm_dir") = py::none(),
@@ -221,7 +221,8 @@ detaches.)")
       "any lock");
   m.def(
       "clean_regions",
-      [](std::optional<std::filesystem::path> shm_dir, std::optional<std::string> engine_id) {
+      [](const std::optional<std::filesystem::path>& shm_dir,
+         const std::optional<std::string>& engine_id) {
         auto result = clean_regions(shm_dir ? *shm_dir : default_shm_dir(), engine_id);
         return py::make_tuple(result.removed, result.kept);
       },

@@ -29,22 +29,21 @@ bool json_requested(int argc, char** argv) {
 }
 
 // Reports a failure: the message on stderr (always), and with --json one error object on stdout,
-// so a caller parsing stdout gets an answer on every exit.
+// so a caller parsing stdout gets an answer on every exit. Never throws (it runs in main's
+// handlers): what it cannot print is lost, the exit code is not.
 int report_failure(bool json, std::string_view code, const std::string& message, int exit_code,
-                   int sys_errno = 0, std::string_view call = {}) {
+                   int sys_errno = 0, std::string_view call = {}) noexcept {
   using namespace kvoffload::cli;
-  std::cerr << "kvoffload: " << printable(message) << "\n";
-  if (json) {
-    emit(true, error_object(code, message, exit_code, sys_errno, call), "");
+  try {
+    std::cerr << "kvoffload: " << printable(message) << "\n";
+    if (json) emit(true, error_object(code, message, exit_code, sys_errno, call), "");
+  } catch (...) {  // nothing is left to report it to
   }
   return exit_code;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_program(int argc, char** argv, bool json) {
   using namespace kvoffload::cli;
-  const bool json = json_requested(argc, argv);
   CLI::App app{"kvoffload: offload KV-cache blocks to a shared pinned host pool"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("kvoffload ") + KVOFFLOAD_VERSION_STRING);
@@ -83,5 +82,19 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return report_failure(json, "internal", std::string("unexpected error: ") + e.what(),
                           kExitError);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool json = json_requested(argc, argv);
+  try {
+    return run_program(argc, argv, json);
+  } catch (const std::exception& e) {  // setting the commands up failed (out of memory)
+    return report_failure(json, "internal", std::string("unexpected error: ") + e.what(),
+                          kvoffload::cli::kExitError);
+  } catch (...) {
+    return report_failure(json, "internal", "unexpected error", kvoffload::cli::kExitError);
   }
 }

@@ -17,6 +17,11 @@
 namespace kvoffload::run {
 namespace {
 
+[[noreturn]] void bad_device(const std::string& list, const std::string& item) {
+  throw_invalid("--devices '" + list + "': '" + item +
+                "' is not a device number; give comma-separated numbers from 0 to 1023, e.g. 0,1");
+}
+
 // "0,1,3" as numbers; kInvalidArgument naming the entry otherwise.
 std::vector<int> parse_devices(const std::string& list) {
   std::vector<int> out;
@@ -26,11 +31,7 @@ std::vector<int> parse_devices(const std::string& list) {
     const std::string item = list.substr(pos, comma - pos);
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 0 || v > 1023) {
-      throw_invalid(
-          "--devices '" + list + "': '" + item +
-          "' is not a device number; give comma-separated numbers from 0 to 1023, e.g. 0,1");
-    }
+    if (item.empty() || *end != '\0' || v < 0 || v > 1023) bad_device(list, item);
     out.push_back(static_cast<int>(v));
     pos = comma + 1;
   }
