@@ -224,17 +224,25 @@ detaches.)")
             return out;
           },
           "Roles held now: [(rank, pid)], rank None for the scheduler; pid 0 not yet recorded");
+  // shm_dir=None: default_shm_dir() ($KVOFFLOAD_SHM_DIR, else /dev/shm), as everywhere else.
   m.def(
-      "list_regions", [](const std::filesystem::path& shm_dir) { return list_regions(shm_dir); },
-      py::arg("shm_dir"), "Regions in shm_dir (counted without taking any lock)");
+      "list_regions",
+      [](const std::optional<std::filesystem::path>& shm_dir) {
+        return list_regions(shm_dir ? *shm_dir : default_shm_dir());
+      },
+      py::arg("shm_dir") = py::none(),
+      "Regions in shm_dir (default: $KVOFFLOAD_SHM_DIR, else /dev/shm), counted without taking "
+      "any lock");
   m.def(
       "clean_regions",
-      [](const std::filesystem::path& shm_dir, const std::optional<std::string>& engine_id) {
-        auto result = clean_regions(shm_dir, engine_id);
+      [](const std::optional<std::filesystem::path>& shm_dir,
+         const std::optional<std::string>& engine_id) {
+        auto result = clean_regions(shm_dir ? *shm_dir : default_shm_dir(), engine_id);
         return py::make_tuple(result.removed, result.kept);
       },
-      py::arg("shm_dir"), py::arg("engine_id") = py::none(),
-      "Removes stale regions; returns (removed, kept) lists of paths");
+      py::arg("shm_dir") = py::none(), py::arg("engine_id") = py::none(),
+      "Removes stale regions of shm_dir (default: $KVOFFLOAD_SHM_DIR, else /dev/shm); returns "
+      "(removed, kept) lists of paths");
   m.def("region_path", &region_path, py::arg("shm_dir"), py::arg("engine_id"));
   m.def("default_shm_dir", &default_shm_dir);
 }

@@ -110,6 +110,18 @@ def test_unranked_mapper_and_listing(shm_dir):
         assert str(kvoffload.region_path(shm_dir, "py-region")) == str(r0.path)
 
 
+def test_listing_and_cleaning_default_to_the_default_shm_dir(shm_dir, monkeypatch):
+    # No argument: the directory every other entry point uses ($KVOFFLOAD_SHM_DIR, else /dev/shm).
+    monkeypatch.setenv("KVOFFLOAD_SHM_DIR", shm_dir)
+    assert str(kvoffload.default_shm_dir()) == shm_dir
+    with make(shm_dir, rank=0, engine_id="py-default-dir") as r0:
+        infos = kvoffload.list_regions()
+        assert [i.engine_id for i in infos] == ["py-default-dir"]
+        assert str(infos[0].path) == str(r0.path)
+        assert kvoffload.clean_regions() == ([], [infos[0].path])
+        assert kvoffload.list_regions(shm_dir=None)[0].engine_id == "py-default-dir"
+
+
 def test_errors_carry_code_and_message(shm_dir):
     with pytest.raises(kvoffload.Error) as e:
         make(shm_dir, engine_id="bad/id")

@@ -384,7 +384,8 @@ TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
   EXPECT_THAT(bad.err, HasSubstr("chunk 0"));
   EXPECT_THAT(bad.err, HasSubstr("0xa5"));
   EXPECT_THAT(bad.err, HasSubstr("0x5a"));
-  EXPECT_TRUE(bad.out.empty()) << bad.out;
+  // --json: the same error as one JSON object on stdout.
+  EXPECT_EQ(json::parse(bad.out)["error"]["code"], "mismatch") << bad.out;
 
   // SIGTERM ends the hold; the last process out removes the file.
   EXPECT_EQ(stop_holder(creator.pid, SIGTERM), std::optional<int>(kExitOk))
@@ -556,6 +557,114 @@ TEST_F(CliTest, HostileEntriesDoNotHangOrFailListAndClean) {
   EXPECT_TRUE(fs::is_directory(region_file("dir")));
   EXPECT_TRUE(fs::is_symlink(region_file("link")));
   EXPECT_FALSE(fs::exists(region_file("real")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// errors as scripts see them: --json gives one JSON object on stdout on every exit
+
+// The error object of a failed command, checked against its exit code and stderr.
+void expect_error_object(const Result& r, int exit_code, const std::string& code,
+                         const std::string& mentions) {
+  EXPECT_EQ(r.exit_code, exit_code) << "stderr: " << r.err << "\nstdout: " << r.out;
+  EXPECT_THAT(r.err, HasSubstr(mentions));
+  json j;
+  try {
+    j = json::parse(r.out);  // exactly one JSON value, nothing else on stdout
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "stdout is not one JSON object: " << e.what() << "\n" << r.out;
+    return;
+  }
+  ASSERT_TRUE(j.contains("error")) << j.dump();
+  EXPECT_EQ(j["error"]["code"], code) << j.dump();
+  EXPECT_EQ(j["error"]["exit_code"], exit_code);
+  EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr(mentions));
+}
+
+TEST_F(CliTest, JsonOnErrorPrintsOneErrorObjectOnStdout) {
+  const std::string missing = (dir_ / "missing").string();
+  const fs::path trace = dir_ / "trace.txt";
+  std::ofstream(trace) << "0a 0b\n";
+  // Every subcommand, through each way a command fails: a refused command line, a bad value found
+  // by the command, a failing operation.
+  expect_error_object(run({"probe", "--shm-dir", missing, "--json"}), kExitError, "system",
+                      missing);
+  expect_error_object(run({"region", "list", "--shm-dir", missing, "--json"}), kExitUsage,
+                      "invalid_argument", missing + " does not exist");
+  expect_error_object(
+      run({"region", "clean", "--shm-dir", shm_.string(), "--engine-id", "a b", "--json"}),
+      kExitUsage, "invalid_argument", "a b");
+  expect_error_object(run({"region", "create", "--shm-dir", shm_.string(), "--engine-id", "e",
+                           "--chunks", "4", "--slot-bytes", "4K", "--threads", "0", "--json"}),
+                      kExitUsage, "usage", "--threads: 0 is out of range");
+  expect_error_object(run({"simulate", "--trace", trace.string(), "--chunks", "0", "--json"}),
+                      kExitUsage, "usage", "--chunks: 0 is out of range");
+  expect_error_object(run({"simulate", "--trace", missing, "--chunks", "4", "--json"}), kExitError,
+                      "not_found", missing);
+  expect_error_object(run({"remote", "check", "mongodb://h:1", "--json"}), kExitUsage,
+                      "invalid_argument", "unknown scheme 'mongodb'");
+  expect_error_object(run({"run", "--shm-dir", shm_.string(), "--host-pool", "1K", "--json"}),
+                      kExitUsage, "invalid_argument", "--host-pool");
+  expect_error_object(run({"version", "--json", "--bogus"}), kExitUsage, "usage", "--bogus");
+  // Without --json stdout stays empty on error.
+  const Result plain = run({"probe", "--shm-dir", missing});
+  EXPECT_EQ(plain.exit_code, kExitError);
+  EXPECT_TRUE(plain.out.empty()) << plain.out;
+  EXPECT_TRUE(shm_is_empty());
+}
+
+// `simulate --trace DIR` used to read a directory as a 2^63-byte file (std::bad_alloc).
+TEST_F(CliTest, SimulateTraceThatIsADirectoryIsAClearError) {
+  const Result r = run({"simulate", "--trace", dir_.string(), "--chunks", "4"});
+  EXPECT_EQ(r.exit_code, kExitUsage) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("trace '" + dir_.string() + "' is a directory"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("bad_alloc")));
+  // A pipe has no size to ask for, and is read to its end.
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::thread writer([&] { std::ofstream(fifo) << "0a 0b\n0a 0c\n"; });
+  const Result f = run({"simulate", "--trace", fifo.string(), "--chunks", "4", "--json"});
+  writer.join();
+  ASSERT_EQ(f.exit_code, kExitOk) << f.err;
+  EXPECT_EQ(json::parse(f.out)["requests"], 2);
+  EXPECT_EQ(json::parse(f.out)["hits"], 1);
+}
+
+// Bytes of a bad trace that a terminal would act on are shown escaped, in text and in JSON;
+// well-formed UTF-8 is kept.
+TEST_F(CliTest, BinaryBytesOfABadTraceAreEscaped) {
+  const fs::path trace = dir_ / "binary.trace";
+  std::ofstream(trace, std::ios::binary) << "0a \xc3\xa9\x80\x1b[2J\x07\xc2\x9b\n";
+  const Result r = run({"simulate", "--trace", trace.string(), "--chunks", "4"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("line 1"));
+  EXPECT_THAT(r.err, HasSubstr("\xc3\xa9\\x80\\x1b[2J\\x07\\xc2\\x9b")) << r.err;
+  for (const char raw : {'\x80', '\x1b', '\x07', '\x9b'}) {
+    EXPECT_EQ(r.err.find(raw), std::string::npos) << "a raw byte " << int(raw) << ": " << r.err;
+  }
+  const Result j = run({"simulate", "--trace", trace.string(), "--chunks", "4", "--json"});
+  EXPECT_EQ(j.exit_code, kExitUsage);
+  const json e = json::parse(j.out);  // valid JSON although the input was not UTF-8
+  EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("\xc3\xa9\\x80\\x1b"));
+}
+
+// `version` lists the backends its help promises: every backend, built or not.
+TEST_F(CliTest, VersionListsTheBackends) {
+  const json v = run_json({"version"});
+  EXPECT_FALSE(v["version"].get<std::string>().empty());
+  std::vector<std::string> names;
+  for (const auto& b : v["backends"]) {
+    names.push_back(b["name"]);
+    EXPECT_TRUE(b.contains("built") && b.contains("device_count") && b.contains("detail"));
+  }
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("cuda", "hip", "host", "sim"));
+  const Result text = run({"version"});
+  EXPECT_EQ(text.exit_code, kExitOk);
+  EXPECT_THAT(text.out, HasSubstr("backends:\n"));
+  EXPECT_THAT(text.out, HasSubstr("  host: 1 device"));
+  EXPECT_THAT(text.out, HasSubstr("  sim: "));
+  // probe lists the same backends, the same way.
+  const json p = run_json({"probe", "--shm-dir", shm_.string()});
+  EXPECT_EQ(p["backends"].size(), v["backends"].size());
 }
 
 // ---------------------------------------------------------------------------------------------
