@@ -8,12 +8,15 @@
 //         --fill then writes the whole data (padding included), --check verifies every rank's slot.
 //         SIGINT, SIGTERM or SIGHUP during --hold end the hold early: the region is released
 //         normally (the last process out unlinks the file) and the command exits 0.
-// list:   the regions in the shm dir with size, attached process count and stale flag.
+// list:   the regions in the shm dir with size, attached process count and stale flag, and each
+//         one's occupancy from its live statistics page (read-only, no lock).
 // clean:  removes stale regions only; a region in use is never removed.
 #include "cli.hpp"
+#include "monitor/live_json.hpp"
 #include "util/clock.hpp"
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/live_stats.hpp>
 #include <kvoffload/region.hpp>
 
 #include <pthread.h>
@@ -392,25 +395,14 @@ struct ListOptions {
 
 int run_list(const ListOptions& o) {
   const std::filesystem::path shm_dir = resolve_shm_dir(o.shm_dir);
-  const std::vector<RegionInfo> regions = list_regions(shm_dir);
+  // Read-only, no lock: the live page is mapped PROT_READ (Note [Live stats]).
+  const std::vector<EngineSnapshot> engines = snapshot_engines(shm_dir);
   nlohmann::json items = nlohmann::json::array();
   std::ostringstream text;
-  if (regions.empty()) text << "no regions in " << shm_dir.string() << "\n";
-  for (const RegionInfo& r : regions) {
-    nlohmann::json item{
-        {"path", r.path.string()}, {"engine_id", r.engine_id}, {"bytes", r.file_bytes},
-        {"attached", r.attached},  {"stale", r.stale},         {"complete", r.complete},
-    };
-    if (r.geometry) {
-      item["chunks"] = r.geometry->num_chunks();
-      item["slot_bytes"] = r.geometry->slot_bytes();
-      item["world_size"] = r.geometry->world_size();
-      item["replicated"] = r.geometry->replicated();
-      item["row_stride"] = r.geometry->row_stride();
-      item["data_bytes"] = r.geometry->data_bytes();
-    }
-    if (!r.problem.empty()) item["problem"] = r.problem;
-    items.push_back(std::move(item));
+  if (engines.empty()) text << "no regions in " << shm_dir.string() << "\n";
+  for (const EngineSnapshot& engine : engines) {
+    const RegionInfo& r = engine.region;
+    items.push_back(engine_json(engine));
     if (!r.problem.empty()) {  // named like a region, but not one we could read: say why, go on
       text << r.engine_id << "  not a region: " << r.problem << "  " << r.path.string() << "\n";
       continue;
@@ -422,6 +414,9 @@ int run_list(const ListOptions& o) {
            << human_bytes(r.geometry->slot_bytes()) << " x " << r.geometry->copies() << ")";
     }
     text << "  " << r.path.string() << "\n";
+    text << "    "
+         << (engine.live ? occupancy_text(*engine.live) : "live state: " + engine.live_problem)
+         << "\n";
   }
   emit(o.json, nlohmann::json{{"shm_dir", shm_dir.string()}, {"regions", items}}, text.str());
   return kExitOk;
@@ -516,8 +511,8 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
       ->check(real_range(0.0, 1e9, "seconds"));
   create->add_flag("--json", c->json, "Print one JSON object");
 
-  auto* list =
-      app->add_subcommand("list", "List regions with size, attached processes and stale flag");
+  auto* list = app->add_subcommand(
+      "list", "List regions with size, attached processes, stale flag and occupancy");
   auto l = std::make_shared<ListOptions>();
   list->add_option("--shm-dir", l->shm_dir, kShmDirHelp)->type_name("DIR");
   list->add_flag("--json", l->json, "Print one JSON object");
