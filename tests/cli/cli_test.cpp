@@ -439,7 +439,8 @@ TEST_F(CliTest, ListShowsAttachedCountAndStaleFlag) {
   EXPECT_FALSE(r.value("stale", true));
   EXPECT_EQ(r.value("bytes", 0ULL),
             r.value("data_bytes", 0ULL) +
-                static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE)));  // header page + data
+                2 * static_cast<std::uint64_t>(
+                        sysconf(_SC_PAGESIZE)));  // header page + live statistics page + data
 
   // Killed without a chance to clean up: the file stays, with nobody attached.
   stop_holder(a.pid, SIGKILL);

@@ -10,14 +10,16 @@
 //         holds is refused, naming its PID.
 //         SIGINT, SIGTERM or SIGHUP during --hold end the hold early: the region is released
 //         normally (the last process out unlinks the file) and the command exits 0.
-// list:   the regions in the shm dir with size, attached process count, stale flag and the PIDs
-//         holding the scheduler role and each rank slot (read from /proc/locks; list locks
-//         nothing).
+// list:   the regions in the shm dir with size, attached process count, stale flag, the PIDs
+//         holding the scheduler role and each rank slot (read from /proc/locks), and each one's
+//         occupancy from its live statistics page (read-only; list locks nothing).
 // clean:  removes stale regions only; a region in use is never removed.
 #include "cli.hpp"
+#include "monitor/live_json.hpp"
 #include "util/clock.hpp"
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/live_stats.hpp>
 #include <kvoffload/region.hpp>
 
 #include <pthread.h>
@@ -396,23 +398,15 @@ struct ListOptions {
 
 int run_list(const ListOptions& o) {
   const std::filesystem::path shm_dir = resolve_shm_dir(o.shm_dir);
-  const std::vector<RegionInfo> regions = list_regions(shm_dir);
+  // Read-only, no lock: the live page is mapped PROT_READ (Note [Live stats]).
+  const std::vector<EngineSnapshot> engines = snapshot_engines(shm_dir);
   nlohmann::json items = nlohmann::json::array();
   std::ostringstream text;
-  if (regions.empty()) text << "no regions in " << shm_dir.string() << "\n";
-  for (const RegionInfo& r : regions) {
-    nlohmann::json item{
-        {"path", r.path.string()}, {"engine_id", r.engine_id}, {"bytes", r.file_bytes},
-        {"attached", r.attached},  {"stale", r.stale},         {"complete", r.complete},
-    };
-    if (r.geometry) {
-      item["chunks"] = r.geometry->num_chunks();
-      item["slot_bytes"] = r.geometry->slot_bytes();
-      item["world_size"] = r.geometry->world_size();
-      item["replicated"] = r.geometry->replicated();
-      item["row_stride"] = r.geometry->row_stride();
-      item["data_bytes"] = r.geometry->data_bytes();
-    }
+  if (engines.empty()) text << "no regions in " << shm_dir.string() << "\n";
+  for (const EngineSnapshot& engine : engines) {
+    const RegionInfo& r = engine.region;
+    items.push_back(engine_json(engine));
+    nlohmann::json& item = items.back();
     // Roles held now (ranks, then the scheduler) and their PIDs; 0: not recorded yet.
     nlohmann::json owners = nlohmann::json::array();
     std::string owners_text;
@@ -425,8 +419,6 @@ int run_list(const ListOptions& o) {
                      (owner.pid != 0 ? std::to_string(owner.pid) : "?");
     }
     item["owners"] = owners;
-    if (!r.problem.empty()) item["problem"] = r.problem;
-    items.push_back(std::move(item));
     if (!r.problem.empty()) {  // named like a region, but not one we could read: say why, go on
       text << r.engine_id << "  not a region: " << r.problem << "  " << r.path.string() << "\n";
       continue;
@@ -439,6 +431,9 @@ int run_list(const ListOptions& o) {
     }
     text << "  " << r.path.string() << "\n";
     if (!owners_text.empty()) text << "  held by: " << owners_text << "\n";
+    text << "    "
+         << (engine.live ? occupancy_text(*engine.live) : "live state: " + engine.live_problem)
+         << "\n";
   }
   emit(o.json, nlohmann::json{{"shm_dir", shm_dir.string()}, {"regions", items}}, text.str());
   return kExitOk;
@@ -537,7 +532,8 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
   create->add_flag("--json", c->json, "Print one JSON object");
 
   auto* list = app->add_subcommand(
-      "list", "List regions with size, attached processes, stale flag and role holders");
+      "list",
+      "List regions with size, attached processes, stale flag, role holders and occupancy");
   auto l = std::make_shared<ListOptions>();
   list->add_option("--shm-dir", l->shm_dir, kShmDirHelp)->type_name("DIR");
   list->add_flag("--json", l->json, "Print one JSON object");

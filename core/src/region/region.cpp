@@ -23,6 +23,7 @@
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
 #include "region/sys.hpp"
+#include "stats/live_page.hpp"
 #include "util/clock.hpp"
 
 // Note [Region lifetime]
@@ -470,7 +471,9 @@ void check_header(const Attempt& a, const detail::RegionHeader& h) {
       h.data_bytes != a.geometry.data_bytes() ||
       h.data_offset != detail::data_offset_for(a.geometry.page_size(), a.geometry.world_size()) ||
       h.readiness_offset != detail::kReadinessOffset ||
-      h.owners_offset != detail::owners_offset_for(a.geometry.world_size())) {
+      h.owners_offset != detail::owners_offset_for(a.geometry.world_size()) ||
+      h.stats_offset != detail::stats_offset_for(a.geometry.page_size(), a.geometry.world_size()) ||
+      h.stats_bytes != detail::stats_bytes_for(a.geometry.page_size(), a.geometry.world_size())) {
     throw Error(ErrorCode::kMismatch,
                 "region " + a.path + " was built with page size " + std::to_string(h.page_size) +
                     ", row stride " + std::to_string(h.row_stride) + " and data offset " +
@@ -626,6 +629,7 @@ struct Region::State {
   std::uint64_t piece_rows = 1;
   std::function<void(std::span<std::byte>, std::uint64_t, std::uint64_t)> on_piece_ready;
   detail::RankReadiness* table = nullptr;  // in the mapping, one entry per rank
+  detail::LivePage* live = nullptr;        // in the mapping (Note [Live stats])
   std::chrono::steady_clock::time_point started;
   std::thread bringup_thread;
   std::atomic<bool> stop{false};
@@ -654,6 +658,21 @@ void Region::run_bringup(State& s) {
   const RegionGeometry& g = s.geometry;
   const std::uint32_t rank = *s.rank;
   detail::RankReadiness& entry = s.table[rank];
+  // This thread is the only writer of the rank's bring-up block (Note [Live stats]).
+  detail::RankBringupBlock& live = s.live->ranks()[rank].bringup;
+  std::uint64_t live_bytes = 0;
+  std::uint64_t live_pieces = 0;
+  auto publish_progress = [&] {
+    const detail::LiveWrite write(live.seq);
+    detail::LiveWrite::put(live.populated_bytes, live_bytes);
+    detail::LiveWrite::put(live.pieces, live_pieces);
+    detail::LiveWrite::put(
+        live.elapsed_ns,
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - s.started)
+                                       .count()));
+  };
+  publish_progress();
   table_ready(entry).store(0, std::memory_order_release);
   table_errno(entry).store(0, std::memory_order_relaxed);
   table_state(entry).store(static_cast<std::uint32_t>(BringupState::kRunning),
@@ -664,6 +683,7 @@ void Region::run_bringup(State& s) {
   const detail::BackingFile file{
       .fd = s.fd.get(), .file_base = s.mapping.data(), .dirfd = s.dir.get(), .dir = s.shm_dir};
   auto finish = [&](BringupState state, std::optional<Error> error, std::uint64_t failed_chunk) {
+    publish_progress();
     if (error)
       table_errno(entry).store(static_cast<std::uint32_t>(error->sys_errno()),
                                std::memory_order_relaxed);
@@ -689,6 +709,7 @@ void Region::run_bringup(State& s) {
       if (s.populate_pages) {
         const PopulateReport r =
             detail::populate(sys, piece, g.page_size(), s.populate_threads, what, file);
+        live_bytes += r.bytes;
         const std::lock_guard lock(s.mu);
         s.populate.method = r.method;
         s.populate.bytes += r.bytes;
@@ -702,6 +723,8 @@ void Region::run_bringup(State& s) {
             first, rows);
       }
       table_ready(entry).store(first + rows, std::memory_order_release);
+      ++live_pieces;
+      publish_progress();
       const std::lock_guard lock(s.mu);
       s.bringup.ready_chunks = first + rows;
     }
@@ -782,6 +805,9 @@ Region Region::create_or_join(const RegionOptions& options) {
       state->mapping.data() + detail::data_offset_for(geometry.page_size(), geometry.world_size());
   state->table =
       reinterpret_cast<detail::RankReadiness*>(state->mapping.data() + detail::kReadinessOffset);
+  state->live = reinterpret_cast<detail::LivePage*>(
+      state->mapping.data() +
+      detail::stats_offset_for(geometry.page_size(), geometry.world_size()));
   state->st = attached.st;
   state->open = true;
   state->shm_dir = shm_dir.string();
@@ -910,6 +936,9 @@ bool Region::is_open() const noexcept {
 std::byte* Region::data() const noexcept {
   return is_open() ? state_->data : nullptr;
 }
+detail::LivePage* Region::live_page() const noexcept {
+  return is_open() ? state_->live : nullptr;
+}
 
 std::span<std::byte> Region::slot(std::uint64_t chunk, std::uint32_t rank) const {
   if (!is_open()) throw Error(ErrorCode::kState, "slot() on a closed region");
@@ -980,6 +1009,7 @@ bool Region::close() noexcept {
   }
   s.hooks.clear();
   s.data = nullptr;
+  s.live = nullptr;
   if (const int err = s.mapping.reset()) failed("munmap", errno_name(err));
 
   // Nothing of ours touches the slots any more: the next holder may take the role (Note [Owners]).
