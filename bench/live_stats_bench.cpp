@@ -70,9 +70,9 @@ class BusyReader {
 };
 
 void per_op(benchmark::State& state) {
-  state.counters["per_op"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                benchmark::Counter::kIsRate |
-                                                    benchmark::Counter::kInvert);
+  state.counters["per_op"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   state.SetLabel(std::string(state.range(0) != 0 ? "live" : "no live") +
                  (state.range(2) != 0 ? ", busy reader" : ""));
 }
@@ -89,9 +89,8 @@ struct ManagerSetup {
             {.engine_id = engine_id("manager"),
              .layout = {.num_chunks = kChunks, .slot_bytes = 16, .world_size = 1},
              .populate = false})),
-        manager(kvoffload::ManagerConfig{.num_chunks = kChunks,
-                                         .policy = kvoffload::PolicyKind::kArc,
-                                         .record_events = false}) {
+        manager(kvoffload::ManagerConfig{
+            .num_chunks = kChunks, .policy = kvoffload::PolicyKind::kArc, .record_events = false}) {
     if (live) manager.publish_live_stats(region);
     std::vector<BlockKey> keys(4096);
     while (next < kChunks) {
@@ -197,9 +196,9 @@ void BM_PublishOnly(benchmark::State& state) {
     kvoffload::detail::LiveWrite::put(block.host_registered, 1);
   }
   benchmark::DoNotOptimize(block.seq);
-  state.counters["per_op"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                benchmark::Counter::kIsRate |
-                                                    benchmark::Counter::kInvert);
+  state.counters["per_op"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 const std::vector<std::int64_t> kLive{0, 1};

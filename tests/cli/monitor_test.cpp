@@ -93,7 +93,8 @@ struct Proc {
         buffered.erase(0, nl + 1);
         return line;
       }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) return std::nullopt;
       pollfd p{out, POLLIN, 0};
       if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
@@ -140,7 +141,8 @@ std::unique_ptr<Proc> spawn(const std::vector<std::string>& args, const fs::path
   p->pid = ::fork();
   if (p->pid == 0) {
     ::setpgid(0, 0);
-    const int o = pipe_stdout ? fds[1] : ::open(p->out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int o =
+        pipe_stdout ? fds[1] : ::open(p->out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     const int e = ::open(p->err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (o < 0 || e < 0 || ::dup2(o, 1) < 0 || ::dup2(e, 2) < 0) ::_exit(126);
     ::execv(argv[0], argv.data());
@@ -279,9 +281,9 @@ TEST(Top, JsonListsEveryEngine) {
 
 TEST(Top, RejectsBadOptionsNamingThem) {
   TempDir work;
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"top", "--interval", "0"}, {"top", "--interval", "abc"},
-        {"top", "--frames", "0"}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"top", "--interval", "0"},
+                                               {"top", "--interval", "abc"},
+                                               {"top", "--frames", "0"}}) {
     auto p = spawn(args, work.path());
     EXPECT_EQ(p->wait(), 2) << args[1] << " " << args[2];
     EXPECT_NE(p->err().find(args[1]), std::string::npos) << p->err();
@@ -297,7 +299,8 @@ class PtyTop {
     winsize ws{};
     ws.ws_row = 40;
     ws.ws_col = 200;
-    if (::openpty(&master_, &slave_, nullptr, nullptr, &ws) != 0) throw std::runtime_error("openpty");
+    if (::openpty(&master_, &slave_, nullptr, nullptr, &ws) != 0)
+      throw std::runtime_error("openpty");
     termios t{};
     ::tcgetattr(slave_, &t);
     original_lflag_ = t.c_lflag;
@@ -330,7 +333,8 @@ class PtyTop {
   PtyTop& operator=(const PtyTop&) = delete;
 
   // Reads what top wrote until `what` appears (true) or the time is up.
-  bool read_until(const std::string& what, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  bool read_until(const std::string& what,
+                  std::chrono::seconds timeout = std::chrono::seconds(60)) {
     const auto deadline = Clock::now() + timeout;
     while (output_.find(what) == std::string::npos) {
       if (Clock::now() > deadline) return false;
@@ -338,7 +342,9 @@ class PtyTop {
     }
     return true;
   }
-  void send(const std::string& keys) { ASSERT_EQ(::write(master_, keys.data(), keys.size()), static_cast<ssize_t>(keys.size())); }
+  void send(const std::string& keys) {
+    ASSERT_EQ(::write(master_, keys.data(), keys.size()), static_cast<ssize_t>(keys.size()));
+  }
   void signal(int signo) { ::kill(pid_, signo); }
 
   // Exit status (code, or -signal), draining the output meanwhile.
@@ -480,7 +486,9 @@ std::string sample(const std::string& name, std::map<std::string, std::string> l
 
 double value(const std::map<std::string, double>& samples, const std::string& key) {
   const auto it = samples.find(key);
-  EXPECT_NE(it, samples.end()) << "no sample " << key << " among " << samples.size() << (samples.empty() ? std::string() : ", e.g. " + samples.begin()->first);
+  EXPECT_NE(it, samples.end()) << "no sample " << key << " among " << samples.size()
+                               << (samples.empty() ? std::string()
+                                                   : ", e.g. " + samples.begin()->first);
   return it == samples.end() ? -1 : it->second;
 }
 
@@ -525,14 +533,14 @@ TEST(Exporter, RejectsBadListenValuesNamingThem) {
   auto missing = spawn({"exporter", "--shm-dir", shm.path().string()}, work.path());
   EXPECT_EQ(missing->wait(), 2);
   EXPECT_NE(missing->err().find("--listen"), std::string::npos) << missing->err();
-  auto unresolvable = spawn({"exporter", "--listen", "no-such-host.invalid:9477", "--shm-dir",
-                             shm.path().string()},
-                            work.path());
+  auto unresolvable =
+      spawn({"exporter", "--listen", "no-such-host.invalid:9477", "--shm-dir", shm.path().string()},
+            work.path());
   EXPECT_EQ(unresolvable->wait(), 2);
   EXPECT_NE(unresolvable->err().find("cannot resolve"), std::string::npos) << unresolvable->err();
-  auto no_dir = spawn({"exporter", "--listen", "127.0.0.1:0", "--shm-dir",
-                       (shm.path() / "missing").string()},
-                      work.path());
+  auto no_dir =
+      spawn({"exporter", "--listen", "127.0.0.1:0", "--shm-dir", (shm.path() / "missing").string()},
+            work.path());
   EXPECT_EQ(no_dir->wait(), 2);
   EXPECT_NE(no_dir->err().find("does not exist"), std::string::npos) << no_dir->err();
 }
@@ -543,7 +551,8 @@ TEST(Exporter, APortInUseIsAClearErrorAndTwoExportersNeverShareOne) {
   const Exporter first(shm.path(), work.path());
   ASSERT_GT(first.port, 0);
   const std::string taken = "127.0.0.1:" + std::to_string(first.port);
-  auto second = spawn({"exporter", "--listen", taken, "--shm-dir", shm.path().string()}, work.path());
+  auto second =
+      spawn({"exporter", "--listen", taken, "--shm-dir", shm.path().string()}, work.path());
   EXPECT_EQ(second->wait(), 1);
   EXPECT_NE(second->err().find("cannot listen on " + taken + ": the port is in use"),
             std::string::npos)
@@ -559,8 +568,8 @@ TEST(Exporter, ServesEveryRegionOfTheNodeInPrometheusFormat) {
   ScriptedEngine engine(shm.path(), unique_id("scrape"), tier.path() / "t", tier_name);
   // Beside it: a region nobody schedules (held by `region create`) and an entry that is no region.
   auto holder = spawn({"region", "create", "--engine-id", "idle", "--chunks", "4", "--slot-bytes",
-                       "4096", "--world-size", "1", "--rank", "0", "--shm-dir",
-                       shm.path().string(), "--hold", "600", "--json"},
+                       "4096", "--world-size", "1", "--rank", "0", "--shm-dir", shm.path().string(),
+                       "--hold", "600", "--json"},
                       work.path(), true);
   ASSERT_TRUE(holder->read_line()) << holder->err();
   ASSERT_EQ(::mkfifo((shm.path() / "kvoffload_fifo.region").c_str(), 0600), 0);
@@ -576,7 +585,8 @@ TEST(Exporter, ServesEveryRegionOfTheNodeInPrometheusFormat) {
   EXPECT_EQ(value(samples, sample("kvoffload_region_chunks", {{"engine_id", id}})), 8);
   EXPECT_EQ(value(samples, sample("kvoffload_region_chunks_used", {{"engine_id", id}})), 5);
   EXPECT_EQ(value(samples, sample("kvoffload_region_chunks_pinned", {{"engine_id", id}})), 2);
-  EXPECT_EQ(value(samples, sample("kvoffload_region_chunks_write_pending", {{"engine_id", id}})), 0);
+  EXPECT_EQ(value(samples, sample("kvoffload_region_chunks_write_pending", {{"engine_id", id}})),
+            0);
   EXPECT_EQ(value(samples, sample("kvoffload_region_attached_processes", {{"engine_id", id}})), 1);
   EXPECT_EQ(value(samples, sample("kvoffload_scheduler_attached", {{"engine_id", id}})), 1);
   EXPECT_EQ(value(samples, sample("kvoffload_lookup_keys_total",
@@ -600,8 +610,8 @@ TEST(Exporter, ServesEveryRegionOfTheNodeInPrometheusFormat) {
   EXPECT_EQ(value(samples, sample("kvoffload_bringup_state",
                                   {{"engine_id", "idle"}, {"rank", "0"}, {"state", "ready"}})),
             1);
-  EXPECT_EQ(value(samples, sample("kvoffload_bringup_ready_chunks",
-                                  {{"engine_id", "idle"}, {"rank", "0"}})),
+  EXPECT_EQ(value(samples,
+                  sample("kvoffload_bringup_ready_chunks", {{"engine_id", "idle"}, {"rank", "0"}})),
             4);
   // The FIFO is listed with its problem, and nothing else about it.
   bool fifo = false;
@@ -635,12 +645,38 @@ TEST(Exporter, ScrapesARunningEngineAndAgreesWithItsReport) {
   TempDir tier("/tmp");
   const std::string id = unique_id("run");
   const Exporter exporter(shm.path(), work.path());
-  auto run = spawn({"run", "--shm-dir", shm.path().string(), "--engine-id", id, "--backend",
-                    "host", "--world-size", "2", "--layers", "2", "--block-bytes", "4K",
-                    "--blocks-per-chunk", "2", "--gpu-blocks", "64", "--host-pool", "256K",
-                    "--prefixes", "6", "--prefix-chunks", "4", "--unique-chunks", "1",
-                    "--duration", "3", "--bringup", "blocking", "--file-tier",
-                    (tier.path() / "t").string(), "--json"},
+  auto run = spawn({"run",
+                    "--shm-dir",
+                    shm.path().string(),
+                    "--engine-id",
+                    id,
+                    "--backend",
+                    "host",
+                    "--world-size",
+                    "2",
+                    "--layers",
+                    "2",
+                    "--block-bytes",
+                    "4K",
+                    "--blocks-per-chunk",
+                    "2",
+                    "--gpu-blocks",
+                    "64",
+                    "--host-pool",
+                    "256K",
+                    "--prefixes",
+                    "6",
+                    "--prefix-chunks",
+                    "4",
+                    "--unique-chunks",
+                    "1",
+                    "--duration",
+                    "3",
+                    "--bringup",
+                    "blocking",
+                    "--file-tier",
+                    (tier.path() / "t").string(),
+                    "--json"},
                    work.path());
   const fs::path region = shm.path() / ("kvoffload_" + id + ".region");
   int keeper = -1;
@@ -684,16 +720,24 @@ TEST(Exporter, ScrapesARunningEngineAndAgreesWithItsReport) {
   EXPECT_EQ(value(s, sample("kvoffload_scheduler_attached", e)), 0) << "the scheduler has exited";
   EXPECT_EQ(value(s, sample("kvoffload_region_chunks", e)), report["chunks"].get<double>());
   EXPECT_EQ(value(s, sample("kvoffload_evictions_total", e)), report["evictions"].get<double>());
+  // The run counts the requests whose prepare_store found no room; the Manager, the same calls.
+  EXPECT_EQ(value(s, sample("kvoffload_cannot_store_total", e)),
+            report["cannot_store"].get<double>());
   double looked_up = 0;
   for (const char* result : {"hit", "pending", "miss"}) {
     looked_up += value(s, sample("kvoffload_lookup_keys_total",
                                  {{"engine_id", id}, {"tier", "region"}, {"result", result}}));
   }
   EXPECT_EQ(looked_up, report["chunks_looked_up"].get<double>());
-  EXPECT_EQ(value(s, sample("kvoffload_tier_promoted_total", {{"engine_id", id}, {"tier", "file"}})),
-            report["promoted"].get<double>());
-  EXPECT_EQ(value(s, sample("kvoffload_tier_offloaded_total", {{"engine_id", id}, {"tier", "file"}})),
-            report["tier_offloads"].get<double>());
+  EXPECT_EQ(
+      value(s, sample("kvoffload_tier_promoted_total", {{"engine_id", id}, {"tier", "file"}})),
+      report["promoted"].get<double>());
+  EXPECT_EQ(
+      value(s, sample("kvoffload_tier_promoted_total", {{"engine_id", id}, {"tier", "file"}})),
+      report["promoted_from"]["file"].get<double>());
+  EXPECT_EQ(
+      value(s, sample("kvoffload_tier_offloaded_total", {{"engine_id", id}, {"tier", "file"}})),
+      report["tier_offloads"].get<double>());
   double store_bytes = 0;
   double load_bytes = 0;
   double failed = 0;
@@ -711,11 +755,12 @@ TEST(Exporter, ScrapesARunningEngineAndAgreesWithItsReport) {
               value(s, sample("kvoffload_transfer_jobs_failed_total", with("load")));
     EXPECT_EQ(value(s, sample("kvoffload_transfer_jobs_in_flight", with("store"))), 0);
     EXPECT_GT(value(s, sample("kvoffload_transfer_copy_seconds_total", with("store"))), 0);
-    EXPECT_EQ(value(s, sample("kvoffload_bringup_state", [&] {
-                auto l = r;
-                l["state"] = "stopped";
-                return l;
-              }())),
+    EXPECT_EQ(value(s, sample("kvoffload_bringup_state",
+                              [&] {
+                                auto l = r;
+                                l["state"] = "stopped";
+                                return l;
+                              }())),
               1)
         << "rank " << rank << " detached";
   }

@@ -450,7 +450,7 @@ TEST(LiveStats, ATornBlockIsReportedNotWaitedFor) {
   manager.publish_live_stats(region);
   manager.lookup(keys(0, 3));
   detail::SchedulerBlock& block = region.live_page()->scheduler;
-  std::atomic_ref(block.seq).fetch_add(1);  // a write that never ended
+  std::atomic_ref(block.seq).fetch_add(1);   // a write that never ended
   const LiveStats s = snapshot_of(dir, id);  // returns (a reader that waited would hang here)
   EXPECT_FALSE(s.consistent);
   EXPECT_EQ(s.scheduler.misses, 3U);

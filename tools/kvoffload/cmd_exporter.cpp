@@ -87,7 +87,8 @@ std::string url_host(const ListenAddress& a) {
 
 int run_exporter(const ExporterOptions& o) {
   const ListenAddress address = parse_listen_address(o.listen);
-  const std::filesystem::path shm_dir = o.shm_dir.empty() ? default_shm_dir() : std::filesystem::path(o.shm_dir);
+  const std::filesystem::path shm_dir =
+      o.shm_dir.empty() ? default_shm_dir() : std::filesystem::path(o.shm_dir);
   (void)snapshot_engines(shm_dir);  // a missing or unreadable shm dir fails now, not per scrape
   AddrInfo info;
   resolve(address, info);
@@ -109,10 +110,11 @@ int run_exporter(const ExporterOptions& o) {
     }
   });
   server.Get("/", [shm_dir](const httplib::Request&, httplib::Response& res) {
-    res.set_content("<html><head><title>kvoffload exporter</title></head><body><h1>kvoffload "
-                    "exporter</h1><p>Regions in " +
-                        shm_dir.string() + ": <a href=\"/metrics\">/metrics</a></p></body></html>\n",
-                    "text/html; charset=utf-8");
+    res.set_content(
+        "<html><head><title>kvoffload exporter</title></head><body><h1>kvoffload "
+        "exporter</h1><p>Regions in " +
+            shm_dir.string() + ": <a href=\"/metrics\">/metrics</a></p></body></html>\n",
+        "text/html; charset=utf-8");
   });
 
   // The signals are taken by one thread with sigwait; blocked here before any server thread

@@ -532,8 +532,7 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
   create->add_flag("--json", c->json, "Print one JSON object");
 
   auto* list = app->add_subcommand(
-      "list",
-      "List regions with size, attached processes, stale flag, role holders and occupancy");
+      "list", "List regions with size, attached processes, stale flag, role holders and occupancy");
   auto l = std::make_shared<ListOptions>();
   list->add_option("--shm-dir", l->shm_dir, kShmDirHelp)->type_name("DIR");
   list->add_flag("--json", l->json, "Print one JSON object");

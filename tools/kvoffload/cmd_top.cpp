@@ -41,7 +41,8 @@ std::string local_clock() {
 }
 
 int run_top(const TopOptions& o) {
-  const std::filesystem::path shm_dir = o.shm_dir.empty() ? default_shm_dir() : std::filesystem::path(o.shm_dir);
+  const std::filesystem::path shm_dir =
+      o.shm_dir.empty() ? default_shm_dir() : std::filesystem::path(o.shm_dir);
   if (o.json) {
     nlohmann::json engines = nlohmann::json::array();
     for (const EngineSnapshot& e : snapshot_engines(shm_dir)) engines.push_back(engine_json(e));

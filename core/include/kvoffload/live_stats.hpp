@@ -76,8 +76,8 @@ struct LiveDirection {
   std::uint64_t jobs_submitted = 0;
   std::uint64_t jobs_succeeded = 0;
   std::uint64_t jobs_failed = 0;
-  std::uint64_t bytes = 0;      // of succeeded jobs
-  double copy_seconds = 0;      // copy time on the stream of succeeded jobs
+  std::uint64_t bytes = 0;  // of succeeded jobs
+  double copy_seconds = 0;  // copy time on the stream of succeeded jobs
   [[nodiscard]] std::uint64_t jobs_in_flight() const noexcept {
     const std::uint64_t done = jobs_succeeded + jobs_failed;
     return jobs_submitted >= done ? jobs_submitted - done : 0;
@@ -114,9 +114,9 @@ struct LiveStats {
 };
 
 struct EngineSnapshot {
-  RegionInfo region;               // as list_regions() reports it (attached count, stale, ...)
-  std::optional<LiveStats> live;   // when the page could be read
-  std::string live_problem;        // why not, when it could not ("region still being created")
+  RegionInfo region;              // as list_regions() reports it (attached count, stale, ...)
+  std::optional<LiveStats> live;  // when the page could be read
+  std::string live_problem;       // why not, when it could not ("region still being created")
 };
 
 // The regions of `shm_dir` with their live pages, sorted by file name. Takes no lock; an entry

@@ -21,7 +21,7 @@ namespace kvoffload::detail {
 using RegionInspector =
     std::function<void(std::size_t index, int fd, const struct stat& st, const RegionHeader& h)>;
 
-std::vector<RegionInfo> list_regions_with(const std::filesystem::path& shm_dir,
-                                          const Syscalls& sys, const RegionInspector& inspect);
+std::vector<RegionInfo> list_regions_with(const std::filesystem::path& shm_dir, const Syscalls& sys,
+                                          const RegionInspector& inspect);
 
 }  // namespace kvoffload::detail

@@ -6,7 +6,7 @@
 // ~~~~~~~~~~~~~~~~~
 // An operator wants to see a running engine from outside: occupancy, hits and misses per tier,
 // bytes and copy time each way, evictions, bring-up progress, failed jobs. That state lives in
-// the region file itself, in a page-aligned area between the readiness table and the data (the
+// the region file itself, in a page-aligned area between the owner table and the data (the
 // header records where: RegionHeader::stats_offset / stats_bytes), so it exists exactly as long as
 // the region and any process that can open the file can read it.
 //

@@ -6,9 +6,12 @@ namespace kvoffload::cli {
 namespace {
 
 nlohmann::json direction_json(const LiveDirection& d) {
-  return {{"jobs_submitted", d.jobs_submitted}, {"jobs_succeeded", d.jobs_succeeded},
-          {"jobs_failed", d.jobs_failed},       {"jobs_in_flight", d.jobs_in_flight()},
-          {"bytes", d.bytes},                   {"copy_seconds", d.copy_seconds},
+  return {{"jobs_submitted", d.jobs_submitted},
+          {"jobs_succeeded", d.jobs_succeeded},
+          {"jobs_failed", d.jobs_failed},
+          {"jobs_in_flight", d.jobs_in_flight()},
+          {"bytes", d.bytes},
+          {"copy_seconds", d.copy_seconds},
           {"copy_gbps", d.copy_gbps()}};
 }
 
@@ -110,13 +113,12 @@ std::string occupancy_text(const LiveStats& live) {
   const LiveScheduler& s = live.scheduler;
   if (s.attached) {
     if (s.detached) out += "scheduler exited; last seen: ";
-    out += "used " + std::to_string(s.used) + " of " + std::to_string(s.num_chunks) +
-           " chunks (" + percent(s.used, s.num_chunks) + "), " + std::to_string(s.write_pending) +
+    out += "used " + std::to_string(s.used) + " of " + std::to_string(s.num_chunks) + " chunks (" +
+           percent(s.used, s.num_chunks) + "), " + std::to_string(s.write_pending) +
            " write-pending, " + std::to_string(s.pinned) + " pinned, " +
-           std::to_string(s.ready_chunks) + " ready; hits " + std::to_string(s.hits) +
-           ", misses " + std::to_string(s.misses) + " (" +
-           percent(s.hits, s.hits + s.misses) + " hit); " + std::to_string(s.evictions) +
-           " evictions";
+           std::to_string(s.ready_chunks) + " ready; hits " + std::to_string(s.hits) + ", misses " +
+           std::to_string(s.misses) + " (" + percent(s.hits, s.hits + s.misses) + " hit); " +
+           std::to_string(s.evictions) + " evictions";
   } else {
     out += "no scheduler attached";
   }

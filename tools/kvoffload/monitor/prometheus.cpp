@@ -18,8 +18,7 @@ class Exposition {
                double value) {
     add(name, help, "counter", labels, value);
   }
-  void gauge(const std::string& name, const std::string& help, const Labels& labels,
-             double value) {
+  void gauge(const std::string& name, const std::string& help, const Labels& labels, double value) {
     add(name, help, "gauge", labels, value);
   }
 
@@ -41,8 +40,8 @@ class Exposition {
     std::string samples;
   };
 
-  void add(const std::string& name, const std::string& help, const char* type,
-           const Labels& labels, double value) {
+  void add(const std::string& name, const std::string& help, const char* type, const Labels& labels,
+           double value) {
     auto [it, fresh] = index_.try_emplace(name, families_.size());
     if (fresh) families_.push_back(Family{name, help, type, {}});
     std::string& s = families_[it->second].samples;
@@ -158,15 +157,14 @@ void direction_metrics(Exposition& x, const Labels& r, const char* direction,
             "Bytes moved by succeeded jobs (store: device to host, load: host to device)", l,
             num(d.bytes));
   x.counter("kvoffload_transfer_copy_seconds_total",
-            "Copy time on the transfer streams of succeeded jobs; bytes / this is the copy rate",
-            l, d.copy_seconds);
+            "Copy time on the transfer streams of succeeded jobs; bytes / this is the copy rate", l,
+            d.copy_seconds);
   x.counter("kvoffload_transfer_jobs_submitted_total", "Jobs submitted to the transfer engine", l,
             num(d.jobs_submitted));
   x.counter("kvoffload_transfer_jobs_succeeded_total", "Jobs that completed successfully", l,
             num(d.jobs_succeeded));
   x.counter("kvoffload_transfer_jobs_failed_total",
-            "Jobs that failed (a failed copy is never reported complete)", l,
-            num(d.jobs_failed));
+            "Jobs that failed (a failed copy is never reported complete)", l, num(d.jobs_failed));
   x.gauge("kvoffload_transfer_jobs_in_flight", "Jobs submitted and not finished", l,
           num(d.jobs_in_flight()));
 }
@@ -184,9 +182,8 @@ void rank_metrics(Exposition& x, const Labels& e, const LiveRank& r) {
   direction_metrics(x, l, "load", r.load);
   x.gauge("kvoffload_bringup_ready_chunks", "Rows of the region made ready on the rank", l,
           num(r.bringup.ready_chunks));
-  for (const BringupState s : {BringupState::kPending, BringupState::kRunning,
-                               BringupState::kReady, BringupState::kFailed,
-                               BringupState::kStopped}) {
+  for (const BringupState s : {BringupState::kPending, BringupState::kRunning, BringupState::kReady,
+                               BringupState::kFailed, BringupState::kStopped}) {
     Labels st = l;
     st.emplace_back("state", std::string(to_string(s)));
     x.gauge("kvoffload_bringup_state", "The rank's bring-up state (1 for the current one)", st,
@@ -237,8 +234,8 @@ std::string prometheus_text(const std::vector<EngineSnapshot>& engines) {
     x.gauge("kvoffload_region_attached_processes",
             "Processes attached to the region (its liveness lock, from /proc/locks)", e,
             r.attached);
-    x.gauge("kvoffload_region_stale", "1 when no process is attached (region clean removes it)",
-            e, r.stale ? 1 : 0);
+    x.gauge("kvoffload_region_stale", "1 when no process is attached (region clean removes it)", e,
+            r.stale ? 1 : 0);
     if (r.geometry) {
       x.gauge("kvoffload_region_chunks", "Chunk slots (rows) of the region", e,
               num(r.geometry->num_chunks()));

@@ -42,7 +42,8 @@ void write_all(int fd, const std::string& bytes) noexcept {
 }  // namespace
 
 TerminalScreen::TerminalScreen(int in_fd, int out_fd) : in_fd_(in_fd), out_fd_(out_fd) {
-  if (::isatty(out_fd_) == 0) throw Error(ErrorCode::kState, "top: standard output is not a terminal");
+  if (::isatty(out_fd_) == 0)
+    throw Error(ErrorCode::kState, "top: standard output is not a terminal");
   if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
     throw_system_error("pipe2", errno, "(the signal pipe of top)");
   }
@@ -97,7 +98,8 @@ void TerminalScreen::suspend() {
   (void)::sigaction(SIGTSTP, &dfl, &mine);
   (void)::raise(SIGTSTP);  // stops here until fg
   (void)::sigaction(SIGTSTP, &mine, nullptr);
-  if (termios_saved_) (void)::tcgetattr(in_fd_, &saved_);  // the shell may have changed it meanwhile
+  if (termios_saved_)
+    (void)::tcgetattr(in_fd_, &saved_);  // the shell may have changed it meanwhile
   enter();
 }
 

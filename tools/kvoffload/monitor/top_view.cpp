@@ -87,8 +87,7 @@ void engine_lines(const EngineSnapshot& e, const RateTracker& rates,
                   "  used " + std::to_string(s.used) + "/" + std::to_string(s.num_chunks) + " (" +
                   percent(s.used, s.num_chunks) + ")  write-pending " +
                   std::to_string(s.write_pending) + "  pinned " + std::to_string(s.pinned) +
-                  "  ready " + std::to_string(s.ready_chunks) + "/" +
-                  std::to_string(s.num_chunks));
+                  "  ready " + std::to_string(s.ready_chunks) + "/" + std::to_string(s.num_chunks));
     out.push_back("  region     hits " + count(s.hits) + "  pending " + count(s.hits_pending) +
                   "  misses " + count(s.misses) + "  (" + percent(s.hits, s.hits + s.misses) +
                   " hit)  evictions " + count(s.evictions) + "  cannot store " +
@@ -108,11 +107,10 @@ void engine_lines(const EngineSnapshot& e, const RateTracker& rates,
     const std::string copy_store = "(" + gbps(rank.store.copy_gbps()) + ")";
     const std::string copy_load = "(" + gbps(rank.load.copy_gbps()) + ")";
     out.push_back(printf_string(
-        "  %4u  %-14s %-18s %10s %8s %10s %8s %10s %10s %6s %6s", rank.rank,
-        rank_pid(rank).c_str(), bringup_text(rank, chunks).c_str(),
-        gbps(rates.rate(r.engine_id, rank.rank, true)).c_str(), copy_store.c_str(),
-        gbps(rates.rate(r.engine_id, rank.rank, false)).c_str(), copy_load.c_str(),
-        bytes(rank.store.bytes).c_str(), bytes(rank.load.bytes).c_str(),
+        "  %4u  %-14s %-18s %10s %8s %10s %8s %10s %10s %6s %6s", rank.rank, rank_pid(rank).c_str(),
+        bringup_text(rank, chunks).c_str(), gbps(rates.rate(r.engine_id, rank.rank, true)).c_str(),
+        copy_store.c_str(), gbps(rates.rate(r.engine_id, rank.rank, false)).c_str(),
+        copy_load.c_str(), bytes(rank.store.bytes).c_str(), bytes(rank.load.bytes).c_str(),
         count(rank.store.jobs_in_flight() + rank.load.jobs_in_flight()).c_str(),
         count(rank.store.jobs_failed + rank.load.jobs_failed).c_str()));
   }
