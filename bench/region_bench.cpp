@@ -10,6 +10,9 @@
 // BM_RegionBringupRanks is the engine's view (issue 9): W processes, one per rank, started
 // together, each creating or joining the same 1 GiB region (1 MiB slot per rank per row) and
 // populating its own columns; the time is from the start signal until the last rank is up.
+//
+// BM_RegionAttachDetach is the fixed cost of one attach and detach of a 1-chunk region (system
+// calls, header, liveness lock, the role of Note [Owners]), as a creator or as a joiner.
 //   build/<preset>/bin/region_bench --benchmark_min_time=0.01
 #include <kvoffload/region.hpp>
 #include <kvoffload/syscalls.hpp>
@@ -112,11 +115,45 @@ void BM_RegionCreatePopulate(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(populated));
   if (state.iterations() > 0) {
-    state.counters["populate_MiB"] = static_cast<double>(populated / state.iterations()) / kMiB;
+    state.counters["populate_MiB"] =
+        static_cast<double>(populated) / static_cast<double>(state.iterations()) / kMiB;
     state.counters["populate_s"] = populate_seconds / static_cast<double>(state.iterations());
   }
   state.SetLabel(std::string(fallback ? "fallback" : "madvise") +
                  (unranked ? " unranked" : " ranked r0/2"));
+}
+
+// Args: join (0: each iteration creates a fresh 1-chunk region and, last out, removes it; 1: it
+// joins a region a keeper (rank 1) holds, and leaves it). Populate has one page to do, so this is
+// the fixed cost of an attach + detach: the system calls of create or join, the liveness lock and
+// taking and releasing the role (Note [Owners]).
+void BM_RegionAttachDetach(benchmark::State& state) {
+  const bool join = state.range(0) != 0;
+  kvoffload::RegionOptions opts;
+  opts.engine_id = "bench-attach-" + std::to_string(getpid());
+  opts.layout = {.num_chunks = 1, .slot_bytes = 4096, .world_size = 2, .replicated = false};
+  opts.rank = 0;
+  opts.shm_dir = g_shm_dir;
+  try {
+    std::optional<kvoffload::Region> keeper;
+    if (join) {
+      auto k = opts;
+      k.rank = 1;
+      keeper.emplace(kvoffload::Region::create_or_join(k));
+    }
+    for (auto _ : state) {
+      kvoffload::Region region = kvoffload::Region::create_or_join(opts);
+      if (region.role() !=
+              (join ? kvoffload::RegionRole::kJoiner : kvoffload::RegionRole::kCreator) ||
+          !region.close()) {
+        state.SkipWithError("unexpected role, or close failed (a region was left over?)");
+        break;
+      }
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+  state.SetLabel(join ? "join + leave" : "create + remove");
 }
 
 // Args: MiB, threads. First touch of fresh anonymous memory, split among the threads.
@@ -275,7 +312,7 @@ void BM_RegionBringupRanks(benchmark::State& state) {
             report[1] = report[0] - t;
           }
         } catch (const std::exception& e) {
-          std::fprintf(stderr, "rank %u: %s\n", r, e.what());
+          (void)std::fprintf(stderr, "rank %u: %s\n", r, e.what());
         }
         if (write(up[1], report, sizeof report) != static_cast<ssize_t>(sizeof report)) _exit(3);
         (void)read_all(release[0], &c, 1);  // EOF: everyone is up
@@ -355,6 +392,13 @@ BENCHMARK(BM_RegionCreatePopulate)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+BENCHMARK(BM_RegionAttachDetach)
+    ->ArgNames({"join"})
+    ->Arg(0)
+    ->Arg(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 BENCHMARK(BM_FirstTouchMemset)
     ->ArgNames({"MiB", "threads"})
     ->ArgsProduct({{static_cast<std::int64_t>(kRegionBytes / kMiB / 2),
@@ -372,7 +416,8 @@ int main(int argc, char** argv) {
   const char* base = std::getenv("KVOFFLOAD_BENCH_SHM_DIR");
   std::string tmpl = std::string(base != nullptr ? base : "/dev/shm") + "/kvoffload_bench_XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) {
-    std::fprintf(stderr, "region_bench: mkdtemp %s: %s\n", tmpl.c_str(), std::strerror(errno));
+    (void)std::fprintf(stderr, "region_bench: mkdtemp %s: %s\n", tmpl.c_str(),
+                       std::strerror(errno));
     return 1;
   }
   g_shm_dir = tmpl;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What the main job runs once the build exists: the machine probe, then one process (an engine
 # rank) creates a region and fills its slots while a second process (the scheduler's unranked view)
-# joins it and checks every byte; then the region is listed, the creator released, and whatever
-# this demo left is cleaned. No fixed sleeps: each step waits for the previous one's signal.
+# joins it and checks every byte; a second rank 0 is refused; then the region is listed, the
+# creator released, and whatever this demo left is cleaned. No fixed sleeps: each step waits for
+# the previous one's signal.
 #   KVOFFLOAD_BIN      the program (default build/cpu/bin/kvoffload)
 #   KVOFFLOAD_SHM_DIR  where the region file goes (default /dev/shm)
 set -euo pipefail
@@ -66,7 +67,14 @@ cat "$work/creator.json"
 step "joiner (unranked, as the scheduler maps it): join the same memory and check every byte"
 "$bin" region create "${region[@]}" --unranked --check 0xA5
 
-step "region list: the creator is still attached"
+step "a second rank 0 while the creator holds it: refused (exit 1), naming the creator's PID"
+if "$bin" region create "${region[@]}" --rank 0 2>"$work/second.err"; then
+  echo "demo: a second rank 0 was accepted; two writers would share its slots" >&2
+  exit 1
+fi
+cat "$work/second.err"
+
+step "region list: the creator is still attached, and holds rank 0"
 "$bin" region list --shm-dir "$shm_dir"
 
 step "release: SIGTERM ends the creator's hold; the last process out removes the file"

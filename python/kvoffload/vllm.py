@@ -416,6 +416,10 @@ class KvoffloadWorker(OffloadingWorker):
             # vLLM's spec sized the cache to 0 blocks; its manager never stores, so no job comes.
             logger.warning("kvoffload: cpu_bytes_to_use holds no chunk; offloading is off")
         else:
+            # The worker's own rank even in the replicated layout (where every rank's slot is copy
+            # 0): each rank slot has one holder at a time, so a second process on this rank, or a
+            # data-parallel replica given the same kvoffload_engine_id, is refused here with
+            # kvoffload.Error(IN_USE) naming the holder's PID instead of sharing its slots.
             self._region = _ext.Region.create_or_join(
                 engine_id=engine_id,
                 num_chunks=self._num_blocks,
@@ -562,7 +566,7 @@ class KvoffloadSpec(OffloadingSpec):
     store_threshold, max_tracker_size, block_size / blocks_per_chunk (as CPUOffloadingSpec), and
     kvoffload's own: kvoffload_backend ("auto" | "cuda" | "hip"; "host" and "sim" for tests),
     kvoffload_engine_id (the region's name; default: vLLM's engine_id, one per data-parallel
-    replica), kvoffload_device (default: the KV tensors' device), kvoffload_rank (default: the
+    replica; replicas given one id have their workers refused, kvoffload.Error IN_USE), kvoffload_device (default: the KV tensors' device), kvoffload_rank (default: the
     worker's rank), kvoffload_shm_dir (default /dev/shm or KVOFFLOAD_SHM_DIR).
     The replicated (MLA) layout is vLLM's decision (config.replicated_layout), as for
     CPUOffloadingSpec.

@@ -134,8 +134,10 @@ detaches.)")
           py::arg("shm_dir") = py::none(), py::arg("join_timeout") = 30.0,
           py::arg("populate_threads") = 1, py::arg("populate") = true,
           py::arg("slot_align") = kDefaultSlotAlign,
-          "Creates the region, or joins it when another process created it. rank=None: an "
-          "unranked mapper (the scheduler). join_timeout in seconds.")
+          "Creates the region, or joins it when another process created it, and takes this "
+          "mapper's role: rank `rank`, or with rank=None the scheduler role (the unranked mapper). "
+          "One live holder per role: a second one raises kvoffload.Error with code IN_USE, naming "
+          "the holder's PID. join_timeout in seconds.")
       .def_property_readonly("geometry",
                              [](const RegionHolder& h) { return open_region(h).geometry(); })
       .def_property_readonly(
@@ -209,18 +211,38 @@ detaches.)")
       .def_readonly("stale", &RegionInfo::stale)
       .def_readonly("complete", &RegionInfo::complete)
       .def_readonly("geometry", &RegionInfo::geometry)
-      .def_readonly("problem", &RegionInfo::problem);
+      .def_readonly("problem", &RegionInfo::problem)
+      .def_property_readonly(
+          "owners",
+          [](const RegionInfo& info) {
+            // [(rank or None for the scheduler, pid)], ranks in order then the scheduler.
+            py::list out;
+            for (const RegionOwner& o : info.owners) {
+              out.append(
+                  py::make_tuple(o.rank ? py::object(py::int_(*o.rank)) : py::none(), o.pid));
+            }
+            return out;
+          },
+          "Roles held now: [(rank, pid)], rank None for the scheduler; pid 0 not yet recorded");
+  // shm_dir=None: default_shm_dir() ($KVOFFLOAD_SHM_DIR, else /dev/shm), as everywhere else.
   m.def(
-      "list_regions", [](std::filesystem::path shm_dir) { return list_regions(shm_dir); },
-      py::arg("shm_dir"), "Regions in shm_dir (counted without taking any lock)");
+      "list_regions",
+      [](const std::optional<std::filesystem::path>& shm_dir) {
+        return list_regions(shm_dir ? *shm_dir : default_shm_dir());
+      },
+      py::arg("shm_dir") = py::none(),
+      "Regions in shm_dir (default: $KVOFFLOAD_SHM_DIR, else /dev/shm), counted without taking "
+      "any lock");
   m.def(
       "clean_regions",
-      [](std::filesystem::path shm_dir, std::optional<std::string> engine_id) {
-        auto result = clean_regions(shm_dir, engine_id);
+      [](const std::optional<std::filesystem::path>& shm_dir,
+         const std::optional<std::string>& engine_id) {
+        auto result = clean_regions(shm_dir ? *shm_dir : default_shm_dir(), engine_id);
         return py::make_tuple(result.removed, result.kept);
       },
-      py::arg("shm_dir"), py::arg("engine_id") = py::none(),
-      "Removes stale regions; returns (removed, kept) lists of paths");
+      py::arg("shm_dir") = py::none(), py::arg("engine_id") = py::none(),
+      "Removes stale regions of shm_dir (default: $KVOFFLOAD_SHM_DIR, else /dev/shm); returns "
+      "(removed, kept) lists of paths");
   m.def("region_path", &region_path, py::arg("shm_dir"), py::arg("engine_id"));
   m.def("default_shm_dir", &default_shm_dir);
 }

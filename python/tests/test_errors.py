@@ -20,6 +20,7 @@ CODES = [
     ("NOT_FOUND", 10, "not_found"),
     ("STATE", 11, "state"),
     ("INTERNAL", 12, "internal"),
+    ("IN_USE", 13, "in_use"),
 ]
 
 

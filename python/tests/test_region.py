@@ -110,6 +110,18 @@ def test_unranked_mapper_and_listing(shm_dir):
         assert str(kvoffload.region_path(shm_dir, "py-region")) == str(r0.path)
 
 
+def test_listing_and_cleaning_default_to_the_default_shm_dir(shm_dir, monkeypatch):
+    # No argument: the directory every other entry point uses ($KVOFFLOAD_SHM_DIR, else /dev/shm).
+    monkeypatch.setenv("KVOFFLOAD_SHM_DIR", shm_dir)
+    assert str(kvoffload.default_shm_dir()) == shm_dir
+    with make(shm_dir, rank=0, engine_id="py-default-dir") as r0:
+        infos = kvoffload.list_regions()
+        assert [i.engine_id for i in infos] == ["py-default-dir"]
+        assert str(infos[0].path) == str(r0.path)
+        assert kvoffload.clean_regions() == ([], [infos[0].path])
+        assert kvoffload.list_regions(shm_dir=None)[0].engine_id == "py-default-dir"
+
+
 def test_errors_carry_code_and_message(shm_dir):
     with pytest.raises(kvoffload.Error) as e:
         make(shm_dir, engine_id="bad/id")
@@ -147,3 +159,53 @@ def test_join_from_another_process(shm_dir):
             "assert (np.asarray(r.slot(3, rank=0)) == 0xA7).all()\n"
         )
         subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_one_holder_per_rank_and_one_scheduler(shm_dir):
+    # Two create_or_join(engine_id=X, rank=0) would share rank 0's slots: the second is refused.
+    with make(shm_dir, rank=0) as r0, make(shm_dir, rank=None):
+        with pytest.raises(kvoffload.Error) as e:
+            make(shm_dir, rank=0)
+        assert e.value.code == kvoffload.ErrorCode.IN_USE and e.value.code_name == "in_use"
+        message = str(e.value)
+        assert "rank 0 of engine 'py-region'" in message and f"is held by PID {os.getpid()}." in message
+        assert str(r0.path) in message and "its own engine id" in message
+        with pytest.raises(kvoffload.Error) as e:
+            make(shm_dir, rank=None)
+        assert e.value.code == kvoffload.ErrorCode.IN_USE
+        assert "the scheduler role of engine 'py-region'" in str(e.value)
+        # The listing shows the holders and takes no role; the refused calls left nothing attached.
+        (info,) = kvoffload.list_regions(shm_dir)
+        assert info.owners == [(0, os.getpid()), (None, os.getpid())]
+        assert info.attached == 2
+    # Closed: the roles are free again (and the last one out removed the file).
+    with make(shm_dir, rank=0) as again:
+        assert again.role == "creator"
+
+
+HOLD_RANK_0 = (
+    "import sys, kvoffload\n"
+    "r = kvoffload.Region.create_or_join(engine_id='py-region', num_chunks=4, slot_bytes=3000,"
+    " world_size=2, rank=0, shm_dir=sys.argv[1])\n"
+    "print('held', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_another_process_on_a_held_rank_is_refused_until_the_holder_is_killed(shm_dir):
+    with make(shm_dir, rank=1):  # keeps the region while rank 0's holders come and go
+        holder = subprocess.Popen([sys.executable, "-c", HOLD_RANK_0, shm_dir], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            with pytest.raises(kvoffload.Error) as e:
+                make(shm_dir, rank=0)
+            assert e.value.code == kvoffload.ErrorCode.IN_USE
+            assert f"is held by PID {holder.pid}." in str(e.value)
+            (info,) = kvoffload.list_regions(shm_dir)
+            assert (0, holder.pid) in info.owners
+        finally:
+            holder.kill()  # kill -9: the role dies with the process
+            holder.wait(timeout=60)
+        with make(shm_dir, rank=0, join_timeout=0.0) as restarted:
+            assert restarted.role == "joiner" and restarted.rank == 0

@@ -5,6 +5,7 @@
 # in the region and back on the device. The device is host memory (numpy) on the host backend and
 # the simulated GPU's memory, which the host cannot dereference, on `sim`.
 import dataclasses
+import os
 import uuid
 
 import numpy as np
@@ -475,3 +476,42 @@ def test_spec_configuration(shm_dir):
     small = dataclasses.replace(cfg, worker_kv_bytes_per_block=100)
     with pytest.raises(ValueError, match="need 256 bytes per chunk"):
         KvoffloadSpec(small).get_worker(kv.caches)
+
+
+def test_two_engines_given_one_region_name_are_refused(shm_dir):
+    # Two engines (each with its own rank 0 worker, e.g. two vLLM servers started from one config)
+    # given one kvoffload_engine_id: sharing the region would let each serve the other's KV. The
+    # second one's worker is refused naming the first one's PID; with distinct names both run.
+    kv = KvCaches(Device("host"), bpc=1, seed=7, **ONE_GROUP)
+    name = "pool-" + uuid.uuid4().hex[:8]
+    first = KvoffloadSpec(offloading_config(shm_dir, kv, kvoffload_engine_id=name)).get_worker(kv.caches)
+    with pytest.raises(kvoffload.Error) as e:
+        KvoffloadSpec(offloading_config(shm_dir, kv, kvoffload_engine_id=name)).get_worker(kv.caches)
+    assert e.value.code == kvoffload.ErrorCode.IN_USE
+    assert f"rank 0 of engine '{name}'" in str(e.value)
+    assert f"is held by PID {os.getpid()}." in str(e.value)
+    other = KvoffloadSpec(offloading_config(shm_dir, kv)).get_worker(kv.caches)  # its own name
+    other.shutdown()
+    first.shutdown()
+
+
+def test_replicated_layout_workers_each_hold_their_own_rank(shm_dir):
+    # MLA: every rank's slot is copy 0 of the row, but each worker still holds its own rank, so
+    # tensor-parallel ranks attach side by side and a second rank-1 worker is refused.
+    kv = KvCaches(Device("host"), bpc=2, seed=8, tensors=[(4096, 4096)], groups=[[(0, 4096)]])
+    engine_id = "mla-" + uuid.uuid4().hex[:8]
+
+    def worker(rank):
+        cfg = offloading_config(shm_dir, kv, world_size=2, rank=rank, engine_id=engine_id,
+                                replicated=True)
+        return KvoffloadSpec(cfg).get_worker(kv.caches)
+
+    rank0, rank1 = worker(0), worker(1)
+    assert rank0._region.rank == 0 and rank1._region.rank == 1
+    np.asarray(rank0._region.slot(2))[:] = 0x3C
+    assert (np.asarray(rank1._region.slot(2)) == 0x3C).all()  # rank 1's slot is copy 0 too
+    with pytest.raises(kvoffload.Error) as e:
+        worker(1)
+    assert e.value.code == kvoffload.ErrorCode.IN_USE
+    rank1.shutdown()
+    rank0.shutdown()

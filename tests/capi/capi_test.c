@@ -70,6 +70,7 @@ static void test_errors_and_version(void) {
       {KVO_NOT_FOUND, 10, "not_found"},
       {KVO_STATE, 11, "state"},
       {KVO_INTERNAL, 12, "internal"},
+      {KVO_IN_USE, 13, "in_use"},
   };
   size_t i;
   CHECK(sizeof codes / sizeof codes[0] == KVOFFLOAD_ERROR_CODE_COUNT);
@@ -81,7 +82,7 @@ static void test_errors_and_version(void) {
       FAIL("kvo_status_name(%d) is \"%s\", expected \"%s\"", codes[i].value,
            kvo_status_name(codes[i].status), codes[i].name);
   }
-  CHECK(strcmp(kvo_status_name((kvo_status)13), "unknown") == 0);
+  CHECK(strcmp(kvo_status_name((kvo_status)14), "unknown") == 0);
   CHECK(strcmp(kvo_status_name((kvo_status)99), "unknown") == 0);
   CHECK(strcmp(kvo_status_name((kvo_status)-1), "unknown") == 0);
   CHECK(kvo_version() != NULL && strchr(kvo_version(), '.') != NULL);
@@ -157,6 +158,17 @@ static void test_region(void) {
   CHECK_OK(kvo_region_role_get(joiner, &role));
   CHECK(role == KVO_ROLE_JOINER);
 
+  /* Rank 0 has a holder (the creator, in this process): a second one is refused naming the
+   * engine, the rank and the holder's PID, and *out stays untouched. */
+  {
+    char needle[64];
+    (void)snprintf(needle, sizeof needle, "is held by PID %ld.", (long)getpid());
+    region_options(&o, "capi-region", 0);
+    CHECK_ERR(kvo_region_create_or_join(&o, &untouched), KVO_IN_USE, needle);
+    CHECK(strstr(kvo_last_error_message(), "rank 0 of engine 'capi-region'") != NULL);
+    CHECK(untouched == (kvo_region_t*)&o);
+  }
+
   CHECK_OK(kvo_region_geometry_get(creator, &g));
   CHECK(g.num_chunks == 8 && g.slot_bytes == 3000 && g.world_size == 2 && g.copies == 2);
   CHECK(g.replicated == 0 && g.page_size > 0);
@@ -220,6 +232,13 @@ static void test_region(void) {
   CHECK(rank == KVO_UNRANKED);
   CHECK_ERR(kvo_region_slot(untouched, 0, KVO_OWN_RANK, &p0, &bytes), KVO_STATE,
             "was mapped unranked");
+  {
+    /* One scheduler (unranked mapper) at a time. */
+    kvo_region_t* second = (kvo_region_t*)&o;
+    CHECK_ERR(kvo_region_create_or_join(&o, &second), KVO_IN_USE,
+              "the scheduler role of engine 'capi-region'");
+    CHECK(second == (kvo_region_t*)&o);
+  }
   CHECK_OK(kvo_region_close(untouched));
 
   /* The region is in use: clean keeps it. The last one out removes the file. */

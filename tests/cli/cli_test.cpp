@@ -355,10 +355,14 @@ TEST_F(CliTest, CreateHumanText) {
 }
 
 TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
+  // The creator holds rank 1; rank 0 is filled by one process and checked by the next ones (a
+  // rank slot has one holder at a time, so they take turns).
   Holder creator;
-  const json c = start_holder(create_args("fill", {"--rank", "0", "--fill", "0xA5"}), &creator);
+  const json c = start_holder(create_args("fill", {"--rank", "1", "--fill", "0x5B"}), &creator);
   EXPECT_EQ(c.value("role", ""), "creator");
   EXPECT_EQ(c.value("filled_bytes", 0ULL), 16ULL * 24 * 1024);
+  const json f = run_json(create_args("fill", {"--rank", "0", "--fill", "0xA5"}));
+  EXPECT_EQ(f.value("role", ""), "joiner");
 
   // Rank 0's slots hold the byte, in hex or decimal.
   const json j = run_json(create_args("fill", {"--rank", "0", "--check", "0xa5"}));
@@ -368,10 +372,11 @@ TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
   EXPECT_EQ(run_json(create_args("fill", {"--rank", "0", "--check", "165", "--threads", "3"}))
                 .value("role", ""),
             "joiner");
-  // Rank 1's slots were not touched by rank 0's fill.
-  EXPECT_EQ(
-      run_json(create_args("fill", {"--rank", "1", "--check", "0"})).value("checked_bytes", 0ULL),
-      16ULL * 24 * 1024);
+  // Rank 1's slots hold the creator's byte, not rank 0's: an unranked check sees both.
+  const Result both = run(create_args("fill", {"--unranked", "--check", "0x5B"}));
+  EXPECT_EQ(both.exit_code, kExitError);
+  EXPECT_THAT(both.err, HasSubstr("chunk 0, slot 0, byte offset 0"));
+  EXPECT_THAT(both.err, HasSubstr("holds 0xa5"));
 
   // A wrong byte fails with exit 1 and names where and what.
   const Result bad = run(create_args("fill", {"--rank", "0", "--check", "0x5A", "--json"}));
@@ -379,7 +384,8 @@ TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
   EXPECT_THAT(bad.err, HasSubstr("chunk 0"));
   EXPECT_THAT(bad.err, HasSubstr("0xa5"));
   EXPECT_THAT(bad.err, HasSubstr("0x5a"));
-  EXPECT_TRUE(bad.out.empty()) << bad.out;
+  // --json: the same error as one JSON object on stdout.
+  EXPECT_EQ(json::parse(bad.out)["error"]["code"], "mismatch") << bad.out;
 
   // SIGTERM ends the hold; the last process out removes the file.
   EXPECT_EQ(stop_holder(creator.pid, SIGTERM), std::optional<int>(kExitOk))
@@ -388,10 +394,12 @@ TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
 }
 
 TEST_F(CliTest, CheckFindsTheFirstBadByteOfAPartlyFilledRegion) {
-  // The unranked holder fills everything; a rank-1 joiner then overwrites its slot of every chunk
+  // An unranked command fills everything; a rank-1 joiner then overwrites its slot of every chunk
   // so an unranked check must point at rank 1's slot of chunk 0.
+  // A rank-0 holder keeps the region; the scheduler role is free for each unranked command.
   Holder creator;
-  start_holder(create_args("part", {"--unranked", "--fill", "0x11"}), &creator);
+  start_holder(create_args("part", {"--rank", "0"}), &creator);
+  run_json(create_args("part", {"--unranked", "--fill", "0x11"}));
   run_json(create_args("part", {"--rank", "1", "--fill", "0x22"}));
   const Result bad = run(create_args("part", {"--unranked", "--check", "0x11"}));
   EXPECT_EQ(bad.exit_code, kExitError);
@@ -431,7 +439,8 @@ TEST_F(CliTest, ListShowsAttachedCountAndStaleFlag) {
   EXPECT_FALSE(r.value("stale", true));
   EXPECT_EQ(r.value("bytes", 0ULL),
             r.value("data_bytes", 0ULL) +
-                static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE)));  // header page + data
+                2 * static_cast<std::uint64_t>(
+                        sysconf(_SC_PAGESIZE)));  // header page + live statistics page + data
 
   // Killed without a chance to clean up: the file stays, with nobody attached.
   stop_holder(a.pid, SIGKILL);
@@ -445,6 +454,42 @@ TEST_F(CliTest, ListShowsAttachedCountAndStaleFlag) {
   const Result human = run({"region", "list", "--shm-dir", shm_.string()});
   EXPECT_EQ(human.exit_code, kExitOk);
   EXPECT_THAT(human.out, HasSubstr("stale"));
+}
+
+// One holder per rank and one scheduler (--unranked): a second is refused with exit 1 and a message
+// naming the engine, the role and the holder's PID; `region list` shows the holders (and takes no
+// role); kill -9 frees a role for the next claimant at once.
+TEST_F(CliTest, ASecondHolderOfARankOrTheSchedulerIsRefusedNamingThePid) {
+  Holder rank0, scheduler;
+  start_holder(create_args("dup", {"--rank", "0"}), &rank0);
+  start_holder(create_args("dup", {"--unranked"}), &scheduler);
+
+  const Result again = run(create_args("dup", {"--rank", "0", "--json"}));
+  EXPECT_EQ(again.exit_code, kExitError) << again.err;
+  EXPECT_THAT(again.err, HasSubstr("rank 0 of engine 'dup' is held by PID " +
+                                   std::to_string(rank0.pid) + "."));
+  EXPECT_THAT(again.err, HasSubstr("its own engine id"));
+  const Result twice = run(create_args("dup", {"--unranked"}));
+  EXPECT_EQ(twice.exit_code, kExitError) << twice.err;
+  EXPECT_THAT(twice.err, HasSubstr("the scheduler role of engine 'dup' is held by PID " +
+                                   std::to_string(scheduler.pid) + "."));
+
+  const json l = run_json({"region", "list", "--shm-dir", shm_.string()});
+  ASSERT_EQ(l["regions"].size(), 1U) << l.dump();
+  EXPECT_EQ(l["regions"][0].value("attached", 0), 2) << "refused claimants left nothing attached";
+  EXPECT_EQ(l["regions"][0]["owners"],
+            json::parse(R"([{"role": "rank", "rank": 0, "pid": )" + std::to_string(rank0.pid) +
+                        R"(}, {"role": "scheduler", "rank": null, "pid": )" +
+                        std::to_string(scheduler.pid) + "}]"));
+  const Result human = run({"region", "list", "--shm-dir", shm_.string()});
+  EXPECT_THAT(human.out, HasSubstr("held by: rank 0 pid " + std::to_string(rank0.pid) +
+                                   ", scheduler pid " + std::to_string(scheduler.pid)));
+
+  stop_holder(rank0.pid, SIGKILL);
+  EXPECT_EQ(run_json(create_args("dup", {"--rank", "0", "--join-timeout", "0"})).value("role", ""),
+            "joiner");
+  EXPECT_EQ(stop_holder(scheduler.pid, SIGTERM), std::optional<int>(kExitOk));
+  EXPECT_TRUE(shm_is_empty());
 }
 
 TEST_F(CliTest, CleanRemovesStaleAndKeepsInUse) {
@@ -513,6 +558,114 @@ TEST_F(CliTest, HostileEntriesDoNotHangOrFailListAndClean) {
   EXPECT_TRUE(fs::is_directory(region_file("dir")));
   EXPECT_TRUE(fs::is_symlink(region_file("link")));
   EXPECT_FALSE(fs::exists(region_file("real")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// errors as scripts see them: --json gives one JSON object on stdout on every exit
+
+// The error object of a failed command, checked against its exit code and stderr.
+void expect_error_object(const Result& r, int exit_code, const std::string& code,
+                         const std::string& mentions) {
+  EXPECT_EQ(r.exit_code, exit_code) << "stderr: " << r.err << "\nstdout: " << r.out;
+  EXPECT_THAT(r.err, HasSubstr(mentions));
+  json j;
+  try {
+    j = json::parse(r.out);  // exactly one JSON value, nothing else on stdout
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "stdout is not one JSON object: " << e.what() << "\n" << r.out;
+    return;
+  }
+  ASSERT_TRUE(j.contains("error")) << j.dump();
+  EXPECT_EQ(j["error"]["code"], code) << j.dump();
+  EXPECT_EQ(j["error"]["exit_code"], exit_code);
+  EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr(mentions));
+}
+
+TEST_F(CliTest, JsonOnErrorPrintsOneErrorObjectOnStdout) {
+  const std::string missing = (dir_ / "missing").string();
+  const fs::path trace = dir_ / "trace.txt";
+  std::ofstream(trace) << "0a 0b\n";
+  // Every subcommand, through each way a command fails: a refused command line, a bad value found
+  // by the command, a failing operation.
+  expect_error_object(run({"probe", "--shm-dir", missing, "--json"}), kExitError, "system",
+                      missing);
+  expect_error_object(run({"region", "list", "--shm-dir", missing, "--json"}), kExitUsage,
+                      "invalid_argument", missing + " does not exist");
+  expect_error_object(
+      run({"region", "clean", "--shm-dir", shm_.string(), "--engine-id", "a b", "--json"}),
+      kExitUsage, "invalid_argument", "a b");
+  expect_error_object(run({"region", "create", "--shm-dir", shm_.string(), "--engine-id", "e",
+                           "--chunks", "4", "--slot-bytes", "4K", "--threads", "0", "--json"}),
+                      kExitUsage, "usage", "--threads: 0 is out of range");
+  expect_error_object(run({"simulate", "--trace", trace.string(), "--chunks", "0", "--json"}),
+                      kExitUsage, "usage", "--chunks: 0 is out of range");
+  expect_error_object(run({"simulate", "--trace", missing, "--chunks", "4", "--json"}), kExitError,
+                      "not_found", missing);
+  expect_error_object(run({"remote", "check", "mongodb://h:1", "--json"}), kExitUsage,
+                      "invalid_argument", "unknown scheme 'mongodb'");
+  expect_error_object(run({"run", "--shm-dir", shm_.string(), "--host-pool", "1K", "--json"}),
+                      kExitUsage, "invalid_argument", "--host-pool");
+  expect_error_object(run({"version", "--json", "--bogus"}), kExitUsage, "usage", "--bogus");
+  // Without --json stdout stays empty on error.
+  const Result plain = run({"probe", "--shm-dir", missing});
+  EXPECT_EQ(plain.exit_code, kExitError);
+  EXPECT_TRUE(plain.out.empty()) << plain.out;
+  EXPECT_TRUE(shm_is_empty());
+}
+
+// `simulate --trace DIR` used to read a directory as a 2^63-byte file (std::bad_alloc).
+TEST_F(CliTest, SimulateTraceThatIsADirectoryIsAClearError) {
+  const Result r = run({"simulate", "--trace", dir_.string(), "--chunks", "4"});
+  EXPECT_EQ(r.exit_code, kExitUsage) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("trace '" + dir_.string() + "' is a directory"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("bad_alloc")));
+  // A pipe has no size to ask for, and is read to its end.
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::thread writer([&] { std::ofstream(fifo) << "0a 0b\n0a 0c\n"; });
+  const Result f = run({"simulate", "--trace", fifo.string(), "--chunks", "4", "--json"});
+  writer.join();
+  ASSERT_EQ(f.exit_code, kExitOk) << f.err;
+  EXPECT_EQ(json::parse(f.out)["requests"], 2);
+  EXPECT_EQ(json::parse(f.out)["hits"], 1);
+}
+
+// Bytes of a bad trace that a terminal would act on are shown escaped, in text and in JSON;
+// well-formed UTF-8 is kept.
+TEST_F(CliTest, BinaryBytesOfABadTraceAreEscaped) {
+  const fs::path trace = dir_ / "binary.trace";
+  std::ofstream(trace, std::ios::binary) << "0a \xc3\xa9\x80\x1b[2J\x07\xc2\x9b\n";
+  const Result r = run({"simulate", "--trace", trace.string(), "--chunks", "4"});
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("line 1"));
+  EXPECT_THAT(r.err, HasSubstr("\xc3\xa9\\x80\\x1b[2J\\x07\\xc2\\x9b")) << r.err;
+  for (const char raw : {'\x80', '\x1b', '\x07', '\x9b'}) {
+    EXPECT_EQ(r.err.find(raw), std::string::npos) << "a raw byte " << int(raw) << ": " << r.err;
+  }
+  const Result j = run({"simulate", "--trace", trace.string(), "--chunks", "4", "--json"});
+  EXPECT_EQ(j.exit_code, kExitUsage);
+  const json e = json::parse(j.out);  // valid JSON although the input was not UTF-8
+  EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("\xc3\xa9\\x80\\x1b"));
+}
+
+// `version` lists the backends its help promises: every backend, built or not.
+TEST_F(CliTest, VersionListsTheBackends) {
+  const json v = run_json({"version"});
+  EXPECT_FALSE(v["version"].get<std::string>().empty());
+  std::vector<std::string> names;
+  for (const auto& b : v["backends"]) {
+    names.push_back(b["name"]);
+    EXPECT_TRUE(b.contains("built") && b.contains("device_count") && b.contains("detail"));
+  }
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("cuda", "hip", "host", "sim"));
+  const Result text = run({"version"});
+  EXPECT_EQ(text.exit_code, kExitOk);
+  EXPECT_THAT(text.out, HasSubstr("backends:\n"));
+  EXPECT_THAT(text.out, HasSubstr("  host: 1 device"));
+  EXPECT_THAT(text.out, HasSubstr("  sim: "));
+  // probe lists the same backends, the same way.
+  const json p = run_json({"probe", "--shm-dir", shm_.string()});
+  EXPECT_EQ(p["backends"].size(), v["backends"].size());
 }
 
 // ---------------------------------------------------------------------------------------------

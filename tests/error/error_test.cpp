@@ -33,6 +33,7 @@ constexpr Expected kCodes[] = {
     {ErrorCode::kNotFound, 10, "not_found"},
     {ErrorCode::kState, 11, "state"},
     {ErrorCode::kInternal, 12, "internal"},
+    {ErrorCode::kInUse, 13, "in_use"},
 };
 
 TEST(ErrorCodes, EveryCodeHasItsStableValueAndName) {

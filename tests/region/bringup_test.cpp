@@ -97,18 +97,20 @@ TEST(Bringup, EachRankAllocatesOnlyItsOwnColumns) {
   Region r0 = Region::create_or_join(opts);
   ASSERT_EQ(r0.role(), RegionRole::kCreator);
   EXPECT_EQ(sys.count(Op::kFallocate), 0);  // no whole-file fallocate
-  // The header page and rank 0's 8 x 2 pages, nothing of the other ranks.
-  EXPECT_EQ(allocated_bytes(r0.path()), page + 8 * 2 * page);
+  // The header area (header page, live statistics page) and rank 0's 8 x 2 pages, nothing of the
+  // other ranks.
+  const std::uint64_t header = 2 * page;
+  EXPECT_EQ(allocated_bytes(r0.path()), header + 8 * 2 * page);
   auto o2 = opts;
   o2.syscalls = nullptr;
   o2.rank = 2;
   Region r2 = Region::create_or_join(o2);
-  EXPECT_EQ(allocated_bytes(r0.path()), page + 2 * 8 * 2 * page);
+  EXPECT_EQ(allocated_bytes(r0.path()), header + 2 * 8 * 2 * page);
   o2.rank = 1;
   Region r1 = Region::create_or_join(o2);
   o2.rank = 3;
   Region r3 = Region::create_or_join(o2);
-  EXPECT_EQ(allocated_bytes(r0.path()), page + r0.geometry().data_bytes());
+  EXPECT_EQ(allocated_bytes(r0.path()), header + r0.geometry().data_bytes());
 }
 
 // A mapper that does not pre-fault still allocates its columns (fallocate, one call per row), so a
@@ -124,7 +126,7 @@ TEST(Bringup, MapperWithoutPopulateAllocatesItsColumns) {
   Region r = Region::create_or_join(opts);
   EXPECT_EQ(sys.count(Op::kMadvise), 0);
   EXPECT_EQ(sys.count(Op::kFallocate), 6);
-  EXPECT_EQ(allocated_bytes(r.path()), page + 6 * page);
+  EXPECT_EQ(allocated_bytes(r.path()), 2 * page + 6 * page);  // header area + 6 slots
   EXPECT_EQ(r.populate_report().method, PopulateMethod::kNone);
 }
 

@@ -42,7 +42,7 @@ class CreatorKilled : public ::testing::TestWithParam<KillPoint> {};
 void run_creator_killed_at(const KillPoint& k, const RegionOptions& opts) {
   const pid_t pid = test::fork_child([&] {
     FaultSyscalls sys;
-    auto hook = [] { ::raise(SIGKILL); };
+    auto hook = [] { (void)::raise(SIGKILL); };
     if (k.before) {
       sys.before(k.op, k.nth, hook);
     } else {
@@ -91,7 +91,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(KillPoint{"unnamed_file_built", Op::kLinkat, 1, true, false},
                       KillPoint{"just_published", Op::kLinkat, 1, false, true},
                       KillPoint{"just_mapped", Op::kMmap, 1, false, true},
-                      KillPoint{"before_ready", Op::kPwrite, 2, true, true},
+                      KillPoint{"before_ready", Op::kPwrite, 3, true, true},
                       KillPoint{"populate_probe", Op::kMadvise, 1, true, true},
                       KillPoint{"populate_rows", Op::kMadvise, 4, true, true},
                       KillPoint{"before_teardown", Op::kMunmap, 1, true, true}),
@@ -202,7 +202,7 @@ TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
            {"--shm-size", "--ipc=host", "smaller region", "num_chunks=256", "slot_bytes=16384",
             "world_size", "free space of", "kvoffload_big.region"}) {
         if (msg.find(s) == std::string::npos) {
-          std::fprintf(stderr, "missing '%s' in: %s\n", s, msg.c_str());
+          (void)std::fprintf(stderr, "missing '%s' in: %s\n", s, msg.c_str());
           return 3;
         }
       }

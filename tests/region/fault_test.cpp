@@ -59,9 +59,10 @@ TEST_P(CreatePathFault, CallerSeesTheOriginalErrorAndNothingIsLeft) {
 }
 
 // Call order on the create path: open(shm dir), open(path: ENOENT), fstatvfs, open(O_TMPFILE),
-// fchmod, flock(SH), fcntl(OFD lock), pwrite(header), ftruncate, fstat, linkat, mmap,
-// pwrite(state), fcntl(unlock), madvise(probe), madvise(rows)..., then teardown. There is no
-// fallocate: populate allocates (Note [Allocation by populate]).
+// fchmod, flock(SH), fcntl(OFD creator lock), pwrite(header), fcntl(role lock), pwrite(owner
+// record), fcntl("recorded" lock), ftruncate, fstat, linkat, mmap, pwrite(state), fcntl(unlock),
+// madvise(probe), madvise(rows)..., then teardown. There is no fallocate: populate allocates (Note
+// [Allocation by populate]).
 INSTANTIATE_TEST_SUITE_P(
     EachStep, CreatePathFault,
     ::testing::Values(CreateFault{Op::kOpenat, 1, EACCES, ErrorCode::kSystem},
@@ -71,12 +72,15 @@ INSTANTIATE_TEST_SUITE_P(
                       CreateFault{Op::kFchmod, 1, EPERM, ErrorCode::kSystem},
                       CreateFault{Op::kFlock, 1, ENOLCK, ErrorCode::kSystem},
                       CreateFault{Op::kFcntlLock, 1, ENOLCK, ErrorCode::kSystem},
-                      CreateFault{Op::kPwrite, 1, EIO, ErrorCode::kSystem},  // header
+                      CreateFault{Op::kPwrite, 1, EIO, ErrorCode::kSystem},        // header
+                      CreateFault{Op::kFcntlLock, 2, ENOLCK, ErrorCode::kSystem},  // role
+                      CreateFault{Op::kPwrite, 2, EIO, ErrorCode::kSystem},        // owner record
+                      CreateFault{Op::kFcntlLock, 3, ENOLCK, ErrorCode::kSystem},  // "recorded"
                       CreateFault{Op::kFtruncate, 1, EFBIG, ErrorCode::kSystem},
                       CreateFault{Op::kFstat, 1, EIO, ErrorCode::kSystem},
                       CreateFault{Op::kLinkat, 1, EACCES, ErrorCode::kSystem},  // publish
                       CreateFault{Op::kMmap, 1, ENOMEM, ErrorCode::kSystem},
-                      CreateFault{Op::kPwrite, 2, EIO, ErrorCode::kSystem},        // state "ready"
+                      CreateFault{Op::kPwrite, 3, EIO, ErrorCode::kSystem},        // state "ready"
                       CreateFault{Op::kMadvise, 1, EIO, ErrorCode::kSystem},       // probe
                       CreateFault{Op::kMadvise, 1, EFAULT, ErrorCode::kCapacity},  // probe: full
                       CreateFault{Op::kMadvise, 3, EIO, ErrorCode::kSystem},       // a later row
@@ -194,8 +198,8 @@ TEST(JoinPathFault, EveryCallFailedInTurn) {
     EXPECT_EQ(dir.entries().size(), 1U);  // the owner's region is untouched
   }
   // The sweep covered the join path's system calls.
-  for (Op op :
-       {Op::kOpenat, Op::kFstat, Op::kFlock, Op::kFstatat, Op::kPread, Op::kMmap, Op::kMadvise}) {
+  for (Op op : {Op::kOpenat, Op::kFstat, Op::kFlock, Op::kFstatat, Op::kPread, Op::kFcntlLock,
+                Op::kPwrite, Op::kMmap, Op::kMadvise}) {
     EXPECT_GT(failed_ops[op], 0) << test::op_name(op);
   }
   EXPECT_EQ(owner.role(), RegionRole::kCreator);
@@ -240,9 +244,11 @@ TEST_P(TeardownPathFault, EveryStepStillRuns) {
 
 INSTANTIATE_TEST_SUITE_P(
     EachStep, TeardownPathFault,
-    ::testing::Values(TeardownFault{Op::kMunmap, false}, TeardownFault{Op::kFlock, true},
-                      TeardownFault{Op::kFstatat, true}, TeardownFault{Op::kUnlinkat, false},
-                      TeardownFault{Op::kClose, false}),
+    ::testing::Values(TeardownFault{Op::kMunmap, false},
+                      TeardownFault{Op::kFcntlLock, false},  // releasing the role
+                      TeardownFault{Op::kPwrite, false},     // clearing the owner record
+                      TeardownFault{Op::kFlock, true}, TeardownFault{Op::kFstatat, true},
+                      TeardownFault{Op::kUnlinkat, false}, TeardownFault{Op::kClose, false}),
     [](const auto& param_info) { return std::string(test::op_name(param_info.param.op)); });
 
 TEST(TeardownPathFault, UnlinkFailureLeavesAStaleFileThatTheNextCreateReclaims) {
@@ -291,12 +297,12 @@ TEST(Capacity, CgroupLimitLowerThanFreeSpaceIsUsedAndNamed) {
   const auto fds = fd_snapshot();
   const Error e = expect_error([&] { (void)Region::create_or_join(opts); });
   EXPECT_EQ(e.code(), ErrorCode::kCapacity);
-  EXPECT_THAT(
-      e.what(),
-      AllOf(HasSubstr("memory cgroup limit"), HasSubstr("65536 bytes are available"),
-            HasSubstr(std::to_string(4096 + 64 * 4096)), HasSubstr("num_chunks=64"),
-            HasSubstr("slot_bytes=4096"), HasSubstr("--shm-size"), HasSubstr("--ipc=host"),
-            HasSubstr("smaller region"), HasSubstr((dir.path() / "kvoffload_cg.region").string())));
+  EXPECT_THAT(e.what(),
+              AllOf(HasSubstr("memory cgroup limit"), HasSubstr("65536 bytes are available"),
+                    HasSubstr(std::to_string(2 * 4096 + 64 * 4096)),  // header + live stats + data
+                    HasSubstr("num_chunks=64"), HasSubstr("slot_bytes=4096"),
+                    HasSubstr("--shm-size"), HasSubstr("--ipc=host"), HasSubstr("smaller region"),
+                    HasSubstr((dir.path() / "kvoffload_cg.region").string())));
   EXPECT_TRUE(dir.entries().empty());
   EXPECT_EQ(fd_snapshot(), fds);
   // A region that fits under the limit is created.

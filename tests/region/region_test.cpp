@@ -50,8 +50,9 @@ TEST(Region, CreatorAndJoinerShareOneMapping) {
   struct stat st {};
   ASSERT_EQ(::stat(a.path().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600U);
+  // Header page (header + readiness table), live statistics page, data.
   EXPECT_EQ(static_cast<std::uint64_t>(st.st_size),
-            platform::page_size() + a.geometry().data_bytes());
+            2 * platform::page_size() + a.geometry().data_bytes());
   EXPECT_GE(static_cast<std::uint64_t>(st.st_blocks) * 512,
             a.geometry().data_bytes());  // allocated
 
@@ -98,6 +99,7 @@ TEST(Region, PopulateReportNamesMethodAndBytes) {
   EXPECT_THAT(expect_error([&] { (void)unranked.slot(0); }).code(), ErrorCode::kState);
 
   opts.populate = false;
+  opts.rank = 0;  // rank 1 is held by `ranked`
   Region none = Region::create_or_join(opts);
   EXPECT_EQ(none.populate_report().method, PopulateMethod::kNone);
 }
@@ -198,7 +200,7 @@ TEST(Region, BringUpAllocatesEveryPageWithoutPopulate) {
   EXPECT_EQ(r.populate_report().method, PopulateMethod::kNone);
   struct stat st {};
   ASSERT_EQ(::stat(r.path().c_str(), &st), 0);
-  const std::uint64_t file_bytes = platform::page_size() + r.geometry().data_bytes();
+  const std::uint64_t file_bytes = 2 * platform::page_size() + r.geometry().data_bytes();
   ASSERT_EQ(static_cast<std::uint64_t>(st.st_size), file_bytes);
   EXPECT_EQ(static_cast<std::uint64_t>(st.st_blocks) * 512, file_bytes);  // tmpfs: whole pages
 }

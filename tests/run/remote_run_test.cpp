@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -163,9 +164,97 @@ TEST_F(RemoteRunTest, TwoEnginesShareChunksThroughOneRedis) {
   }
   EXPECT_EQ(rb["errors"], 0);
   EXPECT_EQ(b["promoted"], rb["promoted"]);
-  for (const char* field : {"promoted", "stored", "misses", "corrupt", "errors"}) {
+  EXPECT_EQ(b["promoted_from"]["remote"], rb["promoted"]);
+  for (const char* field : {"promoted", "stored", "misses", "corrupt", "errors", "lookup_timeouts",
+                            "lookup_errors", "get_errors", "put_errors", "breaker_opens"}) {
     EXPECT_TRUE(rb.contains(field)) << field;
   }
+  EXPECT_TRUE(fs::is_empty(shm_));
+
+  // The text summary says where promotions came from: the remote tier (there is no file tier).
+  std::vector<std::string> text = run_args(redis.url(), "engine-c", patient);
+  text.erase(std::find(text.begin(), text.end(), "--json"));
+  ASSERT_EQ(exec(text), 0) << err();
+  EXPECT_THAT(out(), ::testing::ContainsRegex("promoted +[1-9][0-9]* from the remote tier"));
+  EXPECT_THAT(out(), ::testing::Not(HasSubstr("file tier")));
+}
+
+// A lookup answered after its budget is a miss (lookup_timeouts), not an error: the check keeps
+// its connection and the node's circuit stays closed. Redis is paused for 300 ms mid-run
+// (CLIENT PAUSE): the lookups of those 300 ms are late for the 50 ms budget, and every command
+// is still answered well within the 1 s network deadline. The pool holds the whole workload, so
+// nothing is evicted and promoted back: the scheduler never waits on a get, and every request's
+// new chunk is looked up during the pause.
+TEST_F(RemoteRunTest, LateLookupsAreMissesNotErrors) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  std::vector<std::string> args =
+      run_args(redis.url(), "engine-l", {"--requests", "0", "--duration", "6"});
+  *(std::find(args.begin(), args.end(), "--host-pool") + 1) = "64M";
+  const pid_t pid = start(args);
+  // The run is serving once it has written through to the store.
+  for (int i = 0; i < 6000 && redis.cli({"DBSIZE"}) == "0"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NE(redis.cli({"DBSIZE"}), "0") << "the run stored nothing; stderr: " << err();
+  EXPECT_EQ(redis.cli({"CLIENT", "PAUSE", "300", "ALL"}), "OK");
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, WNOHANG), 0) << "the run ended before the pause did";
+  ASSERT_EQ(finish(pid), 0) << err();
+  const json r = report();
+  EXPECT_TRUE(r["all_verified"].get<bool>());
+  const json& m = r["remote"];
+  EXPECT_GT(m["lookup_timeouts"].get<std::uint64_t>(), 0u) << m.dump();
+  EXPECT_EQ(m["lookup_errors"], 0) << m.dump();
+  EXPECT_EQ(m["errors"], 0) << m.dump();
+  EXPECT_EQ(m["breaker_opens"], 0) << m.dump();
+  EXPECT_GE(m["misses"].get<std::uint64_t>(), m["lookup_timeouts"].get<std::uint64_t>());
+  EXPECT_TRUE(fs::is_empty(shm_));
+}
+
+// `--memcached-item-size` is the flag the item-size error asks for: a 2 MiB slot does not fit
+// memcached's default 1 MiB item, and fits the 4 MiB (-I 4m) of the server started here.
+TEST_F(RemoteRunTest, MemcachedItemSizeIsAFlag) {
+  SKIP_WITHOUT("memcached");
+  ServerProcess mc(ServerProcess::Kind::kMemcached);  // -I 4m
+  auto args = [&](const std::string& url, std::vector<std::string> more) {
+    std::vector<std::string> a = {"run",         "--shm-dir",
+                                  shm_.string(), "--engine-id",
+                                  "engine-i",    "--backend",
+                                  "host",        "--world-size",
+                                  "2",           "--layers",
+                                  "1",           "--block-bytes",
+                                  "1M",          "--blocks-per-chunk",
+                                  "2",           "--gpu-blocks",
+                                  "20",          "--host-pool",
+                                  "24M",         "--prefixes",
+                                  "4",           "--prefix-chunks",
+                                  "4",           "--unique-chunks",
+                                  "1",           "--requests",
+                                  "30",          "--duration",
+                                  "0",           "--remote-tier",
+                                  url,           "--bringup",
+                                  "blocking",    "--json"};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  EXPECT_EQ(exec(args(mc.url(), {})), 2);
+  EXPECT_THAT(err(), HasSubstr("larger than memcached's item size 1.00 MiB"));
+  EXPECT_THAT(err(), HasSubstr("start memcached with -I 3m or more and pass "
+                               "--memcached-item-size 3M"));
+  EXPECT_TRUE(fs::is_empty(shm_)) << "refused before anything was created";
+
+  ASSERT_EQ(exec(args(mc.url(), {"--memcached-item-size", "4M"})), 0) << err();
+  const json r = report();
+  EXPECT_TRUE(r["all_verified"].get<bool>());
+  EXPECT_GT(r["remote"]["stored"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(r["remote"]["put_errors"], 0);
+
+  // The flag means nothing to another store: refused, naming the store.
+  EXPECT_EQ(exec(args("redis://127.0.0.1:1", {"--memcached-item-size", "4M"})), 2);
+  EXPECT_THAT(err(), HasSubstr("--memcached-item-size 4M applies to a memcached:// --remote-tier "
+                               "only; this run's is redis://127.0.0.1:1"));
   EXPECT_TRUE(fs::is_empty(shm_));
 }
 
@@ -250,6 +339,44 @@ TEST_F(RemoteRunTest, RemoteCheckReportsNodesAndSlotCoverage) {
   const int port = kvoffload::test::free_port();
   EXPECT_EQ(exec({"remote", "check", "redis://127.0.0.1:" + std::to_string(port)}), 1);
   EXPECT_THAT(err(), HasSubstr("is unreachable"));
+
+  // A cluster URL on a server that is not a cluster: no slot is served, exit 1.
+  EXPECT_EQ(exec({"remote", "check", "redis-cluster://" + redis.url().substr(8), "--json"}), 1);
+  r = report();
+  EXPECT_EQ(r["slots_covered"], 0);
+  EXPECT_THAT(r["error"]["message"].get<std::string>(),
+              HasSubstr("no node gave a cluster slot map"));
+  EXPECT_THAT(err(), HasSubstr("no node gave a cluster slot map"));
+  // A standalone URL on a cluster node would get MOVED for most keys: exit 1 too.
+  EXPECT_EQ(exec({"remote", "check", "redis://" + cluster.node(0).endpoint()}), 1);
+  EXPECT_THAT(err(), HasSubstr("use redis-cluster://"));
+}
+
+// A master that is down leaves its slots without a server: the check says which and exits 1
+// (it used to count the dead master's slots and print 16384 / 16384).
+TEST_F(RemoteRunTest, RemoteCheckFailsWhenAMasterIsDown) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  RedisCluster cluster;
+  cluster.node(1).kill9();
+  EXPECT_EQ(exec({"remote", "check", cluster.url(), "--json"}), 1) << err();
+  const json r = report();
+  EXPECT_EQ(r["slots_assigned"], 16384);
+  std::uint64_t dead_slots = 0;
+  for (const auto& n : r["nodes"]) {
+    if (n["endpoint"] == cluster.node(1).endpoint()) {
+      EXPECT_FALSE(n["reachable"].get<bool>());
+      dead_slots = n["slots"].get<std::uint64_t>();
+    }
+  }
+  EXPECT_GT(dead_slots, 0u);
+  EXPECT_EQ(r["slots_covered"].get<std::uint64_t>(), 16384 - dead_slots);
+  const std::string message = r["error"]["message"];
+  EXPECT_THAT(message, HasSubstr(std::to_string(dead_slots) +
+                                 " of 16384 hash slots have no reachable master (unreachable: " +
+                                 cluster.node(1).endpoint() + ")"));
+  EXPECT_EQ(exec({"remote", "check", cluster.url()}), 1);
+  EXPECT_THAT(out(), HasSubstr("INCOMPLETE"));
+  EXPECT_THAT(err(), HasSubstr("have no reachable master"));
 }
 
 struct UsageCase {

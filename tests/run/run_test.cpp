@@ -48,15 +48,16 @@ class RunTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Starts `kvoffload run <args> --shm-dir <shm>` with stdout/stderr to files.
-  pid_t start(std::vector<std::string> args) {
+  // Starts `kvoffload run <args> --shm-dir <shm>` with stdout/stderr to files (out<tag>,
+  // err<tag>: several runs at once use different tags).
+  pid_t start(std::vector<std::string> args, const std::string& tag = "") {
     args.insert(args.begin(), {binary(), "run", "--shm-dir", shm_.string()});
     std::vector<char*> argv;
     argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    const std::string out = (dir_ / "out").string();
-    const std::string err = (dir_ / "err").string();
+    const std::string out = (dir_ / ("out" + tag)).string();
+    const std::string err = (dir_ / ("err" + tag)).string();
     const pid_t pid = fork();
     if (pid == 0) {
       setpgid(0, 0);  // its own process group, as a terminal job would be
@@ -83,9 +84,9 @@ class RunTest : public ::testing::Test {
   }
 
   int run(std::vector<std::string> args) { return finish(start(std::move(args))); }
-  std::string out() const { return slurp(dir_ / "out"); }
-  std::string err() const { return slurp(dir_ / "err"); }
-  json report() const { return json::parse(out()); }
+  std::string out(const std::string& tag = "") const { return slurp(dir_ / ("out" + tag)); }
+  std::string err(const std::string& tag = "") const { return slurp(dir_ / ("err" + tag)); }
+  json report(const std::string& tag = "") const { return json::parse(out(tag)); }
   bool shm_empty() const { return fs::is_empty(shm_); }
 
   fs::path dir_;
@@ -154,6 +155,10 @@ TEST_F(RunTest, OnTheSimulatedGpuEveryByteVerifiesAndRanksSpreadOverDevices) {
   args[args.size() - 2] = "3";
   EXPECT_NE(run(args), 0);
   EXPECT_THAT(err(), HasSubstr("would use device 3"));
+  // The error is the first thing on stderr: the other rank, told to stop, leaves quietly (it
+  // used to warn about a broken pipe before the real error).
+  EXPECT_EQ(err().rfind("kvoffload: rank ", 0), 0u) << err();
+  EXPECT_THAT(err(), ::testing::Not(HasSubstr("EPIPE")));
   EXPECT_TRUE(shm_empty());
 }
 
@@ -189,6 +194,83 @@ TEST_F(RunTest, BackgroundBringupServesAtOnceAndReportsReadiness) {
   EXPECT_EQ(b["bringup"], "blocking");
   EXPECT_TRUE(b["pool_ready_seconds"].is_number());
   EXPECT_EQ(b["rank_bringup"][0]["registration"]["pieces"], 0);
+  // Note [Run phases]: the pool is ready before the first request, so every request is "ready".
+  EXPECT_EQ(b["phases"]["coming_up"]["requests"], 0);
+  EXPECT_EQ(b["phases"]["ready"]["requests"], b["requests"]);
+  EXPECT_EQ(b["phases"]["ready"]["hits"], b["hits"]);
+  EXPECT_EQ(b["paced_seconds"], 0.0);
+}
+
+// Note [Run phases]: in background bring-up the load generator waits until the rows ready on every
+// rank can hold one request, so even `--requests 50` stores and loads (before, the 50
+// requests went by before the first row was ready and could neither hit nor store). The report
+// splits the requests served while the pool came up from those served once it was ready.
+// As in the issue's run, the pool (64 MiB here, 1024 rows) comes up as one piece (the default
+// 1 GiB piece): no row is ready until a rank has populated its whole column, long after the
+// scheduler could have sent its first request.
+TEST_F(RunTest, BackgroundBringupPacesRequestsUntilThePoolServes) {
+  std::vector<std::string> args = kSmall;
+  *std::find(args.begin(), args.end(), "blocking") = "background";
+  *std::find(args.begin(), args.end(), "120") = "50";
+  *std::find(args.begin(), args.end(), "512K") = "64M";
+  ASSERT_EQ(run(args), 0) << err();
+  const json r = report();
+  EXPECT_EQ(r["requests"], 50);
+  EXPECT_EQ(r["cannot_store"], 0) << "every request found room: it waited for the pool";
+  EXPECT_GT(r["hits"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(r["store_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(r["load_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_TRUE(r["all_verified"].get<bool>());
+  EXPECT_GE(r["paced_seconds"].get<double>(), 0.0);
+  const json& coming_up = r["phases"]["coming_up"];
+  const json& ready = r["phases"]["ready"];
+  for (const char* field : {"requests", "chunks_looked_up", "hits", "cannot_store"}) {
+    EXPECT_EQ(coming_up[field].get<std::uint64_t>() + ready[field].get<std::uint64_t>(),
+              r[field].get<std::uint64_t>())
+        << field;
+  }
+  EXPECT_TRUE(shm_empty());
+}
+
+// A run whose bring-up fails on every rank (here: the simulated GPU refuses to register the first
+// piece of each rank, as a GPU that cannot pin host memory does) stops at once with one line and
+// exit 1, instead of serving empty requests for the whole --duration and saying "every byte
+// verified". (A run that did not stop would hit this test's 120 s limit.)
+TEST_F(RunTest, BringupFailedOnEveryRankStopsEarlyWithAVerdict) {
+  std::vector<std::string> args = kSmall;
+  args[1] = "sim";
+  *std::find(args.begin(), args.end(), "blocking") = "background";
+  *std::find(args.begin(), args.end(), "120") = "0";                  // --requests 0
+  *(std::find(args.begin(), args.end(), "--duration") + 1) = "3600";  // until stopped
+  args.pop_back();  // --json: the text output first
+  ::setenv("KVOFFLOAD_SIM_FAIL_REGISTER_AT", "1", 1);
+  const int text_rc = run(args);
+  const std::string text_out = out();
+  const std::string text_err = err();
+  args.push_back("--json");
+  const int json_rc = run(args);
+  ::unsetenv("KVOFFLOAD_SIM_FAIL_REGISTER_AT");
+
+  EXPECT_EQ(text_rc, 1) << text_err;
+  EXPECT_TRUE(text_out.empty()) << "the verdict alone, on stderr: " << text_out;
+  const auto line_at = text_err.find("kvoffload: run: stopped after ");
+  ASSERT_NE(line_at, std::string::npos) << text_err;
+  const std::string verdict = text_err.substr(line_at, text_err.find('\n', line_at) - line_at);
+  EXPECT_THAT(verdict, HasSubstr("bring-up failed on every rank before the pool could hold one "
+                                 "request (5 chunks)"));
+  EXPECT_THAT(verdict, HasSubstr("rank 0 after 0 ready chunks: "));
+  EXPECT_THAT(verdict, HasSubstr("rank 1 after 0 ready chunks: "));
+  EXPECT_THAT(text_err + text_out, ::testing::Not(HasSubstr("every byte verified")));
+
+  EXPECT_EQ(json_rc, 1) << err();
+  const json r = report();
+  EXPECT_EQ(r["error"]["code"], "run_failed");
+  EXPECT_THAT(r["error"]["message"].get<std::string>(), HasSubstr("bring-up failed on every rank"));
+  EXPECT_EQ(r["requests"], 0);
+  EXPECT_TRUE(r["pool_ready_seconds"].is_null());
+  ASSERT_EQ(r["rank_bringup"].size(), 2u);
+  for (const auto& b : r["rank_bringup"]) EXPECT_EQ(b["bringup"]["state"], "failed");
+  EXPECT_TRUE(shm_empty());
 }
 
 TEST_F(RunTest, TheSameSeedGivesTheSameDecisions) {
@@ -231,9 +313,27 @@ TEST_F(RunTest, EvictedChunksComeBackFromTheFileTier) {
 TEST_F(RunTest, HumanOutputWithoutJson) {
   std::vector<std::string> args = kSmall;
   args.pop_back();  // --json
+  args.insert(args.end(), {"--file-tier", (dir_ / "tier").string()});
+  fs::create_directory(dir_ / "tier");
   ASSERT_EQ(run(args), 0) << err();
-  EXPECT_THAT(out(), HasSubstr("every byte verified"));
+  const std::string text = out();
+  EXPECT_THAT(text, HasSubstr("every byte verified"));
   EXPECT_THAT(err(), HasSubstr("run:")) << "plain progress lines when stderr is not a terminal";
+  // What the run measured, in human units: 8 chunks of 2 x 4 KiB x 4 layers = 32 KiB per rank.
+  EXPECT_THAT(text, HasSubstr("8 chunks of 32.00 KiB per rank (512.00 KiB pool)"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("requests could not store"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("stored +[0-9.]+ (KiB|MiB) at"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("pool ready on every rank after [0-9.]+ s"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("promoted +[1-9][0-9]* from the file tier"));
+  EXPECT_THAT(text, ::testing::Not(::testing::ContainsRegex("[0-9]{6,} bytes")));
+
+  // One request can hit nothing (and the file tier, which keeps its records across runs, is left
+  // out), so nothing comes back: the summary does not claim a verification.
+  args.resize(args.size() - 2);  // --file-tier DIR
+  *std::find(args.begin(), args.end(), "120") = "1";
+  ASSERT_EQ(run(args), 0) << err();
+  EXPECT_THAT(out(), HasSubstr("nothing was loaded back, so nothing was verified"));
+  EXPECT_THAT(out(), ::testing::Not(HasSubstr("every byte verified")));
 }
 
 TEST_F(RunTest, InterruptStopsCleanlyAndRemovesTheRegion) {
@@ -249,6 +349,39 @@ TEST_F(RunTest, InterruptStopsCleanlyAndRemovesTheRegion) {
   EXPECT_TRUE(r["interrupted"].get<bool>());
   EXPECT_TRUE(r["all_verified"].get<bool>());
   EXPECT_TRUE(shm_empty()) << "nothing left behind after Ctrl-C";
+}
+
+// A second `run --engine-id X` while one runs would hand out the first one's slots: it is refused
+// at start (exit 1, naming the scheduler role, the engine id and the first run's PID) and the first
+// run goes on undisturbed: every loaded byte verifies and it removes the region when it ends.
+TEST_F(RunTest, ASecondRunWithTheSameEngineIdIsRefusedAndTheFirstIsUndisturbed) {
+  const pid_t first =
+      start({"--backend", "host", "--duration", "60", "--engine-id", "twin", "--json"}, "1");
+  for (int i = 0; i < 200 && err("1").find("run:") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_THAT(err("1"), HasSubstr("run:")) << "the first run is serving";
+
+  // The same geometry (a different one would be refused as a mismatch before the role counts).
+  EXPECT_EQ(finish(start({"--backend", "host", "--requests", "20", "--duration", "0", "--engine-id",
+                          "twin", "--json"},
+                         "2")),
+            1)
+      << err("2");
+  EXPECT_THAT(err("2"), HasSubstr("the scheduler role of engine 'twin' is held by PID " +
+                                  std::to_string(first) + "."));
+  EXPECT_THAT(err("2"), HasSubstr("its own engine id"));
+  EXPECT_THAT(err("2"), ::testing::Not(HasSubstr("run:"))) << "refused before any rank started";
+  EXPECT_FALSE(shm_empty()) << "the first run's region is still there";
+
+  kill(-first, SIGINT);
+  EXPECT_EQ(finish(first), 130) << err("1");
+  const json r = report("1");
+  EXPECT_TRUE(r["all_verified"].get<bool>());
+  EXPECT_EQ(r["mismatched_bytes"], 0);
+  EXPECT_EQ(r["failed_jobs"], 0);
+  EXPECT_TRUE(r["region_removed"].get<bool>());
+  EXPECT_TRUE(shm_empty());
 }
 
 TEST_F(RunTest, AnUnavailableBackendFailsAndLeavesNothing) {

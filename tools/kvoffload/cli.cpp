@@ -156,12 +156,101 @@ CLI::Validator real_range(double lo, double hi, const std::string& unit) {
 
 void emit(bool json, const nlohmann::json& object, const std::string& human_text) {
   if (json) {
-    std::cout << object.dump() << std::endl;
+    std::cout << object.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   } else {
     std::cout << human_text;
     if (!human_text.empty() && human_text.back() != '\n') std::cout << '\n';
     std::cout.flush();
   }
+}
+
+nlohmann::json error_object(std::string_view code, std::string_view message, int exit_code,
+                            int sys_errno, std::string_view call) {
+  nlohmann::json error{{"code", code}, {"message", printable(message)}, {"exit_code", exit_code}};
+  if (sys_errno != 0) error["errno"] = errno_name(sys_errno);
+  if (!call.empty()) error["call"] = call;
+  return nlohmann::json{{"error", std::move(error)}};
+}
+
+int emit_failure(bool json, nlohmann::json report, const std::string& human_text,
+                 std::string_view code, const std::string& message, int exit_code) {
+  if (json) report.update(error_object(code, message, exit_code));
+  emit(json, report, human_text);
+  std::cerr << "kvoffload: " << printable(message) << "\n";
+  return exit_code;
+}
+
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto escape = [&out](unsigned char c) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    out += "\\x";
+    out += kHex[c >> 4U];
+    out += kHex[c & 15U];
+  };
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  const auto cont = [&](std::size_t i, unsigned char lo = 0x80, unsigned char hi = 0xBF) {
+    return i < n && p[i] >= lo && p[i] <= hi;
+  };
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c == '\n' || c == '\t' || (c >= 0x20 && c < 0x7F)) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // The length of a well-formed UTF-8 sequence starting here (RFC 3629 table), 0 if none.
+    // C1 controls (U+0080..U+009F: C2 80..C2 9F) are control characters too.
+    std::size_t len = 0;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = cont(i + 1, c == 0xC2 ? 0xA0 : 0x80) ? 2 : 0;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      const unsigned char lo = c == 0xE0 ? 0xA0 : 0x80;
+      const unsigned char hi = c == 0xED ? 0x9F : 0xBF;
+      len = cont(i + 1, lo, hi) && cont(i + 2) ? 3 : 0;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      const unsigned char lo = c == 0xF0 ? 0x90 : 0x80;
+      const unsigned char hi = c == 0xF4 ? 0x8F : 0xBF;
+      len = cont(i + 1, lo, hi) && cont(i + 2) && cont(i + 3) ? 4 : 0;
+    }
+    if (len == 0) {
+      escape(c);
+      ++i;
+    } else {
+      out.append(text.substr(i, len));
+      i += len;
+    }
+  }
+  return out;
+}
+
+nlohmann::json backends_json(const std::vector<BackendInfo>& backends) {
+  nlohmann::json items = nlohmann::json::array();
+  for (const BackendInfo& b : backends) {
+    items.push_back({{"name", b.name},
+                     {"built", b.built},
+                     {"device_count", b.device_count},
+                     {"detail", b.detail}});
+  }
+  return items;
+}
+
+std::string backends_text(const std::vector<BackendInfo>& backends) {
+  std::string text;
+  for (const BackendInfo& b : backends) {
+    // An unbuilt backend's detail already says why it is not built.
+    if (b.built) {
+      text += "  " + b.name + ": " + std::to_string(b.device_count) +
+              (b.device_count == 1 ? " device" : " devices") +
+              (b.detail.empty() ? std::string() : " (" + b.detail + ")") + "\n";
+    } else {
+      text +=
+          "  " + b.name + ": " + (b.detail.empty() ? std::string("not built") : b.detail) + "\n";
+    }
+  }
+  return text;
 }
 
 std::string human_bytes(std::uint64_t bytes) {

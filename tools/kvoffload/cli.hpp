@@ -4,6 +4,8 @@
 // Contract (DESIGN.md §5): every subcommand takes --json and prints exactly one JSON object on
 // stdout, exits 0 on success, and on error exits non-zero with a one-paragraph message on stderr.
 
+#include <kvoffload/device_runtime.hpp>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kvoffload::cli {
 
@@ -57,7 +60,31 @@ std::string format_count(std::uint64_t value);
 std::string format_size(std::uint64_t bytes);
 
 // Output of one subcommand: JSON on stdout when --json was given, otherwise the human text.
+// Text that is not valid UTF-8 (a path, a token of a bad input file) never breaks the JSON: such
+// bytes are replaced.
 void emit(bool json, const nlohmann::json& object, const std::string& human_text);
+
+// The JSON object a failed command prints with --json (main does it for thrown errors):
+//   {"error": {"code": "invalid_argument", "message": "...", "exit_code": 2,
+//              "errno": "ENOSPC", "call": "fallocate"}}   (errno and call only when known)
+// `code` is an ErrorCode name, or "usage" / "internal" / "out_of_memory".
+nlohmann::json error_object(std::string_view code, std::string_view message, int exit_code,
+                            int sys_errno = 0, std::string_view call = {});
+
+// A command that measured something and still failed (`run` whose bytes did not verify, `remote
+// check` with uncovered slots): its report (with the "error" member of error_object added) or
+// its human text on stdout, and `message` on stderr. Returns exit_code.
+int emit_failure(bool json, nlohmann::json report, const std::string& human_text,
+                 std::string_view code, const std::string& message, int exit_code);
+
+// `text` with control characters (except newline and tab) and bytes that are not valid UTF-8
+// written as \xNN, so input echoed in a message cannot garble a terminal or a log.
+std::string printable(std::string_view text);
+
+// The backends of list_backends() (built or not, device counts, why unavailable), as `probe`
+// and `version` print them: a JSON array, and text lines "  cuda: 2 devices (...)".
+nlohmann::json backends_json(const std::vector<BackendInfo>& backends);
+std::string backends_text(const std::vector<BackendInfo>& backends);
 
 // Formats bytes as "1.50 GiB" for human output.
 std::string human_bytes(std::uint64_t bytes);

@@ -50,14 +50,7 @@ int run_probe(const ProbeOptions& opts) {
        cgroup_available ? nlohmann::json(*cgroup_available) : nlohmann::json()},
       {"numa_nodes", numa},
   };
-  nlohmann::json backend_items = nlohmann::json::array();
-  for (const BackendInfo& b : backends) {
-    backend_items.push_back({{"name", b.name},
-                             {"built", b.built},
-                             {"device_count", b.device_count},
-                             {"detail", b.detail}});
-  }
-  out["backends"] = std::move(backend_items);
+  out["backends"] = backends_json(backends);
 
   std::ostringstream text;
   text << "shm dir:              " << shm_dir.string() << "\n"
@@ -74,19 +67,7 @@ int run_probe(const ProbeOptions& opts) {
   }
   text << "NUMA nodes:           " << (numa.empty() ? std::string("unknown") : join_ints(numa))
        << "\n";
-  text << "backends:\n";
-  for (const BackendInfo& b : backends) {
-    // An unbuilt backend's detail already says why it is not built.
-    const std::string detail = b.detail.empty() ? std::string() : b.detail;
-    if (b.built) {
-      text << "  " << b.name << ": " << b.device_count
-           << (b.device_count == 1 ? " device" : " devices")
-           << (detail.empty() ? std::string() : " (" + detail + ")") << "\n";
-    } else {
-      text << "  " << b.name << ": " << (detail.empty() ? std::string("not built") : detail)
-           << "\n";
-    }
-  }
+  text << "backends:\n" << backends_text(backends);
   emit(opts.json, out, text.str());
   return kExitOk;
 }

@@ -6,14 +6,20 @@
 //         script reading stdout knows the fill is done when the first line arrives.
 //         --rank defaults to 0; --unranked maps as the scheduler does (no slot of its own):
 //         --fill then writes the whole data (padding included), --check verifies every rank's slot.
+//         Either way it takes that role (Note [Owners]): a rank or scheduler another live process
+//         holds is refused, naming its PID.
 //         SIGINT, SIGTERM or SIGHUP during --hold end the hold early: the region is released
 //         normally (the last process out unlinks the file) and the command exits 0.
-// list:   the regions in the shm dir with size, attached process count and stale flag.
+// list:   the regions in the shm dir with size, attached process count, stale flag, the PIDs
+//         holding the scheduler role and each rank slot (read from /proc/locks), and each one's
+//         occupancy from its live statistics page (read-only; list locks nothing).
 // clean:  removes stale regions only; a region in use is never removed.
 #include "cli.hpp"
+#include "monitor/live_json.hpp"
 #include "util/clock.hpp"
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/live_stats.hpp>
 #include <kvoffload/region.hpp>
 
 #include <pthread.h>
@@ -392,25 +398,27 @@ struct ListOptions {
 
 int run_list(const ListOptions& o) {
   const std::filesystem::path shm_dir = resolve_shm_dir(o.shm_dir);
-  const std::vector<RegionInfo> regions = list_regions(shm_dir);
+  // Read-only, no lock: the live page is mapped PROT_READ (Note [Live stats]).
+  const std::vector<EngineSnapshot> engines = snapshot_engines(shm_dir);
   nlohmann::json items = nlohmann::json::array();
   std::ostringstream text;
-  if (regions.empty()) text << "no regions in " << shm_dir.string() << "\n";
-  for (const RegionInfo& r : regions) {
-    nlohmann::json item{
-        {"path", r.path.string()}, {"engine_id", r.engine_id}, {"bytes", r.file_bytes},
-        {"attached", r.attached},  {"stale", r.stale},         {"complete", r.complete},
-    };
-    if (r.geometry) {
-      item["chunks"] = r.geometry->num_chunks();
-      item["slot_bytes"] = r.geometry->slot_bytes();
-      item["world_size"] = r.geometry->world_size();
-      item["replicated"] = r.geometry->replicated();
-      item["row_stride"] = r.geometry->row_stride();
-      item["data_bytes"] = r.geometry->data_bytes();
+  if (engines.empty()) text << "no regions in " << shm_dir.string() << "\n";
+  for (const EngineSnapshot& engine : engines) {
+    const RegionInfo& r = engine.region;
+    items.push_back(engine_json(engine));
+    nlohmann::json& item = items.back();
+    // Roles held now (ranks, then the scheduler) and their PIDs; 0: not recorded yet.
+    nlohmann::json owners = nlohmann::json::array();
+    std::string owners_text;
+    for (const RegionOwner& owner : r.owners) {
+      owners.push_back({{"role", owner.rank ? "rank" : "scheduler"},
+                        {"rank", owner.rank ? nlohmann::json(*owner.rank) : nlohmann::json()},
+                        {"pid", owner.pid}});
+      owners_text += std::string(owners_text.empty() ? "" : ", ") +
+                     (owner.rank ? "rank " + std::to_string(*owner.rank) : "scheduler") + " pid " +
+                     (owner.pid != 0 ? std::to_string(owner.pid) : "?");
     }
-    if (!r.problem.empty()) item["problem"] = r.problem;
-    items.push_back(std::move(item));
+    item["owners"] = owners;
     if (!r.problem.empty()) {  // named like a region, but not one we could read: say why, go on
       text << r.engine_id << "  not a region: " << r.problem << "  " << r.path.string() << "\n";
       continue;
@@ -422,6 +430,10 @@ int run_list(const ListOptions& o) {
            << human_bytes(r.geometry->slot_bytes()) << " x " << r.geometry->copies() << ")";
     }
     text << "  " << r.path.string() << "\n";
+    if (!owners_text.empty()) text << "  held by: " << owners_text << "\n";
+    text << "    "
+         << (engine.live ? occupancy_text(*engine.live) : "live state: " + engine.live_problem)
+         << "\n";
   }
   emit(o.json, nlohmann::json{{"shm_dir", shm_dir.string()}, {"regions", items}}, text.str());
   return kExitOk;
@@ -488,11 +500,14 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
       ->type_name("C")
       ->check(whole_range(1, std::numeric_limits<std::uint32_t>::max()));
   auto* rank =
-      create->add_option("--rank", c->rank, "This process's rank (default 0)")
+      create
+          ->add_option("--rank", c->rank,
+                       "This process's rank (default 0); one live process per rank")
           ->type_name("R")
           ->check(whole_range(0, std::numeric_limits<std::uint32_t>::max() - 1));  // < --world-size
-  auto* unranked =
-      create->add_flag("--unranked", c->unranked, "Map without a rank (as the scheduler does)");
+  auto* unranked = create->add_flag(
+      "--unranked", c->unranked,
+      "Map without a rank, as the engine's scheduler (one live process at a time)");
   rank->excludes(unranked);
   create->add_flag("--replicated", c->replicated,
                    "Replicated (MLA) layout: all ranks share slot 0");
@@ -516,8 +531,8 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
       ->check(real_range(0.0, 1e9, "seconds"));
   create->add_flag("--json", c->json, "Print one JSON object");
 
-  auto* list =
-      app->add_subcommand("list", "List regions with size, attached processes and stale flag");
+  auto* list = app->add_subcommand(
+      "list", "List regions with size, attached processes, stale flag, role holders and occupancy");
   auto l = std::make_shared<ListOptions>();
   list->add_option("--shm-dir", l->shm_dir, kShmDirHelp)->type_name("DIR");
   list->add_flag("--json", l->json, "Print one JSON object");

@@ -1,6 +1,8 @@
 // `kvoffload remote check URL`: can this machine use the distributed store at URL? Connects to
 // every node, times one round trip, and for a Redis Cluster reads the slot map and reports how
-// many of the 16384 hash slots have a master. Exits 1 when no node answers.
+// many of the 16384 hash slots have a reachable master. Exits 0 only when the store can serve
+// every key as given (RemoteCheckReport::problem()): every slot served by a reachable master,
+// every memcached server reachable, a standalone Redis reachable and not in cluster mode.
 #include "cli.hpp"
 
 #include <kvoffload/error.hpp>
@@ -8,6 +10,7 @@
 
 #include <memory>
 #include <sstream>
+#include <string>
 
 namespace kvoffload::cli {
 namespace {
@@ -35,7 +38,10 @@ nlohmann::json to_json(const RemoteCheckReport& r) {
                      {"kind", std::string(to_string(r.url.kind))},
                      {"reachable", r.reachable()},
                      {"nodes", nodes}};
-  if (r.url.kind == RemoteKind::kRedisCluster) out["slots_covered"] = r.slots_covered;
+  if (r.url.kind == RemoteKind::kRedisCluster) {
+    out["slots_assigned"] = r.slots_assigned;
+    out["slots_covered"] = r.slots_covered;
+  }
   return out;
 }
 
@@ -55,7 +61,7 @@ std::string human(const RemoteCheckReport& r) {
     out << "\n";
   }
   if (r.url.kind == RemoteKind::kRedisCluster) {
-    out << "  slot coverage " << r.slots_covered << " / 16384"
+    out << "  slot coverage " << r.slots_covered << " / 16384 served by a reachable master"
         << (r.slots_covered == 16384 ? "" : " (INCOMPLETE: keys of uncovered slots will miss)")
         << "\n";
   }
@@ -90,6 +96,12 @@ const CommandRegistrar kRegisterRemote("remote", [](CLI::App& top) {
                      throw Error(ErrorCode::kNotAvailable,
                                  "remote store " + url.to_string() + " is unreachable" + why +
                                      ". Is the server running and listening on that address?");
+                   }
+                   if (const std::string problem = report.problem(); !problem.empty()) {
+                     return emit_failure(args->json, to_json(report), human(report),
+                                         error_code_name(ErrorCode::kNotAvailable),
+                                         "remote store " + url.to_string() + ": " + problem,
+                                         kExitError);
                    }
                    emit(args->json, to_json(report), human(report));
                    return kExitOk;

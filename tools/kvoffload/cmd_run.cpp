@@ -84,6 +84,10 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
                   "the chunk counts as a miss")
       ->capture_default_str()
       ->check(whole_range(1, 60'000));
+  add_size_option(*app, "--memcached-item-size", config->memcached_item_bytes,
+                  "memcached's item size limit, its -I (default 1M), for a memcached:// "
+                  "--remote-tier: a slot plus a 64-byte header must fit",
+                  1ULL << 10, 1ULL << 30);
   app->add_option("--threads", config->populate_threads, "Populate threads")
       ->capture_default_str()
       ->check(whole_range(1, 256));
@@ -101,8 +105,14 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
                    if (config->shm_dir.empty()) config->shm_dir = default_shm_dir().string();
                    config->finalize();
                    const run::RunOutcome outcome = run::run_scheduler(*config);
-                   emit(config->json, outcome.report, run::format_report(outcome.report));
-                   return outcome.exit_code;
+                   if (outcome.failure.empty()) {
+                     emit(config->json, outcome.report, run::format_report(outcome.report));
+                     return outcome.exit_code;
+                   }
+                   return emit_failure(
+                       config->json, outcome.report,
+                       outcome.verdict_only ? std::string() : run::format_report(outcome.report),
+                       "run_failed", "run: " + outcome.failure, outcome.exit_code);
                  }};
 });
 

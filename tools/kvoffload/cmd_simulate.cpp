@@ -21,7 +21,9 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -54,6 +56,13 @@ struct Trace {
 // line strings, no per-token allocation, one table load per hex digit (BlockKey::try_parse_hex).
 // An 800k-key trace parses in a few tens of milliseconds, below the replay itself.
 Trace read_trace(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::is_directory(status)) {
+    // An ifstream opens a directory and reports a size of 2^63: say what it is instead.
+    throw_invalid("simulate: trace '" + path +
+                  "' is a directory; give a trace file (one request per line)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
@@ -61,15 +70,18 @@ Trace read_trace(const std::string& path) {
                 "simulate: cannot open trace '" + path + "': " + std::strerror(err), err, "open");
   }
   std::string text;
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  if (size > 0) {
-    text.resize(static_cast<std::size_t>(size));
-    in.read(text.data(), size);
+  if (std::filesystem::is_regular_file(status)) {
+    const std::uintmax_t size = std::filesystem::file_size(path, ec);
+    if (!ec && size > 0) {
+      text.resize(static_cast<std::size_t>(size));
+      in.read(text.data(), static_cast<std::streamsize>(size));
+      text.resize(static_cast<std::size_t>(in.gcount()));  // a file that shrank meanwhile
+    }
+  } else {
+    // A pipe or a device (--trace /dev/stdin): no size to ask for; read it to the end.
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  if (in.bad() || (size > 0 && in.gcount() != size))
-    throw_system_error("read", errno, "trace '" + path + "'");
+  if (in.bad()) throw_system_error("read", errno, "trace '" + path + "'");
 
   Trace trace;
   trace.keys.reserve(text.size() / (BlockKey::kHexDigits + 1) + 1);

@@ -1,7 +1,12 @@
-// `kvoffload version`: the library version and the backends this build has.
+// `kvoffload version`: the library version and the backends this build has (built or not, with
+// their devices and why one is unavailable), as `probe` lists them.
 #include "cli.hpp"
 
+#include <kvoffload/device_runtime.hpp>
 #include <kvoffload/version.hpp>
+
+#include <memory>
+#include <string>
 
 namespace kvoffload::cli {
 namespace {
@@ -11,8 +16,12 @@ const CommandRegistrar kRegister("version", [](CLI::App& top) {
   auto json = std::make_shared<bool>(false);
   app->add_flag("--json", *json, "Print one JSON object");
   return Command{app, [json] {
-                   nlohmann::json out{{"version", KVOFFLOAD_VERSION_STRING}};
-                   emit(*json, out, std::string("kvoffload ") + KVOFFLOAD_VERSION_STRING);
+                   const std::vector<BackendInfo> backends = list_backends();
+                   const nlohmann::json out{{"version", KVOFFLOAD_VERSION_STRING},
+                                            {"backends", backends_json(backends)}};
+                   emit(*json, out,
+                        std::string("kvoffload ") + KVOFFLOAD_VERSION_STRING + "\nbackends:\n" +
+                            backends_text(backends));
                    return kExitOk;
                  }};
 });

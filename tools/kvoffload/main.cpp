@@ -7,13 +7,42 @@
 #include <exception>
 #include <iostream>
 #include <map>
+#include <new>
+#include <string_view>
 #include <vector>
 
 namespace kvoffload::cli {
 std::map<std::string, CommandSetup>& command_registry();
 }
 
-int main(int argc, char** argv) {
+namespace {
+
+// Whether the command line asks for JSON. Read from the words themselves, so that a command line
+// CLI11 refused (a usage error) still gets its error as JSON: "--json" before a "--" separator.
+bool json_requested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view word = argv[i];
+    if (word == "--") break;
+    if (word == "--json") return true;
+  }
+  return false;
+}
+
+// Reports a failure: the message on stderr (always), and with --json one error object on stdout,
+// so a caller parsing stdout gets an answer on every exit. Never throws (it runs in main's
+// handlers): what it cannot print is lost, the exit code is not.
+int report_failure(bool json, std::string_view code, const std::string& message, int exit_code,
+                   int sys_errno = 0, std::string_view call = {}) noexcept {
+  using namespace kvoffload::cli;
+  try {
+    std::cerr << "kvoffload: " << printable(message) << "\n";
+    if (json) emit(true, error_object(code, message, exit_code, sys_errno, call), "");
+  } catch (...) {  // nothing is left to report it to
+  }
+  return exit_code;
+}
+
+int run_program(int argc, char** argv, bool json) {
   using namespace kvoffload::cli;
   CLI::App app{"kvoffload: offload KV-cache blocks to a shared pinned host pool"};
   app.require_subcommand(1);
@@ -26,25 +55,46 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
-    std::cerr << "kvoffload: " << e.what()
-              << "\nRun 'kvoffload --help' or 'kvoffload <command> --help' for usage.\n";
-    return kExitUsage;
+    return report_failure(json, "usage",
+                          std::string(e.what()) +
+                              "\nRun 'kvoffload --help' or 'kvoffload <command> --help' for usage.",
+                          kExitUsage);
   } catch (const kvoffload::Error& e) {
-    std::cerr << "kvoffload: " << e.what() << "\n";  // from an option callback (a bad size)
-    return kExitUsage;
+    // From an option callback (a bad size).
+    return report_failure(json, kvoffload::error_code_name(e.code()), e.what(), kExitUsage,
+                          e.sys_errno(), e.call());
   }
 
   try {
     for (const Command& command : commands) {
       if (command.app->parsed()) return command.run();
     }
-    std::cerr << "kvoffload: no command given; run 'kvoffload --help'\n";
-    return kExitUsage;
+    return report_failure(json, "usage", "no command given; run 'kvoffload --help'", kExitUsage);
   } catch (const kvoffload::Error& e) {
-    std::cerr << "kvoffload: " << e.what() << "\n";
-    return e.code() == kvoffload::ErrorCode::kInvalidArgument ? kExitUsage : kExitError;
+    const int code = e.code() == kvoffload::ErrorCode::kInvalidArgument ? kExitUsage : kExitError;
+    return report_failure(json, kvoffload::error_code_name(e.code()), e.what(), code, e.sys_errno(),
+                          e.call());
+  } catch (const std::bad_alloc&) {
+    return report_failure(json, "out_of_memory",
+                          "out of memory (std::bad_alloc); the input may be larger than this "
+                          "machine's memory",
+                          kExitError);
   } catch (const std::exception& e) {
-    std::cerr << "kvoffload: unexpected error: " << e.what() << "\n";
-    return kExitError;
+    return report_failure(json, "internal", std::string("unexpected error: ") + e.what(),
+                          kExitError);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool json = json_requested(argc, argv);
+  try {
+    return run_program(argc, argv, json);
+  } catch (const std::exception& e) {  // setting the commands up failed (out of memory)
+    return report_failure(json, "internal", std::string("unexpected error: ") + e.what(),
+                          kvoffload::cli::kExitError);
+  } catch (...) {
+    return report_failure(json, "internal", "unexpected error", kvoffload::cli::kExitError);
   }
 }

@@ -13,6 +13,7 @@ packages=(
   clang-tidy clang-format
   hipcc libamdhip64-dev
   libhiredis-dev libmemcached-dev libxxhash-dev redis-server redis-tools memcached
+  libcpp-httplib-dev python3-prometheus-client
 )
 
 missing=()

@@ -24,7 +24,8 @@
   X(9, TRANSFER_FAILED, TransferFailed, "transfer_failed") /* a copy job failed */               \
   X(10, NOT_FOUND, NotFound, "not_found")            /* a key, job or file that does not exist */ \
   X(11, STATE, State, "state")               /* not valid in the object's current state */       \
-  X(12, INTERNAL, Internal, "internal")              /* a bug: an invariant did not hold */
+  X(12, INTERNAL, Internal, "internal")              /* a bug: an invariant did not hold */      \
+  X(13, IN_USE, InUse, "in_use")       /* a rank slot or the scheduler role is held by a live PID */
 /* clang-format on */
 
 /* How many codes there are; they are numbered 0 .. KVOFFLOAD_ERROR_CODE_COUNT - 1. Each entry

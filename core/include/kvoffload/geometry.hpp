@@ -28,6 +28,10 @@ struct RegionLayout {
   std::uint64_t slot_align = 256;  // alignment of every slot: a power of two, 16 .. page size
 };
 
+// Declared before RegionGeometry, whose defaulted == compares its layout_ with it (clang deletes
+// that operator when it cannot see this one).
+KVOFFLOAD_API bool operator==(const RegionLayout& a, const RegionLayout& b) noexcept;
+
 inline constexpr std::uint64_t kDefaultSlotAlign = 256;
 inline constexpr std::uint64_t kMinSlotAlign = 16;  // the copy kernels' vector width
 
@@ -65,7 +69,5 @@ class KVOFFLOAD_API RegionGeometry {
   std::uint64_t data_bytes_ = 0;
   std::size_t page_size_ = 0;
 };
-
-KVOFFLOAD_API bool operator==(const RegionLayout& a, const RegionLayout& b) noexcept;
 
 }  // namespace kvoffload

@@ -41,7 +41,9 @@ extern "C" {
 /* kvo_status: the codes and their names are listed once, in error_codes.h, with what each means:
  *   KVO_OK = 0, KVO_INVALID_ARGUMENT = 1, KVO_CAPACITY, KVO_SYSTEM (see kvo_last_error_errno()),
  *   KVO_TIMEOUT, KVO_MISMATCH, KVO_PERMISSION, KVO_NOT_AVAILABLE, KVO_DEVICE,
- *   KVO_TRANSFER_FAILED, KVO_NOT_FOUND, KVO_STATE, KVO_INTERNAL = 12. */
+ *   KVO_TRANSFER_FAILED, KVO_NOT_FOUND, KVO_STATE, KVO_INTERNAL = 12,
+ *   KVO_IN_USE = 13 (kvo_region_create_or_join: the rank slot or the scheduler role is held by
+ *   another live process; the message names it and its PID). */
 #define KVO_STATUS_ENUMERATOR_(value, upper, camel, name) KVO_##upper = (value),
 typedef enum kvo_status { KVOFFLOAD_ERROR_CODES(KVO_STATUS_ENUMERATOR_) } kvo_status;
 #undef KVO_STATUS_ENUMERATOR_
@@ -113,8 +115,11 @@ typedef struct kvo_populate_report {
 } kvo_populate_report;
 
 KVO_API kvo_status kvo_region_options_init(kvo_region_options* options);
-/* Creates the region, or joins it when another process created it. On error nothing is left
- * behind (file, descriptor, mapping) and *out is untouched. */
+/* Creates the region, or joins it when another process created it, and takes this mapper's role:
+ * its rank slot, or (KVO_UNRANKED) the scheduler role. A role has one holder at a time: while
+ * another live process holds it this returns KVO_IN_USE, with a message naming the engine id, the
+ * role and the holder's PID. On error nothing is left behind (file, descriptor, mapping) and *out
+ * is untouched. */
 KVO_API kvo_status kvo_region_create_or_join(const kvo_region_options* options, kvo_region_t** out);
 KVO_API kvo_status kvo_region_geometry_get(const kvo_region_t* region, kvo_region_geometry* out);
 KVO_API kvo_status kvo_region_role_get(const kvo_region_t* region, kvo_region_role* out);

@@ -45,6 +45,8 @@
 
 namespace kvoffload {
 
+class Region;
+
 namespace detail {
 class ManagerImpl;
 }
@@ -235,6 +237,13 @@ class KVOFFLOAD_API Manager {
   // no allocation, never blocks); n must be in [ready_chunks(), num_chunks] (kInvalidArgument).
   [[nodiscard]] std::uint32_t ready_chunks() const noexcept;
   void set_ready_chunks(std::uint64_t n);
+
+  // From now on, mirror occupancy and statistics into `region`'s live statistics page (Note [Live
+  // stats] in core/src/stats/live_page.hpp) after every call that changes them: a few relaxed
+  // stores per call, no lock. Other processes read it (`kvoffload region list`, `top`, the
+  // exporter). The region's close() stops it. The region must have num_chunks() chunks
+  // (kInvalidArgument otherwise); OffloadStack::build does this for its manager.
+  void publish_live_stats(Region& region);
 
  private:
   std::unique_ptr<detail::ManagerImpl> impl_;

@@ -30,6 +30,9 @@
 namespace kvoffload {
 
 struct Syscalls;  // kvoffload/syscalls.hpp: the test seam for every system call this layer makes
+namespace detail {
+struct LivePage;  // core/src/stats/live_page.hpp (Note [Live stats])
+}
 
 enum class RegionRole { kCreator, kJoiner };
 enum class PopulateMethod { kMadvise, kFallback, kNone };
@@ -106,7 +109,11 @@ struct PopulateReport {
 // process or many, are independent attachments with their own lock).
 class KVOFFLOAD_API Region {
  public:
-  // Creates the region, or joins it when another process created it (or is creating it).
+  // Creates the region, or joins it when another process created it (or is creating it), and
+  // takes this mapper's role: its rank slot, or (unranked) the scheduler role. A role has one
+  // holder at a time and is freed when its holder closes or dies (kill -9 included); while another
+  // process holds it this throws kInUse naming the engine id, the role and the holder's PID
+  // (Note [Owners] in core/src/region/owners.hpp).
   static Region create_or_join(const RegionOptions& options);
 
   Region(Region&& other) noexcept;
@@ -144,6 +151,11 @@ class KVOFFLOAD_API Region {
   // Rows ready on every rank: the minimum of the ranks' ready prefixes. Never blocks.
   [[nodiscard]] std::uint64_t chunks_ready_on_all_ranks() const;
 
+  // The region's live statistics page (Note [Live stats] in core/src/stats/live_page.hpp), where
+  // Manager::publish_live_stats, TieredStore::publish_live_stats and the TransferEngine write;
+  // nullptr once closed. Read it with read_live_stats() (kvoffload/live_stats.hpp).
+  [[nodiscard]] detail::LivePage* live_page() const noexcept;
+
   // Runs `hook` at close() before munmap, in reverse order of registration. The transfer engine
   // uses it to unregister host memory (teardown order: unregister, munmap, close).
   void add_teardown_hook(std::function<void()> hook);
@@ -167,6 +179,12 @@ KVOFFLOAD_API std::filesystem::path region_path(const std::filesystem::path& shm
 // The directory used when none is given: $KVOFFLOAD_SHM_DIR, else /dev/shm.
 KVOFFLOAD_API std::filesystem::path default_shm_dir();
 
+// A role of a region and the live process holding it (Note [Owners]).
+struct RegionOwner {
+  std::optional<std::uint32_t> rank;  // nullopt: the scheduler role (the unranked mapper)
+  std::uint32_t pid = 0;              // 0: the holder has not recorded its PID yet
+};
+
 struct RegionInfo {
   std::filesystem::path path;
   std::string engine_id;
@@ -175,6 +193,8 @@ struct RegionInfo {
   bool stale = false;                      // no holder
   bool complete = false;                   // header says the region finished creation
   std::optional<RegionGeometry> geometry;  // when the header is readable
+  // Roles held now, ranks in order then the scheduler; seen in /proc/locks, never locked.
+  std::vector<RegionOwner> owners;
   // Empty for a region file; otherwise why this entry, named like a region, is not one we could
   // read ("a FIFO, not a region file", "a directory, ...", "no region header ..."). Such entries
   // are listed, never opened for blocking reads or followed, and never removed by clean.

@@ -87,7 +87,9 @@ struct KVOFFLOAD_API RemoteTierOptions {
   RemoteUrl url;
   RemoteGeometry geometry;
   std::chrono::milliseconds connect_timeout{200};  // one TCP connect (+ SELECT)
-  std::chrono::milliseconds lookup_timeout{50};    // budget of an existence check (then: miss)
+  // The caller's budget of an existence check: past it the key is a miss (lookup_timeouts), while
+  // the check itself may run until max(lookup_timeout, get_timeout) before it is an error.
+  std::chrono::milliseconds lookup_timeout{50};
   std::chrono::milliseconds get_timeout{1000};     // a get batch, from submission
   std::chrono::milliseconds put_timeout{1000};     // a put batch, from submission
   std::uint64_t max_inflight_bytes = 32ULL << 20;  // per node: pipelined request+reply bytes
@@ -123,9 +125,13 @@ struct RemoteStats {
   std::uint64_t lookups = 0;         // keys asked through lookup()
   std::uint64_t lookup_present = 0;  // resolved present
   std::uint64_t lookup_absent = 0;   // resolved absent, or answered absent at the budget
-  std::uint64_t lookup_errors = 0;   // existence checks that failed (answered absent)
-  std::uint64_t redirects = 0;       // cluster MOVED/ASK followed
-  std::uint64_t map_refreshes = 0;   // cluster slot maps loaded
+  // Of lookup_absent: keys answered absent because no answer came within lookup_timeout. Late is
+  // a miss, not an error: the check goes on (its network deadline is get_timeout), and its
+  // answer, when it lands, is remembered for the next lookup (and counted in lookup_present).
+  std::uint64_t lookup_timeouts = 0;
+  std::uint64_t lookup_errors = 0;  // existence checks that failed (answered absent)
+  std::uint64_t redirects = 0;      // cluster MOVED/ASK followed
+  std::uint64_t map_refreshes = 0;  // cluster slot maps loaded
   std::uint64_t tasks = 0;  // pipelines handed to node connections (a batch per node is cut into
                             // at most one per connection unless the in-flight window is smaller)
   std::uint64_t breaker_opens = 0;  // a node's circuit opened
@@ -188,8 +194,13 @@ struct RemoteNodeReport {
 struct KVOFFLOAD_API RemoteCheckReport {
   RemoteUrl url;
   std::vector<RemoteNodeReport> nodes;
-  std::uint32_t slots_covered = 0;  // cluster: slots with a master (16384 when complete)
+  std::uint32_t slots_assigned = 0;  // cluster: slots the slot map gives a master
+  std::uint32_t slots_covered = 0;   // cluster: slots whose master answered (16384: complete)
   [[nodiscard]] bool reachable() const noexcept;  // at least one node answered
+  // Empty when the store can serve every key as given: a cluster whose every slot has a
+  // reachable master, every memcached server reachable, a standalone Redis reachable and not in
+  // cluster mode. Otherwise one sentence saying what is wrong.
+  [[nodiscard]] std::string problem() const;
 };
 
 KVOFFLOAD_API RemoteCheckReport check_remote(const RemoteUrl& url,

@@ -120,11 +120,29 @@ class KVOFFLOAD_API TieredStore {
   [[nodiscard]] TieredStats stats() const noexcept;
   [[nodiscard]] std::span<SecondaryTier* const> tiers() const noexcept { return tiers_; }
 
+  // From now on, mirror the per-tier counters (lookups, present, pending, promoted, offloaded and
+  // their failures) into `region`'s live statistics page (Note [Live stats] in
+  // core/src/stats/live_page.hpp); the first 8 tiers are published. The region's close() stops
+  // it. OffloadStack::build does this for its store.
+  void publish_live_stats(Region& region);
+
  private:
   struct Offload {
     TierBatch batch;
     std::vector<BlockKey> keys;
+    std::size_t tier = 0;
   };
+  // Per tier, in keys (published by publish_live()).
+  struct TierCounters {
+    std::uint64_t lookups = 0;
+    std::uint64_t present = 0;
+    std::uint64_t pending = 0;
+    std::uint64_t promoted = 0;
+    std::uint64_t promote_failed = 0;
+    std::uint64_t offloaded = 0;
+    std::uint64_t offload_failed = 0;
+  };
+  struct LiveLink;
   // Note [Promotion fall-through]: a key is read from the first tier that holds it; when that
   // read misses or fails, the next tier that holds the key is tried, into the same slot, before
   // the key is reported failed.
@@ -153,8 +171,12 @@ class KVOFFLOAD_API TieredStore {
   std::vector<Promotion> promotions_;
   std::uint64_t next_id_ = 1;
   TieredStats stats_;
-  // Asks the tiers about keys[i] for i in miss_index_ (primary misses); sets locations_.
-  void ask_tiers(std::span<const BlockKey> keys);
+  std::vector<TierCounters> tier_counters_;  // one per tier
+  std::shared_ptr<LiveLink> live_;           // null: not publishing
+  void publish_live() noexcept;
+  // Asks the tiers about keys[i] for i in miss_index_ (primary misses); sets locations_. `count`:
+  // add the answers to the per-tier counters.
+  void ask_tiers(std::span<const BlockKey> keys, bool count);
 
   std::vector<LookupResult> lookup_scratch_;
   // Scratch of ask_tiers, reused so a lookup allocates nothing once warm.

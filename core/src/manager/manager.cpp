@@ -26,9 +26,15 @@
 #include "manager/key_table.hpp"
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
+
+#include "stats/live_page.hpp"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <utility>
 
 namespace kvoffload {
@@ -537,6 +543,92 @@ class ManagerImpl {
 
   void reset_stats() noexcept { stats_ = ManagerStats{}; }
 
+  // ---- live statistics (Note [Live stats] in core/src/stats/live_page.hpp) ----
+  // What an operation changed, so it stores only those fields.
+  enum LiveGroup : unsigned {
+    kLiveLookups = 1U,    // lookup counters
+    kLiveStores = 2U,     // store counters, evictions
+    kLiveLoads = 4U,      // load counters
+    kLiveOccupancy = 8U,  // ready, used, write-pending, pinned
+    kLiveAll = 15U,
+  };
+  // The block this manager writes, cleared by the region's close() (a teardown hook holds the
+  // link weakly, so a manager that is gone first is never touched).
+  struct LiveLink {
+    detail::SchedulerBlock* block = nullptr;
+    // Marks the block detached (readers then know the counters are final) and stops publishing.
+    void detach() noexcept {
+      if (block == nullptr) return;
+      {
+        const detail::LiveWrite write(block->seq);
+        detail::LiveWrite::put(block->detached_unix_ns, detail::unix_now_ns());
+      }
+      block = nullptr;
+    }
+  };
+  ~ManagerImpl() {
+    if (live_) live_->detach();
+  }
+  ManagerImpl(const ManagerImpl&) = delete;
+  ManagerImpl& operator=(const ManagerImpl&) = delete;
+
+  void attach_live(Region& region) {
+    detail::LivePage* page = region.live_page();
+    if (page == nullptr) throw Error(ErrorCode::kState, "publish_live_stats: the region is closed");
+    if (region.geometry().num_chunks() != n_) {
+      throw_invalid("publish_live_stats: the manager has " + std::to_string(n_) +
+                    " chunks but region " + region.path().string() + " has " +
+                    std::to_string(region.geometry().num_chunks()));
+    }
+    auto link = std::make_shared<LiveLink>();
+    link->block = &page->scheduler;
+    region.add_teardown_hook([weak = std::weak_ptr<LiveLink>(link)] {
+      if (auto l = weak.lock()) l->detach();
+    });
+    if (live_) live_->detach();  // attached elsewhere before
+    live_ = std::move(link);
+    detail::SchedulerBlock& b = *live_->block;
+    {
+      const detail::LiveWrite write(b.seq);
+      detail::LiveWrite::put(b.pid, static_cast<std::uint64_t>(::getpid()));
+      detail::LiveWrite::put(b.attached_unix_ns, detail::unix_now_ns());
+      detail::LiveWrite::put(b.detached_unix_ns, 0);
+      detail::LiveWrite::put(b.num_chunks, n_);
+    }
+    publish(kLiveAll);
+  }
+
+  void publish(unsigned groups) noexcept {
+    if (!live_ || live_->block == nullptr) return;
+    detail::SchedulerBlock& b = *live_->block;
+    using W = detail::LiveWrite;
+    const W write(b.seq);
+    if ((groups & kLiveLookups) != 0) {
+      W::put(b.lookup_keys, stats_.lookup_keys);
+      W::put(b.hits, stats_.hits);
+      W::put(b.hits_pending, stats_.hits_pending);
+      W::put(b.misses, stats_.misses);
+    }
+    if ((groups & kLiveStores) != 0) {
+      W::put(b.stores_prepared, stats_.stores_prepared);
+      W::put(b.stores_completed, stats_.stores_completed);
+      W::put(b.stores_failed, stats_.stores_failed);
+      W::put(b.stores_skipped_threshold, stats_.stores_skipped_threshold);
+      W::put(b.allocation_failures, stats_.allocation_failures);
+      W::put(b.evictions, stats_.evictions);
+    }
+    if ((groups & kLiveLoads) != 0) {
+      W::put(b.loads_prepared, stats_.loads_prepared);
+      W::put(b.loads_completed, stats_.loads_completed);
+    }
+    if ((groups & kLiveOccupancy) != 0) {
+      W::put(b.ready_chunks, ready_);
+      W::put(b.used, ready_ - free_count());
+      W::put(b.write_pending, pending_);
+      W::put(b.pinned, pinned_);
+    }
+  }
+
   std::uint32_t ready_chunks() const noexcept { return ready_; }
 
   void set_ready_chunks(std::uint64_t n) {
@@ -694,6 +786,7 @@ class ManagerImpl {
   int drained_ = 1;
 
   ManagerStats stats_;
+  std::shared_ptr<LiveLink> live_;  // null: not publishing
 };
 
 }  // namespace detail
@@ -771,30 +864,41 @@ const EvictionPolicy& Manager::policy() const noexcept {
 }
 
 std::size_t Manager::lookup(std::span<const BlockKey> keys, std::span<LookupResult> results) {
-  return impl_->lookup(keys, results);
+  const std::size_t prefix = impl_->lookup(keys, results);
+  impl_->publish(detail::ManagerImpl::kLiveLookups);
+  return prefix;
 }
 StorePlan Manager::prepare_store(std::span<const BlockKey> keys,
                                  std::span<const BlockKey> protected_keys) {
-  return impl_->prepare_store(keys, protected_keys);
+  StorePlan plan = impl_->prepare_store(keys, protected_keys);
+  impl_->publish(detail::ManagerImpl::kLiveStores | detail::ManagerImpl::kLiveOccupancy);
+  return plan;
 }
 std::span<const std::uint32_t> Manager::complete_store(std::span<const BlockKey> keys,
                                                        bool success) {
-  return impl_->complete_store(keys, success);
+  const std::span<const std::uint32_t> done = impl_->complete_store(keys, success);
+  impl_->publish(detail::ManagerImpl::kLiveStores | detail::ManagerImpl::kLiveOccupancy);
+  return done;
 }
 void Manager::prepare_load(std::span<const BlockKey> keys, std::span<SlotIndex> slots_out) {
   impl_->prepare_load(keys, slots_out);
+  impl_->publish(detail::ManagerImpl::kLiveLoads | detail::ManagerImpl::kLiveOccupancy);
 }
 std::span<const SlotIndex> Manager::prepare_load(std::span<const BlockKey> keys) {
-  return impl_->prepare_load(keys);
+  const std::span<const SlotIndex> slots = impl_->prepare_load(keys);
+  impl_->publish(detail::ManagerImpl::kLiveLoads | detail::ManagerImpl::kLiveOccupancy);
+  return slots;
 }
 void Manager::complete_load(std::span<const BlockKey> keys) {
   impl_->complete_load(keys);
+  impl_->publish(detail::ManagerImpl::kLiveLoads | detail::ManagerImpl::kLiveOccupancy);
 }
 void Manager::touch(std::span<const BlockKey> keys) {
   impl_->touch(keys);
 }
 void Manager::reset() {
   impl_->reset();
+  impl_->publish(detail::ManagerImpl::kLiveAll);
 }
 LookupResult Manager::state_of(const BlockKey& key) const noexcept {
   return impl_->state_of(key);
@@ -819,12 +923,17 @@ ManagerStats Manager::stats() const noexcept {
 }
 void Manager::reset_stats() noexcept {
   impl_->reset_stats();
+  impl_->publish(detail::ManagerImpl::kLiveAll);
 }
 std::uint32_t Manager::ready_chunks() const noexcept {
   return impl_->ready_chunks();
 }
 void Manager::set_ready_chunks(std::uint64_t n) {
   impl_->set_ready_chunks(n);
+  impl_->publish(detail::ManagerImpl::kLiveOccupancy);
+}
+void Manager::publish_live_stats(Region& region) {
+  impl_->attach_live(region);
 }
 
 }  // namespace kvoffload

@@ -7,6 +7,7 @@
 
 #include "kvoffload/error.hpp"
 #include "region/sys.hpp"
+#include "stats/live_page.hpp"
 
 namespace kvoffload::detail {
 
@@ -20,10 +21,29 @@ std::string_view state_name(std::uint32_t state) noexcept {
   return "unknown";
 }
 
-std::uint64_t data_offset_for(std::size_t page_size, std::uint32_t world_size) noexcept {
+namespace {
+std::uint64_t round_up_to_page(std::uint64_t bytes, std::size_t page_size) noexcept {
   const std::uint64_t page = page_size;
-  const std::uint64_t end = kReadinessOffset + std::uint64_t{world_size} * sizeof(RankReadiness);
-  return (end + page - 1) / page * page;
+  return (bytes + page - 1) / page * page;
+}
+}  // namespace
+
+std::uint64_t owners_offset_for(std::uint32_t world_size) noexcept {
+  return kReadinessOffset + std::uint64_t{world_size} * sizeof(RankReadiness);
+}
+
+std::uint64_t stats_offset_for(std::size_t page_size, std::uint32_t world_size) noexcept {
+  return round_up_to_page(
+      owners_offset_for(world_size) + (std::uint64_t{world_size} + 1) * sizeof(OwnerRecord),
+      page_size);
+}
+
+std::uint64_t stats_bytes_for(std::size_t page_size, std::uint32_t world_size) noexcept {
+  return round_up_to_page(live_bytes(world_size), page_size);
+}
+
+std::uint64_t data_offset_for(std::size_t page_size, std::uint32_t world_size) noexcept {
+  return stats_offset_for(page_size, world_size) + stats_bytes_for(page_size, world_size);
 }
 
 RegionHeader make_header(const RegionGeometry& g, std::string_view engine_id) {
@@ -42,6 +62,9 @@ RegionHeader make_header(const RegionGeometry& g, std::string_view engine_id) {
   h.slot_align = g.slot_align();
   h.slot_stride = g.slot_stride();
   h.readiness_offset = kReadinessOffset;
+  h.owners_offset = owners_offset_for(g.world_size());
+  h.stats_offset = stats_offset_for(g.page_size(), g.world_size());
+  h.stats_bytes = stats_bytes_for(g.page_size(), g.world_size());
   const std::size_t n = std::min(engine_id.size(), sizeof h.engine_id - 1);
   std::memcpy(h.engine_id, engine_id.data(), n);
   return h;
@@ -73,27 +96,37 @@ void pwrite_all(const Syscalls& sys, int fd, const void* buf, std::size_t len, o
   }
 }
 
-}  // namespace
-
-bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::string& path) {
-  auto* p = reinterpret_cast<std::byte*>(&out);
+// Reads exactly `len` bytes at `off`; false when the file ends first.
+bool pread_all(const Syscalls& sys, int fd, void* buf, std::size_t len, off_t off,
+               const std::string& what) {
+  auto* p = static_cast<std::byte*>(buf);
   std::size_t got = 0;
-  while (got < sizeof out) {
+  while (got < len) {
     const ssize_t n = retry_eintr([&] {
-      return sys.pread(sys.context, fd, p + got, sizeof out - got, static_cast<off_t>(got));
+      return sys.pread(sys.context, fd, p + got, len - got, off + static_cast<off_t>(got));
     });
-    if (n < 0) throw_system_error("pread", errno, "of the header of " + path);
+    if (n < 0) throw_system_error("pread", errno, what);
     if (n == 0) return false;
     got += static_cast<std::size_t>(n);
   }
   return true;
 }
 
+}  // namespace
+
+bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::string& path) {
+  return pread_all(sys, fd, &out, sizeof out, 0, "of the header of " + path);
+}
+
 void write_header(const Syscalls& sys, int fd, const RegionHeader& header,
                   const std::string& path) {
-  // The whole area before the data, so the readiness table is allocated (and zero) from the start.
+  // The whole area before the data, so the readiness table and the live statistics area are
+  // allocated (and zero) from the start: a reader mapping them never faults on a hole.
   std::vector<std::byte> area(static_cast<std::size_t>(header.data_offset));
   std::memcpy(area.data(), &header, sizeof header);
+  format_live_page(std::span(area).subspan(static_cast<std::size_t>(header.stats_offset),
+                                           static_cast<std::size_t>(header.stats_bytes)),
+                   header.world_size);
   pwrite_all(sys, fd, area.data(), area.size(), 0, "of the header of " + path);
 }
 
@@ -101,6 +134,21 @@ void write_state(const Syscalls& sys, int fd, RegionState state, const std::stri
   const auto value = static_cast<std::uint32_t>(state);
   pwrite_all(sys, fd, &value, sizeof value, offsetof(RegionHeader, state),
              "of the state of " + path);
+}
+
+void write_owner(const Syscalls& sys, int fd, std::uint64_t offset, const OwnerRecord& record,
+                 const std::string& path) {
+  pwrite_all(sys, fd, &record, sizeof record, static_cast<off_t>(offset),
+             "of the owner table of " + path);
+}
+
+OwnerRecord read_owner(const Syscalls& sys, int fd, std::uint64_t offset, const std::string& path) {
+  OwnerRecord record{};
+  if (!pread_all(sys, fd, &record, sizeof record, static_cast<off_t>(offset),
+                 "of the owner table of " + path)) {
+    return OwnerRecord{};
+  }
+  return record;
 }
 
 }  // namespace kvoffload::detail

@@ -14,8 +14,10 @@
 namespace kvoffload::detail {
 
 inline constexpr char kRegionMagic[8] = {'K', 'V', 'O', 'F', 'F', 'R', 'G', 'N'};
-// Version 2 added slot_align (Note [Slot alignment] in geometry.hpp).
-inline constexpr std::uint32_t kRegionVersion = 2;
+// Version 2 added slot_align (Note [Slot alignment] in geometry.hpp); version 3 the owner table
+// (owners_offset, Note [Owners] in owners.hpp) and the live statistics area (stats_offset,
+// stats_bytes; Note [Live stats] in core/src/stats/live_page.hpp).
+inline constexpr std::uint32_t kRegionVersion = 3;
 
 enum class RegionState : std::uint32_t { kCreating = 1, kReady = 2 };
 
@@ -37,6 +39,10 @@ struct RegionHeader {
   std::uint64_t slot_align;        // every slot starts on this boundary
   std::uint64_t slot_stride;       // slot_bytes rounded up to slot_align
   std::uint64_t readiness_offset;  // where the per-rank readiness table starts (kReadinessOffset)
+  std::uint64_t owners_offset;     // where the owner table starts (owners_offset_for)
+  // ---- live statistics (version 3) ----
+  std::uint64_t stats_offset;  // page-aligned start of the live statistics area
+  std::uint64_t stats_bytes;   // its length, a page multiple; the data starts right after it
 };
 
 // Note [Progressive bring-up] (region.cpp): one entry per rank, after the header and before the
@@ -56,8 +62,25 @@ static_assert(sizeof(RegionHeader) <= kReadinessOffset);
 inline constexpr off_t kCreatorLockStart = 0;
 inline constexpr off_t kCreatorLockLen = sizeof(RegionHeader);
 
-// Bytes before the data: the header and the readiness table of `world_size` ranks, rounded up to
-// a page.
+// Note [Owners] (owners.hpp): one record per role (rank 0 .. world_size-1, then the scheduler),
+// right after the readiness table; the role's locks sit on the first two bytes of its record.
+struct OwnerRecord {
+  std::uint32_t pid;  // of the process holding the role, 0 when none (valid only while it holds
+                      // the role's "recorded" lock)
+  std::uint32_t reserved;
+};
+static_assert(sizeof(OwnerRecord) == 8);
+
+// Start of the owner table: the end of the readiness table of `world_size` ranks.
+std::uint64_t owners_offset_for(std::uint32_t world_size) noexcept;
+
+// Layout before the data, in pages:
+//   [0, stats_offset)             the header, the readiness table of `world_size` ranks and the
+//                                 owner table (world_size + 1 records)
+//   [stats_offset, data_offset)   the live statistics area (Note [Live stats])
+// The data stays page-aligned.
+std::uint64_t stats_offset_for(std::size_t page_size, std::uint32_t world_size) noexcept;
+std::uint64_t stats_bytes_for(std::size_t page_size, std::uint32_t world_size) noexcept;
 std::uint64_t data_offset_for(std::size_t page_size, std::uint32_t world_size) noexcept;
 
 RegionHeader make_header(const RegionGeometry& geometry, std::string_view engine_id);
@@ -69,9 +92,16 @@ std::optional<RegionLayout> header_layout(const RegionHeader& header) noexcept;
 // Error(kSystem) when pread fails.
 bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::string& path);
 
-// pwrite of the whole header area (header, zeroed readiness table, up to data_offset) / of the
+// pwrite of the whole header area (header, zeroed readiness table, formatted live statistics
+// area, up to data_offset) / of the
 // state field; throws Error(kSystem) naming the path.
 void write_header(const Syscalls& sys, int fd, const RegionHeader& header, const std::string& path);
 void write_state(const Syscalls& sys, int fd, RegionState state, const std::string& path);
+
+// pwrite / pread of the owner record at `offset` (Note [Owners]); throw Error(kSystem) naming
+// the path. A short file reads as an empty record.
+void write_owner(const Syscalls& sys, int fd, std::uint64_t offset, const OwnerRecord& record,
+                 const std::string& path);
+OwnerRecord read_owner(const Syscalls& sys, int fd, std::uint64_t offset, const std::string& path);
 
 }  // namespace kvoffload::detail

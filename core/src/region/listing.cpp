@@ -17,6 +17,8 @@
 #include "kvoffload/region.hpp"
 #include "kvoffload/syscalls.hpp"
 #include "region/header.hpp"
+#include "region/listing.hpp"
+#include "region/owners.hpp"
 #include "region/proc_locks.hpp"
 #include "region/region_internal.hpp"
 #include "region/sys.hpp"
@@ -128,7 +130,13 @@ std::optional<detail::RegionHeader> candidate_header(const Syscalls& sys, const 
 
 std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
                                      const Syscalls* syscalls) {
-  const Syscalls& sys = table(syscalls);
+  return detail::list_regions_with(shm_dir, table(syscalls), {});
+}
+
+namespace detail {
+
+std::vector<RegionInfo> list_regions_with(const std::filesystem::path& shm_dir, const Syscalls& sys,
+                                          const RegionInspector& inspect) {
   const std::string dir = shm_dir.string();
   const detail::UniqueFd dirfd(sys, detail::open_shm_dir(sys, dir));
   std::string locks;
@@ -157,12 +165,21 @@ std::vector<RegionInfo> list_regions(const std::filesystem::path& shm_dir,
         } catch (const Error& e) {
           info.problem = std::string("corrupt header: ") + e.what();
         }
+        try {
+          info.owners =
+              detail::held_roles(sys, c.fd.get(), c.st, *header, locks, info.path.string());
+        } catch (const Error& e) {
+          info.problem = "cannot read its owner table: " + errno_name(e.sys_errno());
+        }
+        if (inspect && info.problem.empty()) inspect(out.size(), c.fd.get(), c.st, *header);
       }
     }
     out.push_back(std::move(info));
   }
   return out;
 }
+
+}  // namespace detail
 
 CleanResult clean_regions(const std::filesystem::path& shm_dir,
                           const std::optional<std::string>& engine_id, const Syscalls* syscalls) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "kvoffload/syscalls.hpp"
 
@@ -15,6 +16,17 @@ namespace kvoffload::detail {
 // Number of granted FLOCK entries in the text of /proc/locks for the file (dev, ino). Blocked
 // waiters ("->" lines) and POSIX/OFD byte-range locks are not holders.
 std::uint32_t count_flock_holders(std::string_view proc_locks, dev_t dev, ino_t ino);
+
+// An inclusive byte range [first, last] of a lock (last: the largest value for "to EOF").
+struct LockedRange {
+  std::uint64_t first = 0;
+  std::uint64_t last = 0;
+};
+
+// The granted OFD write locks (F_OFD_SETLK, "OFDLCK ... WRITE") on the file (dev, ino) in the text
+// of /proc/locks. Lets `region list` see which roles are held without taking a lock itself
+// (Note [Owners] in owners.hpp).
+std::vector<LockedRange> ofd_write_locks(std::string_view proc_locks, dev_t dev, ino_t ino);
 
 // Reads /proc/locks and counts; throws Error(kSystem) when it cannot be read.
 std::uint32_t flock_holders(const Syscalls& sys, dev_t dev, ino_t ino);

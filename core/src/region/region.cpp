@@ -19,9 +19,11 @@
 #include "kvoffload/platform.hpp"
 #include "kvoffload/syscalls.hpp"
 #include "region/header.hpp"
+#include "region/owners.hpp"
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
 #include "region/sys.hpp"
+#include "stats/live_page.hpp"
 #include "util/clock.hpp"
 
 // Note [Region lifetime]
@@ -48,7 +50,12 @@
 // OFD lock is gone and the state is still "creating" the creator died, and the joiner starts over
 // (reclaiming the stub) instead of waiting for the timeout.
 //
-// Teardown. Hooks (host unregister), munmap, then "am I the last one?": a non-blocking conversion
+// Roles. The creator takes its role (its rank slot, or the scheduler role) before linkat, a joiner
+// once the region is ready, before it maps; a refused joiner leaves like close() does (Note
+// [Owners] in owners.hpp).
+//
+// Teardown. Hooks (host unregister), munmap, release of the role, then "am I the last one?": a
+// non-blocking conversion
 // LOCK_SH -> LOCK_EX. Success means no one else is attached: unlink if the path still names our
 // inode. Failure drops our shared lock (that is how flock conversion works), which is fine on the
 // way out and is why the question can only be asked here. Then close.
@@ -310,6 +317,23 @@ int unlink_if_ours(const Syscalls& sys, int dirfd, const std::string& name,
   return 0;
 }
 
+// "Am I the last one?", asked on the way out only (Note [Region lifetime]): unlinks the file when
+// no other process holds the liveness lock. Returns "" or what failed.
+std::string unlink_if_last(const Syscalls& sys, int fd, int dirfd, const std::string& name,
+                           const struct stat& st) noexcept {
+  if (sys.flock(sys.context, fd, LOCK_EX | LOCK_NB) == 0) {
+    if (const int err = unlink_if_ours(sys, dirfd, name, st)) return "unlink: " + errno_name(err);
+  } else if (errno != EWOULDBLOCK) {
+    return "flock: " + errno_name(errno) +
+           " (the file stays; it is stale and `region clean` removes it)";
+  }
+  return {};
+}
+
+detail::Role role_of(const Attempt& a) {
+  return {.world_size = a.geometry.world_size(), .rank = a.options.rank};
+}
+
 // The creator path (see Note [Region lifetime]). Returns kAttached with `out` filled, or kLostRace
 // when another process published first. Throws on failure, leaving nothing behind.
 Step try_create(Attempt& a, Attached& out) {
@@ -353,6 +377,11 @@ Step try_create(Attempt& a, Attached& out) {
     throw_system_error("fcntl", errno, "(F_OFD_SETLK) on the header of the new region " + a.path);
   }
   detail::write_header(sys, fd.get(), detail::make_header(a.geometry, a.options.engine_id), a.path);
+  // Nobody else can open the unnamed file: the creator always gets its own role (Note [Owners]).
+  if (detail::claim_role(sys, fd.get(), role_of(a), a.path)) {
+    throw Error(ErrorCode::kInternal, "region " + a.path + ": " + role_of(a).name() +
+                                          " of the unnamed new file is held by another process");
+  }
   // Sparse: the pages are allocated by the mappers that populate them (Note [Allocation by
   // populate]); the size is set before publication so a joiner never sees a short file.
   if (detail::retry_eintr([&] {
@@ -441,7 +470,10 @@ void check_header(const Attempt& a, const detail::RegionHeader& h) {
   if (h.page_size != a.geometry.page_size() || h.row_stride != a.geometry.row_stride() ||
       h.data_bytes != a.geometry.data_bytes() ||
       h.data_offset != detail::data_offset_for(a.geometry.page_size(), a.geometry.world_size()) ||
-      h.readiness_offset != detail::kReadinessOffset) {
+      h.readiness_offset != detail::kReadinessOffset ||
+      h.owners_offset != detail::owners_offset_for(a.geometry.world_size()) ||
+      h.stats_offset != detail::stats_offset_for(a.geometry.page_size(), a.geometry.world_size()) ||
+      h.stats_bytes != detail::stats_bytes_for(a.geometry.page_size(), a.geometry.world_size())) {
     throw Error(ErrorCode::kMismatch,
                 "region " + a.path + " was built with page size " + std::to_string(h.page_size) +
                     ", row stride " + std::to_string(h.row_stride) + " and data offset " +
@@ -541,6 +573,15 @@ Step try_join(Attempt& a, Attached& out) {
     throw Error(ErrorCode::kMismatch, "region " + a.path + " is " + std::to_string(st.st_size) +
                                           " bytes, expected " + std::to_string(a.file_bytes));
   }
+  if (const auto holder = detail::claim_role(sys, fd.get(), role_of(a), a.path)) {
+    Error refused = detail::role_taken(a.path, a.options.engine_id, role_of(a), *holder);
+    // We hold the liveness lock: leave as close() does, in case the holder left meanwhile.
+    if (const std::string failed = unlink_if_last(sys, fd.get(), a.dirfd, a.name, st);
+        !failed.empty()) {
+      log().error("region {}: leaving after a refused claim: {}", a.path, failed);
+    }
+    throw refused;
+  }
   void* addr =
       sys.mmap(sys.context, nullptr, a.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (addr == MAP_FAILED) {
@@ -588,6 +629,7 @@ struct Region::State {
   std::uint64_t piece_rows = 1;
   std::function<void(std::span<std::byte>, std::uint64_t, std::uint64_t)> on_piece_ready;
   detail::RankReadiness* table = nullptr;  // in the mapping, one entry per rank
+  detail::LivePage* live = nullptr;        // in the mapping (Note [Live stats])
   std::chrono::steady_clock::time_point started;
   std::thread bringup_thread;
   std::atomic<bool> stop{false};
@@ -616,6 +658,21 @@ void Region::run_bringup(State& s) {
   const RegionGeometry& g = s.geometry;
   const std::uint32_t rank = *s.rank;
   detail::RankReadiness& entry = s.table[rank];
+  // This thread is the only writer of the rank's bring-up block (Note [Live stats]).
+  detail::RankBringupBlock& live = s.live->ranks()[rank].bringup;
+  std::uint64_t live_bytes = 0;
+  std::uint64_t live_pieces = 0;
+  auto publish_progress = [&] {
+    const detail::LiveWrite write(live.seq);
+    detail::LiveWrite::put(live.populated_bytes, live_bytes);
+    detail::LiveWrite::put(live.pieces, live_pieces);
+    detail::LiveWrite::put(
+        live.elapsed_ns,
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - s.started)
+                                       .count()));
+  };
+  publish_progress();
   table_ready(entry).store(0, std::memory_order_release);
   table_errno(entry).store(0, std::memory_order_relaxed);
   table_state(entry).store(static_cast<std::uint32_t>(BringupState::kRunning),
@@ -626,6 +683,7 @@ void Region::run_bringup(State& s) {
   const detail::BackingFile file{
       .fd = s.fd.get(), .file_base = s.mapping.data(), .dirfd = s.dir.get(), .dir = s.shm_dir};
   auto finish = [&](BringupState state, std::optional<Error> error, std::uint64_t failed_chunk) {
+    publish_progress();
     if (error)
       table_errno(entry).store(static_cast<std::uint32_t>(error->sys_errno()),
                                std::memory_order_relaxed);
@@ -651,6 +709,7 @@ void Region::run_bringup(State& s) {
       if (s.populate_pages) {
         const PopulateReport r =
             detail::populate(sys, piece, g.page_size(), s.populate_threads, what, file);
+        live_bytes += r.bytes;
         const std::lock_guard lock(s.mu);
         s.populate.method = r.method;
         s.populate.bytes += r.bytes;
@@ -664,6 +723,8 @@ void Region::run_bringup(State& s) {
             first, rows);
       }
       table_ready(entry).store(first + rows, std::memory_order_release);
+      ++live_pieces;
+      publish_progress();
       const std::lock_guard lock(s.mu);
       s.bringup.ready_chunks = first + rows;
     }
@@ -744,6 +805,9 @@ Region Region::create_or_join(const RegionOptions& options) {
       state->mapping.data() + detail::data_offset_for(geometry.page_size(), geometry.world_size());
   state->table =
       reinterpret_cast<detail::RankReadiness*>(state->mapping.data() + detail::kReadinessOffset);
+  state->live = reinterpret_cast<detail::LivePage*>(
+      state->mapping.data() +
+      detail::stats_offset_for(geometry.page_size(), geometry.world_size()));
   state->st = attached.st;
   state->open = true;
   state->shm_dir = shm_dir.string();
@@ -872,6 +936,9 @@ bool Region::is_open() const noexcept {
 std::byte* Region::data() const noexcept {
   return is_open() ? state_->data : nullptr;
 }
+detail::LivePage* Region::live_page() const noexcept {
+  return is_open() ? state_->live : nullptr;
+}
 
 std::span<std::byte> Region::slot(std::uint64_t chunk, std::uint32_t rank) const {
   if (!is_open()) throw Error(ErrorCode::kState, "slot() on a closed region");
@@ -927,7 +994,7 @@ bool Region::close() noexcept {
   bool ok = true;
   // Teardown keeps going: every step runs whatever the previous one did; the first error wins
   // the log line, the return value says something failed.
-  auto failed = [&](const char* step, const std::string& why) {
+  auto failed = [&](std::string_view step, const std::string& why) {
     log().error("region {}: teardown step {} failed: {}", path, step, why);
     ok = false;
   };
@@ -942,17 +1009,17 @@ bool Region::close() noexcept {
   }
   s.hooks.clear();
   s.data = nullptr;
+  s.live = nullptr;
   if (const int err = s.mapping.reset()) failed("munmap", errno_name(err));
 
-  // "Am I the last one?" can only be asked on the way out (Note [Region lifetime]).
+  // Nothing of ours touches the slots any more: the next holder may take the role (Note [Owners]).
   const Syscalls& sys = *s.sys;
-  if (sys.flock(sys.context, s.fd.get(), LOCK_EX | LOCK_NB) == 0) {
-    if (const int err = unlink_if_ours(sys, s.dir.get(), s.name, s.st))
-      failed("unlink", errno_name(err));
-  } else if (errno != EWOULDBLOCK) {
-    failed("flock",
-           errno_name(errno) + " (the file stays; it is stale and `region clean` removes it)");
+  const detail::Role role{.world_size = s.geometry.world_size(), .rank = s.rank};
+  if (const int err = detail::release_role(sys, s.fd.get(), role)) {
+    failed("release of " + role.name(), errno_name(err) + " (it goes when the file closes)");
   }
+  if (std::string why = unlink_if_last(sys, s.fd.get(), s.dir.get(), s.name, s.st); !why.empty())
+    failed("last-out", why);
   if (const int err = s.fd.reset()) failed("close", errno_name(err));
   if (const int err = s.dir.reset()) failed("close (shm dir)", errno_name(err));
   return ok;

@@ -5,6 +5,7 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/geometry.cpp
   ${CMAKE_CURRENT_LIST_DIR}/header.cpp
   ${CMAKE_CURRENT_LIST_DIR}/proc_locks.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/owners.cpp
   ${CMAKE_CURRENT_LIST_DIR}/populate.cpp
   ${CMAKE_CURRENT_LIST_DIR}/region.cpp
   ${CMAKE_CURRENT_LIST_DIR}/listing.cpp)

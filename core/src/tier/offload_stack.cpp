@@ -164,6 +164,7 @@ std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config,
     ManagerConfig mc = config.manager;
     mc.num_chunks = s->region_->geometry().num_chunks();
     s->manager_ = std::make_unique<Manager>(mc);
+    s->manager_->publish_live_stats(*s->region_);  // Note [Live stats]
 
     for (std::size_t i = 0; i < config.file_tiers.size(); ++i) {
       run_hook(hooks, InitStep::kSecondary, i);
@@ -190,6 +191,7 @@ std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config,
     for (auto& t : s->tiers_) raw.push_back(t.get());
     s->store_ =
         std::make_unique<TieredStore>(*s->manager_, PrimaryRows::of(*s->region_), std::move(raw));
+    s->store_->publish_live_stats(*s->region_);
   } catch (const std::exception& e) {
     log().debug("offload stack: initialisation failed ({}); releasing what was built", e.what());
     s->close();  // logs its own failures; the original exception propagates

@@ -3,7 +3,10 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/log.hpp"
 #include "kvoffload/region.hpp"
+#include "stats/live_page.hpp"
 #include "util/rate_limited_log.hpp"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <unordered_map>
@@ -31,6 +34,7 @@ TieredStore::TieredStore(Manager& primary, PrimaryRows rows, std::vector<Seconda
     : primary_(primary),
       rows_(rows),
       tiers_(std::move(tiers)),
+      tier_counters_(tiers_.size()),
       warnings_(std::make_unique<detail::RateLimitedLog>()) {
   if (rows_.base == nullptr || rows_.row_bytes == 0 || rows_.row_bytes > rows_.row_stride) {
     throw_invalid("tiered store: primary rows are empty or row_bytes exceeds row_stride");
@@ -53,7 +57,7 @@ TieredStore::~TieredStore() {
   (void)warnings_->flush("tiered store");
 }
 
-void TieredStore::ask_tiers(std::span<const BlockKey> keys) {
+void TieredStore::ask_tiers(std::span<const BlockKey> keys, bool count) {
   // One batched lookup per tier (no per-key virtual call); a key a faster tier holds is not asked
   // of slower ones. A pending answer may still be overridden by a later tier that holds the key.
   for (std::size_t t = 0; t < tiers_.size(); ++t) {
@@ -67,13 +71,19 @@ void TieredStore::ask_tiers(std::span<const BlockKey> keys) {
     if (ask_keys_.empty()) return;
     presence_.resize(ask_keys_.size());
     tiers_[t]->lookup(ask_keys_, presence_);
+    // Counted for lookup() only: promote() asks again about keys lookup() already counted.
+    TierCounters scratch;
+    TierCounters& counters = count ? tier_counters_[t] : scratch;
+    counters.lookups += ask_keys_.size();
     for (std::size_t j = 0; j < ask_index_.size(); ++j) {
       const std::size_t i = ask_index_[j];
       if (presence_[j] == TierPresence::kPresent) {
         locations_[i] = TierLocation::kSecondary;
         source_tier_[i] = t;
+        ++counters.present;
       } else if (presence_[j] == TierPresence::kPending) {
         locations_[i] = TierLocation::kSecondaryPending;
+        ++counters.pending;
       }
     }
   }
@@ -104,7 +114,8 @@ TieredLookup TieredStore::lookup(std::span<const BlockKey> keys, std::span<TierL
         break;
     }
   }
-  ask_tiers(keys);
+  ask_tiers(keys, /*count=*/true);
+  if (!miss_index_.empty()) publish_live();
   bool available = true;
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const TierLocation loc = locations_[i];
@@ -123,7 +134,8 @@ void TieredStore::complete_store(std::span<const BlockKey> keys, bool success) {
   primary_.complete_store(keys, success);
   if (!success || tiers_.empty() || keys.empty()) return;
   std::vector<TierPut> puts(keys.size());
-  for (auto* tier : tiers_) {
+  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    SecondaryTier* tier = tiers_[t];
     // Note [Offload pins]: the pin keeps the slot's bytes stable until the tier has read them;
     // without it a later prepare_store could evict the key and reuse the slot mid-write.
     const std::span<const SlotIndex> slots = primary_.prepare_load(keys);
@@ -135,7 +147,8 @@ void TieredStore::complete_store(std::span<const BlockKey> keys, bool success) {
       primary_.complete_load(keys);
       throw;
     }
-    offloads_.push_back(Offload{std::move(batch), std::vector<BlockKey>(keys.begin(), keys.end())});
+    offloads_.push_back(
+        Offload{std::move(batch), std::vector<BlockKey>(keys.begin(), keys.end()), t});
     stats_.offload_keys += keys.size();
   }
 }
@@ -151,7 +164,7 @@ PromoteTicket TieredStore::promote(std::span<const BlockKey> keys,
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (primary_.state_of(keys[i]) == LookupResult::kMiss) miss_index_.push_back(i);
   }
-  ask_tiers(keys);  // a key still pending at a tier is not promoted now
+  ask_tiers(keys, /*count=*/false);  // a key still pending at a tier is not promoted now
   for (const std::size_t i : miss_index_) {
     if (locations_[i] != TierLocation::kSecondary || source.contains(keys[i])) continue;
     source.emplace(keys[i], source_tier_[i]);
@@ -215,8 +228,10 @@ std::vector<PromoteCompletion> TieredStore::progress(bool block) {
     for (const auto& r : it->batch.wait()) {
       if (r.status == TierItemStatus::kOk) {
         ++stats_.offload_ok;
+        ++tier_counters_[it->tier].offloaded;
       } else {
         ++stats_.offload_failed;
+        ++tier_counters_[it->tier].offload_failed;
         if (failed++ == 0) {
           first_failure = r.key.to_hex() + ": " + r.detail;
           first_errno = r.sys_errno;
@@ -281,8 +296,10 @@ bool TieredStore::consume(Promotion& p, PromotionRead& read) {
     const TierItemResult& r = results[i];
     if (r.status == TierItemStatus::kOk) {
       p.promoted.push_back(r.key);
+      ++tier_counters_[from].promoted;
       continue;
     }
+    ++tier_counters_[from].promote_failed;
     std::size_t next = from + 1;
     while (next < tiers_.size() && !tiers_[next]->contains(r.key)) ++next;
     if (next == tiers_.size()) {
@@ -311,10 +328,64 @@ bool TieredStore::consume(Promotion& p, PromotionRead& read) {
 }
 
 std::vector<PromoteCompletion> TieredStore::poll() {
-  return progress(false);
+  const bool busy = !offloads_.empty() || !promotions_.empty();
+  std::vector<PromoteCompletion> done = progress(false);
+  if (busy) publish_live();
+  return done;
 }
 std::vector<PromoteCompletion> TieredStore::drain() {
-  return progress(true);
+  const bool busy = !offloads_.empty() || !promotions_.empty();
+  std::vector<PromoteCompletion> done = progress(true);
+  if (busy) publish_live();
+  return done;
+}
+
+// The tiers block this store writes; the region's close() clears it (Note [Live stats]).
+struct TieredStore::LiveLink {
+  detail::TiersBlock* block = nullptr;
+};
+
+void TieredStore::publish_live_stats(Region& region) {
+  detail::LivePage* page = region.live_page();
+  if (page == nullptr) throw Error(ErrorCode::kState, "publish_live_stats: the region is closed");
+  auto link = std::make_shared<LiveLink>();
+  link->block = &page->tiers;
+  region.add_teardown_hook([weak = std::weak_ptr<LiveLink>(link)] {
+    if (auto l = weak.lock()) l->block = nullptr;
+  });
+  live_ = std::move(link);
+  detail::TiersBlock& b = *live_->block;
+  const std::size_t count = std::min<std::size_t>(tiers_.size(), detail::kLiveMaxTiers);
+  if (count < tiers_.size()) {
+    log().warn("tiered store: {} secondary tiers; the live statistics page shows the first {}",
+               tiers_.size(), count);
+  }
+  {
+    const detail::LiveWrite write(b.seq);
+    detail::LiveWrite::put(b.pid, static_cast<std::uint64_t>(::getpid()));
+    detail::LiveWrite::put(b.count, count);
+    for (std::size_t t = 0; t < count; ++t) detail::put_tier_name(b.tiers[t], tiers_[t]->name());
+  }
+  publish_live();
+}
+
+void TieredStore::publish_live() noexcept {
+  if (!live_ || live_->block == nullptr) return;
+  detail::TiersBlock& b = *live_->block;
+  using W = detail::LiveWrite;
+  const W write(b.seq);
+  const std::size_t count = std::min<std::size_t>(tiers_.size(), detail::kLiveMaxTiers);
+  for (std::size_t t = 0; t < count; ++t) {
+    const TierCounters& c = tier_counters_[t];
+    detail::TierEntry& e = b.tiers[t];
+    W::put(e.lookups, c.lookups);
+    W::put(e.present, c.present);
+    W::put(e.pending, c.pending);
+    W::put(e.promoted, c.promoted);
+    W::put(e.promote_failed, c.promote_failed);
+    W::put(e.offloaded, c.offloaded);
+    W::put(e.offload_failed, c.offload_failed);
+  }
 }
 
 TieredStats TieredStore::stats() const noexcept {

@@ -1,6 +1,7 @@
 // The transfer engine. See Note [Engine ordering] below for how jobs, streams and events fit.
 #include <kvoffload/transfer_engine.hpp>
 
+#include "stats/live_page.hpp"
 #include "transfer/planner.hpp"
 
 #include <kvoffload/error.hpp>
@@ -18,6 +19,8 @@
 #include <optional>
 #include <set>
 #include <unordered_set>
+
+#include <unistd.h>
 
 namespace kvoffload {
 
@@ -47,8 +50,9 @@ struct TransferEngine::Impl {
     Stream stream;
     std::optional<detail::Planner> planner;
     PathPolicy policy;
-    std::mutex submit_mutex;        // planner, enqueue order
-    std::deque<Inflight> inflight;  // guarded by state_mutex
+    std::mutex submit_mutex;             // planner, enqueue order
+    std::deque<Inflight> inflight;       // guarded by state_mutex
+    detail::TransferDirection counts{};  // guarded by state_mutex; mirrored to the live page
   };
 
   Impl(DeviceRuntime& rt, KvLayout l, EngineOptions o)
@@ -169,6 +173,8 @@ struct TransferEngine::Impl {
       job.end = take_event();
       if (wait_on.kind() == WaitOn::Kind::kStream) wait_event = take_event();
       ++stats.jobs_submitted;
+      ++ln.counts.submitted;
+      publish_live(ln);
       stats.fragments += plan.fragments;
       stats.descriptors += plan.copies.size();
       stats.last_descriptors = plan.copies.size();
@@ -221,9 +227,40 @@ struct TransferEngine::Impl {
     ln.inflight.push_back(std::move(job));
   }
 
+  // Mirrors a lane's counters into the rank's live page (Note [Live stats]): a few relaxed stores.
+  // Needs state_mutex (the engine is the block's only writer, one thread at a time).
+  void publish_live(Lane& ln) noexcept {
+    if (live == nullptr) return;
+    using W = detail::LiveWrite;
+    const W write(live->seq);
+    detail::TransferDirection& d = ln.direction == Direction::kStore ? live->store : live->load;
+    W::put(d.submitted, ln.counts.submitted);
+    W::put(d.succeeded, ln.counts.succeeded);
+    W::put(d.failed, ln.counts.failed);
+    W::put(d.bytes, ln.counts.bytes);
+    W::put(d.copy_ns, ln.counts.copy_ns);
+    W::put(live->host_registered,
+           static_cast<bool>(registration) || pieces_cover.load(std::memory_order_relaxed) ? 1 : 0);
+  }
+
+  // Starts publishing into `block` (the rank's transfer block of its region's page).
+  void attach_live(detail::RankTransferBlock& block) {
+    std::lock_guard lock(state_mutex);
+    live = &block;
+    {
+      // A new engine on this rank (a restarted rank) starts its counters from zero.
+      const detail::LiveWrite write(block.seq);
+      detail::LiveWrite::put(block.pid, static_cast<std::uint64_t>(::getpid()));
+      detail::LiveWrite::put(block.attached_unix_ns, detail::unix_now_ns());
+      detail::LiveWrite::put(block.detached_unix_ns, 0);
+    }
+    for (Lane& ln : lanes) publish_live(ln);
+  }
+
   // Moves finished FIFO heads into `completed`. Needs state_mutex.
   void drain() {
     for (Lane& ln : lanes) {
+      const std::uint64_t finished_before = ln.counts.succeeded + ln.counts.failed;
       while (!ln.inflight.empty()) {
         Inflight& head = ln.inflight.front();
         JobResult r;
@@ -257,14 +294,19 @@ struct TransferEngine::Impl {
         if (r.success) {
           ++stats.jobs_succeeded;
           stats.bytes_succeeded += r.bytes;
+          ++ln.counts.succeeded;
+          ln.counts.bytes += r.bytes;
+          ln.counts.copy_ns += static_cast<std::uint64_t>(r.seconds * 1e9);
         } else {
           ++stats.jobs_failed;
+          ++ln.counts.failed;
         }
         give_event(std::move(head.start));
         give_event(std::move(head.end));
         ln.inflight.pop_front();
         completed.push_back(std::move(r));
       }
+      if (ln.counts.succeeded + ln.counts.failed != finished_before) publish_live(ln);
     }
   }
 
@@ -383,8 +425,19 @@ struct TransferEngine::Impl {
                     job.bytes, 0.0,          "transfer engine shut down before the job finished"};
         completed.push_back(std::move(r));
       }
+      if (!ln.inflight.empty()) {
+        ln.counts.failed += ln.inflight.size();
+        publish_live(ln);
+      }
       ln.inflight.clear();
     }
+    // The page is in the region's mapping, which may go right after this (the region's teardown
+    // hook runs shutdown before munmap): nothing is published any more.
+    if (live != nullptr) {
+      const detail::LiveWrite write(live->seq);
+      detail::LiveWrite::put(live->detached_unix_ns, detail::unix_now_ns());
+    }
+    live = nullptr;
     // Release order: events, then streams, then the host registration (no copy can touch host
     // memory any more), all before a Region unmaps.
     event_pool.clear();
@@ -415,6 +468,7 @@ struct TransferEngine::Impl {
   std::vector<JobResult> completed;
   std::vector<Event> event_pool;
   EngineStats stats;
+  detail::RankTransferBlock* live = nullptr;  // guarded by state_mutex; null: not publishing
 };
 
 // ---- calibration ----
@@ -522,6 +576,7 @@ TransferEngine::TransferEngine(DeviceRuntime& runtime, Region& region, std::uint
   layout.blocks_per_chunk = blocks_per_chunk;
   layout.host = HostSlots::from_region(region, rank);
   impl_ = std::make_shared<Impl>(runtime, std::move(layout), options);
+  if (options.live_stats) impl_->attach_live(region.live_page()->ranks()[rank].transfer);
   // The region may close before the engine is destroyed: its close() then shuts the engine down
   // (drain, unregister) before munmap. A weak pointer: a destroyed engine needs nothing.
   region.add_teardown_hook([weak = std::weak_ptr<Impl>(impl_)] {

@@ -1,5 +1,7 @@
 #include "run_config.hpp"
 
+#include "../cli.hpp"
+
 #include <kvoffload/error.hpp>
 #include <kvoffload/geometry.hpp>
 #include <kvoffload/platform.hpp>
@@ -8,11 +10,17 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace kvoffload::run {
 namespace {
+
+[[noreturn]] void bad_device(const std::string& list, const std::string& item) {
+  throw_invalid("--devices '" + list + "': '" + item +
+                "' is not a device number; give comma-separated numbers from 0 to 1023, e.g. 0,1");
+}
 
 // "0,1,3" as numbers; kInvalidArgument naming the entry otherwise.
 std::vector<int> parse_devices(const std::string& list) {
@@ -23,11 +31,7 @@ std::vector<int> parse_devices(const std::string& list) {
     const std::string item = list.substr(pos, comma - pos);
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 0 || v > 1023) {
-      throw_invalid(
-          "--devices '" + list + "': '" + item +
-          "' is not a device number; give comma-separated numbers from 0 to 1023, e.g. 0,1");
-    }
+    if (item.empty() || *end != '\0' || v < 0 || v > 1023) bad_device(list, item);
     out.push_back(static_cast<int>(v));
     pos = comma + 1;
   }
@@ -60,12 +64,20 @@ void RunConfig::finalize() {
   if (bringup != "background" && bringup != "blocking") {
     throw_invalid("--bringup '" + bringup + "' is not a bring-up mode; use background or blocking");
   }
+  std::optional<RemoteUrl> remote_url;
   if (!remote_tier.empty()) {
     try {
-      (void)RemoteUrl::parse(remote_tier);
+      remote_url = RemoteUrl::parse(remote_tier);
     } catch (const Error& e) {
       throw_invalid(std::string("--remote-tier: ") + e.what());
     }
+  }
+  const bool memcached = remote_url && remote_url->kind == RemoteKind::kMemcached;
+  if (memcached_item_bytes != 0 && !memcached) {
+    throw_invalid("--memcached-item-size " + cli::format_size(memcached_item_bytes) +
+                  " applies to a memcached:// --remote-tier only" +
+                  (remote_url ? "; this run's is " + remote_url->to_string()
+                              : std::string("; this run has no --remote-tier")));
   }
   if (duration_seconds == 0 && requests == 0) {
     throw_invalid("--duration 0 needs --requests N > 0, or the run would never end");
@@ -82,16 +94,35 @@ void RunConfig::finalize() {
     throw_invalid("--layers x --block-bytes x --blocks-per-chunk overflows");
   }
   slot_bytes = block_bytes * layers * blocks_per_chunk;
+  if (memcached) {
+    // Checked here, before anything is created, so the message names this program's flag
+    // (RemoteTierOptions::validate() names the library's field).
+    const std::uint64_t item = memcached_item_bytes != 0 ? memcached_item_bytes : 1ULL << 20;
+    const std::uint64_t value = remote_value_bytes(slot_bytes);
+    if (value > item) {
+      const std::uint64_t mib = (value + 1024 + (1ULL << 20) - 1) >> 20;
+      throw_invalid("--remote-tier " + remote_url->to_string() + ": a value is " +
+                    cli::human_bytes(value) + " (a slot of " + cli::human_bytes(slot_bytes) +
+                    " + its 64-byte header), larger than memcached's item size " +
+                    cli::human_bytes(item) +
+                    (memcached_item_bytes != 0 ? std::string(" (--memcached-item-size)")
+                                               : std::string(" (memcached's default -I)")) +
+                    "; start memcached with -I " + std::to_string(mib) +
+                    "m or more and pass --memcached-item-size " + std::to_string(mib) +
+                    "M, or make slots smaller (--layers x --block-bytes x --blocks-per-chunk)");
+    }
+  }
   const RegionGeometry one_row = RegionGeometry::compute(
       {.num_chunks = 1, .slot_bytes = slot_bytes, .world_size = world_size}, platform::page_size());
   num_chunks = host_pool_bytes / one_row.row_stride();
   if (num_chunks < max_request_chunks()) {
     throw_invalid(
-        "--host-pool " + std::to_string(host_pool_bytes) + " holds " + std::to_string(num_chunks) +
-        " chunks of " + std::to_string(one_row.row_stride()) +
-        " bytes (world size x layers x block bytes x blocks per chunk, page-rounded); one "
+        "--host-pool " + cli::human_bytes(host_pool_bytes) + " holds " +
+        std::to_string(num_chunks) + " chunks of " + cli::human_bytes(one_row.row_stride()) +
+        " (world size x layers x block bytes x blocks per chunk, page-rounded); one "
         "request needs " +
-        std::to_string(max_request_chunks()) + ": give a larger --host-pool or smaller blocks");
+        std::to_string(max_request_chunks()) + ": give a larger --host-pool (at least " +
+        cli::human_bytes(max_request_chunks() * one_row.row_stride()) + ") or smaller blocks");
   }
 }
 

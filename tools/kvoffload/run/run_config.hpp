@@ -34,6 +34,9 @@ struct RunConfig {
   // How long a request waits for the store's existence answer before it counts as a miss
   // (RemoteTierOptions::lookup_timeout).
   std::uint64_t remote_lookup_budget_ms = 50;
+  // memcached's item size limit (its -I) for a memcached:// remote tier; 0: not given, memcached's
+  // default of 1 MiB (RemoteTierOptions::memcached_item_max).
+  std::uint64_t memcached_item_bytes = 0;
   unsigned populate_threads = 1;
   // Note [Progressive bring-up]: "background" serves from the start on the rows every rank made
   // ready; "blocking" populates and registers everything before the first request.

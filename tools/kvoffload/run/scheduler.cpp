@@ -1,5 +1,6 @@
 #include "scheduler.hpp"
 
+#include "../cli.hpp"
 #include "channel.hpp"
 #include "progress.hpp"
 #include "workload.hpp"
@@ -11,6 +12,7 @@
 #include <kvoffload/platform.hpp>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <numeric>
 #include <optional>
@@ -127,7 +130,14 @@ void stop_ranks(std::vector<RankProcess>& ranks, bool graceful, nlohmann::json* 
 nlohmann::json receive_from(RankProcess& rank, std::uint32_t index, std::chrono::seconds timeout) {
   const auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
-    if (auto m = rank.channel->receive(std::chrono::milliseconds(200))) {
+    std::optional<nlohmann::json> m;
+    try {
+      m = rank.channel->receive(std::chrono::milliseconds(200));
+    } catch (const Error& e) {
+      throw Error(e.code(), "rank " + std::to_string(index) + ": " + e.what(), e.sys_errno(),
+                  e.call());
+    }
+    if (m) {
       if (m->value("op", "") == "error") {
         throw Error(ErrorCode::kState, "rank " + std::to_string(index) + " failed to start: " +
                                            m->value("message", std::string("unknown error")));
@@ -153,11 +163,35 @@ nlohmann::json job_json(std::uint64_t job, const Slots& slots,
   return {{"job", job}, {"chunks", chunks}, {"blocks", blocks}, {"keys", keys_json(keys)}};
 }
 
+// Note [Run phases]: in background bring-up the scheduler starts before any row is ready on
+// every rank. A request then can neither hit nor store, and the loop would replay thousands of
+// such empty requests in a fraction of a second (an engine's requests come at the pace of its
+// compute, not of an empty loop), so the figures would measure nothing. So the load generator is
+// paced: it waits (paced_seconds) until the rows ready on every rank can hold one request, and
+// then serves while the rest of the pool comes up. The report keeps the requests served while the
+// pool was coming up apart from those served once it was ready on every rank.
+struct Phase {
+  std::uint64_t requests = 0, chunks_looked_up = 0, hits = 0, cannot_store = 0;
+
+  [[nodiscard]] double hit_rate() const {
+    return chunks_looked_up != 0 ? double(hits) / double(chunks_looked_up) : 0.0;
+  }
+  [[nodiscard]] nlohmann::json to_json() const {
+    return {{"requests", requests},
+            {"chunks_looked_up", chunks_looked_up},
+            {"hits", hits},
+            {"hit_rate", hit_rate()},
+            {"cannot_store", cannot_store}};
+  }
+};
+
 struct Totals {
   std::uint64_t requests = 0, chunks_looked_up = 0, hits = 0, promoted = 0;
   std::uint64_t store_bytes = 0, load_bytes = 0;
   double store_seconds = 0, load_seconds = 0;  // per job: the slowest rank's copy time
   std::uint64_t verified_bytes = 0, mismatched_bytes = 0, failed_jobs = 0, cannot_store = 0;
+  Phase coming_up, ready;           // Note [Run phases]
+  double paced_seconds = 0;         // the load generator waited for room for one request
   std::vector<std::string> errors;  // first few failure messages
 
   void note_error(const std::string& e) {
@@ -167,6 +201,52 @@ struct Totals {
 
 double gbps(std::uint64_t bytes, double seconds) {
   return seconds > 0 ? bytes / seconds / 1e9 : 0.0;
+}
+
+bool ended_short(const RankBringup& b, std::uint64_t need) {
+  return (b.state == BringupState::kFailed || b.state == BringupState::kStopped) &&
+         b.ready_chunks < need;
+}
+
+// Why the pool will never hold one request: the ranks whose bring-up ended short of it, each with
+// the error its "bye" reported (or the errno the region's readiness table kept), in one line.
+std::string never_serves_verdict(std::uint32_t world_size, const nlohmann::json& byes,
+                                 const Region& region, std::uint64_t need) {
+  std::vector<std::uint32_t> ended;
+  for (std::uint32_t r = 0; r < world_size; ++r) {
+    if (ended_short(region.rank_bringup(r), need)) ended.push_back(r);
+  }
+  std::vector<std::string> why;
+  for (const std::uint32_t r : ended) {
+    std::string error;
+    for (const auto& b : byes) {
+      if (b.value("rank", world_size) == r && b.contains("bringup")) {
+        error = b["bringup"].value("error", std::string());
+      }
+    }
+    const RankBringup state = region.rank_bringup(r);
+    if (error.empty()) {
+      error = std::string(to_string(state.state)) +
+              (state.sys_errno != 0 ? " (" + errno_name(state.sys_errno) + ")" : std::string());
+    }
+    for (char& c : error) {
+      if (c == '\n') c = ' ';  // one line
+    }
+    why.push_back("rank " + std::to_string(r) + " after " + std::to_string(state.ready_chunks) +
+                  " ready chunks: " + error);
+  }
+  std::string ranks;
+  for (std::size_t i = 0; i < ended.size(); ++i) {
+    ranks += (i == 0 ? "" : ", ") + std::to_string(ended[i]);
+  }
+  std::string out =
+      "bring-up failed on " +
+      (ended.size() == world_size && world_size > 1 ? std::string("every rank") : "rank " + ranks) +
+      " before the pool could hold one request (" + std::to_string(need) +
+      " chunks), so no request was served and nothing was stored, loaded or "
+      "verified (";
+  for (std::size_t i = 0; i < why.size(); ++i) out += (i == 0 ? "" : "; ") + why[i];
+  return out + ")";
 }
 
 }  // namespace
@@ -203,6 +283,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
     RemoteTierOptions remote;
     remote.url = RemoteUrl::parse(config.remote_tier);
     remote.lookup_timeout = std::chrono::milliseconds(config.remote_lookup_budget_ms);
+    if (config.memcached_item_bytes != 0) remote.memcached_item_max = config.memcached_item_bytes;
     remote.geometry = {
         .slot_bytes = config.slot_bytes,
         .world_size = config.world_size,
@@ -222,9 +303,12 @@ RunOutcome run_scheduler(const RunConfig& config) {
   Totals t;
   std::optional<double> first_request_seconds;  // until the first request was served
   std::optional<double> pool_ready_seconds;     // until every row was ready on every rank
+  // A rank's bring-up ended before the pool could hold one request (Note [Run phases]).
+  bool never_serves = false;
   nlohmann::json byes = nlohmann::json::array();
   nlohmann::json rank_reports = nlohmann::json::array();
   bool graceful = true;
+  const std::uint64_t need = config.max_request_chunks();
   try {
     ranks = spawn_ranks(config.world_size);
     for (std::uint32_t r = 0; r < config.world_size; ++r) {
@@ -247,6 +331,56 @@ RunOutcome run_scheduler(const RunConfig& config) {
         pool_ready_seconds = std::chrono::duration<double>(Clock::now() - started).count();
       }
     };
+    auto run_over = [&] {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
+      return g_interrupted.load() ||
+             (config.duration_seconds > 0 && elapsed >= config.duration_seconds);
+    };
+    // Note [Run phases]: waits until the rows ready on every rank can hold one request. False
+    // when the run is over first, or when a rank's bring-up ended short of it (never_serves):
+    // then the other ranks get a moment to end or pass one request too, so that the verdict
+    // names every rank that failed, not only the first.
+    auto wait_for_room = [&]() -> bool {
+      const auto begin = Clock::now();
+      const auto limit = begin + std::chrono::seconds(600);
+      std::optional<Clock::time_point> settle_by;
+      bool room = false;
+      while (true) {
+        track_readiness();
+        if (pool_ready_seconds || manager.ready_chunks() >= need) {
+          room = true;
+          break;
+        }
+        if (run_over()) break;
+        bool any_ended = false;
+        bool all_settled = true;
+        for (std::uint32_t r = 0; r < config.world_size; ++r) {
+          const RankBringup b = region.rank_bringup(r);
+          any_ended = any_ended || ended_short(b, need);
+          const bool ended = b.state == BringupState::kFailed || b.state == BringupState::kStopped;
+          all_settled = all_settled && (ended || b.ready_chunks >= need);
+          // A rank that exited says so on its channel (EOF): receive_from names it.
+          pollfd p{ranks[r].channel->fd(), POLLIN, 0};
+          if (::poll(&p, 1, 0) > 0) (void)receive_from(ranks[r], r, std::chrono::seconds(1));
+        }
+        if (any_ended) {
+          if (!settle_by) settle_by = Clock::now() + std::chrono::seconds(2);
+          if (all_settled || Clock::now() >= *settle_by) {
+            never_serves = true;
+            break;
+          }
+        }
+        if (Clock::now() >= limit) {
+          throw Error(ErrorCode::kTimeout,
+                      "the pool could not hold one request (" + std::to_string(need) +
+                          " chunks) on every rank after 600 s of bring-up; the ranks' bring-up "
+                          "is in rank_bringup of a --json run");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      t.paced_seconds += std::chrono::duration<double>(Clock::now() - begin).count();
+      return room;
+    };
     Workload workload(config.seed, config.prefixes, config.prefix_chunks, config.unique_chunks);
     std::mt19937_64 rng(config.seed * 7919 + 1);
     std::vector<std::uint64_t> device_blocks(config.gpu_blocks);
@@ -259,17 +393,21 @@ RunOutcome run_scheduler(const RunConfig& config) {
     const std::uint32_t bpc = config.blocks_per_chunk;
 
     while (!g_interrupted.load()) {
-      const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
       if (config.requests != 0 && t.requests >= config.requests) break;
-      if (config.duration_seconds > 0 && elapsed >= config.duration_seconds) break;
+      if (run_over()) break;
 
       track_readiness();
+      if (!pool_ready_seconds && manager.ready_chunks() < need && !wait_for_room()) break;
+      const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
+      Phase& phase = pool_ready_seconds ? t.ready : t.coming_up;
       const std::vector<BlockKey>& keys = workload.next();
       ++t.requests;
+      ++phase.requests;
       t.chunks_looked_up += keys.size();
+      phase.chunks_looked_up += keys.size();
 
       // Bring back what a secondary tier holds beyond the primary prefix, then look again.
-      // A remote tier answers "pending" while its existence check is in flight; this loop asks
+      // A remote tier answers "pending" while its existence check is in flight: this loop asks
       // again, and it ends because the tier turns a pending answer into a miss once its lookup
       // budget is spent (never a stall). An engine would schedule other work meanwhile.
       TieredLookup found = store.lookup(keys);
@@ -293,11 +431,12 @@ RunOutcome run_scheduler(const RunConfig& config) {
       std::size_t hit = 0;
       while (hit < keys.size() && manager.state_of(keys[hit]) == LookupResult::kHit) ++hit;
       t.hits += hit;
+      phase.hits += hit;
 
       // Distinct device blocks for this request: the load's first, then the store's.
       // A partial Fisher-Yates shuffle: any permutation stays one, so no reset per request.
-      const std::size_t need = keys.size() * bpc;
-      for (std::size_t i = 0; i < need; ++i) {
+      const std::size_t blocks_needed = keys.size() * bpc;
+      for (std::size_t i = 0; i < blocks_needed; ++i) {
         std::uniform_int_distribution<std::size_t> pick(i, device_blocks.size() - 1);
         std::swap(device_blocks[i], device_blocks[pick(rng)]);
       }
@@ -313,14 +452,17 @@ RunOutcome run_scheduler(const RunConfig& config) {
       const StorePlan plan = manager.prepare_store(std::span(keys).subspan(hit), hit_keys);
       store_keys.assign(plan.keys.begin(), plan.keys.end());
       store_slots.assign(plan.slots.begin(), plan.slots.end());
-      if (!plan.ok()) ++t.cannot_store;
+      if (!plan.ok()) {
+        ++t.cannot_store;
+        ++phase.cannot_store;
+      }
       if (!store_keys.empty()) {
         request["store"] =
             job_json(next_job++, store_slots,
                      all_blocks.subspan(hit * bpc, store_keys.size() * bpc), store_keys);
       }
       if (!request.contains("load") && !request.contains("store")) {
-        // Served without the offload tier (nothing to load, no room to store yet).
+        // Served without the offload tier (nothing to load, no room to store).
         if (!first_request_seconds) {
           first_request_seconds = std::chrono::duration<double>(Clock::now() - started).count();
         }
@@ -380,7 +522,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
     // The bring-up may outlast the requests: wait for it here (no request waits on it), so that
     // pool_ready_seconds is always measured. A rank whose bring-up failed or stopped ends the wait.
     const auto wait_until = Clock::now() + std::chrono::seconds(600);
-    while (!pool_ready_seconds && !g_interrupted.load()) {
+    while (!never_serves && !pool_ready_seconds && !g_interrupted.load()) {
       track_readiness();
       if (pool_ready_seconds) break;
       bool ended = false;
@@ -411,10 +553,16 @@ RunOutcome run_scheduler(const RunConfig& config) {
   }
 
   stop_ranks(ranks, graceful, &byes);
+  const std::string never_ready_verdict =
+      never_serves ? never_serves_verdict(config.world_size, byes, stack->region(), need)
+                   : std::string();
   const ManagerStats ms = stack->manager().stats();
   const TieredStats ts = stack->store().stats();
   nlohmann::json remote_json;
+  nlohmann::json promoted_from = nlohmann::json::object();
   for (const auto& tier : stack->tiers()) {
+    // In this run a tier's gets are its promotions (nothing else reads the tiers).
+    promoted_from[tier->name()] = tier->stats().gets_ok;
     if (const auto* remote = dynamic_cast<const RemoteTier*>(tier.get())) {
       const RemoteStats rs = remote->remote_stats();
       remote_json = {{"url", remote->options().url.to_string()},
@@ -425,9 +573,14 @@ RunOutcome run_scheduler(const RunConfig& config) {
                      {"errors", rs.errors()},
                      {"lookups", rs.lookups},
                      {"lookup_present", rs.lookup_present},
+                     {"lookup_absent", rs.lookup_absent},
+                     {"lookup_timeouts", rs.lookup_timeouts},
+                     {"lookup_errors", rs.lookup_errors},
                      {"get_misses", rs.get_misses},
+                     {"get_errors", rs.get_errors},
                      {"put_errors", rs.put_errors},
                      {"breaker_opens", rs.breaker_opens},
+                     {"lookup_budget_ms", config.remote_lookup_budget_ms},
                      {"nodes", rs.nodes},
                      {"nodes_open", rs.nodes_open}};
     }
@@ -450,6 +603,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
       {"blocks_per_chunk", config.blocks_per_chunk},
       {"chunks", config.num_chunks},
       {"slot_bytes", config.slot_bytes},
+      {"host_pool_bytes", config.host_pool_bytes},
       {"region_path", region_path.string()},
       {"requests", t.requests},
       {"chunks_looked_up", t.chunks_looked_up},
@@ -459,6 +613,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
       {"evictions", ms.evictions},
       {"cannot_store", t.cannot_store},
       {"promoted", t.promoted},
+      {"promoted_from", promoted_from},
       {"tier_offloads", ts.offload_ok},
       {"store_bytes", t.store_bytes},
       {"load_bytes", t.load_bytes},
@@ -488,6 +643,8 @@ RunOutcome run_scheduler(const RunConfig& config) {
       first_request_seconds ? nlohmann::json(*first_request_seconds) : nlohmann::json();
   report["pool_ready_seconds"] =
       pool_ready_seconds ? nlohmann::json(*pool_ready_seconds) : nlohmann::json();
+  report["paced_seconds"] = t.paced_seconds;
+  report["phases"] = {{"coming_up", t.coming_up.to_json()}, {"ready", t.ready.to_json()}};
   double longest_piece = 0;
   for (const auto& b : byes) {
     if (b.contains("registration")) {
@@ -497,51 +654,113 @@ RunOutcome run_scheduler(const RunConfig& config) {
   }
   report["registration_longest_piece_seconds"] = longest_piece;
   report["rank_bringup"] = byes;
-  int code = all_verified && region_removed && pool_ready_seconds ? 0 : 1;
-  if (g_interrupted.load()) code = 130;
-  return {report, code};
+
+  RunOutcome outcome{report, 0, {}, false};
+  if (g_interrupted.load()) {
+    outcome.exit_code = 130;
+  } else if (!never_ready_verdict.empty()) {
+    outcome.exit_code = 1;
+    char after[48];
+    (void)std::snprintf(after, sizeof after, "stopped after %.1f s: ", seconds);
+    outcome.failure = after + never_ready_verdict;
+    outcome.verdict_only = true;
+  } else if (!all_verified || !region_removed || !pool_ready_seconds) {
+    outcome.exit_code = 1;
+    std::vector<std::string> why;
+    if (t.mismatched_bytes != 0)
+      why.push_back(std::to_string(t.mismatched_bytes) +
+                    " bytes loaded back did not match what was stored");
+    if (t.failed_jobs != 0) why.push_back(std::to_string(t.failed_jobs) + " transfer jobs failed");
+    if (t.verified_bytes != t.load_bytes && t.mismatched_bytes == 0 && t.failed_jobs == 0) {
+      why.push_back("not every loaded byte was verified");
+    }
+    if (!pool_ready_seconds) why.push_back("the pool never became ready on every rank");
+    if (!region_removed) why.push_back("the region " + region_path.string() + " was not removed");
+    std::string message = "failed: ";
+    for (std::size_t i = 0; i < why.size(); ++i) message += (i == 0 ? "" : "; ") + why[i];
+    if (!t.errors.empty()) message += " (first error: " + t.errors.front() + ")";
+    outcome.failure = message;
+  }
+  return outcome;
 }
 
 std::string format_report(const nlohmann::json& r) {
   std::ostringstream out;
-  auto gb = [](double v) {
+  auto fixed = [](double v, int precision = 2) {
     std::ostringstream s;
     s.setf(std::ios::fixed);
-    s.precision(2);
+    s.precision(precision);
     s << v;
     return s.str();
   };
+  auto bytes = [](const nlohmann::json& v) { return cli::human_bytes(v.get<std::uint64_t>()); };
+  auto percent = [&](const nlohmann::json& v) { return fixed(100.0 * v.get<double>(), 1) + " %"; };
   out << "kvoffload run: engine " << r["engine_id"].get<std::string>() << ", backend "
       << r["backend"].get<std::string>() << ", " << r["world_size"] << " ranks, " << r["chunks"]
-      << " chunks of " << r["slot_bytes"] << " bytes per rank\n";
+      << " chunks of " << bytes(r["slot_bytes"]) << " per rank (" << bytes(r["host_pool_bytes"])
+      << " pool)\n";
   out << "  requests        " << r["requests"] << " (" << r["chunks_looked_up"]
       << " chunks looked up)\n";
-  out << "  hit rate        " << gb(100.0 * r["hit_rate"].get<double>()) << " % (" << r["hits"]
-      << " hits, " << r["misses"] << " misses), " << r["evictions"] << " evictions, "
-      << r["promoted"] << " promoted from the file tier\n";
-  out << "  stored          " << r["store_bytes"] << " bytes at "
-      << gb(r["store_gbps"].get<double>()) << " GB/s\n";
-  out << "  loaded          " << r["load_bytes"] << " bytes at " << gb(r["load_gbps"].get<double>())
-      << " GB/s\n";
+  out << "  hit rate        " << percent(r["hit_rate"]) << " (" << r["hits"] << " hits, "
+      << r["misses"] << " misses), " << r["evictions"] << " evictions, " << r["cannot_store"]
+      << " requests could not store\n";
+  if (!r["promoted_from"].empty()) {
+    out << "  promoted        ";
+    bool first = true;
+    for (const auto& [tier, n] : r["promoted_from"].items()) {
+      out << (first ? "" : ", ") << n << " from the " << tier << " tier";
+      first = false;
+    }
+    out << "\n";
+  }
+  out << "  stored          " << bytes(r["store_bytes"]) << " at "
+      << fixed(r["store_gbps"].get<double>()) << " GB/s\n";
+  out << "  loaded          " << bytes(r["load_bytes"]) << " at "
+      << fixed(r["load_gbps"].get<double>()) << " GB/s\n";
   out << "  populate        " << r["populate"]["method"].get<std::string>() << ", "
-      << gb(r["populate"]["seconds"].get<double>()) << " s; registration "
-      << gb(r["registration_seconds"].get<double>()) << " s\n";
+      << fixed(r["populate"]["seconds"].get<double>()) << " s; registration "
+      << fixed(r["registration_seconds"].get<double>()) << " s\n";
   auto secs = [&](const nlohmann::json& v) {
-    return v.is_null() ? std::string("never") : gb(v.get<double>()) + " s";
+    return v.is_null() ? std::string("never") : fixed(v.get<double>()) + " s";
   };
-  out << "  bring-up        " << r["bringup"].get<std::string>() << ": first request served after "
-      << secs(r["first_request_seconds"]) << ", pool ready on every rank after "
-      << secs(r["pool_ready_seconds"]) << "\n";
-  out << "  verified        " << r["verified_bytes"] << " bytes, " << r["mismatched_bytes"]
+  out << "  bring-up        " << r["bringup"].get<std::string>()
+      << ": pool ready on every rank after " << secs(r["pool_ready_seconds"])
+      << ", first request served after " << secs(r["first_request_seconds"]);
+  if (r["paced_seconds"].get<double>() > 0) {
+    out << " (requests waited " << fixed(r["paced_seconds"].get<double>())
+        << " s for room for one)";
+  }
+  out << "\n";
+  const auto& coming_up = r["phases"]["coming_up"];
+  const auto& ready = r["phases"]["ready"];
+  auto phase = [&](const char* label, const nlohmann::json& p) {
+    out << label << p["requests"] << " requests, hit rate " << percent(p["hit_rate"]) << ", "
+        << p["cannot_store"] << " could not store\n";
+  };
+  if (coming_up["requests"].get<std::uint64_t>() > 0) {
+    phase("  coming up       ", coming_up);
+    phase("  once ready      ", ready);
+  }
+  out << "  verified        " << bytes(r["verified_bytes"]) << ", " << bytes(r["mismatched_bytes"])
       << " mismatched, " << r["failed_jobs"] << " failed jobs\n";
   if (r.contains("remote")) {
     const auto& m = r["remote"];
     out << "  remote tier     " << m["url"].get<std::string>() << ": " << m["stored"] << " stored, "
-        << m["promoted"] << " promoted, " << m["misses"] << " misses, " << m["corrupt"]
-        << " corrupt, " << m["errors"] << " errors\n";
+        << m["promoted"] << " promoted, " << m["misses"] << " misses (" << m["lookup_timeouts"]
+        << " lookups past the " << m["lookup_budget_ms"] << " ms budget), " << m["corrupt"]
+        << " corrupt, errors: " << m["put_errors"] << " put, " << m["get_errors"] << " get, "
+        << m["lookup_errors"] << " lookup; " << m["breaker_opens"] << " breaker opens\n";
   }
   for (const auto& e : r["errors"]) out << "  error           " << e.get<std::string>() << "\n";
-  out << (r["all_verified"].get<bool>() ? "  every byte verified" : "  NOT all bytes verified")
+  std::string verdict;
+  if (!r["all_verified"].get<bool>()) {
+    verdict = "NOT all bytes verified";
+  } else if (r["load_bytes"].get<std::uint64_t>() == 0) {
+    verdict = "nothing was loaded back, so nothing was verified";
+  } else {
+    verdict = "every byte verified";
+  }
+  out << "  " << verdict
       << (r["region_removed"].get<bool>() ? "; region removed" : "; region NOT removed")
       << (r["interrupted"].get<bool>() ? " (interrupted)" : "") << "\n";
   return out.str();

@@ -5,11 +5,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include <string>
+
 namespace kvoffload::run {
 
 struct RunOutcome {
   nlohmann::json report;  // every figure, also what --json prints
-  int exit_code = 0;      // 0 only when every byte verified and no job failed
+  int exit_code = 0;      // 0 only when every byte verified and no job failed; 130: interrupted
+  std::string failure;    // why exit_code is 1, in one line (stderr; "error" in the JSON)
+  // The run stopped before it served anything (bring-up failed): the failure line says it all,
+  // so the text output is that line alone.
+  bool verdict_only = false;
 };
 
 RunOutcome run_scheduler(const RunConfig& config);

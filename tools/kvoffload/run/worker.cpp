@@ -11,6 +11,7 @@
 #include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
+#include <cerrno>
 #include <csignal>
 
 #include <atomic>
@@ -317,9 +318,20 @@ int run_worker(int fd) {
       }
       if (op == "request") channel.send(state->serve(*message));
     }
+  } catch (const Error& e) {
+    // The scheduler is gone (it stopped the ranks after an error of its own, which it reports:
+    // a warning here would only come first and hide it) or sent something we cannot serve.
+    // Either way leave cleanly (the region's last process out unlinks it).
+    const bool scheduler_gone =
+        e.code() == ErrorCode::kSystem && (e.sys_errno() == EPIPE || e.sys_errno() == ECONNRESET);
+    if (scheduler_gone) {
+      log().debug("run worker: the scheduler left ({})", e.what());
+    } else {
+      log().warn("run worker: {}", e.what());
+    }
+    state.reset();
+    return 1;
   } catch (const std::exception& e) {
-    // The scheduler is gone or sent something we cannot serve: leave cleanly (the region's last
-    // process out unlinks it).
     log().warn("run worker: {}", e.what());
     state.reset();
     return 1;

@@ -370,6 +370,7 @@ void SimStream::run_kernel(const Op& op) {
 // ---- the device ----
 
 SimDevice::Impl::Impl(SimOptions o) : options(o) {
+  faults.fail_register_at = options.fail_register_at;
   reservation_bytes = options.device_memory_bytes;
   device_reservation = ::mmap(nullptr, reservation_bytes, PROT_NONE,
                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -909,6 +910,16 @@ SimOptions SimOptions::from_env() {
                     "' is not a device count from 1 to 64");
     }
     o.device_count = static_cast<int>(n);
+  }
+  if (const char* env = std::getenv("KVOFFLOAD_SIM_FAIL_REGISTER_AT");
+      env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (*end != '\0' || n < 0 || n > 1'000'000) {
+      throw_invalid(std::string("KVOFFLOAD_SIM_FAIL_REGISTER_AT='") + env +
+                    "' is not a registration number from 0 (none) to 1000000");
+    }
+    o.fail_register_at = static_cast<int>(n);
   }
   return o;
 }

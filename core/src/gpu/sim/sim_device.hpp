@@ -42,7 +42,11 @@ struct SimOptions {
   bool unified_addressing = true;
   // A batched-DMA entry point (cuMemcpyBatchAsync-like); false: the runtime has none.
   bool batch_memcpy = true;
-  // Defaults from the environment: KVOFFLOAD_SIM_DEVICES.
+  // The Nth host registration of this device fails (1-based; 0: none), as a GPU that refuses
+  // registration does (SimFaults::fail_register_at, from the start). For processes a test
+  // cannot reach into, such as the ranks of `kvoffload run`.
+  int fail_register_at = 0;
+  // Defaults from the environment: KVOFFLOAD_SIM_DEVICES, KVOFFLOAD_SIM_FAIL_REGISTER_AT.
   static SimOptions from_env();
 };
 

@@ -128,8 +128,9 @@ struct RemoteTier::Impl {
   detail::RateLimitedLog warn;  // Note [Rate-limited warnings]
 
   std::atomic<std::uint64_t> stored{0}, put_errors{0}, loaded{0}, get_misses{0}, corrupt{0},
-      get_errors{0}, lookups{0}, lookup_present{0}, lookup_absent{0}, lookup_errors{0},
-      redirects{0}, map_refreshes{0}, breaker_opens{0}, in_flight{0}, tasks_sent{0};
+      get_errors{0}, lookups{0}, lookup_present{0}, lookup_absent{0}, lookup_timeouts{0},
+      lookup_errors{0}, redirects{0}, map_refreshes{0}, breaker_opens{0}, in_flight{0},
+      tasks_sent{0};
 
   explicit Impl(const RemoteTierOptions& options) : o(options), warn(options.warn_interval) {
     fingerprint = o.geometry.fingerprint();
@@ -477,6 +478,7 @@ struct RemoteTier::Impl {
       if (!e.counted) {
         e.counted = true;
         ++lookup_absent;
+        ++lookup_timeouts;
       }
       e.delivered = true;
       return TierPresence::kAbsent;
@@ -885,7 +887,10 @@ void RemoteTier::lookup(std::span<const BlockKey> keys, std::span<TierPresence> 
   }
   if (ask.empty()) return;
   m.lookups += ask.size();
-  auto ctx = m.make_ctx(OpKind::kExists, ask.size(), m.o.lookup_timeout);
+  // The budget is the caller's (the entry turns absent at lookup_timeout above); the check runs
+  // to a get's deadline, so an answer that is late but comes is remembered, and only a node that
+  // does not answer at all counts as failed (lookup_errors, its circuit breaker).
+  auto ctx = m.make_ctx(OpKind::kExists, ask.size(), std::max(m.o.lookup_timeout, m.o.get_timeout));
   m.begin(ctx);
   std::vector<std::uint32_t> indices(ctx->ops.size());
   for (std::size_t r = 0; r < ask.size(); ++r) m.init_row(*ctx, r, ask[r]);
@@ -929,6 +934,7 @@ RemoteStats RemoteTier::remote_stats() const {
   s.lookups = m.lookups;
   s.lookup_present = m.lookup_present;
   s.lookup_absent = m.lookup_absent;
+  s.lookup_timeouts = m.lookup_timeouts;
   s.lookup_errors = m.lookup_errors;
   s.redirects = m.redirects;
   s.map_refreshes = m.map_refreshes;
