@@ -20,6 +20,7 @@
 #include "kvoffload/platform.hpp"
 #include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
+#include "skip.hpp"
 #include "test_env.hpp"
 
 namespace kvoffload {
@@ -65,13 +66,14 @@ int in_small_tmpfs(const char* size, const std::function<int(const std::filesyst
   }));
 }
 
-#define EXPECT_CHILD_OK(status)                                                                   \
-  do {                                                                                            \
-    const int st_ = (status);                                                                     \
-    ASSERT_TRUE(WIFEXITED(st_)) << "child died" << (WIFSIGNALED(st_) ? " with signal " : " ")     \
-                                << (WIFSIGNALED(st_) ? WTERMSIG(st_) : st_);                      \
-    if (WEXITSTATUS(st_) == kSkip) GTEST_SKIP() << "no permission for a private mount namespace"; \
-    EXPECT_EQ(WEXITSTATUS(st_), 0);                                                               \
+#define EXPECT_CHILD_OK(status)                                                               \
+  do {                                                                                        \
+    const int st_ = (status);                                                                 \
+    ASSERT_TRUE(WIFEXITED(st_)) << "child died" << (WIFSIGNALED(st_) ? " with signal " : " ") \
+                                << (WIFSIGNALED(st_) ? WTERMSIG(st_) : st_);                  \
+    if (WEXITSTATUS(st_) == kSkip)                                                            \
+      KVO_SKIP("no-mount-namespace") << "no permission for a private mount namespace";        \
+    EXPECT_EQ(WEXITSTATUS(st_), 0);                                                           \
   } while (0)
 
 // Fills `dir`'s tmpfs with a file of `bytes` (allocated), leaving the rest free.
