@@ -580,25 +580,34 @@ TEST(RemoteFaults, DisconnectInTheMiddleOfAValueFailsAndReconnects) {
 }
 
 TEST(RemoteFaults, LookupBudgetAnswersMissWhileTheNodeIsBusy) {
-  // One connection, busy with a GET the server never answers (get deadline 1.5 s): an existence
-  // check queued behind it cannot run, yet lookup() turns it into a miss at its own budget.
-  FakeResp fake([](const std::vector<std::string>& argv) -> FakeResp::Reply {
-    if (argv[0] == "GET") return {"", false, /*stall=*/true};
-    return {":1\r\n"};
+  // One connection, busy with a GET the server never answers (get deadline 30 s): an existence
+  // check queued behind it cannot run, yet lookup() turns it into a miss at its own budget
+  // (50 ms), not at the get deadline. The bounds are the frozen-node test's: at least the budget,
+  // under a third of the get deadline.
+  auto fake = std::make_unique<FakeResp>([](const std::vector<std::string>& argv) {
+    if (argv[0] == "GET") return FakeResp::Reply{"", false, /*stall=*/true};
+    return FakeResp::Reply{":1\r\n"};
   });
-  RemoteTierOptions o = options(fake.url(), kSlot, 1);
+  RemoteTierOptions o = options(fake->url(), kSlot, 1);
   o.connections_per_node = 1;
-  o.get_timeout = 1500ms;
+  o.lookup_timeout = 50ms;
+  o.negative_ttl = 0ms;
+  o.get_timeout = 30s;
   auto tier = RemoteTier::open(o);
   std::vector<std::byte> row(kSlot);
   const std::vector<TierGet> gets = {{BlockKey::from_u64(1), row}};
   const TierBatch busy = tier->get(gets);
   std::size_t rounds = 0;
+  const auto t0 = std::chrono::steady_clock::now();
   for (const auto p : resolve(*tier, keys_from(7, 2), &rounds)) EXPECT_EQ(p, TierPresence::kAbsent);
+  const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_GT(rounds, 1u);
+  EXPECT_GE(took, o.lookup_timeout);
+  EXPECT_LT(took, o.get_timeout / 3) << "the lookup waited for the busy connection";
   EXPECT_FALSE(busy.ready()) << "the lookup waited for the busy connection instead of its budget";
   EXPECT_EQ(tier->remote_stats().lookup_absent, 2u);
-  (void)busy.wait();
+  fake.reset();  // the server goes away: the busy GET fails now, not at its 30 s deadline
+  EXPECT_EQ(busy.wait()[0].status, TierItemStatus::kFailed);
 }
 
 // The existence check itself (not only the answer lookup() gives) ends at the lookup budget: a

@@ -338,16 +338,53 @@ class RecordingTier : public FailingCloseTier {
 // failure at every step. Evidence comes from the resources themselves (the region's teardown
 // hook runs inside Region::close, a tier's close) interleaved with the stack's after_release
 // reports, so closing the region first, or the tiers in build order, changes the sequence.
-TEST_F(TieredFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
-  struct Case {
-    std::optional<InitStep> fail;  // nullopt: build succeeds, then close()
-    std::size_t index = 0;
-    std::vector<std::string> want;
+struct ReleaseCase {
+  std::optional<InitStep> fail;  // nullopt: build succeeds, then close()
+  std::size_t index = 0;
+  std::vector<std::string> want;
+};
+
+void expect_release_order(const StackConfig& config, const ReleaseCase& c,
+                          const std::filesystem::path& shm) {
+  SCOPED_TRACE(c.fail ? std::string(to_string(*c.fail)) + " #" + std::to_string(c.index)
+                      : "success");
+  std::vector<std::string> events;
+  InitHooks hooks;
+  hooks.before_step = [&](InitStep step, std::size_t index) {
+    if (c.fail && step == *c.fail && index == c.index) throw Injected("injected");
   };
+  hooks.make_region = [&](const RegionOptions& o) {
+    Region r = Region::create_or_join(o);
+    r.add_teardown_hook([&events] { events.push_back("region.teardown"); });
+    return r;
+  };
+  hooks.make_file_tier = [&](const FileTierOptions& o) {
+    return std::make_unique<RecordingTier>(FileTier::open(o), &events);
+  };
+  hooks.make_remote_tier = [&](const RemoteTierOptions& o) {
+    return std::make_unique<RecordingTier>(RemoteTier::open(o), &events);
+  };
+  hooks.after_release = [&](InitStep step, std::size_t index) {
+    events.push_back("released:" + std::string(to_string(step)) +
+                     (step == InitStep::kSecondary ? "#" + std::to_string(index) : std::string()));
+  };
+  if (c.fail) {
+    EXPECT_THROW((void)OffloadStack::build(config, hooks), Injected);
+  } else {
+    auto s = OffloadStack::build(config, hooks);
+    EXPECT_TRUE(events.empty());
+    EXPECT_TRUE(s->close());
+    EXPECT_TRUE(s->close());  // idempotent: nothing released twice
+  }
+  EXPECT_EQ(events, c.want);
+  EXPECT_TRUE(test::files_under(shm).empty());
+}
+
+TEST_F(TieredFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
   const std::vector<std::string> all = {
       "released:tiered_store", "tier1.close",      "released:secondary#1", "tier0.close",
       "released:secondary#0",  "released:primary", "region.teardown",      "released:region"};
-  const std::vector<Case> cases = {
+  const std::vector<ReleaseCase> cases = {
       {std::nullopt, 0, all},
       {InitStep::kRegion, 0, {}},
       {InitStep::kPrimary, 0, {"region.teardown", "released:region"}},
@@ -358,95 +395,26 @@ TEST_F(TieredFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
         "released:region"}},
       {InitStep::kTieredStore, 0, std::vector<std::string>(all.begin() + 1, all.end())},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.fail ? std::string(to_string(*c.fail)) + " #" + std::to_string(c.index)
-                        : "success");
-    std::vector<std::string> events;
-    InitHooks hooks;
-    hooks.before_step = [&](InitStep step, std::size_t index) {
-      if (c.fail && step == *c.fail && index == c.index) throw Injected("injected");
-    };
-    hooks.make_region = [&](const RegionOptions& o) {
-      Region r = Region::create_or_join(o);
-      r.add_teardown_hook([&events] { events.push_back("region.teardown"); });
-      return r;
-    };
-    hooks.make_file_tier = [&](const FileTierOptions& o) {
-      return std::make_unique<RecordingTier>(FileTier::open(o), &events);
-    };
-    hooks.after_release = [&](InitStep step, std::size_t index) {
-      events.push_back(
-          "released:" + std::string(to_string(step)) +
-          (step == InitStep::kSecondary ? "#" + std::to_string(index) : std::string()));
-    };
-    if (c.fail) {
-      EXPECT_THROW((void)OffloadStack::build(config(2), hooks), Injected);
-    } else {
-      auto s = OffloadStack::build(config(2), hooks);
-      EXPECT_TRUE(events.empty());
-      EXPECT_TRUE(s->close());
-      EXPECT_TRUE(s->close());  // idempotent: nothing released twice
-    }
-    EXPECT_EQ(events, c.want);
-    EXPECT_TRUE(test::files_under(shm_.path()).empty());
-  }
+  for (const ReleaseCase& c : cases) expect_release_order(config(2), c, shm_.path());
 }
 
 // The same with a remote tier behind the file tiers: it is built last of the secondaries and
 // released first (before the file tiers, the Manager and the region), on success and after a
 // failure at its own step or after it.
 TEST_F(TieredFixture, ReleaseOrderWithARemoteTierIsTheReverseOfConstruction) {
-  struct Case {
-    std::optional<InitStep> fail;
-    std::size_t index = 0;
-    std::vector<std::string> want;
-  };
   const std::vector<std::string> all = {
       "released:tiered_store", "remote.close",   "released:secondary#2", "tier1.close",
       "released:secondary#1",  "tier0.close",    "released:secondary#0", "released:primary",
       "region.teardown",       "released:region"};
-  const std::vector<Case> cases = {
+  const std::vector<ReleaseCase> cases = {
       {std::nullopt, 0, all},
       {InitStep::kSecondary, 2, std::vector<std::string>(all.begin() + 3, all.end())},
       {InitStep::kTieredStore, 0, std::vector<std::string>(all.begin() + 1, all.end())},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.fail ? std::string(to_string(*c.fail)) + " #" + std::to_string(c.index)
-                        : "success");
-    std::vector<std::string> events;
-    InitHooks hooks;
-    hooks.before_step = [&](InitStep step, std::size_t index) {
-      if (c.fail && step == *c.fail && index == c.index) throw Injected("injected");
-    };
-    hooks.make_region = [&](const RegionOptions& o) {
-      Region r = Region::create_or_join(o);
-      r.add_teardown_hook([&events] { events.push_back("region.teardown"); });
-      return r;
-    };
-    hooks.make_file_tier = [&](const FileTierOptions& o) {
-      return std::make_unique<RecordingTier>(FileTier::open(o), &events);
-    };
-    hooks.make_remote_tier = [&](const RemoteTierOptions& o) {
-      return std::make_unique<RecordingTier>(RemoteTier::open(o), &events);
-    };
-    hooks.after_release = [&](InitStep step, std::size_t index) {
-      events.push_back(
-          "released:" + std::string(to_string(step)) +
-          (step == InitStep::kSecondary ? "#" + std::to_string(index) : std::string()));
-    };
-    StackConfig config2 = config(2);
-    config2.remote_tiers.push_back(remote_tier());
-    if (c.fail) {
-      EXPECT_THROW((void)OffloadStack::build(config2, hooks), Injected);
-    } else {
-      auto s = OffloadStack::build(config2, hooks);
-      ASSERT_EQ(s->tiers().size(), 3u);
-      EXPECT_EQ(s->tiers()[2]->name(), "remote");
-      EXPECT_TRUE(events.empty());
-      EXPECT_TRUE(s->close());
-    }
-    EXPECT_EQ(events, c.want);
-    EXPECT_TRUE(test::files_under(shm_.path()).empty());
+  for (const ReleaseCase& c : cases) {
+    StackConfig with_remote = config(2);
+    with_remote.remote_tiers.push_back(remote_tier());
+    expect_release_order(with_remote, c, shm_.path());
   }
 }
 
