@@ -260,7 +260,13 @@ TEST(RemoteRedis, EvictionUnderMaxmemoryIsAMissNeverCorrupt) {
 TEST(RemoteRedis, KillNineMidRunDegradesToMissesAndARestartedEmptyNodeIsUsedAgain) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);
-  auto tier = RemoteTier::open(options(redis.url()));
+  RemoteTierOptions o = options(redis.url());
+  // The circuit must still be open when the test looks ("answers at once" below): a 100 ms
+  // backoff ran out first on a loaded machine under ASan; 3 s is 30 times that, and the probe
+  // after the restart still comes within seconds.
+  o.breaker_backoff = 3s;
+  o.breaker_backoff_max = 3s;
+  auto tier = RemoteTier::open(o);
   const auto before = keys_from(1, 4);
   ASSERT_EQ(count(put_rows(*tier, before), TierItemStatus::kOk), 4u);
 
@@ -293,7 +299,8 @@ TEST(RemoteRedis, KillNineMidRunDegradesToMissesAndARestartedEmptyNodeIsUsedAgai
 
   redis.restart();  // same port, empty
   std::vector<TierItemResult> put;
-  for (int i = 0; i < 200; ++i) {  // the probe after the backoff closes the circuit
+  const auto give_up = std::chrono::steady_clock::now() + 60s;  // a hang, not a slow machine
+  while (std::chrono::steady_clock::now() < give_up) {  // the probe after the backoff closes it
     put = put_rows(*tier, keys_from(60, 1));
     if (put[0].status == TierItemStatus::kOk) break;
     std::this_thread::sleep_for(10ms);
@@ -387,8 +394,8 @@ TEST(RemoteRedis, FrozenNodeAnswersPendingThenMissWithinTheBudget) {
   ServerProcess redis(ServerProcess::Kind::kRedis);
   RemoteTierOptions o = options(redis.url());
   o.breaker_failures = 1;  // the frozen get alone opens the circuit
-  o.breaker_backoff = 1000ms;
-  o.breaker_backoff_max = 1000ms;
+  o.breaker_backoff = 3s;  // still open when the checks below look, on any machine
+  o.breaker_backoff_max = 3s;
   auto tier = RemoteTier::open(o);
   // A second engine's tier whose lookup budget (50 ms) and get deadline (30 s) are 600 times
   // apart, and whose circuit stays closed, so its existence checks really wait on the frozen node:
@@ -427,7 +434,8 @@ TEST(RemoteRedis, FrozenNodeAnswersPendingThenMissWithinTheBudget) {
   EXPECT_THAT(get_rows(*tier, stored).items[0].detail, HasSubstr("circuit open"));
   redis.cont();
   GetResult back;
-  for (int i = 0; i < 400; ++i) {  // the probe after the backoff closes the circuit
+  const auto give_up = std::chrono::steady_clock::now() + 60s;  // a hang, not a slow machine
+  while (std::chrono::steady_clock::now() < give_up) {  // the probe after the backoff closes it
     back = get_rows(*tier, stored);
     if (back.items[0].status == TierItemStatus::kOk) break;
     std::this_thread::sleep_for(10ms);
