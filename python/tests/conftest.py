@@ -92,6 +92,8 @@ def pytest_runtest_logreport(report):
 def pytest_collectreport(report):
     if report.skipped:
         _outcomes[report.nodeid] = ("skipped", _skip_message(report))
+    elif report.failed:  # a module that cannot be imported, or a module-level skip CI refused
+        _outcomes[report.nodeid] = ("failed", "")
 
 
 def pytest_terminal_summary(terminalreporter):

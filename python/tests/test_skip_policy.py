@@ -12,7 +12,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def probe(tmp_path, ci, skip):
+def probe(tmp_path, ci, skip, modules=("skip_probe.py",), env_changes=None):
     env = dict(os.environ)
     env.pop("KVOFFLOAD_CI_NO_SKIPS", None)
     env.pop("KVO_PROBE_SKIP", None)
@@ -20,9 +20,15 @@ def probe(tmp_path, ci, skip):
         env["KVOFFLOAD_CI_NO_SKIPS"] = "1"
     if skip is not None:
         env["KVO_PROBE_SKIP"] = skip
+    for name, value in (env_changes or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     env["KVOFFLOAD_TEST_REPORT_DIR"] = str(tmp_path)  # not the real run's report directory
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(HERE, "skip_probe.py")],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         *(os.path.join(HERE, m) for m in modules)],
         env=env, cwd=HERE, capture_output=True, text=True)
     report = json.loads((tmp_path / "pytest.json").read_text())
     return out.returncode, out.stdout + out.stderr, report
@@ -46,3 +52,32 @@ def test_skips_fail_ci_unless_their_reason_is_accepted(tmp_path, ci, skip, rc, n
         assert needle in output, output
     if skip is not None and not (ci and skip in ("no-servers", "")):
         assert report["skipped"] == 1 and report["skips"][0]["tag"] == (skip or "")
+
+
+# The vLLM backend's tests need vLLM's sources (KVOFFLOAD_VLLM_SRC). Without them they skip with
+# the reason [no-vllm-src], which CI does not accept: there a missing tree fails them, never
+# passes them. A tree that is named but wrong is an error everywhere.
+@pytest.mark.parametrize("module", ["test_vllm_spec.py", "test_vllm_manager.py",
+                                    "test_vllm_worker.py", "test_vllm_own_tests.py"])
+def test_vllm_tests_without_vllm_sources_fail_in_ci(tmp_path, module):
+    code, output, report = probe(tmp_path, True, None, [module], {"KVOFFLOAD_VLLM_SRC": None})
+    assert code != 0, output
+    assert "skipped without a reason CI accepts" in output, output
+    assert "[no-vllm-src] vLLM's sources are needed: set KVOFFLOAD_VLLM_SRC" in output, output
+    assert report["ran"] >= 1 and report["failed"] >= 1 and report["skipped"] == 0, report
+
+
+def test_vllm_tests_without_vllm_sources_are_reported_skips_outside_ci(tmp_path):
+    # With the probe beside it, so that something runs (pytest exits 5 when nothing does).
+    code, output, report = probe(tmp_path, False, None, ["skip_probe.py", "test_vllm_spec.py"],
+                                 {"KVOFFLOAD_VLLM_SRC": None})
+    assert code == 0, output
+    assert "[no-vllm-src]" in output and "(not accepted in CI)" in output, output
+    assert report["skipped"] == 1 and report["skips"][0]["tag"] == "no-vllm-src", report
+
+
+def test_vllm_tests_with_a_wrong_vllm_tree_are_errors(tmp_path):
+    code, output, _ = probe(tmp_path, False, None, ["test_vllm_spec.py"],
+                            {"KVOFFLOAD_VLLM_SRC": str(tmp_path / "no-vllm-here")})
+    assert code != 0, output
+    assert "does not exist; point KVOFFLOAD_VLLM_SRC at a vLLM source tree" in output, output
