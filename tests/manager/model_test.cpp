@@ -385,6 +385,7 @@ class ManagerModel : public ::testing::TestWithParam<ModelParams> {};
 
 std::vector<BlockKey> to_keys(const std::vector<Key>& v) {
   std::vector<BlockKey> out;
+  out.reserve(v.size());
   for (Key k : v) out.push_back(K(k));
   return out;
 }

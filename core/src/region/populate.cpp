@@ -25,7 +25,7 @@ constexpr std::uint64_t kUnrankedPiece = 64ULL << 20;
 
 std::string describe_range(ByteRange r, const std::string& what) {
   char buf[96];
-  std::snprintf(buf, sizeof buf, "[%p, +%zu)", static_cast<void*>(r.begin), r.size);
+  (void)std::snprintf(buf, sizeof buf, "[%p, +%zu)", static_cast<void*>(r.begin), r.size);
   return std::string("MADV_POPULATE_WRITE on ") + buf + " of " + what;
 }
 
