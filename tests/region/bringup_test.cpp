@@ -193,7 +193,7 @@ TEST(Bringup, LoserOfTheCapacityRaceJoinsACompleteRegion) {
       loser.slot(5)[0] = std::byte{7};
       if (winner->slot(5, 1)[0] != std::byte{7}) return 5;
     } catch (const Error& e) {
-      std::fprintf(stderr, "loser failed: %s\n", e.what());
+      (void)std::fprintf(stderr, "loser failed: %s\n", e.what());
       return 1;
     }
     winner.reset();
@@ -223,14 +223,14 @@ TEST_P(FillsAfterCheck, CapacityErrorNamesTheShortfallAndNoSignal) {
     } catch (const Error& e) {
       const std::string msg = e.what();
       if (e.code() != ErrorCode::kCapacity) {
-        std::fprintf(stderr, "wrong code: %s\n", msg.c_str());
+        (void)std::fprintf(stderr, "wrong code: %s\n", msg.c_str());
         return 2;
       }
       if (e.call() != (fallback ? "fallocate" : "madvise")) return 3;
       for (const char* s : {"ran out of space after the creator's capacity check", "still needed",
                             "shortfall", "bytes free", "--shm-size", "--ipc=host"}) {
         if (msg.find(s) == std::string::npos) {
-          std::fprintf(stderr, "missing '%s' in: %s\n", s, msg.c_str());
+          (void)std::fprintf(stderr, "missing '%s' in: %s\n", s, msg.c_str());
           return 4;
         }
       }

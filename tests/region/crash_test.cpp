@@ -44,7 +44,7 @@ class CreatorKilled : public ::testing::TestWithParam<KillPoint> {};
 void run_creator_killed_at(const KillPoint& k, const RegionOptions& opts) {
   const pid_t pid = test::fork_child([&] {
     FaultSyscalls sys;
-    auto hook = [] { ::raise(SIGKILL); };
+    auto hook = [] { (void)::raise(SIGKILL); };
     if (k.before) {
       sys.before(k.op, k.nth, hook);
     } else {
@@ -217,7 +217,7 @@ TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
            {"--shm-size", "--ipc=host", "smaller region", "num_chunks=256", "slot_bytes=16384",
             "world_size", "free space of", "kvoffload_big.region"}) {
         if (msg.find(s) == std::string::npos) {
-          std::fprintf(stderr, "missing '%s' in: %s\n", s, msg.c_str());
+          (void)std::fprintf(stderr, "missing '%s' in: %s\n", s, msg.c_str());
           return 3;
         }
       }
