@@ -168,6 +168,6 @@ int main(int argc, char** argv) {
         << ",\"failed\":" << unit.failed_test_count()
         << ",\"skipped\":" << unit.skipped_test_count() << ",\"skips\":[" << json_skips << "]}\n";
   }
-  std::fflush(stdout);
+  (void)std::fflush(stdout);
   return rc;
 }
