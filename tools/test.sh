@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Builds and runs every test from a fresh clone: dependencies, the CPU preset, ctest (label cpu)
 # and the Python tests against Debian's /usr/bin/python3 (the vLLM backend's against vLLM's
-# sources in $KVOFFLOAD_VLLM_SRC, default ../shared/vllm-017e9f4448 when it exists).
+# sources in $KVOFFLOAD_VLLM_SRC, default ../shared/vllm-017e9f4448 when it exists); then says how
+# many cases ran and how many were skipped, and why (tools/ci/test_summary.py). With
+# KVOFFLOAD_CI_NO_SKIPS=1 (.ci/run sets it) a skip whose reason tests/accepted_skips.txt does not
+# list fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./tools/setup/install-deps.sh
 cmake --preset cpu >/dev/null
 cmake --build --preset cpu -j"$(nproc)"
-ctest --preset cpu
+reports=$PWD/build/cpu/test-reports  # where the suites write their reports (tests/CMakeLists.txt)
+rm -rf "$reports"
+status=0
+ctest --preset cpu || status=$?
 # The Python package is build/cpu/python/kvoffload/ (__init__.py + the _kvoffload extension).
 if [[ -d python/tests ]]; then
   if ! compgen -G "build/cpu/python/kvoffload/_kvoffload*.so" >/dev/null; then
@@ -21,5 +27,8 @@ if [[ -d python/tests ]]; then
     export KVOFFLOAD_VLLM_SRC="$(cd ../shared/vllm-017e9f4448 && pwd)"
   fi
   PYTHONPATH="$PWD/build/cpu/python" KVOFFLOAD_TEST_BIN_DIR="$PWD/build/cpu/bin" \
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
+    KVOFFLOAD_TEST_REPORT_DIR="$reports" \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests || status=$?
 fi
+/usr/bin/python3 tools/ci/test_summary.py "$reports" || status=$?
+exit "$status"

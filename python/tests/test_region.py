@@ -131,7 +131,8 @@ def test_errors_carry_code_and_message(shm_dir):
 
     with pytest.raises(kvoffload.Error) as e:
         make("/nonexistent/kvoffload-py")
-    assert "/nonexistent/kvoffload-py" in str(e.value)
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
+    assert "/nonexistent/kvoffload-py does not exist" in str(e.value)
 
     with make(shm_dir, rank=0):
         with pytest.raises(kvoffload.Error) as e:

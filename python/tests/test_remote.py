@@ -24,14 +24,17 @@ def test_bad_urls_and_fields_name_what_is_wrong():
     with pytest.raises(kvoffload.Error, match="unknown scheme 'http'") as e:
         kvoffload.parse_remote_url("http://h:1")
     assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
-    with pytest.raises(kvoffload.Error, match="port 70000 is out of range"):
+    with pytest.raises(kvoffload.Error, match="port 70000 is out of range") as e:
         kvoffload.RemoteTierOptions("redis://h:70000", slot_bytes=1)
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
     o = kvoffload.RemoteTierOptions("memcached://a:1,b:2", slot_bytes=2 << 20)
-    with pytest.raises(kvoffload.Error, match="memcached's item size"):
+    with pytest.raises(kvoffload.Error, match="memcached's item size") as e:
         o.validate()
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
     o.memcached_item_max = 4 << 20
     o.validate()
     o.connections_per_node = 0
-    with pytest.raises(kvoffload.Error, match="connections_per_node 0"):
+    with pytest.raises(kvoffload.Error, match="connections_per_node 0") as e:
         o.validate()
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
     assert kvoffload.parse_remote_url("redis-cluster://a:1,b:2")["nodes"] == [("a", 1), ("b", 2)]

@@ -1,5 +1,7 @@
 # A host-backend round trip: numpy arrays stand in for device KV caches, their addresses are the
 # "device pointers" (as tensor.data_ptr() would be on a GPU).
+import os
+
 import numpy as np
 import pytest
 
@@ -75,18 +77,31 @@ def test_round_trip_through_region(shm_dir):
     # Errors come back as kvoffload.Error with the engine's message.
     with pytest.raises(kvoffload.Error) as e:
         engine.submit(4, "store", [9], [[0]])
-    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT and str(e.value)
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT and "out of range" in str(e.value)
     with pytest.raises(kvoffload.Error) as e:
         engine.wait([99])
     assert e.value.code == kvoffload.ErrorCode.NOT_FOUND
-    with pytest.raises(kvoffload.Error):
+    with pytest.raises(kvoffload.Error, match="direction must be 'store' or 'load', got 'sideways'") as e:
         engine.submit(4, "sideways", [1], [[0]])
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
     engine.shutdown()
     with pytest.raises(kvoffload.Error) as e:
         engine.submit(5, "store", [1], [[0]])
     assert e.value.code == kvoffload.ErrorCode.STATE
     del engine
     region.close()
+
+
+def test_an_engine_on_a_closed_region_is_refused(shm_dir):
+    k, v = caches()
+    rt = kvoffload.make_runtime("host")
+    region = kvoffload.Region.create_or_join(engine_id="py-closed", num_chunks=4,
+                                             slot_bytes=BPC * (PAGE0 + PAGE1), rank=0, shm_dir=shm_dir)
+    region.close()
+    with pytest.raises(kvoffload.Error, match="the region is closed") as e:
+        kvoffload.TransferEngine(rt, region, 0, groups_of(k, v), BPC)
+    assert e.value.code == kvoffload.ErrorCode.STATE
+    assert os.listdir(shm_dir) == []  # the refused engine created nothing
 
 
 def test_engine_over_a_numpy_buffer():

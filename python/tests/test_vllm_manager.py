@@ -327,10 +327,12 @@ def test_constructor_refuses_bad_arguments():
     with pytest.raises(ValueError, match="max_tracker_size=0"):
         KvoffloadManager(4, store_threshold=2, max_tracker_size=0)
     m = KvoffloadManager(4)
-    with pytest.raises(kvoffload.Error, match="bytes object, got int"):
+    with pytest.raises(kvoffload.Error, match="bytes object, got int") as e:
         m.lookup(5, CTX)
-    with pytest.raises(kvoffload.Error, match="collection of keys, got one bytes key"):
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
+    with pytest.raises(kvoffload.Error, match="collection of keys, got one bytes key") as e:
         m.touch(key(1), CTX)
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
 
 
 def test_result_objects_are_vllms_and_the_fast_path_checks_itself(monkeypatch):

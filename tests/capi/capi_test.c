@@ -630,6 +630,10 @@ static void test_runtime_and_engine(void) {
   CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, no_wait), KVO_INVALID_ARGUMENT,
             "spec->chunks");
   spec.chunks = chunks;
+  spec.groups = NULL;
+  CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, no_wait), KVO_INVALID_ARGUMENT,
+            "'spec->groups' is NULL with num_groups 1");
+  spec.groups = &blocks;
   blocks.blocks = NULL;
   CHECK_ERR(kvo_engine_submit(engine, 7, KVO_STORE, &spec, no_wait), KVO_INVALID_ARGUMENT,
             "spec->groups[0].blocks");
@@ -705,6 +709,90 @@ static void test_runtime_and_engine(void) {
   kvo_runtime_destroy(NULL);
 }
 
+/* A job that fails is reported failed: success 0, the reason in `error`, counted in jobs_failed,
+ * through wait and through poll. On the simulated device, a copy from device memory that was freed
+ * under the engine (an engine that released its KV cache too early) is an invalid DMA, as
+ * cudaMemcpy refuses it: the job fails at submission and completes failed. */
+static void test_failed_job(void) {
+  kvo_runtime_t* rt = NULL;
+  kvo_region_options ro;
+  kvo_region_t* region = NULL;
+  kvo_engine_t* engine = NULL;
+  kvo_engine_options eo;
+  kvo_device_tensor tensor;
+  kvo_kv_group group;
+  kvo_transfer_spec spec;
+  kvo_block_list blocks;
+  kvo_wait_on no_wait;
+  kvo_job_result results[2];
+  kvo_engine_stats es;
+  uint64_t dev = 0;
+  uint64_t chunk = 1;
+  uint64_t block_ids[BPC] = {0, 1};
+  uint64_t id = 0;
+  size_t n = 0;
+
+  CHECK_OK(kvo_runtime_create("sim", 0, &rt));
+  CHECK_OK(kvo_runtime_device_alloc(rt, 2 * PAGE0, &dev));
+  CHECK_OK(kvo_runtime_memset(rt, dev, 0x42, 2 * PAGE0));
+  tensor.base = dev;
+  tensor.num_blocks = 2;
+  tensor.page_bytes = PAGE0;
+  tensor.block_stride = 0;
+  group.tensors = &tensor;
+  group.num_tensors = 1;
+  CHECK_OK(kvo_region_options_init(&ro));
+  ro.engine_id = "capi-failed-job";
+  ro.num_chunks = 4;
+  ro.slot_bytes = BPC * PAGE0;
+  ro.world_size = 1;
+  ro.rank = 0;
+  ro.shm_dir = shm_dir;
+  CHECK_OK(kvo_region_create_or_join(&ro, &region));
+  CHECK_OK(kvo_engine_options_init(&eo));
+  eo.allow_kernel = 0; /* DMA: the failure is the copy's own, at submission */
+  CHECK_OK(kvo_engine_create_for_region(rt, region, 0, &group, 1, BPC, &eo, &engine));
+
+  spec.chunks = &chunk;
+  spec.num_chunks = 1;
+  spec.skip = 0;
+  spec.groups = &blocks;
+  spec.num_groups = 1;
+  blocks.blocks = block_ids;
+  blocks.count = BPC;
+  no_wait.kind = KVO_WAIT_NOTHING;
+  no_wait.handle = 0;
+
+  /* A good job first: the runtime and the layout work. */
+  CHECK_OK(kvo_engine_submit(engine, 1, KVO_STORE, &spec, no_wait));
+  id = 1;
+  CHECK_OK(kvo_engine_wait(engine, &id, 1, results));
+  CHECK(results[0].job_id == 1 && results[0].success == 1 && results[0].error[0] == '\0');
+
+  /* The KV cache is freed under the engine; the next store fails, collected by wait. */
+  CHECK_OK(kvo_runtime_device_free(rt, dev));
+  CHECK_OK(kvo_engine_submit(engine, 2, KVO_STORE, &spec, no_wait));
+  id = 2;
+  CHECK_OK(kvo_engine_wait(engine, &id, 1, results));
+  CHECK(results[0].job_id == 2 && results[0].direction == KVO_STORE);
+  CHECK(results[0].success == 0);
+  CHECK(results[0].error != NULL && strstr(results[0].error, "memcpy_async") != NULL);
+
+  /* And one collected by poll (after wait_all has gathered it). */
+  CHECK_OK(kvo_engine_submit(engine, 3, KVO_STORE, &spec, no_wait));
+  CHECK_OK(kvo_engine_wait_all(engine, results, 0, &n));
+  CHECK(n == 0);
+  CHECK_OK(kvo_engine_poll(engine, results, 2, &n));
+  CHECK(n == 1 && results[0].job_id == 3 && results[0].success == 0);
+  CHECK(results[0].error[0] != '\0');
+
+  CHECK_OK(kvo_engine_stats_get(engine, &es));
+  CHECK(es.jobs_submitted == 3 && es.jobs_succeeded == 1 && es.jobs_failed == 2);
+  kvo_engine_destroy(engine);
+  CHECK_OK(kvo_region_close(region));
+  kvo_runtime_destroy(rt);
+}
+
 int main(void) {
   char tmpl[] = "/tmp/kvoffload-capi-XXXXXX";
   char cmd[300];
@@ -718,6 +806,7 @@ int main(void) {
   test_region();
   test_manager();
   test_runtime_and_engine();
+  test_failed_job();
 
   (void)snprintf(cmd, sizeof cmd, "rm -rf '%s'", shm_dir);
   if (system(cmd) != 0) (void)fprintf(stderr, "warning: could not remove %s\n", shm_dir);

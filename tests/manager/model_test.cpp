@@ -1,9 +1,10 @@
 // Randomised check of the Manager against a small reference model: long random operation
 // sequences (valid and invalid calls), both policies, several sizes, with and without a store
 // threshold. After every operation the observable state must match exactly: per-key state and
-// pins, lookup results, store plans (keys, victims in order, reason), events, statistics and the
-// policy counters (ARC list sizes and p). The model uses plain vectors and maps, O(n) per
-// operation, written from the rules in manager.hpp / eviction_policy.hpp / arc_policy.cpp.
+// pins, lookup results, store plans (keys, victims in order, reason), the slot of every key
+// (native order: the most recently freed slot first, slot 0 first at the start), events,
+// statistics and the policy counters (ARC list sizes and p). The model uses plain vectors and maps,
+// O(n) per operation, written from the rules in manager.hpp / eviction_policy.hpp / arc_policy.cpp.
 #include "manager_test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -163,6 +164,7 @@ struct RefManager {
   struct Entry {
     State state;
     std::uint32_t pins = 0;
+    SlotIndex slot = kNoSlot;
   };
   std::uint64_t c;
   std::uint32_t threshold;
@@ -172,9 +174,22 @@ struct RefManager {
   std::deque<std::pair<Key, std::uint32_t>> tracker;  // oldest first
   std::vector<std::pair<EventKind, std::vector<Key>>> events;
   ManagerStats stats;
+  // Free slots as a stack (back = next handed out): native semantics reuse the most recently
+  // freed slot first, and start with slot 0 on top.
+  std::vector<SlotIndex> free_stack;
 
   RefManager(std::uint64_t chunks, PolicyKind kind, std::uint32_t thr, std::uint64_t cap)
-      : c(chunks), threshold(thr), tracker_cap(cap), policy{kind, chunks} {}
+      : c(chunks), threshold(thr), tracker_cap(cap), policy{kind, chunks} {
+    reset_slots();
+  }
+  void reset_slots() {
+    free_stack.clear();
+    for (std::uint64_t s = c; s > 0; --s) free_stack.push_back(static_cast<SlotIndex>(s - 1));
+  }
+  SlotIndex slot_of(Key k) const {
+    const auto it = entries.find(k);
+    return it == entries.end() ? kNoSlot : it->second.slot;
+  }
 
   bool evictable(Key k) const {
     auto it = entries.find(k);
@@ -223,6 +238,7 @@ struct RefManager {
     bool ok = true;
     CannotStoreReason reason = CannotStoreReason::kNone;
     std::vector<Key> keys, evicted;
+    std::vector<SlotIndex> slots, evicted_slots;
     std::uint64_t skipped_present = 0, skipped_threshold = 0, needed = 0, available = 0;
   };
   Plan prepare_store(const std::vector<Key>& keys, const std::vector<Key>& prot_keys) {
@@ -265,11 +281,19 @@ struct RefManager {
     }
     if (plan.needed > free_slots) {
       plan.evicted = policy.evict(plan.needed - free_slots, prot);
-      for (Key v : plan.evicted) entries.erase(v);
+      for (Key v : plan.evicted) {
+        plan.evicted_slots.push_back(entries.at(v).slot);
+        free_stack.push_back(entries.at(v).slot);
+        entries.erase(v);
+      }
       stats.evictions += plan.evicted.size();
       events.emplace_back(EventKind::kRemoved, plan.evicted);
     }
-    for (Key k : plan.keys) entries[k] = Entry{kPending, 0};
+    for (Key k : plan.keys) {
+      entries[k] = Entry{kPending, 0, free_stack.back()};
+      plan.slots.push_back(free_stack.back());
+      free_stack.pop_back();
+    }
     policy.insert(plan.keys);
     stats.stores_prepared += plan.needed;
     return plan;
@@ -291,7 +315,10 @@ struct RefManager {
       if (!keys.empty()) events.emplace_back(EventKind::kStored, keys);
     } else {
       policy.remove(keys);
-      for (Key k : keys) entries.erase(k);
+      for (Key k : keys) {
+        free_stack.push_back(entries.at(k).slot);
+        entries.erase(k);
+      }
       stats.stores_failed += keys.size();
     }
     return ErrorCode::kOk;
@@ -342,6 +369,7 @@ struct RefManager {
     entries.clear();
     policy.reset();
     tracker.clear();
+    reset_slots();
     return ErrorCode::kOk;
   }
 };
@@ -357,6 +385,7 @@ class ManagerModel : public ::testing::TestWithParam<ModelParams> {};
 
 std::vector<BlockKey> to_keys(const std::vector<Key>& v) {
   std::vector<BlockKey> out;
+  out.reserve(v.size());
   for (Key k : v) out.push_back(K(k));
   return out;
 }
@@ -414,7 +443,11 @@ void run_model(const ModelParams& prm, std::uint64_t seed, int steps) {
       ASSERT_EQ(got.reason, want.reason);
       ASSERT_EQ(from_keys(got.keys), want.keys) << "prepare_store keys";
       ASSERT_EQ(from_keys(got.evicted), want.evicted) << "prepare_store victims";
-      ASSERT_EQ(got.slots.size(), got.keys.size());
+      ASSERT_EQ(std::vector<SlotIndex>(got.slots.begin(), got.slots.end()), want.slots)
+          << "prepare_store slots";
+      ASSERT_EQ(std::vector<SlotIndex>(got.evicted_slots.begin(), got.evicted_slots.end()),
+                want.evicted_slots)
+          << "prepare_store victims' slots";
       ASSERT_EQ(got.skipped_present, want.skipped_present);
       ASSERT_EQ(got.skipped_threshold, want.skipped_threshold);
       ASSERT_EQ(got.slots_needed, want.needed);
@@ -438,7 +471,7 @@ void run_model(const ModelParams& prm, std::uint64_t seed, int steps) {
       std::vector<SlotIndex> slots(keys.size());
       ASSERT_EQ(code_of([&] { m.prepare_load(to_keys(keys), slots); }), want) << "prepare_load";
       if (want == ErrorCode::kOk) {
-        for (std::size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(slots[i], m.slot_of(K(keys[i])));
+        for (std::size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(slots[i], ref.slot_of(keys[i]));
       }
     } else if (op < 86) {
       auto keys = rnd(6) == 0 ? random_keys(3) : pick([](auto& e) { return e.pins > 0; }, 3);
@@ -462,6 +495,7 @@ void run_model(const ModelParams& prm, std::uint64_t seed, int steps) {
                                     ? LookupResult::kHit
                                     : LookupResult::kHitPending;
       ASSERT_EQ(m.state_of(K(k)), want) << "key " << k;
+      ASSERT_EQ(m.slot_of(K(k)), ref.slot_of(k)) << "key " << k;
       ASSERT_EQ(m.pin_count(K(k)), it == ref.entries.end() ? 0u : it->second.pins) << "key " << k;
       if (prm.threshold > 0) {
         ASSERT_EQ(m.threshold_count(K(k)), ref.tracked(k)) << "key " << k;

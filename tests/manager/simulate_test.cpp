@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "skip.hpp"
+
 #include <sys/wait.h>
 
 #include <unistd.h>
@@ -27,7 +29,8 @@ class Simulate : public ::testing::Test {
  protected:
   void SetUp() override {
     const char* dir = std::getenv("KVOFFLOAD_TEST_BIN_DIR");
-    if (dir == nullptr) GTEST_SKIP() << "KVOFFLOAD_TEST_BIN_DIR is not set (run through ctest)";
+    if (dir == nullptr)
+      KVO_SKIP("no-bin-dir") << "KVOFFLOAD_TEST_BIN_DIR is not set (run through ctest)";
     binary_ = fs::path(dir) / "kvoffload";
     ASSERT_TRUE(fs::exists(binary_)) << binary_;
     tmp_ = fs::temp_directory_path() / ("kvoffload_simulate_test_" + std::to_string(::getpid()));

@@ -251,5 +251,76 @@ TEST_P(VllmSemantics, RandomOperationsKeepCountsConsistent) {
   }
 }
 
+// The Python comparison with vLLM's manager (python/tests/test_vllm_manager.py) checks the events
+// kvoffload.vllm announces, which the binding builds from prepare_store's evictions and
+// complete_store's completed keys; it never reads the Manager's own event list (the adapter turns
+// it off). This holds that list to the same source, on random streams: a removed event with the
+// victims of every prepare_store that evicted, a stored event with exactly the keys complete_store
+// completed (skipped keys, failed stores and resets announce nothing), in call order.
+TEST_P(VllmSemantics, EventListIsWhatTheResultsAnnounce) {
+  std::mt19937_64 rng(GetParam() == PolicyKind::kLru ? 71 : 72);
+  int removed = 0;
+  int stored = 0;
+  for (const std::uint64_t n : {3, 8, 21}) {
+    Manager m = make_vllm(n, GetParam());
+    using Want = std::pair<EventKind, std::vector<BlockKey>>;
+    std::vector<Want> want;
+    std::vector<std::vector<BlockKey>> stores;
+    std::vector<std::vector<BlockKey>> loads;
+    auto random_keys = [&](std::uint64_t max_len) {
+      std::vector<BlockKey> keys(1 + rng() % max_len);
+      for (auto& k : keys) k = K(rng() % (3 * n));
+      return keys;
+    };
+    for (int step = 0; step < 3000; ++step) {
+      SCOPED_TRACE("chunks " + std::to_string(n) + " step " + std::to_string(step));
+      const auto op = rng() % 100;
+      if (op < 40) {
+        const StorePlan p = m.prepare_store(random_keys(n + 1));
+        if (p.ok() && !p.evicted.empty()) want.emplace_back(EventKind::kRemoved, copy(p.evicted));
+        if (p.ok() && !p.keys.empty()) stores.push_back(copy(p.keys));
+      } else if (op < 70 && !stores.empty()) {
+        std::vector<BlockKey> keys = stores.back();
+        stores.pop_back();
+        if (rng() % 4 == 0) keys.push_back(K(rng() % (3 * n)));  // maybe not pending: skipped
+        if (rng() % 4 == 0) keys.push_back(keys.front());        // a repeat: skipped
+        const bool success = rng() % 5 != 0;
+        const auto done = m.complete_store(keys, success);
+        std::vector<BlockKey> completed;
+        for (const std::uint32_t i : done) completed.push_back(keys[i]);
+        if (success && !completed.empty()) want.emplace_back(EventKind::kStored, completed);
+      } else if (op < 85) {
+        std::vector<BlockKey> ready;
+        for (const BlockKey& k : random_keys(4)) {
+          if (m.state_of(k) == LookupResult::kHit) ready.push_back(k);
+        }
+        if (!ready.empty()) {
+          (void)m.prepare_load(ready);
+          loads.push_back(ready);
+        }
+      } else if (op < 97 && !loads.empty()) {
+        m.complete_load(loads.back());
+        loads.pop_back();
+      } else if (op >= 99) {
+        m.reset();  // vLLM's reset_cache: silent
+        stores.clear();
+        loads.clear();
+      }
+      if (rng() % 6 == 0 || step == 2999) {
+        const auto events = m.take_events();
+        ASSERT_EQ(events.size(), want.size());
+        for (std::size_t i = 0; i < events.size(); ++i) {
+          ASSERT_EQ(events[i].kind, want[i].first) << "event " << i;
+          ASSERT_EQ(copy(events[i].keys), want[i].second) << "event " << i;
+          (events[i].kind == EventKind::kRemoved ? removed : stored) += 1;
+        }
+        want.clear();
+      }
+    }
+  }
+  EXPECT_GT(removed, 0);
+  EXPECT_GT(stored, 0);
+}
+
 }  // namespace
 }  // namespace kvoffload

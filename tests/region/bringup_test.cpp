@@ -20,6 +20,7 @@
 #include "kvoffload/platform.hpp"
 #include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
+#include "skip.hpp"
 #include "test_env.hpp"
 
 namespace kvoffload {
@@ -65,13 +66,14 @@ int in_small_tmpfs(const char* size, const std::function<int(const std::filesyst
   }));
 }
 
-#define EXPECT_CHILD_OK(status)                                                                   \
-  do {                                                                                            \
-    const int st_ = (status);                                                                     \
-    ASSERT_TRUE(WIFEXITED(st_)) << "child died" << (WIFSIGNALED(st_) ? " with signal " : " ")     \
-                                << (WIFSIGNALED(st_) ? WTERMSIG(st_) : st_);                      \
-    if (WEXITSTATUS(st_) == kSkip) GTEST_SKIP() << "no permission for a private mount namespace"; \
-    EXPECT_EQ(WEXITSTATUS(st_), 0);                                                               \
+#define EXPECT_CHILD_OK(status)                                                               \
+  do {                                                                                        \
+    const int st_ = (status);                                                                 \
+    ASSERT_TRUE(WIFEXITED(st_)) << "child died" << (WIFSIGNALED(st_) ? " with signal " : " ") \
+                                << (WIFSIGNALED(st_) ? WTERMSIG(st_) : st_);                  \
+    if (WEXITSTATUS(st_) == kSkip)                                                            \
+      KVO_SKIP("no-mount-namespace") << "no permission for a private mount namespace";        \
+    EXPECT_EQ(WEXITSTATUS(st_), 0);                                                           \
   } while (0)
 
 // Fills `dir`'s tmpfs with a file of `bytes` (allocated), leaving the rest free.
@@ -193,7 +195,7 @@ TEST(Bringup, LoserOfTheCapacityRaceJoinsACompleteRegion) {
       loser.slot(5)[0] = std::byte{7};
       if (winner->slot(5, 1)[0] != std::byte{7}) return 5;
     } catch (const Error& e) {
-      std::fprintf(stderr, "loser failed: %s\n", e.what());
+      (void)std::fprintf(stderr, "loser failed: %s\n", e.what());
       return 1;
     }
     winner.reset();
@@ -223,14 +225,14 @@ TEST_P(FillsAfterCheck, CapacityErrorNamesTheShortfallAndNoSignal) {
     } catch (const Error& e) {
       const std::string msg = e.what();
       if (e.code() != ErrorCode::kCapacity) {
-        std::fprintf(stderr, "wrong code: %s\n", msg.c_str());
+        (void)std::fprintf(stderr, "wrong code: %s\n", msg.c_str());
         return 2;
       }
       if (e.call() != (fallback ? "fallocate" : "madvise")) return 3;
       for (const char* s : {"ran out of space after the creator's capacity check", "still needed",
                             "shortfall", "bytes free", "--shm-size", "--ipc=host"}) {
         if (msg.find(s) == std::string::npos) {
-          std::fprintf(stderr, "missing '%s' in: %s\n", s, msg.c_str());
+          (void)std::fprintf(stderr, "missing '%s' in: %s\n", s, msg.c_str());
           return 4;
         }
       }

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <future>
+#include <regex>
 #include <thread>
 
 #include "fault_syscalls.hpp"
@@ -16,6 +17,7 @@
 #include "kvoffload/region.hpp"
 #include "private_tmpfs.hpp"
 #include "region_helpers.hpp"
+#include "skip.hpp"
 #include "test_env.hpp"
 
 namespace kvoffload {
@@ -139,13 +141,26 @@ TEST(JoinerWait, TimesOutNamingPathStateAndSeconds) {
   StalledCreator creator(opts);
   auto joiner = opts;
   joiner.rank = 1;
-  joiner.join_timeout = std::chrono::milliseconds(150);
+  joiner.join_timeout = std::chrono::milliseconds(300);
   const auto fds = test::fd_snapshot();
   const auto maps = test::maps_snapshot();
+  const auto t0 = std::chrono::steady_clock::now();
   const Error e = expect_error([&] { (void)Region::create_or_join(joiner); });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(e.code(), ErrorCode::kTimeout);
   EXPECT_THAT(e.what(), AllOf(HasSubstr((dir.path() / "kvoffload_slow.region").string()),
                               HasSubstr("'ready'"), HasSubstr("'creating'"), HasSubstr(" s ")));
+  // It waited the whole join_timeout, not less (a lower bound no machine can break), and not
+  // without end (10 s is 33 times the timeout); the seconds it reports are the ones it waited.
+  EXPECT_GE(took, 0.3) << "gave up before join_timeout";
+  EXPECT_LT(took, 10.0) << "waited far past join_timeout";
+  std::smatch m;
+  const std::string what = e.what();
+  ASSERT_TRUE(std::regex_search(what, m, std::regex(R"(after ([0-9.]+) s \(join_timeout\))")))
+      << what;
+  const double reported = std::stod(m[1]);
+  EXPECT_GE(reported, 0.3);
+  EXPECT_LE(reported, took + 0.001);
   EXPECT_EQ(test::fd_snapshot(), fds);
   EXPECT_EQ(test::maps_snapshot(), maps);
   // The stalled stub is in use: clean keeps it.
@@ -216,7 +231,7 @@ TEST(SmallTmpfs, OversizedRegionFailsAtCreationWithTheCapacityMessage) {
     if (!std::filesystem::is_empty(mnt)) return 6;
     return 0;
   });
-  if (!result.skip_reason.empty()) GTEST_SKIP() << result.skip_reason;
+  if (!result.skip_reason.empty()) KVO_SKIP("no-mount-namespace") << result.skip_reason;
   ASSERT_TRUE(WIFEXITED(result.wait_status)) << result.wait_status;
   EXPECT_EQ(result.exit_code, 0);
 }

@@ -16,6 +16,7 @@
 #include "kvoffload/platform.hpp"
 #include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
+#include "skip.hpp"
 #include "test_env.hpp"
 
 namespace kvoffload {
@@ -398,7 +399,7 @@ TEST(Region, WiderPermissionsAreRefused) {
 }
 
 TEST(Region, AnotherUsersRegionIsRefusedAndNeverReclaimed) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown a file to another uid";
+  if (::geteuid() != 0) KVO_SKIP("not-root") << "needs root to chown a file to another uid";
   const TempDir dir;
   const auto opts = small_options(dir.path(), "other");
   test::make_stale_region(opts);  // stale: root would reclaim it if it skipped the owner check

@@ -2,6 +2,7 @@
 // against redis-server / memcached / a Redis Cluster that the tests start on loopback ports.
 
 #include "remote_servers.hpp"
+#include "skip.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -19,7 +20,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,8 +39,8 @@ using ::testing::HasSubstr;
   do {                                                                          \
     const std::string missing = kvoffload::test::missing_binary({__VA_ARGS__}); \
     if (!missing.empty())                                                       \
-      GTEST_SKIP() << missing << " is not installed (Debian: "                  \
-                   << "redis-server, redis-tools, memcached)";                  \
+      KVO_SKIP("no-servers") << missing << " is not installed (Debian: "        \
+                             << "redis-server, redis-tools, memcached)";        \
   } while (0)
 
 std::string binary() {
@@ -72,6 +75,7 @@ class RemoteRunTest : public ::testing::Test {
     const std::string err = (dir_ / "err").string();
     const pid_t pid = fork();
     if (pid == 0) {
+      setpgid(0, 0);  // its own process group, as a terminal job: Ctrl-C reaches its ranks too
       const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(126);
@@ -93,6 +97,30 @@ class RemoteRunTest : public ::testing::Test {
     return -1;
   }
   int exec(std::vector<std::string> args) { return finish(start(std::move(args))); }
+
+  // Waits for what the running program did itself (its effect on the store, a line it logged),
+  // however long a loaded machine takes; false when the program exited first or after 120 s (a
+  // hang, not a slow machine).
+  bool wait_for(pid_t pid, const std::function<bool()>& happened) {
+    const auto hang = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < hang) {
+      if (happened()) return true;
+      int status = 0;
+      if (!exited_ && waitpid(pid, &status, WNOHANG) == pid) {
+        exited_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      if (exited_) return happened();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  // Ctrl-C, then the exit code (130 when the run stopped for it).
+  int interrupt(pid_t pid) {
+    if (exited_) return *exited_;
+    kill(-pid, SIGINT);
+    return finish(pid);
+  }
+  std::optional<int> exited_;  // set when wait_for saw the program exit
 
   // `kvoffload run` on a small pool (evictions, so chunks come back from the remote tier).
   std::vector<std::string> run_args(const std::string& url, const std::string& engine,
@@ -270,15 +298,33 @@ TEST_F(RemoteRunTest, UnreachableServerAtStartWarnsAndTheRunSucceeds) {
   EXPECT_EQ(r["remote"]["nodes_open"], 1);
 }
 
+// The server's own count of reads that found a key (GET or EXISTS). The run's chunks reach the
+// remote tier only after their write-through put finished (the put pins the slot until then), so
+// a hit means the engine already counted a stored chunk: its progress, seen from the store.
+std::uint64_t keyspace_hits(const ServerProcess& redis) {
+  const std::string info = redis.cli({"INFO", "stats"});
+  const auto at = info.find("keyspace_hits:");
+  return at == std::string::npos ? 0 : std::stoull(info.substr(at + 14));
+}
+
+// A run is driven by what it does, not by the clock: it runs until Ctrl-C (a 600 s duration is
+// only a safety net), the server is killed once the engine has loaded a chunk back from it, and
+// the run is interrupted once its log says the node's circuit opened.
 TEST_F(RemoteRunTest, KillNineOfTheServerMidRunKeepsTheEngineServing) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);
   const pid_t pid =
-      start(run_args(redis.url(), "engine-k", {"--requests", "0", "--duration", "3"}));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+      start(run_args(redis.url(), "engine-k", {"--requests", "0", "--duration", "600"}));
+  ASSERT_TRUE(wait_for(pid, [&] { return keyspace_hits(redis) > 0; }))
+      << "the run never read a chunk back from the store\n"
+      << err();
   redis.kill9();
-  ASSERT_EQ(finish(pid), 0) << err();
+  ASSERT_TRUE(wait_for(pid, [&] { return err().find("then it is probed") != std::string::npos; }))
+      << "the run never noticed the dead server\n"
+      << err();
+  ASSERT_EQ(interrupt(pid), 130) << err();
   const json r = report();
+  EXPECT_TRUE(r["interrupted"].get<bool>());
   EXPECT_TRUE(r["all_verified"].get<bool>());
   EXPECT_GT(r["remote"]["stored"].get<std::uint64_t>(), 0u);  // before the kill
   EXPECT_GT(r["remote"]["errors"].get<std::uint64_t>(), 0u);  // after it
@@ -290,16 +336,22 @@ TEST_F(RemoteRunTest, FrozenServerMidRunKeepsTheEngineServing) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);
   const pid_t pid =
-      start(run_args(redis.url(), "engine-s", {"--requests", "0", "--duration", "3"}));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-  redis.stop();  // SIGSTOP
-  const int code = finish(pid);
+      start(run_args(redis.url(), "engine-s", {"--requests", "0", "--duration", "600"}));
+  ASSERT_TRUE(wait_for(pid, [&] { return keyspace_hits(redis) > 0; }))
+      << "the run never read a chunk back from the store\n"
+      << err();
+  redis.stop();  // SIGSTOP: connections are accepted, nothing is answered
+  const bool noticed =
+      wait_for(pid, [&] { return err().find("then it is probed") != std::string::npos; });
+  const int code = interrupt(pid);
   redis.cont();
-  ASSERT_EQ(code, 0) << err();
+  ASSERT_TRUE(noticed) << "the run never noticed the frozen server\n" << err();
+  ASSERT_EQ(code, 130) << err();
   const json r = report();
   EXPECT_TRUE(r["all_verified"].get<bool>());
   EXPECT_GT(r["requests"].get<std::uint64_t>(), 0u);
   EXPECT_GT(r["remote"]["errors"].get<std::uint64_t>(), 0u);
+  EXPECT_TRUE(fs::is_empty(shm_));
 }
 
 TEST_F(RemoteRunTest, MemcachedAndClusterStoresRunToo) {

@@ -5,7 +5,9 @@
 //                   failing test never leaves a server behind. kill9(), stop()/cont() (SIGSTOP,
 //                   SIGCONT) and restart() (same port, empty) drive the failure tests.
 //   RedisCluster    three cluster-enabled redis-servers joined by `redis-cli --cluster create`.
-//   FakeResp        a scriptable RESP server in a thread, for protocol faults.
+//   FakeResp        a scriptable RESP server in a thread, for protocol faults and for cluster
+//                   redirects (its script sees each command's connection and the command before
+//                   it on that connection, and every command is logged).
 // missing_binary() names a server binary that is not installed, so a test can GTEST_SKIP with it.
 
 #include <arpa/inet.h>
@@ -18,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -311,8 +314,9 @@ class RedisCluster {
 };
 
 // A RESP server in a thread. For each command it calls the script with the command's arguments
-// and the connection's command count; the reply says what to send and whether to then close
-// the connection or stop answering (stall) until the server is destroyed.
+// (and, for a SessionScript, the connection it came on and the command before it there); the
+// reply says what to send and whether to then close the connection or stop answering (stall)
+// until the server is destroyed. log() lists every command with its connection, in order.
 class FakeResp {
  public:
   struct Reply {
@@ -320,9 +324,22 @@ class FakeResp {
     bool close_after = false;
     bool stall = false;
   };
+  struct Session {
+    int connection = 0;                                  // 1, 2, ... in accept order
+    const std::vector<std::string>* previous = nullptr;  // the previous command there (empty: none)
+  };
+  struct Logged {
+    int connection = 0;
+    std::vector<std::string> argv;
+  };
   using Script = std::function<Reply(const std::vector<std::string>& argv)>;
+  using SessionScript =
+      std::function<Reply(const std::vector<std::string>& argv, const Session& session)>;
 
-  explicit FakeResp(Script script) : script_(std::move(script)) {
+  explicit FakeResp(Script script)
+      : FakeResp(SessionScript([s = std::move(script)](const std::vector<std::string>& argv,
+                                                       const Session&) { return s(argv); })) {}
+  explicit FakeResp(SessionScript script) : script_(std::move(script)) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const int one = 1;
     ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -349,6 +366,17 @@ class FakeResp {
   [[nodiscard]] std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
   [[nodiscard]] int connections() const { return connections_; }
   [[nodiscard]] int commands() const { return commands_; }
+  [[nodiscard]] std::vector<Logged> log() const {
+    const std::lock_guard lock(log_mutex_);
+    return log_;
+  }
+  // How many logged commands are `name` (e.g. "GET").
+  [[nodiscard]] int count(const std::string& name) const {
+    const std::lock_guard lock(log_mutex_);
+    return static_cast<int>(std::count_if(log_.begin(), log_.end(), [&](const Logged& l) {
+      return !l.argv.empty() && l.argv[0] == name;
+    }));
+  }
 
   static std::string bulk(const std::string& s) {
     return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n";
@@ -359,6 +387,8 @@ class FakeResp {
     int fd;
     std::string in;
     bool stalled = false;
+    int id = 0;
+    std::vector<std::string> previous;
   };
 
   void serve() {
@@ -371,8 +401,7 @@ class FakeResp {
       if ((fds[0].revents & POLLIN) != 0) {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd >= 0) {
-          conns.push_back({fd, {}});
-          ++connections_;
+          conns.push_back({fd, {}, false, ++connections_, {}});
         }
       }
       for (std::size_t i = 0; i < conns.size(); ++i) {
@@ -388,7 +417,12 @@ class FakeResp {
         std::vector<std::string> argv;
         while (!conns[i].stalled && conns[i].fd >= 0 && parse(conns[i].in, argv)) {
           ++commands_;
-          const Reply r = script_(argv);
+          {
+            const std::lock_guard lock(log_mutex_);
+            log_.push_back({conns[i].id, argv});
+          }
+          const Reply r = script_(argv, Session{conns[i].id, &conns[i].previous});
+          conns[i].previous = argv;
           std::size_t off = 0;
           while (off < r.bytes.size()) {
             const ssize_t w =
@@ -429,7 +463,9 @@ class FakeResp {
     return true;
   }
 
-  Script script_;
+  SessionScript script_;
+  mutable std::mutex log_mutex_;
+  std::vector<Logged> log_;
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};

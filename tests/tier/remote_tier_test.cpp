@@ -8,13 +8,17 @@
 #include "kvoffload/region.hpp"
 #include "kvoffload/tiered_store.hpp"
 #include "remote_servers.hpp"
+#include "skip.hpp"
 #include "test_env.hpp"
+#include "tier/remote/remote_value.hpp"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -30,12 +34,12 @@ using ::testing::HasSubstr;
 constexpr std::uint64_t kSlot = 5000;  // not page-aligned on purpose
 constexpr std::uint32_t kWorld = 2;
 
-#define SKIP_WITHOUT(...)                                            \
-  do {                                                               \
-    const std::string missing = test::missing_binary({__VA_ARGS__}); \
-    if (!missing.empty())                                            \
-      GTEST_SKIP() << missing << " is not installed (Debian: "       \
-                   << "redis-server, redis-tools, memcached)";       \
+#define SKIP_WITHOUT(...)                                                \
+  do {                                                                   \
+    const std::string missing = test::missing_binary({__VA_ARGS__});     \
+    if (!missing.empty())                                                \
+      KVO_SKIP("no-servers") << missing << " is not installed (Debian: " \
+                             << "redis-server, redis-tools, memcached)"; \
   } while (0)
 
 RemoteTierOptions options(const std::string& url, std::uint64_t slot = kSlot,
@@ -281,7 +285,13 @@ TEST(RemoteRedis, EvictionUnderMaxmemoryIsAMissNeverCorrupt) {
 TEST(RemoteRedis, KillNineMidRunDegradesToMissesAndARestartedEmptyNodeIsUsedAgain) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);
-  auto tier = RemoteTier::open(options(redis.url()));
+  RemoteTierOptions o = options(redis.url());
+  // The circuit must still be open when the test looks ("answers at once" below): a 100 ms
+  // backoff ran out first on a loaded machine under ASan; 3 s is 30 times that, and the probe
+  // after the restart still comes within seconds.
+  o.breaker_backoff = 3s;
+  o.breaker_backoff_max = 3s;
+  auto tier = RemoteTier::open(o);
   const auto before = keys_from(1, 4);
   ASSERT_EQ(count(put_rows(*tier, before), TierItemStatus::kOk), 4u);
 
@@ -314,7 +324,8 @@ TEST(RemoteRedis, KillNineMidRunDegradesToMissesAndARestartedEmptyNodeIsUsedAgai
 
   redis.restart();  // same port, empty
   std::vector<TierItemResult> put;
-  for (int i = 0; i < 200; ++i) {  // the probe after the backoff closes the circuit
+  const auto give_up = std::chrono::steady_clock::now() + 60s;  // a hang, not a slow machine
+  while (std::chrono::steady_clock::now() < give_up) {  // the probe after the backoff closes it
     put = put_rows(*tier, keys_from(60, 1));
     if (put[0].status == TierItemStatus::kOk) break;
     std::this_thread::sleep_for(10ms);
@@ -408,28 +419,48 @@ TEST(RemoteRedis, FrozenNodeAnswersPendingThenMissWithinTheBudget) {
   ServerProcess redis(ServerProcess::Kind::kRedis);
   RemoteTierOptions o = options(redis.url());
   o.breaker_failures = 1;  // the frozen get alone opens the circuit
-  o.breaker_backoff = 1000ms;
-  o.breaker_backoff_max = 1000ms;
+  o.breaker_backoff = 3s;  // still open when the checks below look, on any machine
+  o.breaker_backoff_max = 3s;
   auto tier = RemoteTier::open(o);
+  // A second engine's tier whose lookup budget (50 ms) and get deadline (30 s) are 600 times
+  // apart, and whose circuit stays closed, so its existence checks really wait on the frozen node:
+  // answered at the budget and answered at the deadline cannot be mistaken for each other.
+  RemoteTierOptions lo = options(redis.url());
+  lo.lookup_timeout = 50ms;
+  lo.negative_ttl = 0ms;
+  lo.get_timeout = 30s;
+  lo.breaker_failures = 1000;
+  auto looker = RemoteTier::open(lo);
   const auto stored = keys_from(1, 2);
   ASSERT_EQ(count(put_rows(*tier, stored), TierItemStatus::kOk), 2u);
   redis.stop();  // SIGSTOP: connects are accepted by the kernel, nothing ever answers
+
+  // Lookups of unknown keys: pending first, then a miss when the budget is spent; never a stall.
+  // Bounds: at least the budget (nothing answered), and a third of the get deadline (a loaded
+  // machine is late by milliseconds, not by 10 s; a lookup given the get deadline takes 30 s).
+  const auto unknown = keys_from(10, 3);
+  std::size_t rounds = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto p : resolve(*looker, unknown, &rounds)) EXPECT_EQ(p, TierPresence::kAbsent);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GT(rounds, 1u);
+  EXPECT_GE(took, lo.lookup_timeout) << "answered before the budget, yet nothing answered";
+  EXPECT_LT(took, lo.get_timeout / 3) << "the lookup waited for the get deadline, not its budget";
+
   const GetResult g = get_rows(*tier, stored);  // returns: the get deadline fails it
   EXPECT_EQ(count(g.items, TierItemStatus::kFailed), 2u);
   EXPECT_THAT(g.items[0].detail, HasSubstr("deadline passed"));
   EXPECT_TRUE(all_sentinel(g.rows[0]));
   EXPECT_EQ(tier->remote_stats().breaker_opens, 1u);
-  // Lookups of unknown keys: pending first, then a miss; never a stall.
-  const auto unknown = keys_from(10, 3);
-  std::size_t rounds = 0;
+  // With the circuit open, lookups are misses too (the node is not asked).
   for (const auto p : resolve(*tier, unknown, &rounds)) EXPECT_EQ(p, TierPresence::kAbsent);
-  EXPECT_GT(rounds, 1u);
   const RemoteStats s = tier->remote_stats();
   EXPECT_EQ(s.lookup_absent + s.lookup_errors, 3u);
   EXPECT_THAT(get_rows(*tier, stored).items[0].detail, HasSubstr("circuit open"));
   redis.cont();
   GetResult back;
-  for (int i = 0; i < 400; ++i) {  // the probe after the backoff closes the circuit
+  const auto give_up = std::chrono::steady_clock::now() + 60s;  // a hang, not a slow machine
+  while (std::chrono::steady_clock::now() < give_up) {  // the probe after the backoff closes it
     back = get_rows(*tier, stored);
     if (back.items[0].status == TierItemStatus::kOk) break;
     std::this_thread::sleep_for(10ms);
@@ -582,25 +613,61 @@ TEST(RemoteFaults, DisconnectInTheMiddleOfAValueFailsAndReconnects) {
 }
 
 TEST(RemoteFaults, LookupBudgetAnswersMissWhileTheNodeIsBusy) {
-  // One connection, busy with a GET the server never answers (get deadline 1.5 s): an existence
-  // check queued behind it cannot run, yet lookup() turns it into a miss at its own budget.
-  FakeResp fake([](const std::vector<std::string>& argv) -> FakeResp::Reply {
-    if (argv[0] == "GET") return {"", false, /*stall=*/true};
-    return {":1\r\n"};
+  // One connection, busy with a GET the server never answers (get deadline 30 s): an existence
+  // check queued behind it cannot run, yet lookup() turns it into a miss at its own budget
+  // (50 ms), not at the get deadline. The bounds are the frozen-node test's: at least the budget,
+  // under a third of the get deadline.
+  auto fake = std::make_unique<FakeResp>([](const std::vector<std::string>& argv) {
+    if (argv[0] == "GET") return FakeResp::Reply{"", false, /*stall=*/true};
+    return FakeResp::Reply{":1\r\n"};
   });
-  RemoteTierOptions o = options(fake.url(), kSlot, 1);
+  RemoteTierOptions o = options(fake->url(), kSlot, 1);
   o.connections_per_node = 1;
-  o.get_timeout = 1500ms;
+  o.lookup_timeout = 50ms;
+  o.negative_ttl = 0ms;
+  o.get_timeout = 30s;
   auto tier = RemoteTier::open(o);
   std::vector<std::byte> row(kSlot);
   const std::vector<TierGet> gets = {{BlockKey::from_u64(1), row}};
   const TierBatch busy = tier->get(gets);
   std::size_t rounds = 0;
+  const auto t0 = std::chrono::steady_clock::now();
   for (const auto p : resolve(*tier, keys_from(7, 2), &rounds)) EXPECT_EQ(p, TierPresence::kAbsent);
+  const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_GT(rounds, 1u);
+  EXPECT_GE(took, o.lookup_timeout);
+  EXPECT_LT(took, o.get_timeout / 3) << "the lookup waited for the busy connection";
   EXPECT_FALSE(busy.ready()) << "the lookup waited for the busy connection instead of its budget";
   EXPECT_EQ(tier->remote_stats().lookup_absent, 2u);
-  (void)busy.wait();
+  fake.reset();  // the server goes away: the busy GET fails now, not at its 30 s deadline
+  EXPECT_EQ(busy.wait()[0].status, TierItemStatus::kFailed);
+}
+
+// The existence check itself (not only the answer lookup() gives) ends at the lookup budget: a
+// check that waited for the get deadline would hold the node's connection, and every request
+// queued behind it, for a whole get deadline. Budget 50 ms, get deadline 30 s; the bound between
+// them is generous for a loaded machine and far from the deadline.
+TEST(RemoteFaults, AnUnansweredExistenceCheckEndsAtTheLookupBudgetNotTheGetDeadline) {
+  FakeResp fake([](const std::vector<std::string>& argv) -> FakeResp::Reply {
+    if (argv[0] == "EXISTS") return {"", false, /*stall=*/true};
+    return {"+OK\r\n"};
+  });
+  RemoteTierOptions o = options(fake.url(), kSlot, 1);
+  o.connections_per_node = 1;
+  o.lookup_timeout = 50ms;
+  o.get_timeout = 30s;
+  o.breaker_failures = 1000;  // the node stays asked: no circuit shortens anything
+  auto tier = RemoteTier::open(o);
+  std::vector<TierPresence> out(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  tier->lookup(keys_from(1, 2), out);
+  EXPECT_EQ(out[0], TierPresence::kPending);
+  tier->drain();  // returns when the existence check has ended, answered or not
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(tier->remote_stats().lookup_errors, 2u)
+      << "the unanswered check failed at its deadline";
+  EXPECT_GE(took, o.lookup_timeout);
+  EXPECT_LT(took, o.get_timeout / 3) << "the existence check waited for the get deadline";
 }
 
 TEST(RemoteFaults, GarbageOnTheWireIsAProtocolError) {
@@ -632,6 +699,148 @@ TEST(RemoteFaults, PipelinedBytesInFlightStayWithinTheCap) {
   EXPECT_EQ(count(put, TierItemStatus::kFailed), 4u);
   EXPECT_THAT(put[5].detail, HasSubstr("send queue full"));
   EXPECT_EQ(sets, 2);
+}
+
+// ---- cluster redirects (fake nodes) -----------------------------------------------------------
+
+// Two fake cluster nodes over one shared key space, so MOVED and ASK happen exactly when a test
+// says. Their slot map (CLUSTER SLOTS) gives every slot to node A; `a_redirect` makes A answer GET
+// with an ASK or a MOVED to B. B behaves as a real node that does not own the slot: it answers a
+// command only right after ASKING on the same connection (it is importing the slot), or once
+// `b_owns` says the slot is B's (after MOVED); otherwise it sends the client back to A with MOVED.
+// After the first slot map both nodes refuse CLUSTER SLOTS, so the tier's map changes only
+// through the redirects under test.
+struct FakeCluster {
+  enum class Redirect { kNone, kAsk, kMoved };
+
+  FakeCluster()
+      : a(FakeResp::SessionScript([this](const std::vector<std::string>& argv,
+                                         const FakeResp::Session&) { return node_a(argv); })),
+        b(FakeResp::SessionScript(
+            [this](const std::vector<std::string>& argv, const FakeResp::Session& session) {
+              return node_b(argv, session);
+            })) {}
+
+  [[nodiscard]] std::string url() const {
+    return "redis-cluster://127.0.0.1:" + std::to_string(a.port());
+  }
+  // Commands B received that were not right after ASKING on their connection (GETs only).
+  [[nodiscard]] int gets_on_b_without_asking() const {
+    std::map<int, std::string> previous;
+    int n = 0;
+    for (const auto& l : b.log()) {
+      if (l.argv[0] == "GET" && previous[l.connection] != "ASKING") ++n;
+      previous[l.connection] = l.argv[0];
+    }
+    return n;
+  }
+
+  std::atomic<Redirect> a_redirect{Redirect::kNone};
+  std::atomic<bool> b_owns{false};
+  std::atomic<int> slot_maps{0};  // CLUSTER SLOTS asked (of either node)
+  std::atomic<int> b_moved{0};    // MOVED replies B gave
+  std::mutex mu;
+  std::map<std::string, std::string> kv;
+  FakeResp a;
+  FakeResp b;
+
+ private:
+  static std::string redirect(const char* kind, const std::string& key, int port) {
+    return std::string("-") + kind + " " + std::to_string(detail::cluster_slot(key)) +
+           " 127.0.0.1:" + std::to_string(port) + "\r\n";
+  }
+  FakeResp::Reply slot_map() {
+    if (slot_maps++ > 0) return {"-ERR no slot map in this test\r\n"};
+    return {"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n" + FakeResp::bulk("127.0.0.1") + ":" +
+            std::to_string(a.port()) + "\r\n"};
+  }
+  FakeResp::Reply serve(const std::vector<std::string>& argv) {
+    const std::lock_guard lock(mu);
+    if (argv[0] == "SET" && argv.size() == 3) {
+      kv[argv[1]] = argv[2];
+      return {"+OK\r\n"};
+    }
+    if (argv[0] == "GET" && argv.size() == 2) {
+      const auto it = kv.find(argv[1]);
+      return {it == kv.end() ? "$-1\r\n" : FakeResp::bulk(it->second)};
+    }
+    if (argv[0] == "EXISTS" && argv.size() == 2) return {kv.count(argv[1]) ? ":1\r\n" : ":0\r\n"};
+    return {"-ERR unknown command '" + argv[0] + "'\r\n"};
+  }
+  FakeResp::Reply node_a(const std::vector<std::string>& argv) {
+    if (argv[0] == "CLUSTER") return slot_map();
+    if (argv[0] == "GET" && a_redirect != Redirect::kNone) {
+      return {redirect(a_redirect == Redirect::kAsk ? "ASK" : "MOVED", argv[1], b.port())};
+    }
+    return serve(argv);
+  }
+  FakeResp::Reply node_b(const std::vector<std::string>& argv, const FakeResp::Session& session) {
+    if (argv[0] == "CLUSTER") return slot_map();
+    if (argv[0] == "ASKING") return {"+OK\r\n"};
+    const bool asked = !session.previous->empty() && (*session.previous)[0] == "ASKING";
+    if (!b_owns && !asked) {
+      ++b_moved;
+      return {redirect("MOVED", argv[1], a.port())};
+    }
+    return serve(argv);
+  }
+};
+
+// Deadlines no loaded machine runs into: nothing fails in these tests.
+RemoteTierOptions patient(RemoteTierOptions o) {
+  o.connect_timeout = 10s;
+  o.get_timeout = 30s;
+  o.put_timeout = 30s;
+  return o;
+}
+
+TEST(RemoteClusterRedirects, AskIsFollowedWithAskingAndLeavesTheSlotMapAlone) {
+  FakeCluster cluster;
+  auto tier = RemoteTier::open(patient(options(cluster.url(), kSlot, 1)));
+  ASSERT_EQ(tier->remote_stats().map_refreshes, 1u);
+  const auto keys = keys_from(1, 1);
+  ASSERT_EQ(count(put_rows(*tier, keys), TierItemStatus::kOk), 1u);
+  ASSERT_EQ(cluster.a.count("SET"), 1);
+  cluster.a_redirect = FakeCluster::Redirect::kAsk;  // the slot is migrating to B
+  for (int round = 1; round <= 2; ++round) {
+    SCOPED_TRACE("get " + std::to_string(round));
+    const GetResult g = get_rows(*tier, keys);
+    ASSERT_EQ(g.items[0].status, TierItemStatus::kOk) << g.items[0].detail;
+    EXPECT_EQ(g.rows[0], row_of(keys[0], kSlot));
+    // An ASK moves one command: every get still goes to A first (the map was not changed).
+    EXPECT_EQ(cluster.a.count("GET"), round);
+    EXPECT_EQ(tier->remote_stats().redirects, static_cast<std::uint64_t>(round));
+  }
+  EXPECT_EQ(cluster.b.count("GET"), 2);
+  EXPECT_EQ(cluster.b.count("ASKING"), 2);
+  EXPECT_EQ(cluster.gets_on_b_without_asking(), 0) << "ASKING must precede the redirected GET";
+  EXPECT_EQ(cluster.b_moved, 0);
+  EXPECT_EQ(tier->remote_stats().map_refreshes, 1u);
+}
+
+TEST(RemoteClusterRedirects, MovedUpdatesTheSlotMapAndAsksForAFreshOne) {
+  FakeCluster cluster;
+  auto tier = RemoteTier::open(patient(options(cluster.url(), kSlot, 1)));
+  ASSERT_EQ(tier->remote_stats().map_refreshes, 1u);
+  const auto keys = keys_from(1, 1);
+  ASSERT_EQ(count(put_rows(*tier, keys), TierItemStatus::kOk), 1u);
+  cluster.b_owns = true;  // the slot moved to B
+  cluster.a_redirect = FakeCluster::Redirect::kMoved;
+  for (int round = 1; round <= 2; ++round) {
+    SCOPED_TRACE("get " + std::to_string(round));
+    const GetResult g = get_rows(*tier, keys);
+    ASSERT_EQ(g.items[0].status, TierItemStatus::kOk) << g.items[0].detail;
+    EXPECT_EQ(g.rows[0], row_of(keys[0], kSlot));
+    // The MOVED of the first get changed the map: the second goes straight to B.
+    EXPECT_EQ(cluster.a.count("GET"), 1);
+    EXPECT_EQ(cluster.b.count("GET"), round);
+    EXPECT_EQ(tier->remote_stats().redirects, 1u);
+  }
+  EXPECT_EQ(cluster.b.count("ASKING"), 0) << "ASKING belongs to ASK, not to MOVED";
+  // A MOVED also asks for a fresh slot map (the nodes refuse it here, so the map above is the
+  // MOVED's own doing). Bounded wait: the refresh runs on the tier's own thread.
+  for (int i = 0; i < 10'000 && cluster.slot_maps < 2; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_GE(cluster.slot_maps, 2) << "no slot map was asked for after MOVED";
 }
 
 // ---- memcached --------------------------------------------------------------------------------

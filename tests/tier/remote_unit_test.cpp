@@ -226,6 +226,15 @@ TEST(CircuitBreaker, OpensAfterFailuresProbesAfterBackoffAndDoubles) {
   EXPECT_FALSE(b.open());
   EXPECT_TRUE(b.allow(t0 + 600ms));
   EXPECT_FALSE(b.on_failure(t0 + 600ms));  // the count restarted
+  // A success also resets the backoff: the next opening is for the first period (100 ms), not
+  // the 300 ms the failed probes had grown it to.
+  EXPECT_TRUE(b.on_failure(t0 + 600ms));
+  EXPECT_TRUE(b.rejecting(t0 + 699ms));
+  EXPECT_FALSE(b.allow(t0 + 699ms));
+  EXPECT_TRUE(b.allow(t0 + 700ms)) << "the backoff kept its doubled value after a success";
+  EXPECT_FALSE(b.on_failure(t0 + 700ms));  // failed probe: doubles from the first period again
+  EXPECT_FALSE(b.allow(t0 + 899ms));
+  EXPECT_TRUE(b.allow(t0 + 900ms));
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/offload_stack.hpp"
+#include "kvoffload/remote_tier.hpp"
+#include "remote_servers.hpp"
 #include "tier_test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -55,6 +57,24 @@ class TieredFixture : public ::testing::Test {
       c.file_tiers.push_back(t);
     }
     return c;
+  }
+
+  // A remote tier matching config()'s region, at an address where nothing listens: open() warns
+  // and the tier answers misses (no server is needed to build, validate or release it).
+  static RemoteTierOptions remote_tier() {
+    RemoteTierOptions t;
+    t.url = RemoteUrl::parse("redis://127.0.0.1:" + std::to_string(test::free_port()));
+    t.geometry = {
+        .slot_bytes = kSlotBytes,
+        .world_size = kWorld,
+        .tensor_layout = "test",
+        .slot_stride = RegionGeometry::compute(
+                           {.num_chunks = kChunks, .slot_bytes = kSlotBytes, .world_size = kWorld},
+                           static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)))
+                           .slot_stride()};
+    t.connect_timeout = std::chrono::milliseconds(200);
+    t.name = "remote";
+    return t;
   }
 
   // Stores `ids` in the primary through the tiered store, each row filled with pattern(id).
@@ -318,16 +338,53 @@ class RecordingTier : public FailingCloseTier {
 // failure at every step. Evidence comes from the resources themselves (the region's teardown
 // hook runs inside Region::close, a tier's close) interleaved with the stack's after_release
 // reports, so closing the region first, or the tiers in build order, changes the sequence.
-TEST_F(TieredFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
-  struct Case {
-    std::optional<InitStep> fail;  // nullopt: build succeeds, then close()
-    std::size_t index = 0;
-    std::vector<std::string> want;
+struct ReleaseCase {
+  std::optional<InitStep> fail;  // nullopt: build succeeds, then close()
+  std::size_t index = 0;
+  std::vector<std::string> want;
+};
+
+void expect_release_order(const StackConfig& config, const ReleaseCase& c,
+                          const std::filesystem::path& shm) {
+  SCOPED_TRACE(c.fail ? std::string(to_string(*c.fail)) + " #" + std::to_string(c.index)
+                      : "success");
+  std::vector<std::string> events;
+  InitHooks hooks;
+  hooks.before_step = [&](InitStep step, std::size_t index) {
+    if (c.fail && step == *c.fail && index == c.index) throw Injected("injected");
   };
+  hooks.make_region = [&](const RegionOptions& o) {
+    Region r = Region::create_or_join(o);
+    r.add_teardown_hook([&events] { events.push_back("region.teardown"); });
+    return r;
+  };
+  hooks.make_file_tier = [&](const FileTierOptions& o) {
+    return std::make_unique<RecordingTier>(FileTier::open(o), &events);
+  };
+  hooks.make_remote_tier = [&](const RemoteTierOptions& o) {
+    return std::make_unique<RecordingTier>(RemoteTier::open(o), &events);
+  };
+  hooks.after_release = [&](InitStep step, std::size_t index) {
+    events.push_back("released:" + std::string(to_string(step)) +
+                     (step == InitStep::kSecondary ? "#" + std::to_string(index) : std::string()));
+  };
+  if (c.fail) {
+    EXPECT_THROW((void)OffloadStack::build(config, hooks), Injected);
+  } else {
+    auto s = OffloadStack::build(config, hooks);
+    EXPECT_TRUE(events.empty());
+    EXPECT_TRUE(s->close());
+    EXPECT_TRUE(s->close());  // idempotent: nothing released twice
+  }
+  EXPECT_EQ(events, c.want);
+  EXPECT_TRUE(test::files_under(shm).empty());
+}
+
+TEST_F(TieredFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
   const std::vector<std::string> all = {
       "released:tiered_store", "tier1.close",      "released:secondary#1", "tier0.close",
       "released:secondary#0",  "released:primary", "region.teardown",      "released:region"};
-  const std::vector<Case> cases = {
+  const std::vector<ReleaseCase> cases = {
       {std::nullopt, 0, all},
       {InitStep::kRegion, 0, {}},
       {InitStep::kPrimary, 0, {"region.teardown", "released:region"}},
@@ -338,37 +395,26 @@ TEST_F(TieredFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
         "released:region"}},
       {InitStep::kTieredStore, 0, std::vector<std::string>(all.begin() + 1, all.end())},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.fail ? std::string(to_string(*c.fail)) + " #" + std::to_string(c.index)
-                        : "success");
-    std::vector<std::string> events;
-    InitHooks hooks;
-    hooks.before_step = [&](InitStep step, std::size_t index) {
-      if (c.fail && step == *c.fail && index == c.index) throw Injected("injected");
-    };
-    hooks.make_region = [&](const RegionOptions& o) {
-      Region r = Region::create_or_join(o);
-      r.add_teardown_hook([&events] { events.push_back("region.teardown"); });
-      return r;
-    };
-    hooks.make_file_tier = [&](const FileTierOptions& o) {
-      return std::make_unique<RecordingTier>(FileTier::open(o), &events);
-    };
-    hooks.after_release = [&](InitStep step, std::size_t index) {
-      events.push_back(
-          "released:" + std::string(to_string(step)) +
-          (step == InitStep::kSecondary ? "#" + std::to_string(index) : std::string()));
-    };
-    if (c.fail) {
-      EXPECT_THROW((void)OffloadStack::build(config(2), hooks), Injected);
-    } else {
-      auto s = OffloadStack::build(config(2), hooks);
-      EXPECT_TRUE(events.empty());
-      EXPECT_TRUE(s->close());
-      EXPECT_TRUE(s->close());  // idempotent: nothing released twice
-    }
-    EXPECT_EQ(events, c.want);
-    EXPECT_TRUE(test::files_under(shm_.path()).empty());
+  for (const ReleaseCase& c : cases) expect_release_order(config(2), c, shm_.path());
+}
+
+// The same with a remote tier behind the file tiers: it is built last of the secondaries and
+// released first (before the file tiers, the Manager and the region), on success and after a
+// failure at its own step or after it.
+TEST_F(TieredFixture, ReleaseOrderWithARemoteTierIsTheReverseOfConstruction) {
+  const std::vector<std::string> all = {
+      "released:tiered_store", "remote.close",   "released:secondary#2", "tier1.close",
+      "released:secondary#1",  "tier0.close",    "released:secondary#0", "released:primary",
+      "region.teardown",       "released:region"};
+  const std::vector<ReleaseCase> cases = {
+      {std::nullopt, 0, all},
+      {InitStep::kSecondary, 2, std::vector<std::string>(all.begin() + 3, all.end())},
+      {InitStep::kTieredStore, 0, std::vector<std::string>(all.begin() + 1, all.end())},
+  };
+  for (const ReleaseCase& c : cases) {
+    StackConfig with_remote = config(2);
+    with_remote.remote_tiers.push_back(remote_tier());
+    expect_release_order(with_remote, c, shm_.path());
   }
 }
 
@@ -400,6 +446,7 @@ TEST_F(TieredFixture, FailureInsideATierStepReleasesEarlierTiersAndRegion) {
 
 TEST_F(TieredFixture, InvalidConfigurationCreatesNothing) {
   auto expect_invalid = [&](StackConfig c, std::string_view needle) {
+    ASSERT_FALSE(needle.empty()) << "an empty needle matches any message";
     bool region_factory_called = false;
     InitHooks hooks;
     hooks.make_region = [&](const RegionOptions& o) {
@@ -436,11 +483,36 @@ TEST_F(TieredFixture, InvalidConfigurationCreatesNothing) {
   expect_invalid(c, "store_threshold is 0");
   c = config();
   c.region.engine_id = "../escape";
-  expect_invalid(c, "");
+  expect_invalid(c, "engine id '../escape' contains the character '/'");
   c = config();
   c.region.layout.slot_bytes = 0;
-  expect_invalid(c, "");
+  expect_invalid(c, "slot_bytes is 0");
+  // A remote tier must hold the region's rows exactly: any difference in the geometry is refused
+  // before anything is built (its values would not fit the slots they come back to).
+  c = config();
+  c.remote_tiers.push_back(remote_tier());
+  c.remote_tiers[0].connections_per_node = 0;
+  expect_invalid(c, "connections_per_node 0");
+  const auto remote_differs = [&](const std::function<void(RemoteGeometry&)>& change,
+                                  std::string_view field) {
+    SCOPED_TRACE(std::string(field));
+    StackConfig bad = config();
+    bad.remote_tiers.push_back(remote_tier());
+    change(bad.remote_tiers[0].geometry);
+    expect_invalid(bad, "remote tier 'remote': geometry");
+    expect_invalid(bad, field);
+  };
+  remote_differs([](RemoteGeometry& g) { g.slot_bytes = kSlotBytes - 8; }, "slot_bytes 4992");
+  remote_differs([](RemoteGeometry& g) { g.world_size = 1; }, "world_size 1");
+  remote_differs([](RemoteGeometry& g) { g.replicated = true; }, "replicated yes");
+  remote_differs([](RemoteGeometry& g) { g.slot_stride = 0; }, "slot_stride 5000");
   EXPECT_FALSE(std::filesystem::exists(disk_.path() / "tier0"));
+  // The same remote tier, matching: the stack builds (the check above is not a blanket refusal).
+  c = config();
+  c.remote_tiers.push_back(remote_tier());
+  auto built = OffloadStack::build(c);
+  EXPECT_EQ(built->tiers().size(), 2u);
+  EXPECT_TRUE(built->close());
 }
 
 // ---- worker ------------------------------------------------------------------------------------

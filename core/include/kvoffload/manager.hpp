@@ -53,6 +53,9 @@ class ManagerImpl;
 
 // Whose rules the Manager follows. Note [vLLM semantics] in manager.cpp lists every difference.
 enum class ManagerSemantics : std::uint8_t {
+  // Slots: the most recently freed one first (evicted, failed stores, in the order they were
+  // freed), slot 0 first after construction and reset (the reference model in
+  // tests/manager/model_test.cpp holds the Manager to this order).
   kNative = 0,
   // vLLM's CPUOffloadingManager, output for output (the Python adapter kvoffload.vllm relies on
   // it): slots fresh in ascending order, then the most recently freed; the policies keep pinned

@@ -25,7 +25,7 @@ constexpr std::uint64_t kUnrankedPiece = 64ULL << 20;
 
 std::string describe_range(ByteRange r, const std::string& what) {
   char buf[96];
-  std::snprintf(buf, sizeof buf, "[%p, +%zu)", static_cast<void*>(r.begin), r.size);
+  (void)std::snprintf(buf, sizeof buf, "[%p, +%zu)", static_cast<void*>(r.begin), r.size);
   return std::string("MADV_POPULATE_WRITE on ") + buf + " of " + what;
 }
 
@@ -123,17 +123,20 @@ ByteRange PopulatePlan::range(std::size_t i) const noexcept {
   return {data_ + begin, static_cast<std::size_t>(len)};
 }
 
-void touch_pages_preserving(ByteRange range, std::size_t page_size) noexcept {
+void touch_pages_preserving(ByteRange range, std::size_t page_size,
+                            TouchObserver observe) noexcept {
   for (std::size_t off = 0; off < range.size; off += page_size) {
     // A real write (so the page is allocated writable), of nothing: another rank may already
     // have stored KV bytes here, so `x = 0` would be wrong.
     std::atomic_ref<unsigned char> byte(*reinterpret_cast<unsigned char*>(range.begin + off));
     byte.fetch_or(0, std::memory_order_relaxed);
+    if (observe.fn != nullptr) observe.fn(observe.ctx, range.begin + off);
   }
 }
 
 PopulateReport populate(const Syscalls& sys, const PopulatePlan& plan, std::size_t page_size,
-                        unsigned threads, const std::string& what, const BackingFile& file) {
+                        unsigned threads, const std::string& what, const BackingFile& file,
+                        TouchObserver observe) {
   if (threads == 0) throw_invalid("populate_threads is 0; it must be at least 1");
   const auto start = std::chrono::steady_clock::now();
   PopulateReport report;
@@ -183,7 +186,7 @@ PopulateReport populate(const Syscalls& sys, const PopulatePlan& plan, std::size
           fallocate_range(sys, file, r, plan.total_bytes() - done.load(std::memory_order_relaxed),
                           what);
         }
-        touch_pages_preserving(r, page_size);
+        touch_pages_preserving(r, page_size, observe);
       }
       done.fetch_add(r.size, std::memory_order_relaxed);
     }

@@ -55,9 +55,17 @@ class PopulatePlan {
   std::uint64_t total_bytes_ = 0;
 };
 
-// Touches every page of `range` with an atomic `|= 0` so no byte changes, even under concurrent
-// writers from other ranks, and the compiler cannot drop the write.
-void touch_pages_preserving(ByteRange range, std::size_t page_size) noexcept;
+// Told of every page the fallback touches (its first byte), after the touch: tests count touches
+// with it (one per page, never more). Empty: nobody is told.
+struct TouchObserver {
+  void (*fn)(void* ctx, std::byte* page) noexcept = nullptr;
+  void* ctx = nullptr;
+};
+
+// Touches every page of `range` once, with an atomic `|= 0` on its first byte so no byte changes,
+// even under concurrent writers from other ranks, and the compiler cannot drop the write.
+void touch_pages_preserving(ByteRange range, std::size_t page_size,
+                            TouchObserver observe = {}) noexcept;
 
 // The file behind a mapping. fd < 0: anonymous memory (nothing to allocate; the tests' case).
 struct BackingFile {
@@ -72,7 +80,8 @@ struct BackingFile {
 // Error(kCapacity) naming the shortfall when a file-backed range cannot be allocated
 // (Note [Allocation by populate]).
 PopulateReport populate(const Syscalls& sys, const PopulatePlan& plan, std::size_t page_size,
-                        unsigned threads, const std::string& what, const BackingFile& file = {});
+                        unsigned threads, const std::string& what, const BackingFile& file = {},
+                        TouchObserver observe = {});
 
 // Allocates (fallocate, no pre-fault) every range of `plan` in `file`: for mappers that do not
 // populate, so that their later first touch cannot fault on a full tmpfs.
