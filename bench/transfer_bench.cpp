@@ -69,6 +69,7 @@ struct Setup {
   kvoffload::Stream stream;
   kvoffload::Event start;
   kvoffload::Event done;
+  kvoffload::HostFlag gate;  // the runtime's own flag memory (HIP waits on signal memory only)
   double last_stream_seconds =
       0;  // start -> done on the stream: the copy without submission latency
 
@@ -76,16 +77,17 @@ struct Setup {
       : rt(kvoffload::make_runtime(backend, options_from_env())) {
     device = rt->allocate_device(2 * kMaxTotal);
     rt->memset_sync(device.data(), 1, device.bytes());
-    // Two fragments' worth for the cases, then one page for the gate's flag word.
+    // Two fragments' worth for the cases (and a page to spare).
     host = static_cast<std::byte*>(std::aligned_alloc(4096, 2 * kMaxTotal + 4096));
     std::memset(host, 2, 2 * kMaxTotal + 4096);  // resident before measuring
-    *gate_flag() = 0;
     reg = rt->register_host(host, 2 * kMaxTotal + 4096);
+    gate = rt->create_host_flag();
     stream = rt->create_stream();
     start = rt->create_event(true);
     done = rt->create_event(true);
   }
   ~Setup() {
+    gate.reset();
     reg.reset();
     std::free(host);
   }
@@ -94,14 +96,11 @@ struct Setup {
 
   // Holds the stream while start event, work and done event are enqueued, so that stream time
   // (start -> done) covers the work only, not a worker that went to sleep between two enqueues.
-  // The stream waits for a flag word in registered memory (wait_host_flag, cuStreamWaitValue32):
-  // no host function that blocks.
+  // The stream waits for a flag word of the runtime's (wait_host_flag on a HostFlag,
+  // cuStreamWaitValue32 / hipStreamWaitValue32): no host function that blocks.
   std::uint32_t gate_generation = 0;
-  std::uint32_t* gate_flag() { return reinterpret_cast<std::uint32_t*>(host + 2 * kMaxTotal); }
-  void close_gate() { rt->wait_host_flag(stream.view(), gate_flag(), ++gate_generation); }
-  void open_gate() {
-    std::atomic_ref<std::uint32_t>(*gate_flag()).store(gate_generation, std::memory_order_release);
-  }
+  void close_gate() { rt->wait_host_flag(stream.view(), gate.data(), ++gate_generation); }
+  void open_gate() { gate.set(gate_generation); }
 
   double run_batch(std::span<const CopyDescriptor> batch, CopyKind kind, CopyPath path) {
     const auto t0 = Clock::now();

@@ -180,6 +180,18 @@ function(kvoffload_find_hip)
       return()
     endif()
     set(mode hipcc)
+    # hip-config links hip::host with compiler-rt's builtins, taking the first clang it globs
+    # under /usr/lib/clang (any clang the machine has, e.g. an unrelated clang-14). Take those of
+    # the clang hipcc itself runs, so what is linked is what install-deps installed with hipcc.
+    if(NOT DEFINED CLANGRT_BUILTINS)
+      execute_process(COMMAND ${KVOFFLOAD_HIPCC} --rtlib=compiler-rt -print-libgcc-file-name
+                      OUTPUT_VARIABLE rt ERROR_QUIET RESULT_VARIABLE rc)
+      string(STRIP "${rt}" rt)
+      string(REGEX REPLACE ".*\n" "" rt "${rt}")
+      if(rc EQUAL 0 AND EXISTS "${rt}")
+        set(CLANGRT_BUILTINS ${rt} CACHE FILEPATH "compiler-rt builtins of hipcc's clang")
+      endif()
+    endif()
   endif()
   find_package(hip CONFIG QUIET)
   if(NOT hip_FOUND OR NOT TARGET hip::host)

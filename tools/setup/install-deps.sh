@@ -20,7 +20,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  pybind11-dev python3-dev python3-pytest python3-numpy
+  pybind11-dev python3-pybind11 python3-dev python3-pytest python3-numpy
   clang-tidy clang-format
   hipcc libamdhip64-dev librocprim-dev
   libhiredis-dev libmemcached-dev libxxhash-dev redis-server redis-tools memcached
