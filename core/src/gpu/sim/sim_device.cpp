@@ -442,7 +442,13 @@ void SimStream::execute(Op& op) {
       if (!poisoned) run_body(op);
       break;
     case Op::Kind::kRecord:
-      op.marker->complete();
+      // After a fault the device completes nothing: the event never becomes complete (its
+      // waiters are released; they see the sticky error).
+      if (poisoned) {
+        op.marker->abandon();
+      } else {
+        op.marker->complete();
+      }
       break;
     case Op::Kind::kWaitEvent:
       op.marker->wait();
