@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 namespace kvoffload::detail {
 
@@ -142,17 +143,20 @@ std::string driver_floor_problem(const gpu::VendorApi& api) {
   if (api.driver_version(api.ctx, &driver) != 0) (void)api.get_last_error(api.ctx);
   if (api.runtime_version(api.ctx, &runtime) != 0) (void)api.get_last_error(api.ctx);
   if (driver >= api.min_driver_version) return {};
-  const std::string found = driver == 0 ? std::string("no driver is installed")
-                                        : "the installed driver supports " + std::string(api.name) +
-                                              " " + version_string(api, driver) + " at most";
+  const std::string vendor = std::string_view(api.name) == "cuda" ? "CUDA" : api.name;
+  const std::string needs = fmt::format(
+      "this {} module was built with {} {} and needs a driver for {} {} or newer ({})", api.name,
+      vendor, version_string(api, runtime), vendor, version_string(api, api.min_driver_version),
+      api.min_driver_text != nullptr ? api.min_driver_text : "");
+  if (driver == 0) {
+    return "no driver is installed (the driver reports version 0); " + needs + ": install one";
+  }
+  const std::string have = version_string(api, driver);
   return fmt::format(
-      "{}; this {} module was built with {} {} and needs a driver for {} {} or newer ({}). Update "
-      "the driver, or rebuild kvoffload against a toolkit the driver supports ({} {} or older: "
-      "cmake -DCMAKE_CUDA_COMPILER=/usr/local/cuda-<version>/bin/nvcc)",
-      found, api.name, api.name, version_string(api, runtime), api.name,
-      version_string(api, api.min_driver_version),
-      api.min_driver_text != nullptr ? api.min_driver_text : "", api.name,
-      driver == 0 ? std::string("-") : version_string(api, driver));
+      "the installed driver supports {} {} at most; {}. Update the driver, or rebuild kvoffload "
+      "against a toolkit the driver supports ({} {} or older, e.g. cmake "
+      "-DCMAKE_CUDA_COMPILER=/usr/local/cuda-{}/bin/nvcc)",
+      vendor, have, needs, vendor, have, have);
 }
 
 BackendInfo probe_api(const gpu::VendorApi& api) {

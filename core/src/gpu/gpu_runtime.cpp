@@ -272,7 +272,7 @@ GpuRuntime::GpuRuntime(const VendorApi& api, const RuntimeOptions& options,
         "{} (KVOFFLOAD_{}_ARCHITECTURES, with a toolkit that knows it), or allow DMA only with "
         "RuntimeOptions::allow_missing_kernel or KVOFFLOAD_ALLOW_MISSING_KERNEL=1",
         api_.name, device_, device_name_, arch_, why, arch_,
-        std::string_view(api_.name) == "hip" ? "HIP" : "CUDA");
+        api_.kernel_archs_exact != 0 ? "HIP" : "CUDA");  // exact: code objects per arch (HIP)
     if (!allowed) throw Error(ErrorCode::kNotAvailable, message, 0, "kernel_check");
     log().warn("{}; running with DMA only, as allowed", message);
     kernel_detail_ = "unavailable: " + why;
