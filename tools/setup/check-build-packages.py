@@ -2,7 +2,10 @@
 """Fails when a build used a file from a Debian package that tools/setup/install-deps.sh does not
 install, so a package installed by hand can never again make CI green where a fresh machine fails.
 
-    tools/setup/check-build-packages.py BUILD_DIR [BUILD_DIR...]
+    tools/setup/check-build-packages.py [--without PKG]... BUILD_DIR [BUILD_DIR...]
+
+--without PKG checks as if install-deps did not list PKG: how its own test
+(check_build_packages_fails_without_spdlog) shows that it fails when a package is missing.
 
 What a build used comes from the build's own dependency records: every header of every object
 (`ninja -t deps`, and the depfiles a Makefile build or a custom command such as hipcc leaves),
@@ -179,12 +182,17 @@ def candidates(path):
 
 
 def main():
-    builds = [b for b in sys.argv[1:] if os.path.isdir(b)]
+    args = sys.argv[1:]
+    without = set()
+    while len(args) >= 2 and args[0] == "--without":
+        without.add(args[1])
+        args = args[2:]
+    builds = [b for b in args if os.path.isdir(b)]
     if not builds:
         print("check-build-packages: no build directory given (or none exists)", file=sys.stderr)
         return 2
     start = time.time()
-    wanted = install_deps_list()
+    wanted = [p for p in install_deps_list() if p not in without]
     pkgs = installed_packages()
     allowed, _ = allowed_packages(wanted, pkgs)
     missing_listed = [p for p in wanted if p not in pkgs]
