@@ -8,6 +8,9 @@ set_property(CACHE KVOFFLOAD_HIP PROPERTY STRINGS AUTO ON OFF)
 option(KVOFFLOAD_BUILD_TESTS "Build the GoogleTest suites" ON)
 option(KVOFFLOAD_BUILD_BENCH "Build the Google Benchmark binaries" ON)
 option(KVOFFLOAD_BUILD_PYTHON "Build the pybind11 module" ON)
+# OFF: the interpreter the module is built for need not have numpy (`pip install .` sets it; the
+# module does not need numpy, the tests do). See cmake/KvoffloadPython.cmake.
+option(KVOFFLOAD_PYTHON_NEEDS_NUMPY "Require numpy in the Python the module is built for" ON)
 option(KVOFFLOAD_WERROR "Treat warnings as errors" OFF)
 set(KVOFFLOAD_SANITIZE "" CACHE STRING "Sanitizers: empty, 'address;undefined' or 'thread'")
 

@@ -1,17 +1,15 @@
 #!/usr/bin/env python3
-"""Speed of kvoffload.vllm.KvoffloadManager against CPUOffloadingManager's behaviour, through the
-same Python interface, on a vLLM-style request stream (issue 12):
+"""Speed of kvoffload.vllm.KvoffloadManager against vLLM's own CPUOffloadingManager, both imported
+from the same vLLM source tree (KVOFFLOAD_VLLM_SRC, with torch stubbed as in the tests:
+python/tests/vllm_real), side by side in one run, through vLLM's Python interface, on the same
+vLLM-style request stream:
 
-  20k requests x 8 keys drawn from 200k, 50k blocks, ARC. Per request: look up until the first
-  non-hit, touch the request's keys, prepare and complete the load of the hits, prepare and
-  complete the store of the rest.
+  20k requests x 8 keys drawn from 200k, 50k blocks, ARC or LRU. Per request: look up until the
+  first non-hit, touch the request's keys, prepare and complete the load of the hits, prepare and
+  complete the store of the rest (what vLLM's scheduler calls per request).
 
 Keys (36-byte vLLM OffloadKeys, distinct within a request) are built beforehand; each manager replays the same stream from
-a fresh state; the best of --repeat runs is reported. Managers compared:
-  kvoffload   kvoffload.vllm.KvoffloadManager
-  reference   python/tests/vllm_reference.py, CPUOffloadingManager's algorithm on its data
-              structures (OrderedDicts), used where vLLM is not installed
-  vllm        vllm.v1.kv_offload.cpu.manager.CPUOffloadingManager itself (--vllm, needs vLLM)
+a fresh state; the best of --repeat runs is reported, and the two must agree on every hit count.
 
 --trace FILE replays a `kvoffload simulate` trace instead (hex keys turned into bytes beforehand),
 the same per-request calls, to compare with `kvoffload simulate` on the same file.
@@ -19,16 +17,18 @@ the same per-request calls, to compare with `kvoffload simulate` on the same fil
 Times are CPU seconds of this process (time.process_time), so a busy machine does not inflate
 them; wall seconds are printed too.
 
-Run (build first; the stand-in supplies vLLM's types when vLLM is absent):
-  PYTHONPATH=build/cpu/python:python/tests/vllm_standin:python/tests \
-    /usr/bin/python3 python/bench/vllm_manager_bench.py
+Run (build first):
+  KVOFFLOAD_VLLM_SRC=../shared/vllm-017e9f4448 PYTHONPATH=build/cpu/python \
+    /usr/bin/python3 python/bench/vllm_manager_bench.py [--policy lru]
 """
 
 import argparse
 import gc
 import json
 import random
+import sys
 import time
+from pathlib import Path
 
 
 def make_stream(requests, keys_per_request, universe, seed):
@@ -79,28 +79,24 @@ def main():
     ap.add_argument("--policy", default="arc", choices=["lru", "arc"])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=12)
-    ap.add_argument("--vllm", action="store_true", help="also time vLLM's own CPUOffloadingManager")
     ap.add_argument("--trace", help="replay this `kvoffload simulate` trace instead")
     ap.add_argument("--only", help="comma-separated managers to time (default: all available)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import vllm_real
+
+    tree = vllm_real.require()  # raises, naming KVOFFLOAD_VLLM_SRC, when it is not set
     from vllm.v1.kv_offload.base import LookupResult, ReqContext
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
     from kvoffload.vllm import KvoffloadManager
 
-    makers = {"kvoffload": lambda: KvoffloadManager(args.blocks, cache_policy=args.policy)}
-    try:
-        from vllm_reference import ReferenceManager
-
-        makers["reference"] = lambda: ReferenceManager(args.blocks, args.policy)
-    except ImportError:
-        pass
-    if args.vllm:
-        from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
-
-        makers["vllm"] = lambda: CPUOffloadingManager(args.blocks, cache_policy=args.policy)
-
+    makers = {
+        "kvoffload": lambda: KvoffloadManager(args.blocks, cache_policy=args.policy),
+        "vllm": lambda: CPUOffloadingManager(args.blocks, cache_policy=args.policy),
+    }
     if args.only:
         makers = {k: v for k, v in makers.items() if k in args.only.split(",")}
     if args.trace:
@@ -132,14 +128,17 @@ def main():
     if len({r["hits"] for r in results.values()}) != 1:
         raise SystemExit(f"managers disagree on hits: {results}")
     if args.json:
-        print(json.dumps({"config": vars(args), "results": results}, indent=1))
+        print(json.dumps({"config": vars(args), "vllm_tree": str(tree), "results": results}, indent=1))
         return
     what = args.trace or (f"{args.requests} requests x {args.keys_per_request} keys from {args.universe}")
-    print(f"{what}, {args.blocks} blocks, {args.policy}; best of {args.repeat} (CPU seconds)")
+    print(f"{what}, {args.blocks} blocks, {args.policy}; best of {args.repeat} (CPU seconds); "
+          f"vLLM from {tree}")
     for name, r in results.items():
         print(f"  {name:10s} {r['seconds']:.3f} s CPU ({r['wall_seconds']:.3f} s wall)  "
               f"{r['us_per_request']:.2f} us/request  hits {r['hits']}  "
               f"({r['ratio_to_first']:.2f}x the first's time)")
+    if {"kvoffload", "vllm"} <= results.keys():
+        print(f"  speed-up: {results['vllm']['seconds'] / results['kvoffload']['seconds']:.1f}x")
 
 
 if __name__ == "__main__":

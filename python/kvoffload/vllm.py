@@ -10,7 +10,7 @@ connector's ``kv_connector_extra_config`` (the README's "vLLM integration" secti
   (``ManagerSemantics::kVllm``). Keys cross the binding a call at a time, hashed to 128 bits in C++.
 - :class:`KvoffloadSpec` is an ``OffloadingSpec``: the scheduler side gets a KvoffloadManager, the
   worker side a :class:`KvoffloadWorker` that moves blocks between the KV-cache tensors and
-  kvoffload's shared host Region with a TransferEngine (host, CUDA or HIP backend).
+  kvoffload's shared host Region with a TransferEngine (CUDA, HIP, or for tests host and sim).
 
 Importing this module needs vLLM; without it the import fails with an ImportError that says so.
 """
@@ -18,8 +18,9 @@ Importing this module needs vLLM; without it the import fails with an ImportErro
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Collection, Iterable
+import re
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import Any
 
 try:
     import vllm  # noqa: F401
@@ -33,8 +34,12 @@ try:
     from vllm.v1.kv_offload.base import (
         LookupResult,
         Medium,
+        OffloadingCounterMetadata,
         OffloadingEvent,
+        OffloadingGaugeMetadata,
+        OffloadingHistogramMetadata,
         OffloadingManager,
+        OffloadingMetricMetadata,
         OffloadingSpec,
         OffloadingWorker,
         PrepareStoreOutput,
@@ -46,7 +51,7 @@ except ImportError as _err:  # pragma: no cover - depends on the installed vLLM
     raise ImportError(
         "kvoffload.vllm supports vLLM's offloading API in vllm/v1/kv_offload/base.py and "
         "vllm/v1/kv_offload/cpu/common.py (OffloadingManager, OffloadingSpec, OffloadingWorker, "
-        f"CPULoadStoreSpec); the installed vLLM lacks part of it: {_err}"
+        f"CPULoadStoreSpec, the offloading metric metadata); the installed vLLM lacks part of it: {_err}"
     ) from _err
 
 from . import _kvoffload as _ext
@@ -55,9 +60,89 @@ __all__ = ["KvoffloadManager", "KvoffloadSpec", "KvoffloadWorker"]
 
 logger = logging.getLogger(__name__)
 
+# The vLLM commit whose offloading interface this module is tested against (README: vLLM).
+VLLM_COMMIT = "017e9f4448b700e85ee16023287b025693c72b9e"
+
 # VllmManagerCore.lookup's codes, in order.
 _LOOKUP_RESULTS = (LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING)
 _POLICIES = ("lru", "arc")
+
+
+_PLAIN_RESULTS = None
+
+
+def _plain_results():
+    """(new_array, plain_output) for VllmManagerCore.fast_methods: build CPULoadStoreSpec and
+    PrepareStoreOutput without their constructors (Note [Plain result objects] in
+    python/src/vllm_manager.cpp) when, and only when, that gives what vLLM's constructors give.
+    Checked once per process against objects built by vLLM's own classes."""
+    global _PLAIN_RESULTS
+    if _PLAIN_RESULTS is None:
+        _PLAIN_RESULTS = (_check_plain_spec(), _check_plain_output())
+    return _PLAIN_RESULTS
+
+
+def _check_plain_spec():
+    import numpy as np
+
+    new_array = (np.empty, np.dtype(np.int64))
+    try:
+        ref = CPULoadStoreSpec([5, 3])
+        plain = _ext.VllmManagerCore.plain_spec(CPULoadStoreSpec, new_array, [5, 3])
+        a, b = ref.block_ids, plain.block_ids
+        same = (type(plain) is type(ref) and vars(plain).keys() == vars(ref).keys() == {"block_ids"}
+                and type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
+                and a.flags.c_contiguous == b.flags.c_contiguous and a.flags.writeable == b.flags.writeable
+                and a.flags.owndata == b.flags.owndata and a.tolist() == b.tolist())
+    except Exception:  # noqa: BLE001 - any difference means: use the constructor
+        same = False
+    if not same:
+        logger.info("kvoffload: CPULoadStoreSpec is built through its constructor")
+    return new_array if same else None
+
+
+def _check_plain_output():
+    if hasattr(PrepareStoreOutput, "__post_init__") or hasattr(PrepareStoreOutput, "__slots__"):
+        return False
+    try:
+        spec = CPULoadStoreSpec([])
+        ref = PrepareStoreOutput(keys_to_store=[b"k"], store_spec=spec, evicted_keys=[])
+        plain = _ext.VllmManagerCore.plain_output(PrepareStoreOutput, [b"k"], spec, [])
+        return type(plain) is type(ref) and vars(plain) == vars(ref) and plain == ref
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class _ThresholdCounts:
+    """CPUOffloadingManager.counts, read-only: how often lookup() has seen each tracked key.
+
+    The tracker lives in C++ and keeps 128-bit hashes of the keys, not the keys themselves, so
+    membership and counts can be asked (``key in counts``, ``counts[key]``, ``counts.get(key)``)
+    but the keys cannot be listed or counted.
+    """
+
+    def __init__(self, core):
+        self._core = core
+
+    def __getitem__(self, key) -> int:
+        n = self._core.threshold_count(key)
+        if n == 0:
+            raise KeyError(key)
+        return n
+
+    def get(self, key, default=None):
+        n = self._core.threshold_count(key)
+        return default if n == 0 else n
+
+    def __contains__(self, key) -> bool:
+        return self._core.threshold_count(key) > 0
+
+    def __len__(self) -> int:
+        raise TypeError("KvoffloadManager.counts cannot count its keys (the tracker is C++)")
+
+    def __iter__(self) -> Iterator:
+        raise TypeError("KvoffloadManager.counts cannot list its keys: the C++ tracker keeps "
+                        "128-bit hashes")
 
 
 class KvoffloadManager(OffloadingManager):
@@ -86,8 +171,8 @@ class KvoffloadManager(OffloadingManager):
             raise ValueError(
                 f"KvoffloadManager: cache_policy={cache_policy!r} is not one of {list(_POLICIES)}"
             )
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ValueError(f"KvoffloadManager: num_blocks={num_blocks!r} must be an int >= 1")
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
+            raise ValueError(f"KvoffloadManager: num_blocks={num_blocks!r} must be an int >= 0")
         # vLLM counts lookups only for a threshold of 2 or more (1 stores everything).
         threshold = int(store_threshold) if int(store_threshold) >= 2 else 0
         if threshold and int(max_tracker_size) < 1:
@@ -105,16 +190,19 @@ class KvoffloadManager(OffloadingManager):
         self._core = _ext.VllmManagerCore(
             num_blocks, self._policy_name, threshold, int(max_tracker_size) if threshold else 0
         )
+        self.counts: _ThresholdCounts | None = _ThresholdCounts(self._core) if threshold else None
         # The hot methods are C functions building vLLM's result objects; as instance attributes
         # they replace the class's methods below for every call (Note [Fast entry points] in
         # python/src/vllm_manager.cpp): no Python frame between vLLM and the C++ Manager.
+        new_array, plain_output = _plain_results()
         fast = self._core.fast_methods(
             _ext.Error, _LOOKUP_RESULTS, CPULoadStoreSpec, PrepareStoreOutput, OffloadingEvent,
             self.medium, self.events, self.allocation_sizes_in_current_batch,
+            new_array=new_array, plain_output=plain_output,
         )
         self.__dict__.update(fast)
-        # Cumulative (lookups, hits, misses, evictions, stores skipped) at the last get_stats.
-        self._reported = (0, 0, 0, 0, 0)
+        # Stores skipped by the threshold, cumulative in C++, at the last get_stats.
+        self._skipped_reported = 0
 
     # --- OffloadingManager interface ---
     # lookup, touch, prepare_load, complete_load, prepare_store and complete_store are the C
@@ -154,46 +242,117 @@ class KvoffloadManager(OffloadingManager):
             self.events.clear()
 
     def get_stats(self):
+        """CPUOffloadingManager.get_stats: the same metrics, names and values (vLLM's scheduler
+        calls it every step and OffloadPromMetrics accepts only names the spec defined)."""
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
             OffloadingConnectorStats,
         )
 
         stats = OffloadingConnectorStats()
-        pending, pinned, lookups, hits, misses, evictions, skipped = self._core.counters()
+        pending, pinned, skipped = self._core.counters()
         n = self._num_blocks
-        usage = (pending + pinned) / n
+        usage = (pending + pinned) / n if n > 0 else 0.0
         stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
         for allocation_size in self.allocation_sizes_in_current_batch:
             stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, allocation_size)
         self.allocation_sizes_in_current_batch.clear()
-        write_usage = pending / n
+        write_usage = pending / n if n > 0 else 0.0
         stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write_usage)
         stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, max(usage - write_usage, 0.0))
-        last = self._reported
         if self.store_threshold >= 2:
-            stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, skipped - last[4])
-        label = (self._policy_name,)
-        stats.increase_counter(CPUOffloadingMetrics.CPU_BLOCK_LOOKUP, lookups - last[0], labelvalues=label)
-        stats.increase_counter(CPUOffloadingMetrics.CPU_BLOCK_HIT, hits - last[1], labelvalues=label)
-        stats.increase_counter(CPUOffloadingMetrics.CPU_BLOCK_MISS, misses - last[2], labelvalues=label)
-        stats.increase_counter(CPUOffloadingMetrics.BLOCK_EVICTION, evictions - last[3], labelvalues=label)
-        self._reported = (lookups, hits, misses, evictions, skipped)
+            stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED,
+                                   skipped - self._skipped_reported)
+            self._skipped_reported = skipped
         return stats
 
     def shutdown(self) -> None:
         return None
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return (value + multiple - 1) // multiple * multiple
+def metric_definitions(extra_config: Mapping[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+    """The Prometheus metrics KvoffloadManager.get_stats reports: CPUOffloadingManager's, defined
+    as CPUOffloadingSpec.build_metric_definitions defines them."""
+    definitions: dict[str, OffloadingMetricMetadata] = {
+        CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC: OffloadingGaugeMetadata(
+            documentation="Fraction of CPU KV-cache space (kvoffload's region) pinned by active "
+            "transfers (0.0 = idle, 1.0 = saturated)."
+        ),
+        CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC: OffloadingGaugeMetadata(
+            documentation="Fraction of CPU KV-cache space pinned by in-flight stores."
+        ),
+        CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC: OffloadingGaugeMetadata(
+            documentation="Fraction of CPU KV-cache space pinned by in-flight loads."
+        ),
+        CPUOffloadingMetrics.CPU_ALLOCATION_SIZE: OffloadingHistogramMetadata(
+            documentation="Number of CPU blocks requested by each KV offload prepare_store call.",
+            buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144),
+        ),
+    }
+    if int(extra_config.get("store_threshold", 0)) >= 2:
+        definitions[CPUOffloadingMetrics.STORES_SKIPPED] = OffloadingCounterMetadata(
+            documentation="Number of KV offload stores skipped because the reuse threshold was "
+            "not reached."
+        )
+    return definitions
+
+
+# Region names: kvoffload's engine-id alphabet (DESIGN.md section 2).
+_ENGINE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def _device_of(kv_caches) -> tuple[str, int | None]:
+    """(type, index) of the KV-cache tensors' device; they must all be on one device."""
+    devices = {(t.tensor.device.type, t.tensor.device.index) for t in kv_caches.tensors}
+    if len(devices) != 1:
+        names = sorted(f"{t}" + ("" if i is None else f":{i}") for t, i in devices)
+        raise ValueError(f"KvoffloadWorker: the KV-cache tensors are on several devices {names}; "
+                         "one worker serves one device")
+    return devices.pop()
+
+
+def _select_backend(requested: str, device_type: str, device_name: str) -> str:
+    """The backend to run, refusing any that cannot address the tensors' memory."""
+    built = {b.name: b for b in _ext.list_backends()}
+    gpu_backends = ("cuda", "hip")
+    if requested == "auto":
+        if device_type == "cpu":
+            return "host"
+        usable = [n for n in gpu_backends if built[n].built and built[n].device_count > 0]
+        if not usable:
+            why = "; ".join(f"{n}: {built[n].detail or 'not built'}" for n in gpu_backends)
+            raise ValueError(
+                f"KvoffloadWorker: the KV-cache tensors are on {device_name}, but this kvoffload "
+                f"has no usable GPU backend ({why}), and the host backend would memcpy from "
+                "device pointers. Install a kvoffload built with CUDA (or HIP) for this machine "
+                "(README: 'Building for a vLLM environment': pip install . with nvcc on PATH), "
+                "or set KVOFFLOAD_BACKEND_DIR to the directory holding libkvoffload_cuda.so"
+            )
+        return usable[0]
+    if requested not in built:
+        raise ValueError(f"KvoffloadSpec: kvoffload_backend={requested!r} is not one of "
+                         f"{['auto', *sorted(built)]}")
+    if requested == "host" and device_type != "cpu":
+        raise ValueError(
+            f"KvoffloadWorker: kvoffload_backend='host' copies with memcpy, but the KV-cache "
+            f"tensors are on {device_name}; use 'auto' (or 'cuda' / 'hip')"
+        )
+    if requested != "host" and device_type == "cpu":
+        raise ValueError(
+            f"KvoffloadWorker: kvoffload_backend={requested!r} needs KV-cache tensors on a GPU; "
+            "they are on the CPU (use 'host' for host tensors)"
+        )
+    return requested
 
 
 class KvoffloadWorker(OffloadingWorker):
     """Moves KV blocks between the engine's KV-cache tensors and kvoffload's shared Region.
 
-    Tensors are anything with ``data_ptr()``, ``shape``, ``stride()`` and ``element_size()``
-    (torch tensors; the tests use numpy-backed stand-ins); their addresses go straight to the
-    TransferEngine. A store or load is one asynchronous engine job, polled by get_finished().
+    The slot of each chunk is laid out as vLLM's CPU worker lays out its rows: one section per
+    unique KV tensor (kv_caches.tensors), in order, each blocks_per_chunk padded pages long
+    (CanonicalKVCacheTensor.page_size_bytes); a KV-cache group copies, for each of its layer
+    references, the reference's unpadded page into the section of the tensor it points at. A
+    chunk holds one group's blocks (vLLM's keys carry the group index), so groups that share
+    tensors share sections. A store or load is one asynchronous TransferEngine job.
     """
 
     def __init__(
@@ -203,79 +362,138 @@ class KvoffloadWorker(OffloadingWorker):
         engine_id: str,
         num_blocks: int,
         blocks_per_chunk: int,
+        slot_bytes: int,
         rank: int,
         world_size: int,
         replicated: bool = False,
         backend: str = "auto",
-        device: int = 0,
+        device: int | None = None,
         shm_dir: str | None = None,
         join_timeout: float = 30.0,
         register_host: bool = True,
     ):
-        if len(kv_caches.group_data_refs) != 1:
-            raise ValueError(
-                f"KvoffloadWorker: the model has {len(kv_caches.group_data_refs)} KV-cache groups; "
-                "kvoffload's vLLM worker supports one (a hybrid model needs CPUOffloadingSpec)"
-            )
         self._bpc = int(blocks_per_chunk)
-        tensors = []
-        seen = set()
-        for ref in kv_caches.group_data_refs[0]:
-            if ref.tensor_idx in seen:
-                continue
-            seen.add(ref.tensor_idx)
-            t = kv_caches.tensors[ref.tensor_idx]
-            tensor = t.tensor
-            stride = int(tensor.stride()[0]) * int(tensor.element_size())
-            tensors.append(
-                _ext.DeviceTensor(int(tensor.data_ptr()), int(tensor.shape[0]), int(t.page_size_bytes), stride)
-            )
-        if not tensors:
-            raise ValueError("KvoffloadWorker: the KV-cache group references no tensor")
-        slot_bytes = self._bpc * sum(t.page_bytes for t in tensors)
-        self._runtime = _ext.make_runtime(backend, device=device)
-        self._region = _ext.Region.create_or_join(
-            engine_id=engine_id,
-            num_chunks=num_blocks,
-            slot_bytes=slot_bytes,
-            world_size=world_size,
-            rank=0 if replicated else rank,
-            replicated=replicated,
-            shm_dir=shm_dir,
-            join_timeout=join_timeout,
-        )
-        try:
-            self._engine = _ext.TransferEngine(
-                self._runtime, self._region, 0 if replicated else rank, [tensors], self._bpc,
-                register_host=register_host,
-            )
-        except BaseException:
-            self._region.close()
-            raise
+        self._engine = None
+        self._region = None
+        self._pending: set[int] = set()  # submitted, result not yet handed to vLLM
         self._finished: list[TransferResult] = []
-        self._stream_of = self._compute_stream_getter(self._runtime.name)
+        device_type, device_index = _device_of(kv_caches)
+        device_name = device_type if device_index is None else f"{device_type}:{device_index}"
+        self._groups, needed = self._layout(kv_caches)
+        if needed > slot_bytes:
+            raise ValueError(
+                f"KvoffloadWorker: the KV-cache tensors need {needed} bytes per chunk "
+                f"({self._bpc} blocks of {needed // self._bpc} bytes), but the region's slot, "
+                f"from vLLM's worker_kv_bytes_per_block, is {slot_bytes} bytes"
+            )
+        self._backend = _select_backend(backend, device_type, device_name)
+        if device is None:
+            device = device_index or 0
+        self._runtime = _ext.make_runtime(self._backend, device=int(device))
+        self._num_blocks = int(num_blocks)
+        if self._num_blocks == 0:
+            # vLLM's spec sized the cache to 0 blocks; its manager never stores, so no job comes.
+            logger.warning("kvoffload: cpu_bytes_to_use holds no chunk; offloading is off")
+        else:
+            self._region = _ext.Region.create_or_join(
+                engine_id=engine_id,
+                num_chunks=self._num_blocks,
+                slot_bytes=int(slot_bytes),
+                world_size=world_size,
+                rank=rank,
+                replicated=replicated,
+                shm_dir=shm_dir,
+                join_timeout=join_timeout,
+            )
+            try:
+                self._engine = _ext.TransferEngine(
+                    self._runtime, self._region, rank, self._groups, self._bpc,
+                    register_host=register_host,
+                )
+            except BaseException:
+                self._region.close()
+                raise
+        self._stream_of = self._compute_stream_getter(self._backend, device_index)
+
+    def _layout(self, kv_caches) -> tuple[list, int]:
+        """The engine's KV groups (explicit slot sections) and the slot bytes they reach."""
+        bpc = self._bpc
+        sections = []
+        offset = 0
+        for t in kv_caches.tensors:
+            sections.append(offset)
+            offset += int(t.page_size_bytes) * bpc
+        if not kv_caches.group_data_refs:
+            raise ValueError("KvoffloadWorker: the KV caches have no KV-cache group")
+        groups = []
+        for g, refs in enumerate(kv_caches.group_data_refs):
+            pages: dict[int, int] = {}
+            for ref in refs:
+                # Two layers of one group on one tensor copy the same bytes: once, the longer page.
+                pages[ref.tensor_idx] = max(pages.get(ref.tensor_idx, 0), int(ref.page_size_bytes))
+            if not pages:
+                raise ValueError(f"KvoffloadWorker: KV-cache group {g} references no tensor")
+            group = []
+            for idx, page in pages.items():
+                canonical = kv_caches.tensors[idx]
+                tensor = canonical.tensor
+                padded = int(canonical.page_size_bytes)
+                if page > padded:
+                    raise ValueError(
+                        f"KvoffloadWorker: group {g} copies {page} bytes per block of tensor "
+                        f"{idx}, whose page is {padded} bytes")
+                stride = int(tensor.stride()[0]) * int(tensor.element_size())
+                group.append(_ext.DeviceTensor(
+                    int(tensor.data_ptr()), int(tensor.shape[0]), page, stride,
+                    host_offset=sections[idx], host_page_stride=padded))
+            groups.append(group)
+        return groups, offset
 
     @staticmethod
-    def _compute_stream_getter(backend_name: str):
-        # Transfers wait for the engine's compute stream (the KV the store reads is written there).
-        if backend_name in ("cuda", "hip"):
+    def _compute_stream_getter(backend: str, device_index: int | None):
+        # Transfers wait for the engine's compute stream (the KV a store reads is written there,
+        # and a load must not overtake work queued on the blocks it overwrites).
+        if backend in ("cuda", "hip"):
             import torch
 
-            return lambda: torch.cuda.current_stream().cuda_stream
+            return lambda: torch.cuda.current_stream(device_index).cuda_stream
         return lambda: None
 
     def _submit(self, job_id: int, direction: str, cpu_spec, gpu_spec) -> bool:
-        gpu_ids = [int(b) for b in gpu_spec.block_ids]
-        chunks = [int(b) for b in cpu_spec.block_ids]
-        indices = getattr(gpu_spec, "block_indices", None)
-        skip = int(indices[0]) % self._bpc if indices else 0
+        if self._engine is None:
+            logger.error("kvoffload: %s job %d refused: the region has no chunk (cpu_bytes_to_use "
+                         "is smaller than one chunk)", direction, job_id)
+            return False
+        gpu_ids = gpu_spec.block_ids.tolist()
+        chunks = cpu_spec.block_ids.tolist()
+        sizes = list(gpu_spec.group_sizes)
+        indices = list(gpu_spec.block_indices)
+        bpc = self._bpc
+        group_blocks = []
+        group_chunks = []
+        b = c = 0
+        for size, first in zip(sizes, indices):
+            size = int(size)
+            skip = int(first) % bpc if size else 0
+            n = -(-(skip + size) // bpc) if size else 0
+            group_blocks.append(gpu_ids[b:b + size])
+            group_chunks.append((chunks[c:c + n], skip))
+            b += size
+            c += n
         try:
-            self._engine.submit(job_id, direction, chunks, [gpu_ids], skip=skip,
+            if len(sizes) != len(self._groups) or b != len(gpu_ids) or c != len(chunks):
+                raise _ext.Error(
+                    f"the job maps {len(gpu_ids)} GPU blocks in {len(sizes)} groups onto "
+                    f"{len(chunks)} chunks; the groups' sizes {sizes} and block indices "
+                    f"{indices} need {c} chunks (blocks_per_chunk {bpc}), and the model has "
+                    f"{len(self._groups)} KV-cache groups")
+            self._engine.submit(job_id, direction, [], group_blocks, group_chunks=group_chunks,
                                 wait_stream=self._stream_of())
         except _ext.Error as err:
-            # The job never started: vLLM gets False and a result that says it failed.
+            # The job never started: vLLM gets False.
             logger.error("kvoffload: %s job %d was refused: %s", direction, job_id, err)
             return False
+        self._pending.add(job_id)
         return True
 
     def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
@@ -284,8 +502,8 @@ class KvoffloadWorker(OffloadingWorker):
     def submit_load(self, job_id: int, src_spec, dst_spec) -> bool:
         return self._submit(job_id, "load", src_spec, dst_spec)
 
-    @staticmethod
-    def _result(r) -> TransferResult:
+    def _result(self, r) -> TransferResult:
+        self._pending.discard(r.job_id)
         if not r.success:
             logger.error("kvoffload: %s job %d failed: %s", r.direction, r.job_id, r.error)
         return TransferResult(job_id=r.job_id, success=r.success, transfer_size=r.bytes,
@@ -294,33 +512,44 @@ class KvoffloadWorker(OffloadingWorker):
     def get_finished(self) -> list[TransferResult]:
         out = self._finished
         self._finished = []
-        out.extend(self._result(r) for r in self._engine.poll())
+        if self._engine is not None:
+            out.extend(self._result(r) for r in self._engine.poll())
         return out
 
     def wait(self, job_ids: set[int]) -> None:
-        # Results of waited jobs still come out of the next get_finished().
-        self._finished.extend(self._result(r) for r in self._engine.wait(sorted(job_ids)))
+        # As vLLM's CPU worker: ids this worker never submitted, or whose results it has handed
+        # out already, are ignored (the scheduler sends them on preemption, reset_cache, and
+        # when ranks finish at different times). Results of waited jobs still come out of the
+        # next get_finished().
+        ids = sorted(i for i in job_ids if i in self._pending)
+        if ids and self._engine is not None:
+            self._finished.extend(self._result(r) for r in self._engine.wait(ids))
 
     def shutdown(self) -> None:
-        engine = getattr(self, "_engine", None)
+        engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
-            self._engine = None
-        region = getattr(self, "_region", None)
+        region, self._region = self._region, None
         if region is not None:
             region.close()
-            self._region = None
 
 
 class KvoffloadSpec(OffloadingSpec):
     """OffloadingSpec selecting kvoffload: spec_name "KvoffloadSpec", spec_module_path "kvoffload.vllm".
 
     kv_connector_extra_config keys: cpu_bytes_to_use (required), eviction_policy ("lru" | "arc"),
-    store_threshold, max_tracker_size (as CPUOffloadingSpec), and kvoffload's own:
-    kvoffload_engine_id (the region's name; default from the config's engine id),
-    kvoffload_backend ("auto" | "cuda" | "hip" | "host"), kvoffload_device, kvoffload_rank,
-    kvoffload_shm_dir, replicated_layout.
+    store_threshold, max_tracker_size, block_size / blocks_per_chunk (as CPUOffloadingSpec), and
+    kvoffload's own: kvoffload_backend ("auto" | "cuda" | "hip"; "host" and "sim" for tests),
+    kvoffload_engine_id (the region's name; default: vLLM's engine_id, one per data-parallel
+    replica), kvoffload_device (default: the KV tensors' device), kvoffload_rank (default: the
+    worker's rank), kvoffload_shm_dir (default /dev/shm or KVOFFLOAD_SHM_DIR).
+    The replicated (MLA) layout is vLLM's decision (config.replicated_layout), as for
+    CPUOffloadingSpec.
     """
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        return metric_definitions(extra_config)
 
     def __init__(self, config):
         super().__init__(config)
@@ -328,20 +557,35 @@ class KvoffloadSpec(OffloadingSpec):
         cpu_bytes_to_use = extra.get("cpu_bytes_to_use")
         if not cpu_bytes_to_use:
             raise ValueError("KvoffloadSpec: cpu_bytes_to_use must be specified in kv_connector_extra_config")
-        self.eviction_policy: str = extra.get("eviction_policy", "lru")
-        self.world_size = int(config.parallel.world_size)
-        self.replicated = bool(extra.get("replicated_layout", self.replicated_layout))
-        # One chunk = blocks_per_chunk GPU blocks of every KV tensor of every rank (one copy in
-        # the replicated layout), in a page-aligned row of the region (DESIGN.md §2).
-        self.slot_bytes = int(config.worker_kv_bytes_per_block) * int(self.blocks_per_chunk)
-        copies = 1 if self.replicated else self.world_size
-        row_stride = _round_up(copies * self.slot_bytes, os.sysconf("SC_PAGE_SIZE")) if self.slot_bytes else 0
-        self.num_blocks = int(cpu_bytes_to_use) // row_stride if row_stride else 0
-        if self.num_blocks < 1:
+        if getattr(config, "canonical_layout", False):
             raise ValueError(
-                f"KvoffloadSpec: cpu_bytes_to_use={cpu_bytes_to_use} holds no chunk of {row_stride} bytes "
-                f"({copies} copies of {self.slot_bytes} bytes per chunk); give at least {row_stride}"
+                "KvoffloadSpec: canonical_layout=true is not supported (kvoffload stores each "
+                "rank's pages as the GPU holds them, one slot per rank); remove canonical_layout "
+                "from kv_connector_extra_config, or use CPUOffloadingSpec for the canonical layout"
             )
+        self.eviction_policy: str = extra.get("eviction_policy", "lru")
+        if extra.get("cache_policy_module_path") is not None:
+            raise ValueError(
+                "KvoffloadSpec: cache_policy_module_path is not supported: kvoffload's lru and arc "
+                "policies are C++; remove it, or use CPUOffloadingSpec for a custom policy")
+        if str(self.eviction_policy).lower() not in _POLICIES:
+            raise ValueError(f"KvoffloadSpec: eviction_policy={self.eviction_policy!r} is not one of "
+                             f"{list(_POLICIES)}")
+        self.world_size = int(config.parallel.world_size)
+        # MLA with TP: vLLM's connector decides that every rank holds the same bytes (one copy,
+        # written by rank 0); honour it as CPUOffloadingSpec does on a shared region.
+        self.replicated_layout = bool(config.replicated_layout)
+        # One chunk = blocks_per_chunk GPU blocks of all of a worker's KV tensors (vLLM's
+        # worker_kv_bytes_per_block), one slot per rank (one in the replicated layout), in a
+        # row of the region (DESIGN.md section 2).
+        self.slot_bytes = int(config.worker_kv_bytes_per_block) * int(self.blocks_per_chunk)
+        self.num_blocks = 0
+        if self.slot_bytes > 0 and self.world_size > 0:
+            row = _ext.compute_geometry(
+                num_chunks=1, slot_bytes=self.slot_bytes, world_size=self.world_size,
+                replicated=self.replicated_layout).row_stride
+            # As vLLM: a cache smaller than one chunk has 0 blocks and offloads nothing.
+            self.num_blocks = int(cpu_bytes_to_use) // row
         self._manager: KvoffloadManager | None = None
         self._worker: KvoffloadWorker | None = None
 
@@ -357,45 +601,48 @@ class KvoffloadSpec(OffloadingSpec):
             )
         return self._manager
 
-    def _engine_id(self) -> str:
+    def engine_id(self) -> str:
+        """The region's name: vLLM's engine_id (distinct per data-parallel replica), or
+        kvoffload_engine_id, to which a data-parallel replica appends _dp<index> as vLLM does."""
         extra = self.extra_config
-        engine_id = extra.get("kvoffload_engine_id") or getattr(self.config, "engine_id", None)
-        if not engine_id:
+        given = extra.get("kvoffload_engine_id")
+        if given:
+            engine_id, source = str(given), "kvoffload_engine_id"
+            parallel = self.config.parallel
+            if int(parallel.data_parallel_size) > 1:
+                engine_id += f"_dp{int(parallel.data_parallel_index)}"
+        else:
+            engine_id, source = str(self.config.engine_id or ""), "vLLM's engine_id"
+        if not _ENGINE_ID.fullmatch(engine_id) or engine_id in (".", ".."):
             raise ValueError(
-                "KvoffloadSpec: name the shared region with kvoffload_engine_id in "
-                "kv_connector_extra_config (letters, digits, '.', '_', '-'; one per engine)"
+                f"KvoffloadSpec: the region name {engine_id!r} ({source}) must be 1 to 128 "
+                "letters, digits, '.', '_' or '-' (and not '.' or '..'); set "
+                "kvoffload_engine_id in kv_connector_extra_config to such a name"
             )
-        return str(engine_id)
+        return engine_id
 
     def _rank(self) -> int:
-        # This worker's slot in each row: kvoffload_rank if given, else the config's rank, else
-        # the device index modulo the world size (as vLLM's SharedOffloadRegion assigns slots).
+        # This worker's slot in each row: kvoffload_rank if given, else the worker's rank.
         extra = self.extra_config
         if "kvoffload_rank" in extra:
             return int(extra["kvoffload_rank"])
-        rank = getattr(self.config.parallel, "rank", None)
-        if rank is not None:
-            return int(rank)
-        try:
-            import torch
-
-            return int(torch.cuda.current_device()) % self.world_size
-        except (ImportError, RuntimeError, AssertionError):
-            return 0
+        return int(self.config.parallel.rank)
 
     def get_worker(self, kv_caches) -> OffloadingWorker:
         if self._worker is None:
             extra = self.extra_config
+            device = extra.get("kvoffload_device")
             self._worker = KvoffloadWorker(
                 kv_caches,
-                engine_id=self._engine_id(),
+                engine_id=self.engine_id(),
                 num_blocks=self.num_blocks,
                 blocks_per_chunk=int(self.blocks_per_chunk),
+                slot_bytes=self.slot_bytes,
                 rank=self._rank(),
                 world_size=self.world_size,
-                replicated=self.replicated,
+                replicated=self.replicated_layout,
                 backend=str(extra.get("kvoffload_backend", "auto")),
-                device=int(extra.get("kvoffload_device", 0)),
+                device=None if device is None else int(device),
                 shm_dir=extra.get("kvoffload_shm_dir"),
             )
         return self._worker

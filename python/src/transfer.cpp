@@ -11,7 +11,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -85,18 +87,34 @@ void bind_transfer_engine(py::module_& m) {
       .value("LOAD", Direction::kLoad);
 
   py::class_<DeviceTensor>(m, "DeviceTensor",
-                           "One device KV tensor: num_blocks pages of page_bytes, "
-                           "block b at base + b*block_stride")
+                           "One device KV tensor: num_blocks pages of page_bytes, block b at "
+                           "base + b*block_stride. host_offset (None: packed after the previous "
+                           "tensor) and host_page_stride place its section in a slot.")
       .def(py::init([](std::uint64_t base, std::uint64_t num_blocks, std::uint64_t page_bytes,
-                       std::uint64_t block_stride) {
-             return DeviceTensor{base, num_blocks, page_bytes, block_stride};
+                       std::uint64_t block_stride, std::optional<std::uint64_t> host_offset,
+                       std::uint64_t host_page_stride) {
+             DeviceTensor t;
+             t.base = base;
+             t.num_blocks = num_blocks;
+             t.page_bytes = page_bytes;
+             t.block_stride = block_stride;
+             t.host_offset = host_offset.value_or(DeviceTensor::kPacked);
+             t.host_page_stride = host_page_stride;
+             return t;
            }),
            py::arg("base"), py::arg("num_blocks"), py::arg("page_bytes"),
-           py::arg("block_stride") = 0)
+           py::arg("block_stride") = 0, py::kw_only(), py::arg("host_offset") = py::none(),
+           py::arg("host_page_stride") = 0)
       .def_readwrite("base", &DeviceTensor::base)
       .def_readwrite("num_blocks", &DeviceTensor::num_blocks)
       .def_readwrite("page_bytes", &DeviceTensor::page_bytes)
-      .def_readwrite("block_stride", &DeviceTensor::block_stride);
+      .def_readwrite("block_stride", &DeviceTensor::block_stride)
+      .def_property_readonly("host_offset",
+                             [](const DeviceTensor& t) -> std::optional<std::uint64_t> {
+                               if (t.host_offset == DeviceTensor::kPacked) return std::nullopt;
+                               return t.host_offset;
+                             })
+      .def_readonly("host_page_stride", &DeviceTensor::host_page_stride);
 
   py::class_<JobResult>(m, "JobResult")
       .def_property_readonly(
@@ -122,9 +140,9 @@ TransferEngine.for_buffer(runtime, buffer, slot_bytes, groups, blocks_per_chunk,
 slots in any HostBuffer (or an int address with nbytes=...).
 groups: a list of KV groups, each a list of DeviceTensor (or (base, num_blocks, page_bytes[,
 block_stride]) tuples) with device addresses as ints.)")
-      .def(py::init([](py::object runtime, std::shared_ptr<RegionHolder> region, std::uint32_t rank,
-                       py::handle groups, std::uint32_t blocks_per_chunk, bool register_host,
-                       bool allow_kernel, bool calibrate) {
+      .def(py::init([](const py::object& runtime, const std::shared_ptr<RegionHolder>& region,
+                       std::uint32_t rank, py::handle groups, std::uint32_t blocks_per_chunk,
+                       bool register_host, bool allow_kernel, bool calibrate) {
              if (!region->region.is_open()) throw Error(ErrorCode::kState, "the region is closed");
              auto& rt = runtime.cast<DeviceRuntime&>();
              auto g = groups_from_py(groups);
@@ -141,9 +159,10 @@ block_stride]) tuples) with device addresses as ints.)")
            py::arg("allow_kernel") = true, py::arg("calibrate") = false)
       .def_static(
           "for_buffer",
-          [](py::object runtime, py::object buffer, std::uint64_t slot_bytes, py::handle groups,
-             std::uint32_t blocks_per_chunk, std::uint64_t row_stride, std::uint32_t copy_index,
-             std::uint64_t nbytes, bool register_host, bool allow_kernel, bool calibrate) {
+          [](const py::object& runtime, py::object buffer, std::uint64_t slot_bytes,
+             py::handle groups, std::uint32_t blocks_per_chunk, std::uint64_t row_stride,
+             std::uint32_t copy_index, std::uint64_t nbytes, bool register_host, bool allow_kernel,
+             bool calibrate) {
             auto& rt = runtime.cast<DeviceRuntime&>();
             std::byte* base = nullptr;
             std::uint64_t size = 0;
@@ -177,28 +196,36 @@ block_stride]) tuples) with device addresses as ints.)")
           [](PyEngine& p, std::uint64_t job_id, py::handle direction,
              const std::vector<std::uint64_t>& chunks,
              const std::vector<std::vector<std::uint64_t>>& group_blocks, std::uint32_t skip,
-             py::object wait_stream, py::object wait_event) {
+             const std::optional<std::vector<std::pair<std::vector<std::uint64_t>, std::uint32_t>>>&
+                 group_chunks,
+             const py::object& wait_stream, const py::object& wait_event) {
             if (!wait_stream.is_none() && !wait_event.is_none()) {
               throw Error(ErrorCode::kInvalidArgument, "give wait_stream or wait_event, not both");
             }
             std::vector<std::span<const std::uint64_t>> groups(group_blocks.begin(),
                                                                group_blocks.end());
+            std::vector<GroupChunks> per_group;
+            if (group_chunks) {
+              for (const auto& [ids, first] : *group_chunks) per_group.push_back({ids, first});
+            }
             TransferSpec spec;
             spec.chunks = chunks;
             spec.skip = skip;
             spec.group_blocks = groups;
+            spec.group_chunks = per_group;
             WaitOn w;
             if (!wait_stream.is_none()) w = WaitOn::stream(stream_from_py(wait_stream));
             if (!wait_event.is_none()) w = WaitOn::event(event_from_py(wait_event));
             p.engine->submit(JobId{job_id}, direction_from_py(direction), spec, w);
           },
           py::arg("job_id"), py::arg("direction"), py::arg("chunks"), py::arg("group_blocks"),
-          py::kw_only(), py::arg("skip") = 0, py::arg("wait_stream") = py::none(),
-          py::arg("wait_event") = py::none(),
+          py::kw_only(), py::arg("skip") = 0, py::arg("group_chunks") = py::none(),
+          py::arg("wait_stream") = py::none(), py::arg("wait_event") = py::none(),
           "Enqueues a job (direction 'store' = device to host, 'load' = host to device) after "
           "wait_stream (a Stream or an int handle, e.g. torch.cuda.current_stream().cuda_stream) "
-          "or "
-          "wait_event; returns at once. group_blocks[g] lists group g's device block ids.")
+          "or wait_event; returns at once. group_blocks[g] lists group g's device block ids. "
+          "group_chunks: instead of chunks and skip (pass [] and 0), one (chunk ids, skip) pair "
+          "per group, each group filling chunks of its own.")
       .def(
           "poll", [](PyEngine& p) { return p.engine->poll(); },
           "Results of jobs finished since the last poll")
@@ -206,6 +233,7 @@ block_stride]) tuples) with device addresses as ints.)")
           "wait",
           [](PyEngine& p, const std::vector<std::uint64_t>& ids) {
             std::vector<JobId> j;
+            j.reserve(ids.size());
             for (auto id : ids) j.push_back(JobId{id});
             py::gil_scoped_release release;
             return p.engine->wait(j);

@@ -16,7 +16,9 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/manager.hpp>
 
+#include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -206,11 +208,15 @@ class VllmManagerCore {
     return out;
   }
 
-  // (write-pending, pinned, lookups, hits incl. pending, misses, evictions, skipped by threshold)
+  // (write-pending, pinned, stores skipped by the threshold so far): what vLLM's get_stats reads.
   py::tuple counters() const {
     const ManagerStats s = manager_.stats();
-    return py::make_tuple(s.write_pending, s.pinned, s.lookup_keys, s.hits + s.hits_pending,
-                          s.misses, s.evictions, s.stores_skipped_threshold);
+    return py::make_tuple(s.write_pending, s.pinned, s.stores_skipped_threshold);
+  }
+
+  // Lookups the threshold tracker holds for key (0: not tracked).
+  std::uint32_t threshold_count(py::handle key) const {
+    return manager_.threshold_count(key_of(key.ptr()));
   }
 
   [[nodiscard]] const Manager& manager() const noexcept { return manager_; }
@@ -240,6 +246,17 @@ class VllmManagerCore {
 // argument dispatch, no Python frame): KvoffloadManager installs them as instance attributes, so
 // `manager.lookup(key, req_context)` runs this code directly, and they build vLLM's own result
 // objects (LookupResult members, CPULoadStoreSpec, PrepareStoreOutput, OffloadingEvent).
+//
+// Note [Plain result objects]: building a CPULoadStoreSpec through its constructor runs
+// BlockIDsLoadStoreSpec.__init__, `np.array(block_ids, dtype=np.int64)` over a Python list, about
+// 1 µs, twice in a request (load and store), which was most of this adapter's cost. When the
+// caller hands `new_array` = (numpy.empty, int64 dtype), called as empty(n, dtype), the spec is
+// built as the constructor would leave it: a bare instance of the class whose only attribute,
+// block_ids, is that array filled with the slot ids; PrepareStoreOutput likewise gets its three
+// fields set on a bare instance instead of running the dataclass __init__. kvoffload.vllm uses
+// this only after checking, against objects built by vLLM's own constructors, that the result is
+// the same (same type, same attribute names, same dtype and flags; no __post_init__, no slots):
+// a vLLM whose constructors do more gets the constructor path.
 struct FastState {
   py::object owner;  // the VllmManagerCore Python object: keeps `core` alive
   VllmManagerCore* core = nullptr;
@@ -253,12 +270,102 @@ struct FastState {
   py::object alloc_sizes;     // the manager's allocation_sizes_in_current_batch
   py::object output_kwnames;  // ("keys_to_store", "store_spec", "evicted_keys")
   py::object event_kwnames;   // ("keys", "medium", "removed")
+  py::object new_array;       // None, or (numpy.empty, int64) (Note [Plain result objects])
+  bool plain_output = false;  // PrepareStoreOutput built as a bare instance
 };
+
+// A bare instance of the Python class `cls` (its __new__ with no arguments; __init__ not run).
+py::object bare_instance(const py::object& cls) {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  if (!PyType_Check(cls.ptr()) || type->tp_new == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, "kvoffload.vllm: a result class is not a type");
+  }
+  py::tuple no_args;
+  auto obj = py::reinterpret_steal<py::object>(type->tp_new(type, no_args.ptr(), nullptr));
+  if (!obj) throw py::error_already_set();
+  return obj;
+}
+
+// block_ids as `empty(n, dtype)` (new_array = (numpy.empty, numpy.dtype("int64"))) filled with the
+// slots; throws unless it is a writable C-contiguous array of 8-byte integers.
+py::object filled_block_ids(const py::object& new_array, std::span<const SlotIndex> slots) {
+  if (!PyTuple_Check(new_array.ptr()) || PyTuple_GET_SIZE(new_array.ptr()) != 2) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "kvoffload.vllm: new_array must be (numpy.empty, an int64 dtype)");
+  }
+  py::int_ n(slots.size());
+  PyObject* args[2] = {n.ptr(), PyTuple_GET_ITEM(new_array.ptr(), 1)};
+  auto arr = py::reinterpret_steal<py::object>(
+      PyObject_Vectorcall(PyTuple_GET_ITEM(new_array.ptr(), 0), args, 2, nullptr));
+  if (!arr) throw py::error_already_set();
+  Py_buffer view;
+  // The dtype is the caller's int64 (checked once by kvoffload.vllm); here only the size.
+  if (PyObject_GetBuffer(arr.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+    throw py::error_already_set();
+  }
+  const bool ok = view.itemsize == 8 && view.len == static_cast<Py_ssize_t>(slots.size() * 8);
+  if (ok) {
+    auto* out = static_cast<std::int64_t*>(view.buf);
+    for (std::size_t i = 0; i < slots.size(); ++i) out[i] = static_cast<std::int64_t>(slots[i]);
+  }
+  PyBuffer_Release(&view);
+  if (!ok) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "kvoffload.vllm: new_array must make a writable C-contiguous int64 array");
+  }
+  return arr;
+}
+
+// CPULoadStoreSpec(slots): through the constructor, or plain (Note [Plain result objects]).
+py::object make_spec(const py::object& spec_cls, const py::object& new_array,
+                     std::span<const SlotIndex> slots) {
+  if (new_array.is_none()) {
+    py::list ids = VllmManagerCore::slot_list(slots);
+    auto spec = py::reinterpret_steal<py::object>(PyObject_CallOneArg(spec_cls.ptr(), ids.ptr()));
+    if (!spec) throw py::error_already_set();
+    return spec;
+  }
+  py::object spec = bare_instance(spec_cls);
+  static PyObject* const block_ids = PyUnicode_InternFromString("block_ids");
+  if (PyObject_SetAttr(spec.ptr(), block_ids, filled_block_ids(new_array, slots).ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  return spec;
+}
+
+// PrepareStoreOutput(keys_to_store=, store_spec=, evicted_keys=), plain or through __init__.
+py::object make_output(const py::object& output_cls, bool plain, const py::object& kwnames,
+                       PyObject* to_store, PyObject* spec, PyObject* evicted) {
+  PyObject* values[3] = {to_store, spec, evicted};
+  if (!plain) {
+    auto out = py::reinterpret_steal<py::object>(
+        PyObject_Vectorcall(output_cls.ptr(), values, 0, kwnames.ptr()));
+    if (!out) throw py::error_already_set();
+    return out;
+  }
+  py::object out = bare_instance(output_cls);
+  for (Py_ssize_t i = 0; i < 3; ++i) {
+    if (PyObject_SetAttr(out.ptr(), PyTuple_GET_ITEM(kwnames.ptr(), i), values[i]) != 0) {
+      throw py::error_already_set();
+    }
+  }
+  return out;
+}
 
 constexpr const char* kCapsuleName = "kvoffload.vllm.FastState";
 
 FastState* state_of(PyObject* capsule) noexcept {
   return static_cast<FastState*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+}
+
+// error_already_set::restore() throws if called twice (pybind11_fail); never here, but a noexcept
+// caller must not let it out.
+void restore_error(py::error_already_set& e) noexcept {
+  try {
+    e.restore();
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "kvoffload.vllm: a Python error could not be restored");
+  }
 }
 
 // Runs body; C++ exceptions become Python exceptions (kvoffload.Error for kvoffload's).
@@ -267,16 +374,20 @@ PyObject* guarded(FastState* st, Body&& body) noexcept {
   try {
     return body();
   } catch (py::error_already_set& e) {
-    e.restore();
+    restore_error(e);
   } catch (const Error& e) {
     try {
       py::object exc = st->error_cls(e.what(), static_cast<int>(e.code()), e.sys_errno(), e.call());
       PyErr_SetObject(st->error_cls.ptr(), exc.ptr());
     } catch (py::error_already_set& inner) {
-      inner.restore();
+      restore_error(inner);
+    } catch (...) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());  // kvoffload.Error could not be built
     }
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "kvoffload.vllm: unknown C++ exception");
   }
   return nullptr;
 }
@@ -326,8 +437,9 @@ PyObject* fast_prepare_load(PyObject* self, PyObject* const* args, Py_ssize_t na
   FastState* st = state_of(self);
   if (!check_args("prepare_load", nargs, 2)) return nullptr;
   return guarded(st, [&]() -> PyObject* {
-    py::list ids = VllmManagerCore::slot_list(st->core->prepare_load(Items(args[0])));
-    return PyObject_CallOneArg(st->spec_cls.ptr(), ids.ptr());
+    return make_spec(st->spec_cls, st->new_array, st->core->prepare_load(Items(args[0])))
+        .release()
+        .ptr();
   });
 }
 
@@ -350,12 +462,11 @@ PyObject* fast_prepare_store(PyObject* self, PyObject* const* args, Py_ssize_t n
       if (!event || PyList_Append(st->events.ptr(), event.ptr()) != 0)
         throw py::error_already_set();
     }
-    py::list ids = VllmManagerCore::slot_list(plan.slots);
-    py::object spec =
-        py::reinterpret_steal<py::object>(PyObject_CallOneArg(st->spec_cls.ptr(), ids.ptr()));
-    if (!spec) throw py::error_already_set();
-    PyObject* out_args[3] = {to_store.ptr(), spec.ptr(), evicted.ptr()};
-    return PyObject_Vectorcall(st->output_cls.ptr(), out_args, 0, st->output_kwnames.ptr());
+    py::object spec = make_spec(st->spec_cls, st->new_array, plan.slots);
+    return make_output(st->output_cls, st->plain_output, st->output_kwnames, to_store.ptr(),
+                       spec.ptr(), evicted.ptr())
+        .release()
+        .ptr();
   });
 }
 
@@ -435,9 +546,9 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
            py::arg("max_tracker_size"))
       .def(
           "fast_methods",
-          [](py::object self, py::object error_cls, py::tuple lookup_results, py::object spec_cls,
-             py::object output_cls, py::object event_cls, py::object medium, py::object events,
-             py::list alloc_sizes) {
+          [](const py::object& self, py::object error_cls, py::tuple lookup_results,
+             py::object spec_cls, py::object output_cls, py::object event_cls, py::object medium,
+             py::object events, py::list alloc_sizes, py::object new_array, bool plain_output) {
             if (lookup_results.size() != 3) {
               throw Error(ErrorCode::kInvalidArgument,
                           "fast_methods: lookup_results needs (MISS, HIT, HIT_PENDING)");
@@ -455,10 +566,12 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
             state->alloc_sizes = std::move(alloc_sizes);
             state->output_kwnames = py::make_tuple("keys_to_store", "store_spec", "evicted_keys");
             state->event_kwnames = py::make_tuple("keys", "medium", "removed");
+            state->new_array = std::move(new_array);
+            state->plain_output = plain_output;
             py::capsule capsule(state.get(), kCapsuleName, [](PyObject* c) {
               delete static_cast<FastState*>(PyCapsule_GetPointer(c, kCapsuleName));
             });
-            state.release();
+            (void)state.release();  // owned by the capsule from here on
             py::dict out;
             for (PyMethodDef& def : kFastMethods) {
               PyObject* f = PyCFunction_NewEx(&def, capsule.ptr(), nullptr);
@@ -469,11 +582,30 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
           },
           py::arg("error_cls"), py::arg("lookup_results"), py::arg("spec_cls"),
           py::arg("output_cls"), py::arg("event_cls"), py::arg("medium"), py::arg("events"),
-          py::arg("alloc_sizes"),
-          "The hot methods as C functions over vLLM's types (Note [Fast entry points])")
+          py::arg("alloc_sizes"), py::arg("new_array") = py::none(),
+          py::arg("plain_output") = false,
+          "The hot methods as C functions over vLLM's types (Note [Fast entry points]); "
+          "new_array / plain_output: Note [Plain result objects]")
+      .def_static(
+          "plain_spec",
+          [](const py::object& spec_cls, const py::object& new_array,
+             const std::vector<SlotIndex>& ids) { return make_spec(spec_cls, new_array, ids); },
+          py::arg("spec_cls"), py::arg("new_array"), py::arg("block_ids"),
+          "A spec as prepare_load builds it (the conformance check of Note [Plain result objects])")
+      .def_static(
+          "plain_output",
+          [](const py::object& output_cls, const py::object& to_store, const py::object& spec,
+             const py::object& evicted) {
+            return make_output(output_cls, true,
+                               py::make_tuple("keys_to_store", "store_spec", "evicted_keys"),
+                               to_store.ptr(), spec.ptr(), evicted.ptr());
+          },
+          py::arg("output_cls"), py::arg("keys_to_store"), py::arg("store_spec"),
+          py::arg("evicted_keys"), "A PrepareStoreOutput as prepare_store builds it, plain")
       .def("reset", &VllmManagerCore::reset)
-      .def("counters", &VllmManagerCore::counters,
-           "(write_pending, pinned, lookups, hits, misses, evictions, stores_skipped) so far")
+      .def("counters", &VllmManagerCore::counters, "(write_pending, pinned, stores_skipped) so far")
+      .def("threshold_count", &VllmManagerCore::threshold_count, py::arg("key"),
+           "Lookups the store-threshold tracker holds for key (0 when it is not tracked)")
       .def("slot_of", &VllmManagerCore::slot_of, py::arg("key"))
       .def_property_readonly("policy", [](const VllmManagerCore& c) {
         return std::string(c.manager().policy().name());

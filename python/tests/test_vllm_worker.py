@@ -1,18 +1,22 @@
-# kvoffload.vllm.KvoffloadSpec and KvoffloadWorker on the host backend (and `sim` when built):
-# numpy-backed stand-ins for torch tensors expose data_ptr / shape / stride / element_size, and
-# every byte that crosses is checked, in the region and back on the "device".
-import os
-import sys
-import types
+# kvoffload.vllm.KvoffloadSpec / KvoffloadWorker with vLLM's real types (OffloadingConfig,
+# CanonicalKVCaches, GPULoadStoreSpec, CPULoadStoreSpec from the tree named by KVOFFLOAD_VLLM_SRC):
+# every byte that crosses is checked against a model of vLLM's CPU layout (one section per unique
+# KV tensor, blocks_per_chunk padded pages each, each group copying its layers' unpadded pages),
+# in the region and back on the device. The device is host memory (numpy) on the host backend and
+# the simulated GPU's memory, which the host cannot dereference, on `sim`.
+import dataclasses
 import uuid
 
 import numpy as np
 import pytest
 
-STANDIN = os.path.join(os.path.dirname(__file__), "vllm_standin")
-if STANDIN not in sys.path:
-    sys.path.insert(0, STANDIN)
+import vllm_real
+from vllm_readme import readme_transfer_config
 
+vllm_real.require()
+
+import torch  # noqa: E402  (vllm_real's stub)
+from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
     CanonicalKVCacheRef,
     CanonicalKVCaches,
@@ -24,207 +28,450 @@ from vllm.v1.kv_offload.base import (  # noqa: E402
     TransferResult,
     make_offload_key,
 )
+from vllm.v1.kv_offload.config import (  # noqa: E402
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
 import kvoffload  # noqa: E402
+import kvoffload.vllm as kv_vllm  # noqa: E402
 from kvoffload.vllm import KvoffloadManager, KvoffloadSpec, KvoffloadWorker  # noqa: E402
 
-NUM_GPU_BLOCKS, BPC = 16, 2
-PAGES = (192, 64)  # bytes per block of the two KV tensors
-PAD = 32  # block stride = page + PAD: padded pages, as vLLM's canonical tensors may have
 CTX = ReqContext(req_id="w")
-
-
-class FakeTensor:
-    """What the worker uses of a torch tensor, over a numpy array."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def data_ptr(self):
-        return self.array.ctypes.data
-
-    @property
-    def shape(self):
-        return self.array.shape
-
-    def stride(self):
-        return tuple(s // self.array.itemsize for s in self.array.strides)
-
-    def element_size(self):
-        return self.array.itemsize
+NUM_GPU_BLOCKS = 16
 
 
 def backends():
     names = {b.name for b in kvoffload.list_backends() if b.built}
-    out = ["host"]
-    if "sim" in names:
-        out.append("sim")
-    return out
+    assert "sim" in names, "the sim backend is always built"
+    return ["host", "sim"]
 
 
-def kv_caches(seed):
-    rng = np.random.default_rng(seed)
-    arrays = [rng.integers(0, 256, size=(NUM_GPU_BLOCKS, p + PAD), dtype=np.uint8) for p in PAGES]
-    tensors = [CanonicalKVCacheTensor(FakeTensor(a), p) for a, p in zip(arrays, PAGES)]
-    refs = [[CanonicalKVCacheRef(0, PAGES[0]), CanonicalKVCacheRef(1, PAGES[1]), CanonicalKVCacheRef(0, PAGES[0])]]
-    return arrays, CanonicalKVCaches(tensors=tensors, group_data_refs=refs)
+class Device:
+    """KV-cache memory on one backend: numpy arrays on `host`, simulated GPU memory on `sim`."""
+
+    def __init__(self, backend, index=0):
+        self.backend = backend
+        self.runtime = kvoffload.make_runtime("sim", device=index) if backend == "sim" else None
+        self.index = index
+
+    def tensor(self, image: np.ndarray, page: int):
+        """An int8 (num_blocks, page) tensor over a (num_blocks, stride) image, stride >= page, as
+        vLLM's canonical tensors are (as_strided over the layer's storage)."""
+        if self.runtime is None:
+            array = image.view(np.int8)
+            return torch.from_numpy(array[:, :page]), array
+        whole = vllm_real.sim_tensor(self.runtime, image.shape, torch.int8, self.index)
+        self.runtime.memcpy_sync(whole.data_ptr(), image.ctypes.data, image.nbytes)
+        view = torch.Tensor(address=whole.data_ptr(), shape=(image.shape[0], page),
+                            strides=(image.shape[1], 1), dtype=torch.int8, device=whole.device,
+                            owner=whole)
+        return view, whole
+
+    def read(self, owner, shape) -> np.ndarray:
+        if self.runtime is None:
+            return owner.view(np.uint8).copy()
+        out = np.empty(shape, dtype=np.uint8)
+        self.runtime.memcpy_sync(out.ctypes.data, owner.data_ptr(), out.nbytes)
+        return out
 
 
-def config(shm_dir, backend, chunks=8, **extra):
-    slot = BPC * sum(PAGES)
-    row = -(-slot // os.sysconf("SC_PAGE_SIZE")) * os.sysconf("SC_PAGE_SIZE")
+class KvCaches:
+    """vLLM CanonicalKVCaches over `tensors` = [(padded page, block stride)] and `groups` =
+    [[(tensor index, unpadded page)]], with a byte model of the device and of the region."""
+
+    def __init__(self, device, tensors, groups, bpc, seed):
+        rng = np.random.default_rng(seed)
+        self.device, self.tensors, self.groups, self.bpc = device, tensors, groups, bpc
+        self.images = [rng.integers(0, 256, size=(NUM_GPU_BLOCKS, stride), dtype=np.uint8)
+                       for _, stride in tensors]
+        built = [device.tensor(img, page) for img, (page, _) in zip(self.images, tensors)]
+        self.owners = [owner for _, owner in built]
+        canonical = [CanonicalKVCacheTensor(tensor=t, page_size_bytes=page)
+                     for (t, _), (page, _) in zip(built, tensors)]
+        refs = [[CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=p) for i, p in g] for g in groups]
+        self.caches = CanonicalKVCaches(tensors=canonical, group_data_refs=refs)
+        self.sections = list(np.cumsum([0] + [page * bpc for page, _ in tensors])[:-1])
+        self.slot_bytes = sum(page for page, _ in tensors) * bpc
+        self.region = {}  # chunk -> expected slot bytes (unknown chunks: zeros)
+
+    def worker_kv_bytes_per_block(self):
+        return sum(page for page, _ in self.tensors)
+
+    def _places(self, gpu, cpu):
+        """(chunk, slot offset, tensor, block, bytes) of every page a job copies (vLLM's CPU
+        worker: group after group, each from position block_indices[g] % bpc of its chunks)."""
+        gpu_ids, cpu_ids = gpu.block_ids.tolist(), cpu.block_ids.tolist()
+        b = c = 0
+        for g, (size, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices)):
+            if size == 0:
+                continue
+            skip = first % self.bpc
+            for i in range(size):
+                pos = skip + i
+                chunk = cpu_ids[c + pos // self.bpc]
+                for t, page in self.groups[g]:
+                    off = self.sections[t] + (pos % self.bpc) * self.tensors[t][0]
+                    yield chunk, off, t, gpu_ids[b + i], page
+            b += size
+            c += -(-(skip + size) // self.bpc)
+
+    def model_store(self, gpu, cpu):
+        for chunk, off, t, block, page in self._places(gpu, cpu):
+            slot = self.region.setdefault(chunk, np.zeros(self.slot_bytes, np.uint8))
+            slot[off:off + page] = self.images[t][block, :page]
+
+    def model_load(self, cpu, gpu):
+        for chunk, off, t, block, page in self._places(gpu, cpu):
+            self.images[t][block, :page] = self.region[chunk][off:off + page]
+
+    def check_device(self):
+        for t, (img, owner) in enumerate(zip(self.images, self.owners)):
+            got = self.device.read(owner, img.shape)
+            assert (got == img).all(), f"tensor {t} differs from the model"
+
+    def check_region(self, region, rank=None, num_chunks=8):
+        for chunk in range(num_chunks):
+            got = np.asarray(region.slot(chunk, rank=rank))[: self.slot_bytes]
+            want = self.region.get(chunk, np.zeros(self.slot_bytes, np.uint8))
+            assert (got == want).all(), f"chunk {chunk} differs from the model"
+
+
+def offloading_config(shm_dir, kv, backend="host", chunks=8, world_size=1, rank=0, engine_id=None,
+                      replicated=False, dp_index=0, dp_size=1, **extra):
+    slot = kv.worker_kv_bytes_per_block() * kv.bpc
+    row = kvoffload.compute_geometry(num_chunks=1, slot_bytes=slot, world_size=world_size,
+                                     replicated=replicated).row_stride
     extra_config = {
+        "spec_name": "KvoffloadSpec",
+        "spec_module_path": "kvoffload.vllm",
         "cpu_bytes_to_use": chunks * row,
         "eviction_policy": "arc",
-        "kvoffload_engine_id": "vllm-" + uuid.uuid4().hex[:12],
+        "blocks_per_chunk": kv.bpc,
         "kvoffload_backend": backend,
         "kvoffload_shm_dir": shm_dir,
     }
     extra_config.update(extra)
-    return types.SimpleNamespace(
-        extra_config=extra_config,
+    return OffloadingConfig(
+        groups=tuple(OffloadingGroupConfig(tokens_per_block=16, layer_names=(f"g{g}",))
+                     for g in range(len(kv.groups))),
+        worker_kv_bytes_per_block=kv.worker_kv_bytes_per_block(),
         enable_kv_cache_events=True,
-        groups=[types.SimpleNamespace(tokens_per_block=16)],
-        cache=types.SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=BPC),
-        parallel=types.SimpleNamespace(world_size=1, rank=0),
-        worker_kv_bytes_per_block=sum(PAGES),
+        extra_config=extra_config,
+        engine_id=engine_id or "vllm-" + uuid.uuid4().hex[:12],
+        model=OffloadingModelConfig(name="test-model", dtype="bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=kv.bpc),
+        parallel=OffloadingParallelConfig(
+            rank=rank, world_size=world_size, tp_size=world_size, pp_size=1, pcp_size=1,
+            dcp_size=1, data_parallel_index=dp_index, data_parallel_size=dp_size,
+            data_parallel_rank_local=None, is_parallelism_agnostic=False),
+        replicated_layout=replicated,
     )
 
 
-def slot_bytes_of(arrays, blocks):
-    """What a slot holds for GPU blocks `blocks` (BPC of them): tensor after tensor, pages in order."""
-    return np.concatenate([a[b, :p] for a, p in zip(arrays, PAGES) for b in blocks])
+# Two tensors with padded pages (the copies take less), the second one strided.
+ONE_GROUP = dict(tensors=[(192, 192), (64, 96)], groups=[[(0, 160), (1, 64)]])
+# A hybrid model: tensor 0 is shared by a layer of each group (vLLM's hybrid allocator), tensor 1
+# belongs to group 0 only; the groups' pages differ.
+TWO_GROUPS = dict(tensors=[(128, 128), (64, 64)], groups=[[(0, 96), (1, 64)], [(0, 112)]])
+
+
+def round_trip(worker, kv, store_jobs, load_jobs, region_rank=None, num_chunks=8):
+    job = 100
+    for gpu, cpu in store_jobs:
+        job += 1
+        assert worker.submit_store(job, gpu, cpu)
+        kv.model_store(gpu, cpu)
+        worker.wait({job})
+        (res,) = worker.get_finished()
+        assert isinstance(res, TransferResult) and (res.job_id, res.success) == (job, True)
+        assert res.transfer_size == sum(p for *_, p in kv._places(gpu, cpu))
+    kv.check_region(worker._region, rank=region_rank, num_chunks=num_chunks)
+    for cpu, gpu in load_jobs:
+        job += 1
+        assert worker.submit_load(job, cpu, gpu)
+        kv.model_load(cpu, gpu)
+        results = []
+        while not results:
+            results = worker.get_finished()
+        assert [(r.job_id, r.success) for r in results] == [(job, True)]
+    kv.check_device()
 
 
 @pytest.mark.parametrize("backend", backends())
-def test_spec_store_and_load_round_trip(shm_dir, backend):
-    spec = KvoffloadSpec(config(shm_dir, backend))
-    assert isinstance(spec, OffloadingSpec) and spec.num_blocks == 8
+def test_spec_from_vllm_factory_stores_and_loads_every_byte(shm_dir, backend):
+    kv = KvCaches(Device(backend), bpc=2, seed=1, **ONE_GROUP)
+    spec = OffloadingSpecFactory.create_spec(offloading_config(shm_dir, kv, backend))
+    assert isinstance(spec, KvoffloadSpec) and isinstance(spec, OffloadingSpec)
+    assert spec.num_blocks == 8
     manager = spec.get_manager()
     assert isinstance(manager, KvoffloadManager) and spec.get_manager() is manager
-    arrays, caches = kv_caches(1)
-    original = [a.copy() for a in arrays]
-    worker = spec.get_worker(caches)
+    worker = spec.get_worker(kv.caches)
     assert isinstance(worker, KvoffloadWorker) and isinstance(worker, OffloadingWorker)
+    assert spec.get_worker(kv.caches) is worker
 
     keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(3)]
     out = manager.prepare_store(keys, CTX)
-    chunks = out.store_spec.block_ids.tolist()
-    assert chunks == [0, 1, 2]
-    # GPU blocks 4..9 (two per chunk) go to chunks 0, 1, 2.
-    gpu = GPULoadStoreSpec([4, 5, 6, 7, 8, 9], group_sizes=[6], block_indices=[0])
-    assert worker.submit_store(7, gpu, out.store_spec)
-    worker.wait({7})
-    (res,) = worker.get_finished()
-    assert isinstance(res, TransferResult)
-    assert res.job_id == 7 and res.success and res.transfer_size == 6 * sum(PAGES)
-    assert worker.get_finished() == []
+    assert out.store_spec.block_ids.tolist() == [0, 1, 2]
+    # The request's blocks 0..5 in GPU blocks 4..9 (two per chunk), then loaded back from the
+    # request's block 2 on (position 0 of chunk 1) into GPU blocks 12..15.
+    round_trip(worker, kv,
+               [(GPULoadStoreSpec([4, 5, 6, 7, 8, 9], group_sizes=[6], block_indices=[0]),
+                 out.store_spec)],
+               [(CPULoadStoreSpec([1, 2]),
+                 GPULoadStoreSpec([12, 13, 14, 15], group_sizes=[4], block_indices=[2]))])
     manager.complete_store(out.keys_to_store, CTX)
-    region = worker._region
-    for c, blocks in zip(chunks, ([4, 5], [6, 7], [8, 9])):
-        assert (np.asarray(region.slot(c)) == slot_bytes_of(original, blocks)).all()
-
-    # Load chunks 1, 2 into GPU blocks 12..15; the padding between pages is never written.
-    load = manager.prepare_load(keys[1:], CTX)
-    assert load.block_ids.tolist() == [1, 2]
-    dst = GPULoadStoreSpec([12, 13, 14, 15], group_sizes=[4], block_indices=[2])
-    assert worker.submit_load(8, load, dst)
-    results = []
-    while not results:
-        results = worker.get_finished()
-    assert [(r.job_id, r.success) for r in results] == [(8, True)]
-    manager.complete_load(keys[1:], CTX)
-    for a, o, p in zip(arrays, original, PAGES):
-        assert (a[12:16, :p] == o[6:10, :p]).all()
-        assert (a[12:16, p:] == o[12:16, p:]).all()
-        assert (a[:12] == o[:12]).all()
     worker.shutdown()
     worker.shutdown()  # idempotent
 
 
 @pytest.mark.parametrize("backend", backends())
 def test_mid_chunk_start_uses_block_indices(shm_dir, backend):
-    spec = KvoffloadSpec(config(shm_dir, backend))
-    arrays, caches = kv_caches(2)
-    original = [a.copy() for a in arrays]
-    worker = spec.get_worker(caches)
-    # The request's blocks 3, 4, 5 (block index 3 = position 1 of its chunk) into chunks 5, 6.
-    cpu = kvoffload.vllm.CPULoadStoreSpec([5, 6])
-    assert worker.submit_store(1, GPULoadStoreSpec([2, 3, 11], group_sizes=[3], block_indices=[3]), cpu)
-    worker.wait({1})
-    assert [r.success for r in worker.get_finished()] == [True]
-    slot5 = np.asarray(worker._region.slot(5))
-    off = 0
-    for o, p in zip(original, PAGES):
-        assert (slot5[off + p: off + 2 * p] == o[2, :p]).all()  # position 1 of chunk 5
-        off += BPC * p
-    assert (np.asarray(worker._region.slot(6))[: PAGES[0]] == original[0][3, : PAGES[0]]).all()
-    assert (np.asarray(worker._region.slot(6))[PAGES[0]: 2 * PAGES[0]] == original[0][11, : PAGES[0]]).all()
-    del slot5  # a live view keeps the region from closing
+    kv = KvCaches(Device(backend), bpc=3, seed=2, **ONE_GROUP)
+    worker = KvoffloadSpec(offloading_config(shm_dir, kv, backend)).get_worker(kv.caches)
+    # The request's blocks 4..7 (block index 4 = position 1 of its chunk) into chunks 5, 6.
+    round_trip(worker, kv,
+               [(GPULoadStoreSpec([2, 3, 11, 0], group_sizes=[4], block_indices=[4]),
+                 CPULoadStoreSpec([5, 6]))],
+               [(CPULoadStoreSpec([5, 6]),
+                 GPULoadStoreSpec([9, 10, 1, 13], group_sizes=[4], block_indices=[4]))])
     worker.shutdown()
 
 
-def test_refused_job_returns_false(shm_dir):
-    spec = KvoffloadSpec(config(shm_dir, "host"))
-    _, caches = kv_caches(3)
-    worker = spec.get_worker(caches)
-    bad = kvoffload.vllm.CPULoadStoreSpec([99])  # no such chunk
-    assert worker.submit_store(3, GPULoadStoreSpec([0, 1], group_sizes=[2], block_indices=[0]), bad) is False
+@pytest.mark.parametrize("backend", backends())
+def test_two_kv_cache_groups_share_tensor_sections(shm_dir, backend):
+    kv = KvCaches(Device(backend), bpc=2, seed=3, **TWO_GROUPS)
+    spec = KvoffloadSpec(offloading_config(shm_dir, kv, backend))
+    worker = spec.get_worker(kv.caches)
+    # vLLM's slot: one section per unique tensor (not per group): 2 x (128 + 64) bytes.
+    assert spec.slot_bytes == kv.slot_bytes == 2 * (128 + 64)
+    # Group 0: 3 blocks from the request's block 1 (chunks 3, 1); group 1: 2 blocks from block 0
+    # (chunk 2). Then group 1 alone, then both back into other blocks.
+    store = GPULoadStoreSpec([5, 6, 7, 9, 10], group_sizes=[3, 2], block_indices=[1, 0])
+    store1 = GPULoadStoreSpec([11], group_sizes=[0, 1], block_indices=[0, 4])
+    load = GPULoadStoreSpec([12, 13, 14, 15, 0], group_sizes=[3, 2], block_indices=[1, 0])
+    round_trip(worker, kv,
+               [(store, CPULoadStoreSpec([3, 1, 2])), (store1, CPULoadStoreSpec([4]))],
+               [(CPULoadStoreSpec([3, 1, 2]), load),
+                (CPULoadStoreSpec([4]), GPULoadStoreSpec([1], group_sizes=[0, 1], block_indices=[0, 4]))])
+    worker.shutdown()
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_mla_replicated_layout_one_copy_for_all_ranks(shm_dir, backend):
+    # One latent tensor (MLA), pages large enough that one copy per row is half of two.
+    kv0 = KvCaches(Device(backend), bpc=2, seed=4, tensors=[(4096, 4096)], groups=[[(0, 4096)]])
+    kv1 = KvCaches(Device(backend), bpc=2, seed=5, tensors=[(4096, 4096)], groups=[[(0, 4096)]])
+    engine_id = "mla-" + uuid.uuid4().hex[:8]
+    configs = [offloading_config(shm_dir, kv0, backend, world_size=2, rank=r, engine_id=engine_id,
+                                 replicated=True) for r in (0, 1)]
+    spec0, spec1 = (KvoffloadSpec(c) for c in configs)
+    assert spec0.replicated_layout and spec1.replicated_layout
+    # One copy per chunk: the same bytes hold as many chunks as one rank's layout would.
+    assert spec0.num_blocks == 8
+    split = KvoffloadSpec(offloading_config(shm_dir, kv0, backend, world_size=2, rank=0,
+                                            cpu_bytes_to_use=spec0.extra_config["cpu_bytes_to_use"]))
+    assert split.num_blocks == 4
+    w0, w1 = spec0.get_worker(kv0.caches), spec1.get_worker(kv1.caches)
+    assert w0._region.path == w1._region.path
+    # Rank 0 writes (vLLM's connector skips the store on the other ranks); rank 1 reads it.
+    gpu = GPULoadStoreSpec([3, 4, 5], group_sizes=[3], block_indices=[0])
+    assert w0.submit_store(1, gpu, CPULoadStoreSpec([6, 7]))
+    kv0.model_store(gpu, CPULoadStoreSpec([6, 7]))
+    w0.wait({1})
+    assert [r.success for r in w0.get_finished()] == [True]
+    kv1.region = kv0.region
+    dst = GPULoadStoreSpec([10, 11, 12], group_sizes=[3], block_indices=[0])
+    assert w1.submit_load(2, CPULoadStoreSpec([6, 7]), dst)
+    kv1.model_load(CPULoadStoreSpec([6, 7]), dst)
+    w1.wait({2})
+    assert [r.success for r in w1.get_finished()] == [True]
+    kv1.check_device()
+    assert (kv1.images[0][10:13] == kv0.images[0][3:6]).all()
+    w1.shutdown()
+    w0.shutdown()
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_two_data_parallel_replicas_never_see_each_others_bytes(shm_dir, backend):
+    # The README's JSON, as vLLM parses it: no region name in it, so each replica's region is
+    # named by vLLM's per-replica engine_id (<engine_id>_dp<rank>, set by vLLM's engine core).
+    transfer = KVTransferConfig(**readme_transfer_config())
+    assert "kvoffload_engine_id" not in transfer.kv_connector_extra_config
+    kvs = [KvCaches(Device(backend), bpc=2, seed=10 + r, **ONE_GROUP) for r in (0, 1)]
+    workers = []
+    for dp, kv in enumerate(kvs):
+        cfg = offloading_config(shm_dir, kv, backend, engine_id=f"{transfer.engine_id}_dp{dp}",
+                                dp_index=dp, dp_size=2)
+        # The README's keys as written, with this test's backend, directory and a small size.
+        extra = dict(transfer.kv_connector_extra_config)
+        extra.update({k: cfg.extra_config[k] for k in
+                      ("kvoffload_backend", "kvoffload_shm_dir", "blocks_per_chunk", "cpu_bytes_to_use")})
+        cfg = dataclasses.replace(cfg, extra_config=extra)
+        spec = OffloadingSpecFactory.create_spec(cfg)
+        assert spec.engine_id() == f"{transfer.engine_id}_dp{dp}"
+        workers.append(spec.get_worker(kv.caches))
+    assert workers[0]._region.path != workers[1]._region.path
+    # Both replicas store their own KV into the same chunk ids and load it back.
+    for w, kv in zip(workers, kvs):
+        gpu = GPULoadStoreSpec([0, 1, 2, 3], group_sizes=[4], block_indices=[0])
+        assert w.submit_store(1, gpu, CPULoadStoreSpec([0, 1]))
+        kv.model_store(gpu, CPULoadStoreSpec([0, 1]))
+        w.wait({1})
+        assert [r.success for r in w.get_finished()] == [True]
+    for w, kv in zip(workers, kvs):
+        kv.check_region(w._region)
+        dst = GPULoadStoreSpec([8, 9, 10, 11], group_sizes=[4], block_indices=[0])
+        assert w.submit_load(2, CPULoadStoreSpec([0, 1]), dst)
+        kv.model_load(CPULoadStoreSpec([0, 1]), dst)
+        w.wait({2})
+        assert [r.success for r in w.get_finished()] == [True]
+        kv.check_device()
+    assert not (kvs[0].images[0][8:12] == kvs[1].images[0][8:12]).all()
+    for w in workers:
+        w.shutdown()
+
+
+def test_explicit_region_name_gets_the_data_parallel_suffix(shm_dir):
+    kv = KvCaches(Device("host"), bpc=1, seed=6, **ONE_GROUP)
+    names = [KvoffloadSpec(offloading_config(shm_dir, kv, dp_index=dp, dp_size=2,
+                                             kvoffload_engine_id="pool")).engine_id() for dp in (0, 1)]
+    assert names == ["pool_dp0", "pool_dp1"]
+    assert KvoffloadSpec(offloading_config(shm_dir, kv, kvoffload_engine_id="pool")).engine_id() == "pool"
+    with pytest.raises(ValueError, match=r"region name 'a/b' \(vLLM's engine_id\)"):
+        KvoffloadSpec(offloading_config(shm_dir, kv, engine_id="a/b")).engine_id()
+
+
+def test_wait_ignores_ids_never_submitted_or_already_collected(shm_dir):
+    kv = KvCaches(Device("host"), bpc=1, seed=7, **ONE_GROUP)
+    worker = KvoffloadSpec(offloading_config(shm_dir, kv)).get_worker(kv.caches)
+    gpu = GPULoadStoreSpec([0], group_sizes=[1], block_indices=[0])
+    worker.wait({41, 42})  # never submitted: vLLM's worker ignores them, so does this one
+    assert worker.submit_store(1, gpu, CPULoadStoreSpec([0]))
+    assert worker.submit_store(2, gpu, CPULoadStoreSpec([1]))
+    worker.wait({1, 99})
+    worker.wait({2})
+    assert sorted(r.job_id for r in worker.get_finished()) == [1, 2]
+    worker.wait({1, 2})  # both collected already
     assert worker.get_finished() == []
     worker.shutdown()
 
 
-def test_failed_job_is_reported_failed(shm_dir):
-    spec = KvoffloadSpec(config(shm_dir, "host"))
-    _, caches = kv_caches(4)
-    worker = spec.get_worker(caches)
+def test_device_defaults_to_the_tensors_device(shm_dir, monkeypatch):
+    calls = []
+    real = kv_vllm._ext.make_runtime
+
+    def spy(name, device=0, **kw):
+        calls.append((name, device))
+        return real(name, device=0, **kw)  # one simulated device here
+
+    kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)
+    for t in kv.caches.tensors:
+        t.tensor.device = torch.device("cuda", 3)  # as the tensors of rank 3 would be
+    monkeypatch.setattr(kv_vllm._ext, "make_runtime", spy)
+    worker = KvoffloadSpec(offloading_config(shm_dir, kv, "sim")).get_worker(kv.caches)
+    assert calls == [("sim", 3)]
+    worker.shutdown()
+    calls.clear()
+    worker = KvoffloadSpec(offloading_config(shm_dir, kv, "sim", kvoffload_device=1)).get_worker(kv.caches)
+    assert calls == [("sim", 1)]
+    worker.shutdown()
+
+
+def test_backend_must_reach_the_tensors_memory(shm_dir):
+    cuda_kv = KvCaches(Device("sim"), bpc=1, seed=9, **ONE_GROUP)  # device cuda:0
+    host_kv = KvCaches(Device("host"), bpc=1, seed=9, **ONE_GROUP)
+    gpu_built = [b for b in kvoffload.list_backends() if b.name in ("cuda", "hip") and b.built and b.device_count]
+    if not gpu_built:
+        # auto would fall back to host and memcpy from device pointers: refused, saying why.
+        with pytest.raises(ValueError, match=r"tensors are on cuda:0, but this kvoffload has no usable GPU backend"):
+            KvoffloadSpec(offloading_config(shm_dir, cuda_kv, "auto")).get_worker(cuda_kv.caches)
+    with pytest.raises(ValueError, match=r"kvoffload_backend='host' copies with memcpy, but the KV-cache tensors are on cuda:0"):
+        KvoffloadSpec(offloading_config(shm_dir, cuda_kv, "host")).get_worker(cuda_kv.caches)
+    with pytest.raises(ValueError, match=r"kvoffload_backend='sim' needs KV-cache tensors on a GPU"):
+        KvoffloadSpec(offloading_config(shm_dir, host_kv, "sim")).get_worker(host_kv.caches)
+    with pytest.raises(ValueError, match=r"kvoffload_backend='tpu' is not one of"):
+        KvoffloadSpec(offloading_config(shm_dir, host_kv, "tpu")).get_worker(host_kv.caches)
+    # auto with host tensors is the host backend (tests; vLLM's tensors are always on a GPU).
+    worker = KvoffloadSpec(offloading_config(shm_dir, host_kv, "auto")).get_worker(host_kv.caches)
+    assert worker._backend == "host"
+    worker.shutdown()
+
+
+def test_refused_and_failed_jobs(shm_dir):
+    kv = KvCaches(Device("host"), bpc=2, seed=11, **ONE_GROUP)
+    worker = KvoffloadSpec(offloading_config(shm_dir, kv)).get_worker(kv.caches)
+    gpu = GPULoadStoreSpec([0, 1], group_sizes=[2], block_indices=[0])
+    assert worker.submit_store(3, gpu, CPULoadStoreSpec([99])) is False  # no such chunk
+    assert worker.submit_store(3, gpu, CPULoadStoreSpec([0, 1])) is False  # 2 blocks fill 1 chunk
+    assert worker.get_finished() == []
     real = worker._engine
 
     class FailingEngine:
-        # The engine's own failure reporting is tested in C++; here: its failed result stays failed.
+        # The engine's own failure reporting is tested in C++; here: a failed result stays failed.
+        def submit(self, job_id, *args, **kwargs):
+            pass
+
         def poll(self):
-            return [types.SimpleNamespace(job_id=5, success=False, bytes=0, seconds=0.0,
-                                          direction="load", error="injected")]
+            return [type("R", (), dict(job_id=5, success=False, bytes=0, seconds=0.0,
+                                       direction="load", error="injected"))]
 
         def wait(self, ids):
-            return [types.SimpleNamespace(job_id=i, success=False, bytes=0, seconds=0.0,
-                                          direction="store", error="injected") for i in ids]
+            return [type("R", (), dict(job_id=i, success=False, bytes=0, seconds=0.0,
+                                       direction="store", error="injected")) for i in ids]
 
         def shutdown(self):
             real.shutdown()
 
     worker._engine = FailingEngine()
+    assert worker.submit_store(6, gpu, CPULoadStoreSpec([0]))
+    assert worker.submit_load(5, CPULoadStoreSpec([0]), gpu)
     worker.wait({6})
     assert [(r.job_id, r.success) for r in worker.get_finished()] == [(6, False), (5, False)]
     worker.shutdown()
 
 
 def test_rank_selects_the_slot_of_a_two_rank_region(shm_dir):
-    # Rank 1 of 2 writes the second slot of each row; rank 0's slot stays zero.
-    cfg = config(shm_dir, "host", kvoffload_rank=1)
-    cfg.parallel.world_size = 2
-    spec = KvoffloadSpec(cfg)
-    arrays, caches = kv_caches(6)
-    worker = spec.get_worker(caches)
-    assert worker.submit_store(1, GPULoadStoreSpec([0, 1], group_sizes=[2], block_indices=[0]),
-                               kvoffload.vllm.CPULoadStoreSpec([3]))
+    kv = KvCaches(Device("host"), bpc=2, seed=12, **ONE_GROUP)
+    spec = KvoffloadSpec(offloading_config(shm_dir, kv, world_size=2, rank=1))
+    worker = spec.get_worker(kv.caches)
+    gpu = GPULoadStoreSpec([0, 1], group_sizes=[2], block_indices=[0])
+    assert worker.submit_store(1, gpu, CPULoadStoreSpec([3]))
+    kv.model_store(gpu, CPULoadStoreSpec([3]))
     worker.wait({1})
     assert [r.success for r in worker.get_finished()] == [True]
-    region = worker._region
-    assert (np.asarray(region.slot(3, rank=1)) == slot_bytes_of(arrays, [0, 1])).all()
-    assert not np.asarray(region.slot(3, rank=0)).any()
+    kv.check_region(worker._region, rank=1)
+    assert not np.asarray(worker._region.slot(3, rank=0)).any()
     worker.shutdown()
 
 
-def test_spec_configuration_errors(shm_dir):
+def test_spec_configuration(shm_dir):
+    kv = KvCaches(Device("host"), bpc=1, seed=13, **ONE_GROUP)
     with pytest.raises(ValueError, match="cpu_bytes_to_use must be specified"):
-        KvoffloadSpec(config(shm_dir, "host", cpu_bytes_to_use=0))
-    with pytest.raises(ValueError, match="holds no chunk"):
-        KvoffloadSpec(config(shm_dir, "host", cpu_bytes_to_use=100))
-    spec = KvoffloadSpec(config(shm_dir, "host", kvoffload_engine_id=""))
-    _, caches = kv_caches(5)
-    with pytest.raises(ValueError, match="kvoffload_engine_id"):
-        spec.get_worker(caches)
-    two_groups = CanonicalKVCaches(tensors=caches.tensors, group_data_refs=caches.group_data_refs * 2)
-    with pytest.raises(ValueError, match="2 KV-cache groups"):
-        KvoffloadSpec(config(shm_dir, "host")).get_worker(two_groups)
+        KvoffloadSpec(offloading_config(shm_dir, kv, cpu_bytes_to_use=0))
+    cfg = offloading_config(shm_dir, kv)
+    with pytest.raises(ValueError, match="canonical_layout=true is not supported"):
+        KvoffloadSpec(dataclasses.replace(cfg, canonical_layout=True))
+    with pytest.raises(ValueError, match="eviction_policy='lfu'"):
+        KvoffloadSpec(offloading_config(shm_dir, kv, eviction_policy="lfu"))
+    # A cache smaller than one chunk: 0 blocks, as vLLM sizes it; nothing is stored, no region.
+    spec = KvoffloadSpec(offloading_config(shm_dir, kv, cpu_bytes_to_use=100))
+    assert spec.num_blocks == 0
+    manager = spec.get_manager()
+    assert manager.prepare_store([make_offload_key(b"k" * 32, 0)], CTX) is None
+    worker = spec.get_worker(kv.caches)
+    assert worker._region is None
+    assert worker.submit_store(1, GPULoadStoreSpec([0], group_sizes=[1], block_indices=[0]),
+                               CPULoadStoreSpec([0])) is False
+    assert worker.get_finished() == []
+    worker.wait({1})
+    worker.shutdown()
+    # The tensors must fit the slot vLLM's worker_kv_bytes_per_block sizes.
+    small = dataclasses.replace(cfg, worker_kv_bytes_per_block=100)
+    with pytest.raises(ValueError, match="need 256 bytes per chunk"):
+        KvoffloadSpec(small).get_worker(kv.caches)

@@ -1,7 +1,7 @@
 // ManagerSemantics::kVllm (Note [vLLM semantics] in manager.cpp): the rules vLLM's
 // CPUOffloadingManager follows where they differ from the native ones. The full output-by-output
-// comparison with a model of vLLM's manager is python/tests/test_vllm_manager.py; these run the
-// same code under the sanitizers (the asan/tsan presets build no Python).
+// comparison with vLLM's own CPUOffloadingManager is python/tests/test_vllm_manager.py; these run
+// the same code under the sanitizers (the asan/tsan presets build no Python).
 #include "manager_test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -55,8 +55,8 @@ TEST_P(VllmSemantics, FreshSlotsAscendingThenMostRecentlyFreed) {
   EXPECT_EQ(slots(m.prepare_store(Ks({7}))), (std::vector<SlotIndex>{0}));
 }
 
-TEST_P(VllmSemantics, LoadsAndStoresDoNotMoveChunks) {
-  Manager m = make_vllm(3, GetParam());
+TEST(VllmSemanticsArc, LoadsAndStoresDoNotMoveChunks) {
+  Manager m = make_vllm(3, PolicyKind::kArc);
   ASSERT_TRUE(m.prepare_store(Ks({1, 2, 3})).ok());
   m.complete_store(Ks({1, 2, 3}), true);
   (void)m.prepare_load(Ks({1}));
@@ -67,6 +67,86 @@ TEST_P(VllmSemantics, LoadsAndStoresDoNotMoveChunks) {
   EXPECT_EQ(std::vector<SlotIndex>(p.evicted_slots.begin(), p.evicted_slots.end()),
             (std::vector<SlotIndex>{0, 1}));
   EXPECT_EQ(slots(p), (std::vector<SlotIndex>{1, 0}));
+}
+
+// vLLM's LRU since 68567ef2df: a block joins the evictable list at the most recent end when its
+// store or its last load completes, and touch moves only blocks in that list.
+TEST(VllmSemanticsLru, ACompletedLoadMakesTheChunkMostRecent) {
+  Manager m = make_vllm(3, PolicyKind::kLru);
+  ASSERT_TRUE(m.prepare_store(Ks({1, 2, 3})).ok());
+  m.complete_store(Ks({1, 2, 3}), true);
+  (void)m.prepare_load(Ks({1}));
+  (void)m.prepare_load(Ks({1}));
+  m.complete_load(Ks({1}));  // still pinned once: not evictable, no place in the list
+  EXPECT_FALSE(m.prepare_store(Ks({4, 5, 6})).ok());
+  m.complete_load(Ks({1}));  // the last reader: 1 re-enters as the most recent
+  const auto p = m.prepare_store(Ks({4, 5}));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(copy(p.evicted), Ks({2, 3}));
+  EXPECT_EQ(slots(p), (std::vector<SlotIndex>{2, 1}));
+}
+
+TEST(VllmSemanticsLru, CompletionOrderNotInsertionOrderSetsRecency) {
+  Manager m = make_vllm(2, PolicyKind::kLru);
+  ASSERT_TRUE(m.prepare_store(Ks({1, 2})).ok());
+  m.complete_store(Ks({2, 1}), true);  // mark_evictable in call order: 1 ends most recent
+  const auto p = m.prepare_store(Ks({3}));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(copy(p.evicted), Ks({2}));
+}
+
+TEST(VllmSemanticsLru, TouchMovesOnlyEvictableChunks) {
+  Manager m = make_vllm(3, PolicyKind::kLru);
+  ASSERT_TRUE(m.prepare_store(Ks({1})).ok());
+  m.complete_store(Ks({1}), true);
+  ASSERT_TRUE(m.prepare_store(Ks({2, 3})).ok());
+  m.complete_store(Ks({2}), true);  // list: 1, 2 (2 most recent); 3 write-pending
+  (void)m.prepare_load(Ks({2}));    // list: 1
+  m.touch(Ks({3, 2, 1}));           // only 1 is in the list: nothing else moves
+  m.complete_store(Ks({3}), true);  // list: 1, 3
+  m.complete_load(Ks({2}));         // list: 1, 3, 2
+  m.touch(Ks({1, 3}));              // reversed: 3, then 1 to the recent end: list 2, 3, 1
+  const auto p = m.prepare_store(Ks({4}));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(copy(p.evicted), Ks({2}));
+  const auto q = m.prepare_store(Ks({5}));
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(copy(q.evicted), Ks({3}));
+}
+
+TEST(VllmSemanticsLru, AnEvictionShortOfCandidatesChangesNothing) {
+  // The Manager checks the count before it asks; the policy is atomic on its own as vLLM's evict()
+  // (None, nothing removed) when the protected set leaves too few candidates.
+  auto policy = make_vllm_lru_policy(4);
+  const std::vector<SlotIndex> all{0, 1, 2, 3};
+  const std::vector<BlockKey> keys = Ks({1, 2, 3, 4});
+  policy->insert(all, keys);
+  policy->release(all);
+  std::vector<std::uint32_t> marks(4, 0);
+  marks[0] = marks[2] = 1;
+  std::vector<SlotIndex> victims(3);
+  EXPECT_EQ(policy->evict(3, VictimFilter{marks.data(), 1}, keys, victims), 0u);
+  EXPECT_EQ(policy->evictable_count(), 4u);
+  ASSERT_EQ(policy->evict(2, VictimFilter{marks.data(), 1}, keys, victims), 2u);
+  EXPECT_EQ(victims[0], 1u);
+  EXPECT_EQ(victims[1], 3u);
+  EXPECT_EQ(policy->counters().resident, 2u);
+}
+
+TEST_P(VllmSemantics, ZeroChunksRefuseEveryStoreAsVllmDoes) {
+  Manager m = make_vllm(0, GetParam());
+  EXPECT_EQ(m.state_of(K(1)), LookupResult::kMiss);
+  const auto p = m.prepare_store(Ks({1}));
+  EXPECT_FALSE(p.ok());
+  EXPECT_TRUE(m.prepare_store(Ks({})).ok());
+  m.touch(Ks({1}));
+  m.reset();
+  const auto s = m.stats();
+  EXPECT_EQ(s.usage, 0.0);
+  EXPECT_EQ(s.write_pending_fraction, 0.0);
+  ManagerConfig native;
+  native.num_chunks = 0;
+  EXPECT_EQ(code_of([&] { Manager n(native); }), ErrorCode::kInvalidArgument);
 }
 
 TEST_P(VllmSemantics, CompleteStoreSkipsWhatIsNotPending) {

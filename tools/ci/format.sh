@@ -8,7 +8,7 @@ mode=(-i)
 if [[ ${1:-} == --check ]]; then
   mode=(--dry-run --Werror)
 fi
-mapfile -t files < <(git ls-files '*.c' '*.h' '*.cpp' '*.hpp' '*.cu' | grep -v '^python/tests/vllm_standin/')
+mapfile -t files < <(git ls-files '*.c' '*.h' '*.cpp' '*.hpp' '*.cu')
 if ((${#files[@]} == 0)); then
   echo "format.sh: no sources found" >&2
   exit 1

@@ -20,7 +20,9 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  pybind11-dev python3-pybind11 python3-dev python3-pytest python3-numpy
+  pybind11-dev python3-dev python3-pytest python3-numpy
+  python3-typing-extensions python3-prometheus-client   # imported by vLLM's modules (python/tests)
+  python3-pip python3-venv python3-setuptools python3-wheel python3-pybind11   # `pip install .`
   clang-tidy clang-format
   hipcc libamdhip64-dev librocprim-dev
   libhiredis-dev libmemcached-dev libxxhash-dev redis-server redis-tools memcached

@@ -95,9 +95,9 @@ class KVOFFLOAD_API EvictionPolicy {
   // Removes exactly `count` evictable slots not protected by `filter` and writes them to
   // victims_out (size >= count). slot_keys[s] is the key in slot s (ARC keeps evicted keys as
   // ghosts). The caller guarantees that enough candidates exist (evictable minus protected
-  // evictable >= count); returns the number written, which is then `count`. Exception: vLLM's ARC
-  // (make_vllm_arc_policy) can refuse despite enough candidates, as vLLM's does; it then returns 0
-  // and changes nothing.
+  // evictable >= count); returns the number written, which is then `count`. Exception: the vLLM
+  // policies return 0 and change nothing when they do not find `count` (vLLM's ARC can refuse
+  // despite enough candidates, as vLLM's does).
   virtual std::size_t evict(std::size_t count, const VictimFilter& filter,
                             std::span<const BlockKey> slot_keys,
                             std::span<SlotIndex> victims_out) = 0;
@@ -116,10 +116,13 @@ KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_arc_policy(std::uint32_t capa
 KVOFFLOAD_API std::unique_ptr<EvictionPolicy> make_policy(PolicyKind kind, std::uint32_t capacity);
 
 // vLLM's CachePolicy implementations (vllm/v1/kv_offload/cpu/policies/{lru,arc}.py), for
-// ManagerSemantics::kVllm. Unlike the native ones, every resident stays in its list, pinned or
-// write-pending or not: release() and hold() only flip evictability and never move a slot, and
-// eviction walks past unevictable slots. LRU: insert and touch move to the most recent end. ARC:
-// insert enters T1 and drops any ghost of the key without adapting; touch promotes a ready T1
+// ManagerSemantics::kVllm. LRU (vLLM >= 68567ef2df): a list of the evictable blocks only; a block
+// enters it at the most recent end when its store or its last load completes (within one release,
+// the last slot ends most recent), touch moves only blocks in it (slots[0] ends most recent), and
+// an eviction that finds fewer than n unprotected candidates changes nothing and returns 0.
+// ARC: every resident stays in T1/T2, pinned or write-pending or not: release() and hold() only
+// flip evictability and never move a slot, and eviction walks past unevictable slots; insert
+// enters T1 and drops any ghost of the key without adapting; touch promotes a ready T1
 // slot to T2 (a write-pending one goes to T1's recent end) and adapts the (fractional) T1 target
 // on ghost hits (touch_missing); eviction takes T1's next candidate while the remaining |T1| is
 // at least floor(target), else T2's; B1 and B2 are each bounded by the capacity, oldest dropped.

@@ -11,9 +11,15 @@
 //   slot = | g0.t0: page[0..bpc) | g0.t1: page[0..bpc) | ... | g1.t0: page[0..bpc) | ... |
 //
 // so the slot must hold blocks_per_chunk · Σ page_bytes over every tensor of every group.
+// Explicit sections instead (every tensor sets host_offset): tensor t's position p sits at
+// host_offset + p·host_page_stride of the slot, so tensors of different groups may share a
+// section. That is vLLM's layout, where each unique KV tensor has one section of
+// bpc × (padded page) bytes and every group copies its layers' (unpadded) pages into the
+// sections of the tensors it uses; a chunk then belongs to one group (TransferSpec::group_chunks).
 // A job maps, for each group, a list of GPU block ids onto consecutive chunk positions starting
 // at position `skip` of the first listed chunk (a mid-chunk start): block i of a group lands at
-// chunk chunks[(skip + i) / bpc], position (skip + i) % bpc.
+// chunk chunks[(skip + i) / bpc], position (skip + i) % bpc. With group_chunks, each group has
+// its own chunks and skip.
 
 #include <kvoffload/export.h>
 
@@ -28,10 +34,17 @@ namespace kvoffload {
 class Region;
 
 struct DeviceTensor {
+  static constexpr std::uint64_t kPacked = ~std::uint64_t{0};
+
   std::uint64_t base = 0;          // device address (e.g. torch tensor.data_ptr())
   std::uint64_t num_blocks = 0;    // > 0
   std::uint64_t page_bytes = 0;    // bytes of one block of this tensor, > 0 (any size)
   std::uint64_t block_stride = 0;  // bytes between blocks, >= page_bytes (0 = page_bytes)
+  // Section of this tensor in a slot: kPacked = after the previous tensor, positions page_bytes
+  // apart; otherwise `host_offset` bytes into the slot, positions host_page_stride apart
+  // (>= page_bytes; 0 = page_bytes). Either every tensor of a layout is packed or none is.
+  std::uint64_t host_offset = kPacked;
+  std::uint64_t host_page_stride = 0;
 };
 
 struct KvGroup {
@@ -66,16 +79,30 @@ struct KVOFFLOAD_API KvLayout {
 
   // Throws Error(kInvalidArgument) with a message naming the field and values when anything is
   // inconsistent (empty groups, zero sizes, stride < page, overflow, slot too small for
-  // blocks_per_chunk · Σ page_bytes, slots outside the buffer, ...).
+  // blocks_per_chunk · Σ page_bytes or for an explicit section, sections of one group that
+  // overlap, packed and explicit sections mixed, slots outside the buffer, ...).
   void validate() const;
 
-  // Bytes one chunk's worth of every tensor takes in a slot: blocks_per_chunk · Σ page_bytes.
+  // Bytes of a slot the tensors' sections reach: blocks_per_chunk · Σ page_bytes when packed,
+  // else the end of the furthest section.
   [[nodiscard]] std::uint64_t chunk_payload_bytes() const noexcept;
+  // True when every tensor has an explicit section (host_offset != kPacked).
+  [[nodiscard]] bool explicit_sections() const noexcept;
+  // True when a section of one group overlaps a section of another (then a chunk may hold only
+  // one group's blocks: jobs give each group its own chunks with TransferSpec::group_chunks).
+  [[nodiscard]] bool groups_share_sections() const noexcept;
 };
 
 // Direction of a job: store = device → host (D2H), load = host → device (H2D).
 enum class Direction : std::uint8_t { kStore = 0, kLoad = 1 };
 KVOFFLOAD_API std::string_view to_string(Direction d) noexcept;  // "store" | "load"
+
+// Host chunks of one group in a job whose groups have chunks of their own (vLLM's: a chunk holds
+// one KV-cache group's blocks).
+struct GroupChunks {
+  std::span<const std::uint64_t> chunks;  // exactly ceil((skip + blocks) / bpc) of them
+  std::uint32_t skip = 0;                 // first position used in chunks[0], < blocks_per_chunk
+};
 
 // One job's mapping. Spans are read only during submit()/plan(): callers may reuse them after.
 struct TransferSpec {
@@ -85,6 +112,10 @@ struct TransferSpec {
   // chunks.size()·bpc − skip of them, and every listed chunk must receive at least one block of
   // some group.
   std::span<const std::span<const std::uint64_t>> group_blocks;
+  // Instead of chunks/skip (which must then be empty/0): one entry per layout group, group g's
+  // blocks filling group_chunks[g].chunks from position group_chunks[g].skip. A store may not
+  // name a chunk twice across all groups.
+  std::span<const GroupChunks> group_chunks;
 };
 
 }  // namespace kvoffload

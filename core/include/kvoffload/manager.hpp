@@ -56,13 +56,15 @@ enum class ManagerSemantics : std::uint8_t {
   // it): slots fresh in ascending order, then the most recently freed; the policies keep pinned
   // and write-pending chunks in place (make_vllm_policy); the threshold tracker forgets the key
   // looked up least recently; complete_store skips keys that are not write-pending; reset is
-  // allowed with stores or loads in flight, records no event and keeps the threshold counts.
+  // allowed with stores or loads in flight, records no event and keeps the threshold counts;
+  // num_chunks may be 0 (vLLM sizes a cache too small for one block to 0 blocks and runs with it:
+  // every store that needs a slot is refused).
   kVllm = 1,
 };
 KVOFFLOAD_API std::string_view manager_semantics_name(ManagerSemantics semantics) noexcept;
 
 struct ManagerConfig {
-  std::uint64_t num_chunks = 0;  // slots in the region; 1 .. 2^32-2
+  std::uint64_t num_chunks = 0;  // slots in the region; 1 .. 2^32-2 (0 too with kVllm)
   PolicyKind policy = PolicyKind::kLru;
   // 0: store every key offered. N >= 1: a key is stored only once lookup() has seen it at least
   // N times (as a miss or a hit, counting the current request's lookup). Counts live in a bounded

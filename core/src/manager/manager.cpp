@@ -17,6 +17,8 @@
 //    candidates): the policy then evicts nothing and prepare_store cannot store.
 //  - reset (reset_cache) clears everything even with stores or loads in flight (vLLM's scheduler
 //    never completes a pre-reset job), records no event, and keeps the threshold counts.
+//  - num_chunks 0 is allowed: vLLM's spec sizes a cache smaller than one block to 0 blocks, and
+//    its manager then refuses every store that needs a slot.
 // Lookups, eviction order and the removed-then-stored event order are the same in both.
 #include <kvoffload/manager.hpp>
 
@@ -524,7 +526,8 @@ class ManagerImpl {
     s.write_pending = pending_;
     s.pinned = pinned_;
     s.evictable = s.used - pending_ - pinned_;
-    const double n = static_cast<double>(n_);
+    // A 0-chunk (vLLM) manager reports 0.0, as vLLM does, not 0/0.
+    const double n = n_ == 0 ? 1.0 : static_cast<double>(n_);
     s.usage = static_cast<double>(s.used) / n;
     s.write_pending_fraction = static_cast<double>(pending_) / n;
     s.pinned_fraction = static_cast<double>(pinned_) / n;
@@ -699,9 +702,11 @@ namespace {
 
 ManagerConfig validated(ManagerConfig config) {
   constexpr std::uint64_t kMaxChunks = 0xFFFFFFFEull;  // kNoSlot is reserved
-  if (config.num_chunks == 0 || config.num_chunks > kMaxChunks) {
-    throw_invalid("manager: num_chunks " + std::to_string(config.num_chunks) +
-                  " is out of range 1.." + std::to_string(kMaxChunks));
+  // vLLM runs a CPU cache of 0 blocks (its size rounded down to nothing); natively it is an error.
+  const std::uint64_t min_chunks = config.semantics == ManagerSemantics::kVllm ? 0 : 1;
+  if (config.num_chunks < min_chunks || config.num_chunks > kMaxChunks) {
+    throw_invalid("manager: num_chunks " + std::to_string(config.num_chunks) + " is out of range " +
+                  std::to_string(min_chunks) + ".." + std::to_string(kMaxChunks));
   }
   if (config.ready_chunks && *config.ready_chunks > config.num_chunks) {
     throw_invalid("manager: ready_chunks " + std::to_string(*config.ready_chunks) +

@@ -1,11 +1,12 @@
 // vLLM's LRU and ARC cache policies (vllm/v1/kv_offload/cpu/policies/lru.py and arc.py), in C++
 // for ManagerSemantics::kVllm (Note [vLLM semantics] in manager.cpp).
 //
-// vLLM keeps every resident block in its OrderedDict whatever its ref_cnt, and its eviction walks
+// vLLM's ARC keeps every resident block in T1/T2 whatever its ref_cnt, and its eviction walks
 // from the least recent end past blocks that are pinned (ref_cnt > 0) or write-pending (-1). So
-// here, unlike the native policies (Note [Parked slots]), hold() and release() only flip a flag
-// and a slot never moves when a load or store ends. Eviction costs O(victims + unevictable slots
-// walked past), as vLLM's does; everything else is O(1) per slot.
+// there, unlike the native policies (Note [Parked slots]), hold() and release() only flip a flag
+// and a slot never moves when a load or store ends. vLLM's LRU keeps a separate list of the
+// evictable blocks only (see VllmLruPolicy). Eviction costs O(victims + slots walked past), as
+// vLLM's does; everything else is O(1) per slot.
 #include "manager/index_list.hpp"
 #include "manager/key_table.hpp"
 
@@ -25,101 +26,110 @@ using detail::KeyTable;
 using detail::kNil;
 using detail::Link;
 
-// lru.py: one list of residents; insert and touch move to the most recent end (front here).
+// lru.py (since vLLM 68567ef2df): `blocks` holds every resident; `evictable_blocks`, an
+// OrderedDict, holds only the ready and unpinned ones (ref_cnt 0) in recency order. A block enters
+// it at the most recent end when its store completes or its last load completes (mark_evictable
+// appends: the last key of the call ends most recent), leaves it when a load pins it, and touch
+// moves only the blocks in it. Pinned and write-pending blocks are in no list, so eviction walks
+// only evictable slots: O(victims + protected slots met).
 class VllmLruPolicy final : public EvictionPolicy {
  public:
   explicit VllmLruPolicy(std::uint32_t capacity)
-      : capacity_(capacity), links_(capacity), resident_(capacity, 0), evictable_(capacity, 0) {}
+      : capacity_(capacity), links_(capacity), state_(capacity, kAbsent) {}
 
   PolicyKind kind() const noexcept override { return PolicyKind::kLru; }
   std::string_view name() const noexcept override { return "lru"; }
   std::uint32_t capacity() const noexcept override { return capacity_; }
 
   void insert(std::span<const SlotIndex> slots, std::span<const BlockKey> /*keys*/) override {
-    // OrderedDict assignment appends: the last key of the call ends most recent.
+    // A new BlockStatus has ref_cnt -1: resident, not evictable.
     for (const SlotIndex s : slots) {
-      if (resident_[s] != 0) remove_one(s);
-      list_.push_front(links_.data(), s);
-      resident_[s] = 1;
+      if (state_[s] == kAbsent) ++resident_;
+      if (state_[s] == kEvictable) list_.erase(links_.data(), s);
+      state_[s] = kParked;
     }
   }
 
   void release(std::span<const SlotIndex> slots) override {
-    for (const SlotIndex s : slots) set_evictable(s, 1);
+    // mark_evictable: `evictable_blocks[key] = None` appends a new key at the most recent end and
+    // leaves a key that is already there where it is.
+    for (const SlotIndex s : slots) {
+      if (state_[s] != kParked) continue;
+      list_.push_front(links_.data(), s);
+      state_[s] = kEvictable;
+    }
   }
 
   void hold(std::span<const SlotIndex> slots) override {
-    for (const SlotIndex s : slots) set_evictable(s, 0);
+    // mark_non_evictable: `del evictable_blocks[key]`.
+    for (const SlotIndex s : slots) {
+      if (state_[s] != kEvictable) continue;
+      list_.erase(links_.data(), s);
+      state_[s] = kParked;
+    }
   }
 
   void touch(std::span<const SlotIndex> slots) override {
-    // reversed(keys) + move_to_end: slots[0] ends most recent. Pinned and pending slots move too.
+    // reversed(keys) + move_to_end, evictable keys only: slots[0] ends most recent; pinned and
+    // write-pending blocks keep no place to move.
     for (auto it = slots.rbegin(); it != slots.rend(); ++it) {
-      if (resident_[*it] != 0) list_.move_to_front(links_.data(), *it);
+      if (state_[*it] == kEvictable) list_.move_to_front(links_.data(), *it);
     }
   }
 
   void remove(std::span<const SlotIndex> slots) override {
     for (const SlotIndex s : slots) {
-      if (resident_[s] != 0) remove_one(s);
+      if (state_[s] == kAbsent) continue;
+      if (state_[s] == kEvictable) list_.erase(links_.data(), s);
+      state_[s] = kAbsent;
+      --resident_;
     }
   }
 
   std::size_t evict(std::size_t count, const VictimFilter& filter,
                     std::span<const BlockKey> /*slot_keys*/,
                     std::span<SlotIndex> victims_out) override {
-    std::size_t written = 0;
-    std::uint32_t cursor = list_.back();
-    while (written < count && cursor != kNil) {
-      const std::uint32_t more_recent = links_[cursor].prev;
-      if (evictable_[cursor] != 0 && !filter.is_protected(cursor)) {
-        remove_one(cursor);
-        victims_out[written++] = cursor;
-      }
-      cursor = more_recent;
+    // Candidates from the least recent end, protected ones skipped; fewer than `count` found
+    // means vLLM returns None and changes nothing.
+    std::size_t found = 0;
+    for (std::uint32_t cursor = list_.back(); found < count && cursor != kNil;
+         cursor = links_[cursor].prev) {
+      if (!filter.is_protected(cursor)) victims_out[found++] = cursor;
     }
-    return written;
+    if (found < count) return 0;
+    for (std::size_t i = 0; i < found; ++i) {
+      list_.erase(links_.data(), victims_out[i]);
+      state_[victims_out[i]] = kAbsent;
+    }
+    resident_ -= found;
+    return found;
   }
 
   void reset() override {
     for (auto& l : links_) l = Link{};
-    std::fill(resident_.begin(), resident_.end(), 0);
-    std::fill(evictable_.begin(), evictable_.end(), 0);
+    std::fill(state_.begin(), state_.end(), kAbsent);
     list_.clear();
-    evictable_count_ = 0;
+    resident_ = 0;
   }
 
-  std::size_t evictable_count() const noexcept override { return evictable_count_; }
+  std::size_t evictable_count() const noexcept override { return list_.size(); }
 
   PolicyCounters counters() const noexcept override {
     PolicyCounters c;
-    c.resident = list_.size();
-    c.evictable = evictable_count_;
-    c.recent = list_.size();
+    c.resident = resident_;
+    c.evictable = list_.size();
+    c.recent = resident_;
     return c;
   }
 
  private:
-  void set_evictable(SlotIndex s, std::uint8_t on) noexcept {
-    if (resident_[s] == 0 || evictable_[s] == on) return;
-    evictable_[s] = on;
-    if (on != 0)
-      ++evictable_count_;
-    else
-      --evictable_count_;
-  }
-  void remove_one(SlotIndex s) noexcept {
-    set_evictable(s, 0);
-    list_.erase(links_.data(), s);
-    resident_[s] = 0;
-  }
+  enum : std::uint8_t { kAbsent = 0, kParked = 1, kEvictable = 2 };
 
   std::uint32_t capacity_;
   std::vector<Link> links_;
-  std::vector<std::uint8_t> resident_;
-  std::vector<std::uint8_t> evictable_;
-  IndexList list_;
-  std::size_t evictable_count_ = 0;
+  std::vector<std::uint8_t> state_;  // kParked: write-pending or pinned (ref_cnt != 0)
+  IndexList list_;                   // evictable_blocks; front = most recent
+  std::uint64_t resident_ = 0;
 };
 
 // arc.py: T1/T2 hold every resident; B1/B2 are ghost keys, each at most `capacity` long; the T1

@@ -51,6 +51,7 @@ class Planner {
     std::uint64_t page;
     std::uint64_t stride;
     std::uint64_t host_offset;  // within a slot
+    std::uint64_t host_stride;  // between positions of the section
   };
   struct Group {
     std::uint32_t first_tensor;
@@ -59,6 +60,15 @@ class Planner {
   };
 
   void validate(Direction direction, const TransferSpec& spec);
+  void validate_group_chunks(Direction direction, const TransferSpec& spec);
+  // Refuses a duplicate among ids (< range): a bitmap member set and cleared again, so the check
+  // allocates nothing after warm-up.
+  void check_unique(std::span<const std::uint64_t> ids, std::uint64_t range, const char* what);
+  // Emits group g's copies into the chunk at global chunk index c of a mapping whose blocks start
+  // at position skip (blocks[i] at global position skip + i).
+  template <class Emit>
+  void emit_chunk_group(std::byte* slot, std::uint64_t c, std::uint32_t skip, std::size_t g,
+                        std::span<const std::uint64_t> blocks, Emit& emit) const;
 
   const KvLayout& layout_;
   std::vector<Tensor> tensors_;
@@ -66,6 +76,7 @@ class Planner {
   std::vector<CopyDescriptor> copies_;
   std::vector<CopyDescriptor> split_;  // shift_host_side by segments
   std::vector<std::uint64_t> seen_;    // bitmap for duplicate detection, all-zero between plans
+  bool groups_share_sections_ = false;
 };
 
 // Picks the path for one batch: the kernel only when allowed (registered host memory and a

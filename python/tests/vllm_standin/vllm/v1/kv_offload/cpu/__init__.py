@@ -1,1 +1,0 @@
-"""Test stand-in for vLLM (see python/tests/vllm_standin/README.md)."""
