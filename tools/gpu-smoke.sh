@@ -21,7 +21,7 @@ out_arg=${1:?usage: tools/gpu-smoke.sh OUT_DIR [cuda|hip]}
 backend=${2:-}
 mkdir -p "$out_arg" || exit 2
 out=$(cd "$out_arg" && pwd)  # before the cd below: a relative OUT_DIR is the caller's
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 summary="$out/summary.txt"
 : >"$summary"
 say() { echo "gpu-smoke: $*" | tee -a "$summary"; }
