@@ -62,12 +62,15 @@ struct kvo_block_scan {
 
 #define KVO_BACKEND_NS sim
 
+// CUDA's own keywords, given their meaning on the CPU: reserved names on purpose.
+// NOLINTBEGIN(bugprone-reserved-identifier)
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __restrict__ __restrict
 #define __syncthreads() ::kvoffload::kernels::sim::sync_threads()
+// NOLINTEND(bugprone-reserved-identifier)
 #define threadIdx (::kvoffload::kernels::sim::this_thread().thread_idx)
 #define blockIdx (::kvoffload::kernels::sim::this_thread().block_idx)
 #define gridDim (::kvoffload::kernels::sim::this_thread().grid_dim)

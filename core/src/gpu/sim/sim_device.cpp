@@ -1482,7 +1482,7 @@ int env_int(const char* name, int lo, int hi, int fallback) {
   return static_cast<int>(n);
 }
 
-std::string env_string(const char* name, std::string fallback) {
+std::string env_string(const char* name, const std::string& fallback) {
   const char* env = std::getenv(name);
   return env != nullptr && *env != '\0' ? std::string(env) : fallback;
 }
