@@ -41,6 +41,7 @@ int run_kvoffload(const fs::path& dir, std::vector<std::string> args,
   args.insert(args.begin(),
               {std::string(bin_dir != nullptr ? bin_dir : ".") + "/kvoffload", "run"});
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::string out = (dir / "out").string();
