@@ -54,7 +54,7 @@ class GpuRuntimeTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override { make({}); }
   // (Re)creates the runtime; on sim over a device of our own with `sim` options.
-  void make(const RuntimeOptions& options, SimOptions sim = {}) {
+  void make(const RuntimeOptions& options, const SimOptions& sim = {}) {
     runtime_.reset();
     device_.reset();
     try {
