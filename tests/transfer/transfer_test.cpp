@@ -565,7 +565,7 @@ TEST_P(TransferTest, GroupChunksAndSectionsAreValidated) {
   engine.submit(JobId{1}, Direction::kStore, TransferSpec{chunks, 0, one});  // one group: fine
   EXPECT_TRUE(engine.wait_all().at(0).success);
 
-  auto expect_bad_layout = [](KvLayout layout, const std::string& needle) {
+  auto expect_bad_layout = [](const KvLayout& layout, const std::string& needle) {
     try {
       layout.validate();
       ADD_FAILURE() << "accepted a bad layout (" << needle << ")";
