@@ -10,16 +10,11 @@ FROM ${CUDA_IMAGE}
 # sm_80 (A100) and sm_90 (H100/H200); PTX of the newest is embedded for later GPUs.
 ARG CUDA_ARCHITECTURES="80;90"
 
-# The Debian/Ubuntu packages of tools/setup/install-deps.sh, less the HIP ones (hipcc,
-# libamdhip64-dev) and the linters; CMake >= 3.25 comes with Ubuntu 24.04.
+# The packages of tools/setup/install-deps.sh (the one list; Ubuntu 24.04 has them under the
+# same names), without Debian's HIP toolchain (--no-hip): this image is for CUDA.
 ENV DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
- && apt-get install -y --no-install-recommends \
-      build-essential cmake ninja-build pkg-config git \
-      libgtest-dev libgmock-dev googletest libbenchmark-dev \
-      libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev \
-      pybind11-dev python3-dev python3-pytest python3-numpy \
- && rm -rf /var/lib/apt/lists/*
+COPY tools/setup/install-deps.sh /tmp/install-deps.sh
+RUN /tmp/install-deps.sh --no-hip && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh
 
 ENV CUDA_HOME=/usr/local/cuda
 WORKDIR /src/kvoffload

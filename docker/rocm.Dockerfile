@@ -15,16 +15,11 @@ FROM ${ROCM_IMAGE}
 # gfx90a (MI200), gfx942 (MI300).
 ARG HIP_ARCHITECTURES="gfx90a;gfx942"
 
-# The Debian/Ubuntu packages of tools/setup/install-deps.sh, less hipcc / libamdhip64-dev (ROCm
-# provides HIP) and the linters.
+# The packages of tools/setup/install-deps.sh (the one list; Ubuntu 24.04 has them under the
+# same names), without Debian's HIP toolchain (--no-hip): ROCm provides HIP and rocPRIM.
 ENV DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
- && apt-get install -y --no-install-recommends \
-      build-essential cmake ninja-build pkg-config git \
-      libgtest-dev libgmock-dev googletest libbenchmark-dev \
-      libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev \
-      pybind11-dev python3-dev python3-pytest python3-numpy \
- && rm -rf /var/lib/apt/lists/*
+COPY tools/setup/install-deps.sh /tmp/install-deps.sh
+RUN /tmp/install-deps.sh --no-hip && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh
 
 ENV ROCM_PATH=/opt/rocm
 ENV PATH=/opt/rocm/bin:${PATH}

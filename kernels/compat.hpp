@@ -60,16 +60,17 @@ struct kvo_block_scan {
 // driven by core/src/gpu/sim). Nothing here may touch a GPU.
 #include "sim_thread.hpp"
 
-#include <cstring>
-
 #define KVO_BACKEND_NS sim
 
+// CUDA's own keywords, given their meaning on the CPU: reserved names on purpose.
+// NOLINTBEGIN(bugprone-reserved-identifier)
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __restrict__ __restrict
 #define __syncthreads() ::kvoffload::kernels::sim::sync_threads()
+// NOLINTEND(bugprone-reserved-identifier)
 #define threadIdx (::kvoffload::kernels::sim::this_thread().thread_idx)
 #define blockIdx (::kvoffload::kernels::sim::this_thread().block_idx)
 #define gridDim (::kvoffload::kernels::sim::this_thread().grid_dim)
@@ -79,13 +80,14 @@ struct kvo_block_scan {
 struct alignas(16) kvo_vec16 {
   std::uint32_t x, y, z, w;
 };
+// Vector accesses fault when misaligned, as on a GPU (sim_thread.hpp).
 inline kvo_vec16 kvo_load_stream(const kvo_vec16* p) {
   kvo_vec16 v;
-  std::memcpy(&v, p, sizeof v);
+  ::kvoffload::kernels::sim::vector_load(p, &v);
   return v;
 }
 inline void kvo_store_stream(kvo_vec16* p, kvo_vec16 v) {
-  std::memcpy(p, &v, sizeof v);
+  ::kvoffload::kernels::sim::vector_store(p, &v);
 }
 
 template <int Threads>

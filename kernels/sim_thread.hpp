@@ -24,6 +24,12 @@ struct ThreadContext {
 // The GPU thread running now on this host thread.
 ThreadContext& this_thread() noexcept;
 
+// One 16-byte vector load / store, as the GPU makes it (ld.global.v4 / st.global.v4): the address
+// must be 16-byte aligned, or the access faults with a misaligned address (a sticky error) and
+// the kernel stops there, as on a GPU. Defined by the CTA executor (core/src/gpu/sim).
+void vector_load(const void* src, void* out16);
+void vector_store(void* dst, const void* in16);
+
 inline void sync_threads() {
   ThreadContext& t = this_thread();
   t.sync(t.sync_arg);

@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# One script for a GPU host, CUDA or ROCm: builds the matching preset, runs the gpu-labelled
-# tests (plus compute-sanitizer memcheck on the GPU runtime suite where it exists), the transfer
-# benchmark for that backend and `kvoffload run --backend <gpu> --world-size 2`, and writes logs
-# and JSON under OUT_DIR (at most eight files, none in subfolders). Sized for under 8 minutes on
-# a 16-core machine.
+# One script for a GPU host, CUDA or ROCm: checks the build's dependencies (and names any that are
+# missing before building anything), builds the matching preset, runs the gpu-labelled tests
+# (plus compute-sanitizer memcheck on the GPU runtime suite where the toolkit has it), the
+# transfer benchmark for that backend and `kvoffload run --backend <gpu> --world-size 2` while
+# recording which processes hold a context on which GPU, and writes logs and JSON under OUT_DIR
+# (at most eight files, none in subfolders). Sized for under 8 minutes on a 16-core machine.
 #
 #   tools/gpu-smoke.sh OUT_DIR [cuda|hip]        # backend: detected when not given
+#
+# OUT_DIR may be relative: it is resolved against the directory the script was started from.
+# Dependencies may come from extracted .deb files: point CMAKE_PREFIX_PATH at the prefix (e.g.
+# /opt/kvo-deps/usr, see ../shared/gpu/README.md); its bin/ goes on PATH and its pkg-config files
+# are relocated to it.
 #
 # Environment: KVOFFLOAD_SMOKE_ARCH (CUDA architectures, default: the device's own, e.g. 90),
 # KVOFFLOAD_SMOKE_BENCH_FILTER (a transfer_bench filter, default: the README's cases).
 set -uo pipefail
-cd "$(dirname "$0")/.."
 
-out=${1:?usage: tools/gpu-smoke.sh OUT_DIR [cuda|hip]}
+out_arg=${1:?usage: tools/gpu-smoke.sh OUT_DIR [cuda|hip]}
 backend=${2:-}
-mkdir -p "$out"
+mkdir -p "$out_arg" || exit 2
+out=$(cd "$out_arg" && pwd)  # before the cd below: a relative OUT_DIR is the caller's
+cd "$(dirname "$0")/.." || exit 2
 summary="$out/summary.txt"
 : >"$summary"
 say() { echo "gpu-smoke: $*" | tee -a "$summary"; }
@@ -32,11 +39,84 @@ if [[ -z $backend ]]; then
 fi
 case $backend in
   cuda | hip) ;;
-  *) say "unknown backend '$backend' (cuda or hip)"; exit 2 ;;
+  *)
+    say "unknown backend '$backend' (cuda or hip)"
+    exit 2
+    ;;
 esac
 say "backend $backend, $(date -u +%FT%TZ), $(nproc) cores"
+
+# 0. Build dependencies, checked before anything is built. Prefixes: CMAKE_PREFIX_PATH (extracted
+# .debs), then the system's. Each line: what, marker files (any, relative to a prefix), the Debian
+# packages that provide it (what to download with `apt-get download` into .gpu-deps/).
+IFS=: read -r -a prefixes <<<"${CMAKE_PREFIX_PATH:-}"
+prefixes+=(/usr /usr/local)
+for p in "${prefixes[@]}"; do
+  [[ -n $p && -d $p/bin && $p != /usr && $p != /usr/local ]] && PATH="$p/bin:$PATH"
+done
+export PATH="$PATH:/usr/local/cuda/bin${CUDA_HOME:+:$CUDA_HOME/bin}"
+deps=(
+  "spdlog|lib/x86_64-linux-gnu/cmake/spdlog/spdlogConfig.cmake|libspdlog-dev libspdlog1.10"
+  "fmt|lib/x86_64-linux-gnu/cmake/fmt/fmt-config.cmake|libfmt-dev libfmt9"
+  "CLI11|share/cmake/CLI11/CLI11Config.cmake lib/cmake/CLI11/CLI11Config.cmake|libcli11-dev"
+  "nlohmann_json|share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake|nlohmann-json3-dev"
+  "GoogleTest|lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake|libgtest-dev libgmock-dev googletest"
+  "Google Benchmark|lib/x86_64-linux-gnu/cmake/benchmark/benchmarkConfig.cmake|libbenchmark-dev libbenchmark1debian"
+  "hiredis|lib/x86_64-linux-gnu/pkgconfig/hiredis.pc|libhiredis-dev libhiredis0.14"
+  "libmemcached|lib/x86_64-linux-gnu/pkgconfig/libmemcached.pc|libmemcached-dev libmemcached11 libmemcachedutil2 libhashkit-dev libhashkit2"
+  "xxhash|lib/x86_64-linux-gnu/pkgconfig/libxxhash.pc|libxxhash-dev libxxhash0"
+)
+missing=()
+for d in "${deps[@]}"; do
+  IFS='|' read -r what markers debs <<<"$d"
+  found=0
+  for p in "${prefixes[@]}"; do
+    for m in $markers; do
+      [[ -n $p && -e $p/$m ]] && found=1
+    done
+  done
+  ((found)) || missing+=("$what ($debs)")
+done
+tool_missing() { command -v "$1" >/dev/null || missing+=("$2"); }
+tool_missing cmake "cmake (cmake >= 3.25)"
+tool_missing ninja "ninja (ninja-build)"
+tool_missing c++ "a C++20 compiler (g++ or clang++)"
+command -v pkg-config >/dev/null || command -v pkgconf >/dev/null ||
+  missing+=("pkg-config (pkgconf pkgconf-bin libpkgconf3)")
 if [[ $backend == cuda ]]; then
-  nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader \
+  tool_missing nvcc "nvcc (a CUDA toolkit 12.0 or newer under /usr/local/cuda or on PATH)"
+else
+  tool_missing hipcc "hipcc (ROCm, or Debian's hipcc libamdhip64-dev librocprim-dev)"
+fi
+if ((${#missing[@]} > 0)); then
+  say "missing build dependencies, nothing was built:"
+  for m in "${missing[@]}"; do say "  $m"; done
+  say "carry the Debian packages named above as .debs (../shared/gpu/README.md: apt-get download" \
+    "into .gpu-deps/, extracted under CMAKE_PREFIX_PATH by the device command), or install them"
+  exit 2
+fi
+say "build dependencies found (prefixes: ${prefixes[*]})"
+
+# pkg-config files of extracted .debs name /usr: copies that name their real prefix.
+pkgcfg_dir="$PWD/build/smoke-pkgconfig"
+pkg_args=()
+rm -rf "$pkgcfg_dir"
+for p in "${prefixes[@]}"; do
+  [[ -z $p || $p == /usr || $p == /usr/local ]] && continue
+  for pc in "$p"/lib/x86_64-linux-gnu/pkgconfig/*.pc "$p"/share/pkgconfig/*.pc; do
+    [[ -e $pc ]] || continue
+    mkdir -p "$pkgcfg_dir"
+    sed -E -e "s#^(prefix|exec_prefix|libdir|includedir)=/usr#\\1=$p#" -e "s#(-[IL])/usr/#\\1$p/#g" \
+      "$pc" >"$pkgcfg_dir/$(basename "$pc")"
+  done
+done
+if [[ -d $pkgcfg_dir ]]; then
+  export PKG_CONFIG_PATH="$pkgcfg_dir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  pkg_args=(-DPKG_CONFIG_USE_CMAKE_PREFIX_PATH=OFF)
+fi
+
+if [[ $backend == cuda ]]; then
+  nvidia-smi --query-gpu=index,name,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader \
     2>&1 | tee -a "$summary"
   arch=${KVOFFLOAD_SMOKE_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)}
   arch_flag=(-DKVOFFLOAD_CUDA_ARCHITECTURES="${arch:-90}")
@@ -47,12 +127,13 @@ fi
 # 1. Build: only what the checks need, Python off (the GPU host may lack its dev packages).
 build=build/$backend
 targets=(kvoffload "kvoffload_$backend" kvoffload_cli transfer_gpu_test gpu_runtime_gpu_test transfer_bench)
-if ! { cmake --preset "$backend" -DKVOFFLOAD_BUILD_PYTHON=OFF "${arch_flag[@]}" &&
-       cmake --build --preset "$backend" -j"$(nproc)" --target "${targets[@]}"; } >"$out/build.log" 2>&1; then
+if ! { cmake --preset "$backend" -DKVOFFLOAD_BUILD_PYTHON=OFF "${arch_flag[@]}" "${pkg_args[@]}" &&
+  cmake --build --preset "$backend" -j"$(nproc)" --target "${targets[@]}"; } >"$out/build.log" 2>&1; then
   say "build FAILED (build.log)"
   tail -30 "$out/build.log"
   exit 1
 fi
+rm -rf "$pkgcfg_dir"
 say "built in $((SECONDS - start)) s"
 
 status=0
@@ -63,10 +144,20 @@ else
   say "gpu tests FAILED (ctest.log)"
   status=1
 fi
-if [[ $backend == cuda ]] && command -v compute-sanitizer >/dev/null; then
-  if compute-sanitizer --tool memcheck --error-exitcode 1 \
-       "$build/tests/gpu/gpu_runtime_gpu_test" --gtest_filter='*Kernel*:*Paths*:*Ring*' >"$out/memcheck.log" 2>&1; then
-    say "compute-sanitizer memcheck clean on the kernel cases"
+if [[ $backend == cuda ]]; then
+  # compute-sanitizer lives in the toolkit's bin/ (CUDA 12+) or its own directory (older).
+  sanitizer=$(command -v compute-sanitizer 2>/dev/null)
+  nvcc_dir=$(dirname "$(command -v nvcc)")
+  for c in "$nvcc_dir/compute-sanitizer" "$nvcc_dir/../compute-sanitizer/compute-sanitizer" \
+    ${CUDA_HOME:+"$CUDA_HOME/bin/compute-sanitizer"} /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    [[ -z $sanitizer && -x $c ]] && sanitizer=$c
+  done
+  if [[ -z $sanitizer ]]; then
+    say "compute-sanitizer memcheck skipped: not found on PATH or under $nvcc_dir/.. or /usr/local/cuda"
+  elif "$sanitizer" --tool memcheck --error-exitcode 1 \
+    "$build/tests/gpu/gpu_runtime_gpu_test" --gtest_filter='*Kernel*:*Paths*:*Ring*' >"$out/memcheck.log" 2>&1; then
+    say "compute-sanitizer memcheck clean on the kernel cases ($sanitizer)"
   else
     say "compute-sanitizer memcheck FAILED (memcheck.log)"
     status=1
@@ -77,11 +168,11 @@ say "tests done at $((SECONDS - start)) s"
 # 3. Transfer benchmark for this backend (figures for the README), then the 12-CTA kernel case.
 filter=${KVOFFLOAD_SMOKE_BENCH_FILTER:-"^$backend/"}
 if KVOFFLOAD_BENCH_BACKENDS=$backend "$build/bin/transfer_bench" --benchmark_filter="$filter" \
-     --benchmark_out="$out/transfer_bench.json" --benchmark_out_format=json \
-     --benchmark_counters_tabular=true >"$out/bench.txt" 2>&1 &&
-   KVOFFLOAD_BENCH_BACKENDS=$backend KVOFFLOAD_BENCH_KERNEL_CTAS=12 "$build/bin/transfer_bench" \
-     --benchmark_filter="^$backend/load/kernel/bytes:(4096|16384)/" --benchmark_counters_tabular=true \
-     >>"$out/bench.txt" 2>&1; then
+  --benchmark_out="$out/transfer_bench.json" --benchmark_out_format=json \
+  --benchmark_counters_tabular=true >"$out/bench.txt" 2>&1 &&
+  KVOFFLOAD_BENCH_BACKENDS=$backend KVOFFLOAD_BENCH_KERNEL_CTAS=12 "$build/bin/transfer_bench" \
+    --benchmark_filter="^$backend/load/kernel/bytes:(4096|16384)/" --benchmark_counters_tabular=true \
+    >>"$out/bench.txt" 2>&1; then
   say "transfer_bench done (bench.txt, transfer_bench.json)"
 else
   say "transfer_bench FAILED (bench.txt)"
@@ -89,13 +180,48 @@ else
 fi
 say "bench done at $((SECONDS - start)) s"
 
-# 4. The main job on this GPU, two ranks, every byte verified.
-if "$build/bin/kvoffload" run --backend "$backend" --world-size 2 --duration 10 --host-pool 1G \
-     --json >"$out/run.json" 2>>"$summary"; then
+# 4. The main job on this GPU, two ranks, every byte verified. Meanwhile every GPU context is
+# sampled (nvidia-smi --query-compute-apps): each rank must hold one on its own GPU only, and the
+# scheduler none, or a context on the wrong GPU shows (issue 16, N1).
+"$build/bin/kvoffload" run --backend "$backend" --world-size 2 --duration 10 --host-pool 1G \
+  --json >"$out/run.json" 2>>"$summary" &
+run_pid=$!
+contexts="$out/contexts.csv"
+if [[ $backend == cuda ]]; then
+  echo "# sample,pid,process_name,gpu_uuid,used_memory (gpu index: uuid below)" >"$contexts"
+  nvidia-smi --query-gpu=index,uuid --format=csv,noheader | sed 's/^/# gpu /' >>"$contexts"
+  sample=0
+  while kill -0 "$run_pid" 2>/dev/null; do
+    nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv,noheader 2>/dev/null |
+      sed "s/^/$sample,/" >>"$contexts"
+    sample=$((sample + 1))
+    sleep 0.5
+  done
+else
+  echo "# contexts are sampled on CUDA only (nvidia-smi)" >"$contexts"
+fi
+if wait "$run_pid"; then
   say "kvoffload run: all verified ($(grep -o '"store_gbps":[0-9.]*' "$out/run.json"), $(grep -o '"load_gbps":[0-9.]*' "$out/run.json"))"
 else
   say "kvoffload run FAILED (run.json)"
   status=1
+fi
+if [[ $backend == cuda ]]; then
+  # pid -> the GPUs it held a context on; the scheduler (run_pid) must hold none.
+  verdict=$(awk -F', *' -v sched="$run_pid" '
+    /^#/ { next }
+    { gpus[$2] = gpus[$2] (index(gpus[$2], $4) ? "" : " " $4); seen[$2] = 1 }
+    END {
+      bad = 0
+      for (p in seen) {
+        n = split(gpus[p], g, " ")
+        if (p == sched) { print "the scheduler (pid " p ") held a context"; bad = 1 }
+        else if (n > 1) { print "pid " p " held contexts on " n " GPUs:" gpus[p]; bad = 1 }
+      }
+      if (!bad) print "ok: " length(seen) " process(es), one GPU each"
+    }' "$contexts")
+  say "contexts during kvoffload run: $verdict (contexts.csv)"
+  [[ $verdict == ok:* ]] || status=1
 fi
 "$build/bin/kvoffload" probe >>"$summary" 2>&1 || true
 say "finished in $((SECONDS - start)) s, status $status"

@@ -3,6 +3,15 @@
 // runtime in core. Built as the module libkvoffload_cuda.so, which core opens on first use.
 // hip/src/hip_api.cpp is its twin; the differences are CUDA's and are said where they are.
 //
+// Note [CUDA versions]
+// The module builds with any CUDA toolkit from 12.0 to 13.x. What newer toolkits added sits
+// behind the toolkit's version (KVOFFLOAD_CUDA_API, CUDART_VERSION unless a test build forces an
+// older one): the batched copy (CUmemcpyAttributes, cuMemcpyBatchAsync) needs 12.8, else the
+// per-copy loop runs; cudaGetDriverEntryPointByVersion needs 12.5, else
+// cudaGetDriverEntryPoint (12.0's signature, with the query result) resolves the driver calls.
+// A module needs a driver of its toolkit's major version or newer (Note [Driver floor] in
+// core/src/gpu/backend_modules.cpp): R525 for 12.x, R580 for 13.x.
+//
 // Note [Resolving cuMemcpyBatchAsync]
 // - The symbol exists from CUDA 12.8. CUDA 12.8/12.9 take 9 arguments (a size_t* failIdx before
 //   the stream); CUDA 13 takes 8. Calling one through the other's type passes the stream in the
@@ -24,6 +33,18 @@
 #include <cstring>
 #include <string>
 
+// The CUDA API level this module is written for: the toolkit's, or an older one forced by the
+// compile check of the older branches (cuda/CMakeLists.txt).
+#ifndef KVOFFLOAD_CUDA_API
+#define KVOFFLOAD_CUDA_API CUDART_VERSION
+#endif
+#if KVOFFLOAD_CUDA_API < 12000
+#error "kvoffload's CUDA backend needs a CUDA toolkit 12.0 or newer"
+#endif
+#ifndef KVOFFLOAD_CUDA_ARCHS
+#define KVOFFLOAD_CUDA_ARCHS ""
+#endif
+
 namespace kvoffload::gpu::cuda_api {
 
 namespace {
@@ -38,12 +59,9 @@ int rc(cudaError_t e) {
   return static_cast<int>(e);
 }
 
-const char* error_name(void*, int err) {
-  return cudaGetErrorName(static_cast<cudaError_t>(err));
-}
-const char* error_string(void*, int err) {
-  return cudaGetErrorString(static_cast<cudaError_t>(err));
-}
+// Defined below, with the driver entry points they use.
+const char* error_name(void*, int err);
+const char* error_string(void*, int err);
 int get_last_error(void*) {
   return rc(cudaGetLastError());
 }
@@ -55,6 +73,9 @@ int get_device(void*, int* d) {
 }
 int set_device(void*, int d) {
   return rc(cudaSetDevice(d));
+}
+int device_synchronize(void*) {
+  return rc(cudaDeviceSynchronize());
 }
 int device_describe(void*, int d, char* name, std::size_t name_len, char* arch,
                     std::size_t arch_len) {
@@ -80,9 +101,9 @@ int exchange_capture_mode(void*, int* mode, int relaxed) {
   *mode = static_cast<int>(m);
   return rc(e);
 }
-int legacy_stream_capturing(void*, int* capturing) {
+int stream_capturing(void*, void* s, int* capturing) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  const cudaError_t e = cudaStreamIsCapturing(cudaStreamLegacy, &status);
+  const cudaError_t e = cudaStreamIsCapturing(st(s), &status);
   *capturing = status != cudaStreamCaptureStatusNone ? 1 : 0;
   return rc(e);
 }
@@ -144,8 +165,19 @@ int device_malloc(void*, void** p, std::size_t n) {
 int device_free(void*, void* p) {
   return rc(cudaFree(p));
 }
+int device_malloc_async(void*, void** p, std::size_t n, void* s) {
+  return rc(cudaMallocAsync(p, n, st(s)));
+}
 int device_free_async(void*, void* p, void* s) {
   return rc(cudaFreeAsync(p, st(s)));
+}
+// Pinned, device-mapped: what cuStreamWaitValue32 may wait on.
+int flag_alloc(void*, std::uint32_t** flag) {
+  return rc(cudaHostAlloc(reinterpret_cast<void**>(flag), 64,
+                          cudaHostAllocMapped | cudaHostAllocPortable));
+}
+int flag_free(void*, std::uint32_t* flag) {
+  return rc(cudaFreeHost(flag));
 }
 int pointer_is_device(void*, const void* p, int* is_device) {
   cudaPointerAttributes attr{};
@@ -161,36 +193,81 @@ int memset_async(void*, void* d, int v, std::size_t n, void* s) {
   return rc(cudaMemsetAsync(d, v, n, st(s)));
 }
 
-// cuStreamWaitValue32 through the driver entry point (no libcuda link needed).
+// Driver calls through the driver entry point (no libcuda link needed).
 using WaitValueFn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using CtxGetCurrentFn = CUresult(CUDAAPI*)(CUcontext*);
+using GetErrorFn = CUresult(CUDAAPI*)(CUresult, const char**);
 WaitValueFn g_wait_value = nullptr;
+CtxGetCurrentFn g_ctx_get_current = nullptr;
+GetErrorFn g_error_name = nullptr;
+GetErrorFn g_error_string = nullptr;
+
 int stream_wait_value32(void*, void* s, std::uint32_t* flag, std::uint32_t value) {
   if (g_wait_value == nullptr) return rc(cudaErrorNotSupported);
   void* dev = nullptr;
   if (const cudaError_t e = cudaHostGetDevicePointer(&dev, flag, 0); e != cudaSuccess) return rc(e);
   const CUresult r =
       g_wait_value(st(s), reinterpret_cast<CUdeviceptr>(dev), value, CU_STREAM_WAIT_VALUE_EQ);
-  return r == CUDA_SUCCESS ? 0 : rc(cudaErrorInvalidValue);
+  return driver_result(static_cast<int>(r));  // the driver's own code, not a runtime guess
+}
+
+// -1 when no context is current: cudaGetDevice reports 0 for such a thread, and any other
+// runtime call would create device 0's context there (Note [Device guard] in gpu_runtime.cpp).
+int current_device(void*, int* d) {
+  *d = -1;
+  if (g_ctx_get_current != nullptr) {
+    CUcontext ctx = nullptr;
+    if (const CUresult r = g_ctx_get_current(&ctx); r != CUDA_SUCCESS) {
+      return driver_result(static_cast<int>(r));
+    }
+    if (ctx == nullptr) return 0;
+  }
+  return rc(cudaGetDevice(d));
 }
 
 // ---- batched DMA: Note [Resolving cuMemcpyBatchAsync] ----
+#if KVOFFLOAD_CUDA_API >= 12080
 using BatchFn12080 = CUresult(CUDAAPI*)(CUdeviceptr*, CUdeviceptr*, std::size_t*, std::size_t,
                                         CUmemcpyAttributes*, std::size_t*, std::size_t,
                                         std::size_t*, CUstream);
 using BatchFn13000 = CUresult(CUDAAPI*)(CUdeviceptr*, CUdeviceptr*, std::size_t*, std::size_t,
                                         CUmemcpyAttributes*, std::size_t*, std::size_t, CUstream);
-using GetErrorFn = CUresult(CUDAAPI*)(CUresult, const char**);
 void* g_batch = nullptr;
 bool g_batch_13000 = false;
-GetErrorFn g_error_name = nullptr;
+#endif
 std::string g_batch_detail;
 
-void* entry_point(const char* symbol, unsigned version) {
+const char* error_name(void*, int err) {
+  if (is_driver_result(err)) {
+    const char* name = nullptr;
+    if (g_error_name != nullptr) (void)g_error_name(static_cast<CUresult>(driver_code(err)), &name);
+    return name != nullptr ? name : "CUresult";
+  }
+  return cudaGetErrorName(static_cast<cudaError_t>(err));
+}
+const char* error_string(void*, int err) {
+  if (is_driver_result(err)) {
+    const char* text = nullptr;
+    if (g_error_string != nullptr)
+      (void)g_error_string(static_cast<CUresult>(driver_code(err)), &text);
+    return text != nullptr ? text : "a driver call failed";
+  }
+  return cudaGetErrorString(static_cast<cudaError_t>(err));
+}
+
+// A driver entry point of the ABI `version` (CUDA_VERSION encoding), or null.
+void* entry_point(const char* symbol, [[maybe_unused]] unsigned version) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableLegacyStream, &status) !=
-          cudaSuccess ||
-      status != cudaDriverEntryPointSuccess) {
+#if KVOFFLOAD_CUDA_API >= 12050
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableLegacyStream, &status);
+#else
+  // 12.0 to 12.4: the ABI is the runtime's own version, which is the one asked for everywhere
+  // below except cuMemcpyBatchAsync (12.8+, so never resolved here).
+  const cudaError_t e = cudaGetDriverEntryPoint(symbol, &fn, cudaEnableLegacyStream, &status);
+#endif
+  if (e != cudaSuccess || status != cudaDriverEntryPointSuccess) {
     (void)cudaGetLastError();
     return nullptr;
   }
@@ -204,9 +281,12 @@ void resolve_driver_entries() {
     g_batch_detail = "per-copy loop: cudaDriverGetVersion failed";
     return;
   }
-  const unsigned version = driver >= 13000 ? 13000u : 12080u;
   g_wait_value = reinterpret_cast<WaitValueFn>(entry_point("cuStreamWaitValue32", 12000));
+  g_ctx_get_current = reinterpret_cast<CtxGetCurrentFn>(entry_point("cuCtxGetCurrent", 12000));
   g_error_name = reinterpret_cast<GetErrorFn>(entry_point("cuGetErrorName", 12000));
+  g_error_string = reinterpret_cast<GetErrorFn>(entry_point("cuGetErrorString", 12000));
+#if KVOFFLOAD_CUDA_API >= 12080
+  const unsigned version = driver >= 13000 ? 13000u : 12080u;
   if (driver < 12080) {
     g_batch_detail = "per-copy loop: driver " + std::to_string(driver) +
                      " has no cuMemcpyBatchAsync (needs 12.8)";
@@ -218,8 +298,14 @@ void resolve_driver_entries() {
                        ? "per-copy loop: the driver did not resolve cuMemcpyBatchAsync"
                    : g_batch_13000 ? "cuMemcpyBatchAsync (CUDA 13 signature, 8 arguments)"
                                    : "cuMemcpyBatchAsync (CUDA 12.8 signature, 9 arguments)";
+#else
+  g_batch_detail = "per-copy loop: built with CUDA " + std::to_string(KVOFFLOAD_CUDA_API / 1000) +
+                   "." + std::to_string(KVOFFLOAD_CUDA_API % 1000 / 10) +
+                   ", whose headers have no cuMemcpyBatchAsync (12.8+)";
+#endif
 }
 
+#if KVOFFLOAD_CUDA_API >= 12080
 int memcpy_batch_async(void*, void** dsts, const void** srcs, std::size_t* sizes, std::size_t count,
                        int source_in_stream_order, void* stream, std::size_t* fail_index) {
   *fail_index = SIZE_MAX;
@@ -238,6 +324,7 @@ int memcpy_batch_async(void*, void** dsts, const void** srcs, std::size_t* sizes
                                d, s, sizes, count, &attr, &attr_idx, 1, fail_index, st(stream));
   return static_cast<int>(r);
 }
+#endif
 const char* batch_error_text(void*, int code) {
   const char* name = nullptr;
   if (g_error_name != nullptr) (void)g_error_name(static_cast<CUresult>(code), &name);
@@ -263,10 +350,22 @@ VendorApi make_table() {
   a.err_not_ready = cudaErrorNotReady;
   a.err_capture_implicit = cudaErrorStreamCaptureImplicit;
   a.legacy_stream = cudaStreamLegacy;
+  // Note [Kernel architectures] in gpu_runtime.cpp: PTX of the newest architecture is embedded,
+  // so kernel_check decides for a newer GPU.
+  a.kernel_archs = KVOFFLOAD_CUDA_ARCHS;
+  a.kernel_archs_exact = 0;
+  a.min_driver_version = KVOFFLOAD_CUDA_API / 1000 * 1000;
+  a.min_driver_text =
+      KVOFFLOAD_CUDA_API >= 13000 ? "NVIDIA driver R580 or newer" : "NVIDIA driver R525 or newer";
   KVOFFLOAD_VENDOR_TABLE_CALLS(a);
+  a.device_malloc_async = device_malloc_async;
   a.device_free_async = device_free_async;
   resolve_driver_entries();
+#if KVOFFLOAD_CUDA_API >= 12080
   a.memcpy_batch_async = g_batch != nullptr ? memcpy_batch_async : nullptr;
+#else
+  a.memcpy_batch_async = nullptr;
+#endif
   a.batch_detail = g_batch_detail.c_str();
   a.kernel_threads = kernels::kBatchCopyThreads;
   return a;

@@ -7,7 +7,18 @@
 // - the descriptor ring is hipHostMalloc'ed coherent, so the GPU sees each new batch of
 //   descriptors without a cache flush;
 // - hipLaunchHostFunc is declared by ROCm 5.2's headers but not exported by its library;
-//   hipStreamAddCallback exists in every ROCm and runs in stream order the same way;
+//   hipStreamAddCallback exists in every ROCm and runs in stream order the same way — and, unlike
+//   CUDA's host functions, also after an error (it hands the callback the error): nothing in
+//   kvoffload may rely on either behaviour (DeviceRuntime::launch_host_func);
+// - hipStreamWaitValue32 is documented for signal memory only (hipExtMallocWithFlags with
+//   hipMallocSignalMemory) and only where hipDeviceAttributeCanUseStreamWaitValue says so: the
+//   flags of wait_host_flag are allocated that way;
+// - HIP has no per-thread "no context" state that costs anything: a thread that never chose a
+//   device runs on device 0, whose runtime state exists anyway, so current_device is
+//   hipGetDevice;
+// - code objects exist per GPU architecture, with no JIT from a portable form: a device whose
+//   architecture the build lacks (Debian's ROCm 5.2 hipcc does not know gfx942) is refused by
+//   the runtime (kernel_archs, Note [Kernel architectures] in core/src/gpu/gpu_runtime.cpp);
 // - the null stream stands for the legacy default stream.
 //
 // Note [Resolving hipMemcpyBatchAsync]
@@ -28,6 +39,10 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+
+#ifndef KVOFFLOAD_HIP_ARCHS
+#define KVOFFLOAD_HIP_ARCHS ""
+#endif
 
 namespace kvoffload::gpu::hip_api {
 
@@ -61,6 +76,12 @@ int get_device(void*, int* d) {
 int set_device(void*, int d) {
   return rc(hipSetDevice(d));
 }
+int current_device(void*, int* d) {
+  return rc(hipGetDevice(d));
+}
+int device_synchronize(void*) {
+  return rc(hipDeviceSynchronize());
+}
 int device_describe(void*, int d, char* name, std::size_t name_len, char* arch,
                     std::size_t arch_len) {
   hipDeviceProp_t prop{};
@@ -85,9 +106,9 @@ int exchange_capture_mode(void*, int* mode, int relaxed) {
   *mode = static_cast<int>(m);
   return rc(e);
 }
-int legacy_stream_capturing(void*, int* capturing) {
+int stream_capturing(void*, void* s, int* capturing) {
   hipStreamCaptureStatus status = hipStreamCaptureStatusNone;
-  const hipError_t e = hipStreamIsCapturing(nullptr, &status);
+  const hipError_t e = hipStreamIsCapturing(st(s), &status);
   *capturing = status != hipStreamCaptureStatusNone ? 1 : 0;
   return rc(e);
 }
@@ -104,10 +125,25 @@ int stream_synchronize(void*, void* s) {
 int stream_wait_event(void*, void* s, void* e) {
   return rc(hipStreamWaitEvent(st(s), ev(e), 0));
 }
+// `flag` is signal memory from flag_alloc (the only memory hipStreamWaitValue32 takes).
 int stream_wait_value32(void*, void* s, std::uint32_t* flag, std::uint32_t value) {
-  void* dev = nullptr;
-  if (const hipError_t e = hipHostGetDevicePointer(&dev, flag, 0); e != hipSuccess) return rc(e);
-  return rc(hipStreamWaitValue32(st(s), dev, value, hipStreamWaitValueEq, 0xFFFFFFFFu));
+  return rc(hipStreamWaitValue32(st(s), flag, value, hipStreamWaitValueEq, 0xFFFFFFFFu));
+}
+int flag_alloc(void*, std::uint32_t** flag) {
+  int device = 0;
+  int can_wait = 0;
+  if (const hipError_t e = hipGetDevice(&device); e != hipSuccess) return rc(e);
+  if (const hipError_t e =
+          hipDeviceGetAttribute(&can_wait, hipDeviceAttributeCanUseStreamWaitValue, device);
+      e != hipSuccess) {
+    return rc(e);
+  }
+  if (can_wait == 0) return rc(hipErrorNotSupported);
+  // Signal memory is 8 bytes; its first word is the flag, written by the host.
+  return rc(hipExtMallocWithFlags(reinterpret_cast<void**>(flag), 8, hipMallocSignalMemory));
+}
+int flag_free(void*, std::uint32_t* flag) {
+  return rc(hipFree(flag));
 }
 int launch_host_func(void*, void* s, void (*fn)(void*), void* arg) {
   struct HostCall {
@@ -119,7 +155,7 @@ int launch_host_func(void*, void* s, void (*fn)(void*), void* arg) {
       st(s),
       [](hipStream_t, hipError_t, void* data) {
         std::unique_ptr<HostCall> c(static_cast<HostCall*>(data));
-        c->fn(c->arg);  // also after a failed copy, as on CUDA: waiters must not hang
+        c->fn(c->arg);  // also after an error (CUDA would skip it): see the header comment
       },
       call.get(), 0);
   if (e == hipSuccess) (void)call.release();  // the callback owns it now
@@ -181,10 +217,12 @@ int memset_async(void*, void* d, int v, std::size_t n, void* s) {
 }
 
 // ---- entry points resolved in our own libamdhip64: Note [Resolving hipMemcpyBatchAsync] ----
+using MallocAsyncFn = hipError_t (*)(void**, std::size_t, hipStream_t);
 using FreeAsyncFn = hipError_t (*)(void*, hipStream_t);
 using BatchFn = hipError_t (*)(void** dsts, void** srcs, std::size_t* sizes, std::size_t count,
                                void* attrs, std::size_t* attrs_idxs, std::size_t num_attrs,
                                std::size_t* fail_idx, hipStream_t stream);
+MallocAsyncFn g_malloc_async = nullptr;
 FreeAsyncFn g_free_async = nullptr;
 BatchFn g_batch = nullptr;
 std::string g_batch_detail;
@@ -203,6 +241,7 @@ void* runtime_symbol(const char* name) {
 }
 
 void resolve_runtime_entries() {
+  g_malloc_async = reinterpret_cast<MallocAsyncFn>(runtime_symbol("hipMallocAsync"));
   g_free_async = reinterpret_cast<FreeAsyncFn>(runtime_symbol("hipFreeAsync"));
   int runtime = 0;
   if (hipRuntimeGetVersion(&runtime) != hipSuccess) {
@@ -225,6 +264,9 @@ void resolve_runtime_entries() {
           : std::string("per-copy loop: HIP ") + v + " does not export hipMemcpyBatchAsync";
 }
 
+int device_malloc_async(void*, void** p, std::size_t n, void* s) {
+  return rc(g_malloc_async(p, n, st(s)));
+}
 int device_free_async(void*, void* p, void* s) {
   return rc(g_free_async(p, st(s)));
 }
@@ -258,9 +300,16 @@ VendorApi make_table() {
   a.err_not_ready = hipErrorNotReady;
   a.err_capture_implicit = hipErrorStreamCaptureImplicit;
   a.legacy_stream = nullptr;
+  a.kernel_archs = KVOFFLOAD_HIP_ARCHS;
+  a.kernel_archs_exact = 1;
+  a.min_driver_version = 0;
+  a.min_driver_text = "";
   KVOFFLOAD_VENDOR_TABLE_CALLS(a);
   resolve_runtime_entries();
-  a.device_free_async = g_free_async != nullptr ? device_free_async : nullptr;
+  // Stream-ordered allocation and free come as a pair (Note [Freeing] in gpu_runtime.cpp).
+  const bool async = g_malloc_async != nullptr && g_free_async != nullptr;
+  a.device_malloc_async = async ? device_malloc_async : nullptr;
+  a.device_free_async = async ? device_free_async : nullptr;
   a.memcpy_batch_async = g_batch != nullptr ? memcpy_batch_async : nullptr;
   a.batch_detail = g_batch_detail.c_str();
   a.kernel_threads = kernels::kBatchCopyThreads;

@@ -12,6 +12,8 @@
 #include "skip.hpp"
 #include "transfer/backend_factories.hpp"
 
+#include "gpu_test_util.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -47,122 +49,13 @@ std::vector<std::string> backends() {
   return out;
 }
 
-// Page-aligned host memory the test owns.
-struct HostMem {
-  explicit HostMem(std::size_t n)
-      : bytes(n),
-        ptr(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
-  std::byte* data() const { return ptr.get(); }
-  std::size_t bytes;
-  struct Free {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
-  };
-  std::unique_ptr<std::byte, Free> ptr;
-};
-
-void fill(std::byte* p, std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<std::byte>(rng() & 0xff);
-}
-
-// Holds streams until opened (cuStreamWaitValue32 on a registered flag; never a blocking host
-// function). One use.
-class FlagGate {
- public:
-  explicit FlagGate(DeviceRuntime& rt)
-      : page_(4096), reg_(rt.register_host(page_.data(), 4096)), rt_(rt) {
-    std::memset(page_.data(), 0, 4096);
-  }
-  ~FlagGate() { open(); }
-  FlagGate(const FlagGate&) = delete;
-  FlagGate& operator=(const FlagGate&) = delete;
-  void hold(StreamView s) { rt_.wait_host_flag(s, flag(), 1); }
-  void open() { std::atomic_ref<std::uint32_t>(*flag()).store(1, std::memory_order_release); }
-
- private:
-  std::uint32_t* flag() const { return reinterpret_cast<std::uint32_t*>(page_.data()); }
-  HostMem page_;
-  HostRegistration reg_;
-  DeviceRuntime& rt_;
-};
-
-// Waits (bounded, never asserting a duration) until pred() holds; false if it never did.
-template <typename Pred>
-bool eventually(Pred pred) {
-  for (int i = 0; i < 20000; ++i) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return false;
-}
-
-// One tensor of `blocks` blocks of `page` bytes on the device, and a host buffer of `chunks`
-// slots of one block each (the simplest layout), registered by the engine.
-struct KvRig {
-  KvRig(DeviceRuntime& rt, std::uint64_t blocks, std::uint64_t page, std::uint64_t chunks)
-      : device(rt.allocate_device(blocks * page)),
-        host(chunks * page),
-        page_bytes(page),
-        runtime(rt) {
-    layout.blocks_per_chunk = 1;
-    KvGroup g;
-    g.tensors.push_back(
-        DeviceTensor{reinterpret_cast<std::uintptr_t>(device.data()), blocks, page, 0});
-    layout.groups.push_back(g);
-    layout.host = HostSlots::from_buffer({host.data(), chunks * page}, page, page, 0);
-    device_image.resize(blocks * page);
-    fill(device_image.data(), device_image.size(), 1);
-    rt.memcpy_sync(device.data(), device_image.data(), device_image.size());
-    fill(host.data(), chunks * page, 2);
-  }
-  // Device bytes now.
-  std::vector<std::byte> device_bytes() {
-    std::vector<std::byte> out(device.bytes());
-    runtime.memcpy_sync(out.data(), device.data(), out.size());
-    return out;
-  }
-  bool device_block_equals_slot(std::uint64_t block, std::uint64_t chunk) {
-    const auto d = device_bytes();
-    return std::memcmp(d.data() + block * page_bytes, host.data() + chunk * page_bytes,
-                       page_bytes) == 0;
-  }
-
-  DeviceBuffer device;
-  HostMem host;
-  std::uint64_t page_bytes;
-  DeviceRuntime& runtime;
-  KvLayout layout;
-  std::vector<std::byte> device_image;
-};
-
-// Loads chunks[i] into blocks[i].
-void submit_load(TransferEngine& e, std::uint64_t id, std::vector<std::uint64_t> chunks,
-                 std::vector<std::uint64_t> blocks, WaitOn wait = {}) {
-  std::span<const std::uint64_t> views[] = {blocks};
-  e.submit(JobId{id}, Direction::kLoad, TransferSpec{chunks, 0, views}, wait);
-}
-void submit_store(TransferEngine& e, std::uint64_t id, std::vector<std::uint64_t> chunks,
-                  std::vector<std::uint64_t> blocks, WaitOn wait = {}) {
-  std::span<const std::uint64_t> views[] = {blocks};
-  e.submit(JobId{id}, Direction::kStore, TransferSpec{chunks, 0, views}, wait);
-}
-
-EngineOptions kernel_only() {
-  EngineOptions o;
-  o.store_policy = o.load_policy = PathPolicy{~0ULL, 1};
-  return o;
-}
-EngineOptions dma_only() {
-  EngineOptions o;
-  o.allow_kernel = false;
-  return o;
-}
+using namespace gpu_test;  // NOLINT(google-build-using-namespace): the suite's helpers
 
 class GpuRuntimeTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override { make({}); }
   // (Re)creates the runtime; on sim over a device of our own with `sim` options.
-  void make(const RuntimeOptions& options, SimOptions sim = {}) {
+  void make(const RuntimeOptions& options, const SimOptions& sim = {}) {
     runtime_.reset();
     device_.reset();
     try {
@@ -476,8 +369,10 @@ TEST_P(GpuRuntimeTest, KernelPathOpensWhenRegisteredPiecesCoverTheBuffer) {
   e.shutdown();  // before the pieces go
 }
 
-// Without unified addressing the pieces' device addresses are not contiguous: one piece instead.
-TEST_P(GpuRuntimeTest, NonContiguousPiecesAreRegisteredAsOne) {
+// Without unified addressing every piece has a device address of its own (ROCm): the
+// registration keeps the pieces (no single call over the whole range) and translates each
+// address through its own piece.
+TEST_P(GpuRuntimeTest, NonContiguousPiecesKeepTheirOwnDeviceAddresses) {
   NEED_SIM();
   RuntimeOptions ro;
   ro.register_chunk_bytes = 4 * 4096;
@@ -486,8 +381,15 @@ TEST_P(GpuRuntimeTest, NonContiguousPiecesAreRegisteredAsOne) {
   make(ro, o);
   HostMem mem(8 * 4096);
   HostRegistration reg = rt().register_host(mem.data(), mem.bytes, 4096);
-  EXPECT_EQ(sim()->counters().live_registrations.load(), 1);
-  EXPECT_NE(reg.device_pointer(mem.data()), static_cast<void*>(mem.data()));
+  EXPECT_EQ(sim()->counters().live_registrations.load(), 2);
+  ASSERT_EQ(reg.segments().size(), 2u);
+  EXPECT_EQ(reg.segments()[1].offset, 4u * 4096);
+  for (const std::size_t off :
+       {std::size_t{0}, std::size_t{100}, std::size_t{4 * 4096}, std::size_t{5 * 4096 + 7}}) {
+    void* want = nullptr;
+    ASSERT_EQ(sim()->api().host_device_pointer(sim()->api().ctx, &want, mem.data() + off), 0);
+    EXPECT_EQ(reg.device_pointer(mem.data() + off), want) << off;
+  }
 }
 
 // m: calibration frees its device scratch in stream order, never with a device-wide free.
@@ -634,9 +536,13 @@ TEST_P(GpuRuntimeTest, ADelayedStreamStillCompletesInOrder) {
   }
 }
 
-TEST_P(GpuRuntimeTest, RegistrationRefusedWhileTheLegacyStreamCaptures) {
+// A blocking stream capturing makes the legacy stream capture-implicit: registration (which
+// synchronizes with it) is refused before anything is registered, and the capture survives.
+TEST_P(GpuRuntimeTest, RegistrationRefusedWhileABlockingStreamCaptures) {
   NEED_SIM();
-  sim()->faults().legacy_capturing = 1;
+  void* blocking = sim()->create_blocking_stream();
+  ASSERT_NE(blocking, nullptr);
+  ASSERT_EQ(sim()->begin_capture(blocking, gpu::kCaptureModeGlobal), 0);
   HostMem mem(4096);
   try {
     (void)rt().register_host(mem.data(), 4096);
@@ -645,6 +551,8 @@ TEST_P(GpuRuntimeTest, RegistrationRefusedWhileTheLegacyStreamCaptures) {
     EXPECT_EQ(e.code(), ErrorCode::kState);
   }
   EXPECT_EQ(sim()->counters().host_register_calls.load(), 0u);
+  EXPECT_EQ(sim()->end_capture(blocking), 0);
+  EXPECT_EQ(sim()->api().stream_destroy(sim()->api().ctx, blocking), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GpuRuntimeTest, ::testing::ValuesIn(backends()),

@@ -568,7 +568,7 @@ TEST_P(TransferTest, GroupChunksAndSectionsAreValidated) {
   engine.submit(JobId{1}, Direction::kStore, TransferSpec{chunks, 0, one});  // one group: fine
   EXPECT_TRUE(engine.wait_all().at(0).success);
 
-  auto expect_bad_layout = [](KvLayout layout, const std::string& needle) {
+  auto expect_bad_layout = [](const KvLayout& layout, const std::string& needle) {
     try {
       layout.validate();
       ADD_FAILURE() << "accepted a bad layout (" << needle << ")";
@@ -681,20 +681,18 @@ TEST_P(TransferTest, PollAndWaitSemantics) {
   EXPECT_TRUE(engine.poll().empty());
 }
 
-// Holds streams until opened: each held stream waits for a 32-bit flag in registered host memory
-// (DeviceRuntime::wait_host_flag, cuStreamWaitValue32). Never a host function that blocks: CUDA
-// forbids host functions that wait for other GPU work, and one may deadlock on ROCm. One use.
+// Holds streams until opened: each held stream waits for a 32-bit flag of the runtime's own
+// (DeviceRuntime::wait_host_flag on a HostFlag: cuStreamWaitValue32, hipStreamWaitValue32 on
+// signal memory). Never a host function that blocks: CUDA forbids host functions that wait for
+// other GPU work, and one may deadlock on ROCm. One use.
 class FlagGate {
  public:
-  explicit FlagGate(DeviceRuntime& rt)
-      : page_(4096), reg_(rt.register_host(page_.ptr.get(), 4096)), rt_(rt) {
-    std::memset(page_.ptr.get(), 0, 4096);
-  }
+  explicit FlagGate(DeviceRuntime& rt) : flag_(rt.create_host_flag()), rt_(rt) {}
   ~FlagGate() { open(); }  // never leave a stream held
   FlagGate(const FlagGate&) = delete;
   FlagGate& operator=(const FlagGate&) = delete;
-  void hold(StreamView s) { rt_.wait_host_flag(s, flag(), 1); }
-  void open() { std::atomic_ref<std::uint32_t>(*flag()).store(1, std::memory_order_release); }
+  void hold(StreamView s) { rt_.wait_host_flag(s, flag_.data(), 1); }
+  void open() { flag_.set(1); }
   // Opens after `ms` from another thread (for calls that block until the stream is free).
   std::thread open_later(int ms) {
     return std::thread([this, ms] {
@@ -704,9 +702,7 @@ class FlagGate {
   }
 
  private:
-  std::uint32_t* flag() const { return reinterpret_cast<std::uint32_t*>(page_.ptr.get()); }
-  HostBuffer page_;
-  HostRegistration reg_;
+  HostFlag flag_;
   DeviceRuntime& rt_;
 };
 

@@ -40,6 +40,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kvoffload {
@@ -161,6 +162,15 @@ class KVOFFLOAD_API Event {
   std::uintptr_t handle_ = 0;
 };
 
+// A piece of a registration and the device address of its first byte. With unified addressing
+// (CUDA) the device address is the host address; on ROCm each piece registered by its own call
+// may sit elsewhere on the device, with its own offset from the host address.
+struct DeviceSegment {
+  std::size_t offset = 0;  // from the registration's host base
+  std::size_t bytes = 0;
+  void* device = nullptr;
+};
+
 // A registered (page-locked, device-mapped) host range. Unregisters on destruction; unregister
 // failures are logged, never thrown (teardown keeps going).
 class KVOFFLOAD_API HostRegistration {
@@ -177,23 +187,62 @@ class KVOFFLOAD_API HostRegistration {
   [[nodiscard]] explicit operator bool() const noexcept { return handle_ != 0; }
   [[nodiscard]] void* host_base() const noexcept { return host_; }
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
-  // The address kernels use for host_ptr (HIP may differ from the host address). host_ptr must
-  // lie in [host_base, host_base + bytes]; throws kInvalidArgument otherwise.
+  // The address kernels use for host_ptr (HIP may differ from the host address, piece by
+  // piece). host_ptr must lie in [host_base, host_base + bytes]; throws kInvalidArgument
+  // otherwise. A range handed to a kernel must not cross a segment boundary (see segments()).
   [[nodiscard]] void* device_pointer(const void* host_ptr) const;
   [[nodiscard]] void* device_base() const noexcept { return device_; }
+  // The pieces and their device addresses, in address order (one segment when the device side is
+  // contiguous).
+  [[nodiscard]] const std::vector<DeviceSegment>& segments() const noexcept { return segments_; }
   // Unregisters now. Returns false when the backend reported a failure (logged). Never throws.
   bool reset() noexcept;
 
  private:
   friend class DeviceRuntime;
   HostRegistration(DeviceRuntime* runtime, std::uintptr_t handle, void* host, std::size_t bytes,
-                   void* device) noexcept
-      : runtime_(runtime), handle_(handle), host_(host), bytes_(bytes), device_(device) {}
+                   std::vector<DeviceSegment> segments) noexcept
+      : runtime_(runtime),
+        handle_(handle),
+        host_(host),
+        bytes_(bytes),
+        device_(segments.empty() ? nullptr : segments.front().device),
+        segments_(std::move(segments)) {}
   DeviceRuntime* runtime_ = nullptr;
   std::uintptr_t handle_ = 0;
   void* host_ = nullptr;
   std::size_t bytes_ = 0;
   void* device_ = nullptr;
+  std::vector<DeviceSegment> segments_;
+};
+
+// A 32-bit word in host memory that a stream can wait on (DeviceRuntime::wait_host_flag) and the
+// host sets: pinned, device-mapped memory on CUDA, signal memory on HIP (hipStreamWaitValue32 is
+// documented for nothing else). Freed on destruction.
+class KVOFFLOAD_API HostFlag {
+ public:
+  HostFlag() noexcept = default;
+  HostFlag(int) = delete;
+  HostFlag(std::nullptr_t) = delete;
+  HostFlag(HostFlag&& other) noexcept;
+  HostFlag& operator=(HostFlag&& other) noexcept;
+  HostFlag(const HostFlag&) = delete;
+  HostFlag& operator=(const HostFlag&) = delete;
+  ~HostFlag();
+
+  // Stores `value` with release order: work enqueued before it on the host is visible to what
+  // the stream runs after its wait passes.
+  void set(std::uint32_t value) noexcept;
+  [[nodiscard]] std::uint32_t value() const noexcept;
+  [[nodiscard]] const std::uint32_t* data() const noexcept { return word_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return word_ != nullptr; }
+  void reset() noexcept;
+
+ private:
+  friend class DeviceRuntime;
+  HostFlag(DeviceRuntime* runtime, std::uint32_t* word) noexcept : runtime_(runtime), word_(word) {}
+  DeviceRuntime* runtime_ = nullptr;
+  std::uint32_t* word_ = nullptr;
 };
 
 // Device memory (host memory on the host backend); for tests, benchmarks and calibration.
@@ -245,6 +294,10 @@ struct RuntimeOptions {
   unsigned kernel_ring_slots = 0;
   unsigned kernel_ring_slot_descriptors = 0;
   bool kernel_stage_descriptors = true;
+  // cuda/hip/sim: a device the module's copy kernel cannot run on (its architecture was not
+  // built, e.g. gfx942 with Debian's ROCm 5.2) fails the runtime's creation, naming both; true
+  // runs it with DMA only instead (KVOFFLOAD_ALLOW_MISSING_KERNEL=1 does the same).
+  bool allow_missing_kernel = false;
 };
 
 // What a GPU runtime did, for tests and benchmarks that must know which path ran.
@@ -268,6 +321,13 @@ struct BackendInfo {
 // Every backend this library knows, built or not: cuda, hip, host (the order auto tries them),
 // then sim (never chosen by auto).
 KVOFFLOAD_API std::vector<BackendInfo> list_backends();
+
+// What make_runtime(name) would use, without creating a runtime (so without touching any device:
+// no context is created): the backend "auto" resolves to, its device count and details. A rank
+// picks its device from it before it makes its runtime (`kvoffload run`). Never throws for a
+// backend that is not built or has no device (device_count 0 then, detail says why);
+// kInvalidArgument for an unknown name.
+KVOFFLOAD_API BackendInfo probe_backend(std::string_view name);
 
 // name: "host" | "sim" | "cuda" | "hip" | "auto" (cuda if its module loads and sees a device,
 // else hip, else host; never sim).
@@ -301,6 +361,13 @@ class KVOFFLOAD_API DeviceRuntime {
   // timing: the event can be used with elapsed_seconds (slightly costlier on GPUs).
   [[nodiscard]] Event create_event(bool timing = false);
   [[nodiscard]] DeviceBuffer allocate_device(std::size_t bytes);
+  // A word for wait_host_flag, initially 0.
+  [[nodiscard]] HostFlag create_host_flag();
+  // Whether `stream` is capturing a graph (cudaStreamIsCapturing); the engine refuses to wait on
+  // such a stream. Backends without graphs: false.
+  [[nodiscard]] bool stream_capturing(StreamView stream) {
+    return do_stream_capturing(stream.native());
+  }
 
   // Enqueues one batch on `stream`; returns once the descriptors are captured (the span may be
   // reused immediately). Empty batches are allowed and do nothing.
@@ -324,14 +391,16 @@ class KVOFFLOAD_API DeviceRuntime {
     return do_elapsed_seconds(start.native(), end.native());
   }
   // Runs fn(arg) in stream order on a runtime thread (cudaLaunchHostFunc): fn must not call the
-  // runtime. Tests use it to delay a stream ("compute still running").
+  // runtime. After a device error CUDA never runs it (HIP does): nothing may wait for it to
+  // learn that work finished; wait on an event instead.
   void launch_host_func(StreamView stream, void (*fn)(void*), void* arg) {
     do_launch_host_func(stream.native(), fn, arg);
   }
   // Work enqueued on `stream` after this call waits until the 32-bit word at `flag` equals
-  // `value` (cuStreamWaitValue32). `flag` must be registered or device-mapped host memory and
-  // stay valid until the wait passed. A gate that needs no host thread: tests hold a stream with
-  // it ("compute still running") where a blocking host function would be forbidden.
+  // `value` (cuStreamWaitValue32 / hipStreamWaitValue32). `flag` is HostFlag::data() of a flag
+  // of this runtime (HIP accepts nothing else) and stays valid until the wait passed. A gate that
+  // needs no host thread: tests hold a stream with it ("compute still running") where a blocking
+  // host function would be forbidden.
   void wait_host_flag(StreamView stream, const std::uint32_t* flag, std::uint32_t value) {
     do_wait_host_flag(stream.native(), flag, value);
   }
@@ -345,6 +414,8 @@ class KVOFFLOAD_API DeviceRuntime {
   struct RegistrationRecord {
     std::uintptr_t handle = 0;    // non-zero
     void* device_base = nullptr;  // device pointer of the first byte
+    // Pieces with their own device addresses; empty: one segment at device_base.
+    std::vector<DeviceSegment> segments;
   };
 
   virtual RegistrationRecord do_register_host(void* ptr, std::size_t bytes, std::size_t align) = 0;
@@ -371,12 +442,18 @@ class KVOFFLOAD_API DeviceRuntime {
                                  std::uint32_t value) = 0;
   // Default: synchronize the stream, then free.
   virtual void do_free_device_async(void* ptr, std::uintptr_t stream) noexcept;
+  // Default: a word of host memory (enough for the host backend, whose streams poll it).
+  virtual std::uint32_t* do_create_host_flag();
+  virtual void do_destroy_host_flag(std::uint32_t* flag) noexcept;
+  // Default: false (no graph capture).
+  virtual bool do_stream_capturing(std::uintptr_t stream);
 
  private:
   friend class Stream;
   friend class Event;
   friend class HostRegistration;
   friend class DeviceBuffer;
+  friend class HostFlag;
   friend class FaultInjectingRuntime;  // forwards to another runtime's do_* functions
 };
 

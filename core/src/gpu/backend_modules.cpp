@@ -5,6 +5,15 @@
 //
 // Search order for a module: $KVOFFLOAD_BACKEND_DIR, the directory libkvoffload was loaded from,
 // then the dynamic linker's own search (LD_LIBRARY_PATH, rpath, system directories).
+//
+// Note [Driver floor]
+// A module runs on drivers of its toolkit's major version and newer: CUDA's minor-version
+// compatibility lets a 12.x runtime run on any R525+ driver, while a module built with CUDA 13
+// needs an R580+ driver. On an older driver every CUDA call fails with "insufficient driver",
+// which says nothing about what to do. So `kvoffload probe` and make_runtime first compare the
+// driver's version (cudaDriverGetVersion works without a GPU, and reports 0 with no driver) with
+// the module's floor, and say which driver was found, which the module needs, and what to do:
+// update the driver, or rebuild kvoffload against the toolkit matching it.
 #include "gpu/gpu_runtime.hpp"
 #include "gpu/sim/sim_device.hpp"
 #include "transfer/backend_factories.hpp"
@@ -18,6 +27,7 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 namespace kvoffload::detail {
 
@@ -119,8 +129,42 @@ int device_count(const gpu::VendorApi& api, std::string& why) {
   return count;
 }
 
+std::string version_string(const gpu::VendorApi& api, int version) {
+  char text[32] = {};
+  api.version_text(api.ctx, version, text, sizeof text);
+  return text;
+}
+
+// Empty when the driver is new enough for the module; else what is wrong and what to do.
+std::string driver_floor_problem(const gpu::VendorApi& api) {
+  if (api.min_driver_version <= 0) return {};
+  int driver = 0;
+  int runtime = 0;
+  if (api.driver_version(api.ctx, &driver) != 0) (void)api.get_last_error(api.ctx);
+  if (api.runtime_version(api.ctx, &runtime) != 0) (void)api.get_last_error(api.ctx);
+  if (driver >= api.min_driver_version) return {};
+  const std::string vendor = std::string_view(api.name) == "cuda" ? "CUDA" : api.name;
+  const std::string needs = fmt::format(
+      "this {} module was built with {} {} and needs a driver for {} {} or newer ({})", api.name,
+      vendor, version_string(api, runtime), vendor, version_string(api, api.min_driver_version),
+      api.min_driver_text != nullptr ? api.min_driver_text : "");
+  if (driver == 0) {
+    return "no driver is installed (the driver reports version 0); " + needs + ": install one";
+  }
+  const std::string have = version_string(api, driver);
+  return fmt::format(
+      "the installed driver supports {} {} at most; {}. Update the driver, or rebuild kvoffload "
+      "against a toolkit the driver supports ({} {} or older, e.g. cmake "
+      "-DCMAKE_CUDA_COMPILER=/usr/local/cuda-{}/bin/nvcc)",
+      vendor, have, needs, vendor, have, have);
+}
+
 BackendInfo probe_api(const gpu::VendorApi& api) {
   BackendInfo info{api.name, true, 0, {}};
+  if (std::string problem = driver_floor_problem(api); !problem.empty()) {
+    info.detail = "unusable: " + problem;
+    return info;
+  }
   std::string why;
   const int count = device_count(api, why);
   if (count < 0) {
@@ -151,6 +195,10 @@ BackendInfo probe_api(const gpu::VendorApi& api) {
 
 std::unique_ptr<DeviceRuntime> make_on(const gpu::VendorApi& api, const RuntimeOptions& options,
                                        std::shared_ptr<void> keep) {
+  if (std::string problem = driver_floor_problem(api); !problem.empty()) {
+    throw Error(ErrorCode::kNotAvailable,
+                "device runtime '" + std::string(api.name) + "' is not available: " + problem);
+  }
   std::string why;
   const int count = device_count(api, why);
   if (count < 0) {

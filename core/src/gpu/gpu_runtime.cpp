@@ -24,9 +24,41 @@
 // A refused batch is redone as a per-copy loop. Whether batched DMA stays in use depends on the
 // cause: "not supported"/"not permitted" mean it never works in this process and switch it off;
 // anything else (a bad descriptor, a thread without a current context) concerns that batch only.
-// Every call first makes the runtime's device current on the calling thread — always, because a
-// thread that never set a device reports device 0 without having a context, and the driver-level
-// batch call needs one.
+// The driver-level batch call needs a current context on the calling thread, which the device
+// guard guarantees (Note [Device guard]).
+//
+// Note [Device guard]
+// Every call that reaches the device makes the runtime's device current on the calling thread
+// for its scope (Guard) — query, synchronize, destroy and free included, because any runtime
+// call on a thread without a current context binds, and creates, device 0's primary context
+// there (hundreds of MiB, and refused outright on a GPU in EXCLUSIVE_PROCESS mode held by rank 0).
+// The guard asks which context is current (current_device, -1 for none: cudaGetDevice cannot
+// tell, it reports 0 for a thread that never chose a device), binds ours only when it differs,
+// and afterwards restores only a device the thread had chosen. A thread that had none (the
+// bring-up thread, an engine's or Python's worker threads) keeps ours: "restoring" device 0 there
+// is what created GPU 0's context on every rank.
+//
+// Note [Freeing]
+// Device memory is freed the way it was allocated. Memory that is freed in stream order
+// (cudaFreeAsync) comes from cudaMallocAsync (device_malloc_async), never from cudaMalloc; the
+// allocations made here remember which they were. A plain free of stream-ordered memory does not
+// wait for the device (the CUDA runtime header says so), so such a free first synchronizes.
+//
+// Note [Retired slots]
+// A descriptor slot whose closing event could not be recorded is retired: work that reads it may
+// still run and nothing tells when it ends, except its stream. Destroying a stream synchronizes
+// that stream first. The runtime's destructor cannot: a ring may belong to a caller's stream
+// that is gone by then (its work may still run), and the legacy stream does not wait for the
+// non-blocking streams the rings live on. So it synchronizes the device before it frees a retired
+// slot.
+//
+// Note [Kernel architectures]
+// A module's kernels exist for the architectures it was built for. CUDA can compile the embedded
+// PTX for a newer GPU, so kernel_check (cudaFuncGetAttributes) decides there; HIP code objects
+// are per architecture, and Debian's ROCm 5.2 hipcc does not know gfx942 (MI300), so a build
+// there silently lacked it. A device whose architecture the module lacks (kernel_archs_exact) or
+// whose kernel_check fails is refused when the runtime is made, naming both, unless DMA only is
+// asked for (RuntimeOptions::allow_missing_kernel, KVOFFLOAD_ALLOW_MISSING_KERNEL=1).
 #include "gpu/gpu_runtime.hpp"
 
 #include <kvoffload/error.hpp>
@@ -36,9 +68,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <new>
+#include <string_view>
 #include <thread>
 
 namespace kvoffload::gpu {
@@ -119,8 +155,10 @@ class RelaxedCapture {
     msg += ' ';
     msg += context;
   }
-  msg += fmt::format(": {}: {} ({} error {})", api.error_name(api.ctx, err),
-                     api.error_string(api.ctx, err), api.name, err);
+  // A driver-level call's code is its own (a CUresult), said as such.
+  msg += fmt::format(": {}: {} ({} {}error {})", api.error_name(api.ctx, err),
+                     api.error_string(api.ctx, err), api.name,
+                     is_driver_result(err) ? "driver " : "", driver_code(err));
   throw Error(ErrorCode::kDevice, std::move(msg), 0, std::string(call));
 }
 
@@ -150,20 +188,22 @@ std::vector<std::pair<std::size_t, std::size_t>> plan_registration(std::uintptr_
   return plan;
 }
 
-// Makes the runtime's device current on this thread for the scope and restores the caller's
-// device after (the engine's threads have their own current device). set_device is called even
-// when the ids match: see Note [Batched DMA refusals].
+// Makes the runtime's device current on this thread for the scope; restores the device the
+// thread had chosen, if any (Note [Device guard]).
 class GpuRuntime::Guard {
  public:
   Guard(const VendorApi& api, int device) : api_(api) {
-    int current = -1;
-    if (api_.get_device(api_.ctx, &current) != 0) {
-      (void)api_.get_last_error(api_.ctx);
-      current = -1;
+    if (const int err = bind(device); err != 0) {
+      throw_vendor(api_, err, "set_device", "device " + std::to_string(device));
     }
-    check_vendor(api_, api_.set_device(api_.ctx, device), "set_device",
-                 "device " + std::to_string(device));
-    if (current >= 0 && current != device) previous_ = current;
+  }
+  // For teardown paths: a failure is logged, and the call goes on (and reports its own error).
+  Guard(const VendorApi& api, int device, std::nothrow_t /*unused*/) noexcept : api_(api) {
+    if (const int err = bind(device); err != 0) {
+      (void)api_.get_last_error(api_.ctx);
+      log_noexcept(spdlog::level::warn, "{}: set_device({}) failed: {}", api_.name, device,
+                   api_.error_name(api_.ctx, err));
+    }
   }
   ~Guard() {
     if (previous_ >= 0) (void)api_.set_device(api_.ctx, previous_);
@@ -172,6 +212,18 @@ class GpuRuntime::Guard {
   Guard& operator=(const Guard&) = delete;
 
  private:
+  int bind(int device) noexcept {
+    int current = -1;
+    if (api_.current_device(api_.ctx, &current) != 0) {
+      (void)api_.get_last_error(api_.ctx);
+      current = -1;
+    }
+    if (current == device) return 0;  // already ours: nothing to bind or restore
+    const int err = api_.set_device(api_.ctx, device);
+    if (err == 0) previous_ = current;  // -1 (none) is never "restored"
+    return err;
+  }
+
   const VendorApi& api_;
   int previous_ = -1;
 };
@@ -206,15 +258,24 @@ GpuRuntime::GpuRuntime(const VendorApi& api, const RuntimeOptions& options,
   }
 
   batch_enabled_.store(api_.memcpy_batch_async != nullptr, std::memory_order_relaxed);
-  if (const int rc = api_.kernel_check(ctx_); rc == 0) {
+  if (std::string why = kernel_unavailable_reason(); why.empty()) {
     kernel_ok_ = true;
     kernel_detail_ = fmt::format("batch copy kernel, up to {} CTAs x {} threads{}",
                                  kernel_max_ctas_, api_.kernel_threads,
                                  options_.kernel_stage_descriptors ? ", descriptors staged" : "");
   } else {
-    (void)api_.get_last_error(ctx_);
-    kernel_detail_ =
-        fmt::format("unavailable: {}: {}", api_.error_name(ctx_, rc), api_.error_string(ctx_, rc));
+    const char* env = std::getenv("KVOFFLOAD_ALLOW_MISSING_KERNEL");
+    const bool allowed =
+        options_.allow_missing_kernel || (env != nullptr && std::string_view(env) == "1");
+    const std::string message = fmt::format(
+        "{}: device {} ({}, {}) cannot run this build's copy kernel: {}. Rebuild kvoffload for "
+        "{} (KVOFFLOAD_{}_ARCHITECTURES, with a toolkit that knows it), or allow DMA only with "
+        "RuntimeOptions::allow_missing_kernel or KVOFFLOAD_ALLOW_MISSING_KERNEL=1",
+        api_.name, device_, device_name_, arch_, why, arch_,
+        api_.kernel_archs_exact != 0 ? "HIP" : "CUDA");  // exact: code objects per arch (HIP)
+    if (!allowed) throw Error(ErrorCode::kNotAvailable, message, 0, "kernel_check");
+    log().warn("{}; running with DMA only, as allowed", message);
+    kernel_detail_ = "unavailable: " + why;
   }
   check_vendor(api_, api_.stream_create(ctx_, &sync_stream_), "stream_create");
   log().info("{}: device {} {} ({}), {}; dma: {}; kernel: {}", api_.name, device_, device_name_,
@@ -224,11 +285,12 @@ GpuRuntime::GpuRuntime(const VendorApi& api, const RuntimeOptions& options,
 GpuRuntime::~GpuRuntime() {
   // Teardown keeps going: every step is attempted and failures are only logged. Errors such as
   // "runtime unloading" at process exit are expected and harmless.
+  Guard guard(api_, device_, std::nothrow);
   RelaxedCapture relaxed(api_);
   {
     std::lock_guard lock(rings_mu_);
     for (auto& [stream, ring] : rings_)
-      destroy_ring(*ring, nullptr);  // foreign streams may be gone
+      destroy_ring(*ring, stream, /*stream_alive=*/false);  // foreign streams may be gone
     rings_.clear();
   }
   for (auto& [handle, reg] : registrations_) {
@@ -263,6 +325,40 @@ RuntimeCounters GpuRuntime::counters() const noexcept {
   c.ring_waits = ring_waits_.load();
   c.batched_dma_enabled = batch_enabled_.load();
   return c;
+}
+
+namespace {
+
+// "gfx942" of "gfx942:sramecc+:xnack-".
+std::string_view arch_base(std::string_view arch) {
+  return arch.substr(0, arch.find(':'));
+}
+
+bool arch_listed(std::string_view arch, std::string_view list) {
+  const std::string_view want = arch_base(arch);
+  while (!list.empty()) {
+    const std::size_t cut = list.find_first_of(";, ");
+    if (arch_base(list.substr(0, cut)) == want) return true;
+    if (cut == std::string_view::npos) break;
+    list.remove_prefix(cut + 1);
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string GpuRuntime::kernel_unavailable_reason() {
+  const char* built = api_.kernel_archs != nullptr ? api_.kernel_archs : "";
+  if (api_.kernel_archs_exact != 0 && !arch_listed(arch_, built)) {
+    return fmt::format("its kernels were built for {} only, not {}", *built != 0 ? built : "none",
+                       arch_base(arch_));
+  }
+  if (const int rc = api_.kernel_check(ctx_); rc != 0) {
+    (void)api_.get_last_error(ctx_);
+    return fmt::format("{}: {} (kernels built for {})", api_.error_name(ctx_, rc),
+                       api_.error_string(ctx_, rc), *built != 0 ? built : "unknown architectures");
+  }
+  return {};
 }
 
 // ---- host registration ----
@@ -310,36 +406,29 @@ bool GpuRuntime::unregister_pieces(Registration& reg) noexcept {
   return ok;
 }
 
-// One device address for the whole range, because HostRegistration::device_pointer is base +
-// offset: with unified addressing it is the host address; otherwise the pieces' device
-// addresses must still form one contiguous span, else the range is registered as one piece.
-void* GpuRuntime::device_base_of(Registration& reg) {
-  void* device_base = nullptr;
-  bool contiguous = true;
+// The device address of every piece. With unified addressing they are the host addresses;
+// without it (ROCm) each piece may sit anywhere on the device, so the registration carries one
+// segment per piece, merged where the device side happens to be contiguous, and the kernel path
+// translates each copy through its own piece (TransferEngine, HostRegistration::device_pointer).
+std::vector<DeviceSegment> GpuRuntime::device_segments_of(Registration& reg) {
+  std::vector<DeviceSegment> segments;
   for (const Piece& piece : reg.pieces) {
     void* dev = nullptr;
     if (const int err = api_.host_device_pointer(ctx_, &dev, piece.ptr); err != 0) {
       throw_vendor(api_, err, "host_device_pointer", range_string(piece.ptr, piece.bytes));
     }
-    if (device_base == nullptr) {
-      device_base = dev;
-    } else if (static_cast<std::byte*>(dev) !=
-               static_cast<std::byte*>(device_base) +
-                   (static_cast<std::byte*>(piece.ptr) - static_cast<std::byte*>(reg.base))) {
-      contiguous = false;
-      break;
+    const auto offset = static_cast<std::size_t>(static_cast<std::byte*>(piece.ptr) -
+                                                 static_cast<std::byte*>(reg.base));
+    if (!segments.empty()) {
+      DeviceSegment& last = segments.back();
+      if (static_cast<std::byte*>(last.device) + last.bytes == static_cast<std::byte*>(dev)) {
+        last.bytes += piece.bytes;
+        continue;
+      }
     }
+    segments.push_back(DeviceSegment{offset, piece.bytes, dev});
   }
-  if (contiguous) return device_base;
-  log().warn(
-      "{}: device addresses of the {} registered pieces of {} are not contiguous; registering it "
-      "as one piece",
-      api_.name, reg.pieces.size(), range_string(reg.base, reg.bytes));
-  (void)unregister_pieces(reg);
-  register_pieces(reg, {{0, reg.bytes}});
-  check_vendor(api_, api_.host_device_pointer(ctx_, &device_base, reg.base), "host_device_pointer",
-               range_string(reg.base, reg.bytes));
-  return device_base;
+  return segments;
 }
 
 DeviceRuntime::RegistrationRecord GpuRuntime::do_register_host(void* ptr, std::size_t bytes,
@@ -347,7 +436,7 @@ DeviceRuntime::RegistrationRecord GpuRuntime::do_register_host(void* ptr, std::s
   Guard guard(api_, device_);
   RelaxedCapture relaxed(api_);
   int capturing = 0;
-  if (const int err = api_.legacy_stream_capturing(ctx_, &capturing); err != 0) {
+  if (const int err = api_.stream_capturing(ctx_, api_.legacy_stream, &capturing); err != 0) {
     (void)api_.get_last_error(ctx_);
     if (err == api_.err_capture_implicit) capturing = 1;
   }
@@ -358,7 +447,7 @@ DeviceRuntime::RegistrationRecord GpuRuntime::do_register_host(void* ptr, std::s
             "{}: cannot register host memory {} while a blocking stream on device {} is capturing "
             "a graph; register before or after the capture",
             api_.name, range_string(ptr, bytes), device_),
-        0, "legacy_stream_capturing");
+        0, "stream_capturing");
   }
 
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
@@ -369,10 +458,10 @@ DeviceRuntime::RegistrationRecord GpuRuntime::do_register_host(void* ptr, std::s
   register_pieces(*reg, plan_registration(reinterpret_cast<std::uintptr_t>(ptr), bytes, align,
                                           register_chunk_bytes_, page));
   // From here on every failure must undo the pieces: nothing registered may leak.
-  void* device_base = nullptr;
+  std::vector<DeviceSegment> segments;
   const auto handle = reinterpret_cast<std::uintptr_t>(reg.get());
   try {
-    device_base = device_base_of(*reg);
+    segments = device_segments_of(*reg);
     if ((api_.caps & kCapRegistrationMayMigrate) != 0 && options_.hip_mlock_registered) {
       if (::mlock(ptr, bytes) == 0) {
         reg->mlocked = true;
@@ -399,7 +488,8 @@ DeviceRuntime::RegistrationRecord GpuRuntime::do_register_host(void* ptr, std::s
                api_.name, range_string(ptr, bytes),
                (bytes + register_chunk_bytes_ - 1) / register_chunk_bytes_, secs,
                secs / (static_cast<double>(bytes) / 1e9));
-  return RegistrationRecord{handle, device_base};
+  void* device_base = segments.front().device;
+  return RegistrationRecord{handle, device_base, std::move(segments)};
 }
 
 bool GpuRuntime::do_unregister_host(std::uintptr_t handle) noexcept {
@@ -416,6 +506,7 @@ bool GpuRuntime::do_unregister_host(std::uintptr_t handle) noexcept {
                  api_.name, handle);
     return false;
   }
+  Guard guard(api_, device_, std::nothrow);
   return unregister_pieces(*reg);
 }
 
@@ -429,6 +520,7 @@ std::uintptr_t GpuRuntime::do_create_stream() {
 }
 
 void GpuRuntime::do_destroy_stream(std::uintptr_t stream) noexcept {
+  Guard guard(api_, device_, std::nothrow);
   // Pending work finishes first, so descriptors and buffers it reads stay valid until then.
   if (api_.stream_synchronize(ctx_, to_ptr(stream)) != 0) (void)api_.get_last_error(ctx_);
   std::unique_ptr<Ring> ring;
@@ -441,7 +533,7 @@ void GpuRuntime::do_destroy_stream(std::uintptr_t stream) noexcept {
   }
   if (ring) {
     RelaxedCapture relaxed(api_);
-    destroy_ring(*ring, to_ptr(stream));
+    destroy_ring(*ring, to_ptr(stream), /*stream_alive=*/true);
     // The stream-ordered frees of the ring's device buffers run before the stream goes away.
     if (api_.stream_synchronize(ctx_, to_ptr(stream)) != 0) (void)api_.get_last_error(ctx_);
   }
@@ -456,6 +548,7 @@ std::uintptr_t GpuRuntime::do_create_event(bool timing) {
 }
 
 void GpuRuntime::do_destroy_event(std::uintptr_t event) noexcept {
+  Guard guard(api_, device_, std::nothrow);
   if (api_.event_destroy(ctx_, to_ptr(event)) != 0) (void)api_.get_last_error(ctx_);
 }
 
@@ -471,6 +564,7 @@ void GpuRuntime::do_wait_event(std::uintptr_t stream, std::uintptr_t event) {
 }
 
 bool GpuRuntime::do_query_event(std::uintptr_t event) {
+  Guard guard(api_, device_);
   const int err = api_.event_query(ctx_, to_ptr(event));
   if (err == 0) return true;
   if (err == api_.err_not_ready) {
@@ -481,6 +575,7 @@ bool GpuRuntime::do_query_event(std::uintptr_t event) {
 }
 
 void GpuRuntime::do_synchronize_event(std::uintptr_t event) {
+  Guard guard(api_, device_);
   check_vendor(api_, api_.event_synchronize(ctx_, to_ptr(event)), "event_synchronize");
 }
 
@@ -489,7 +584,20 @@ void GpuRuntime::do_synchronize_stream(std::uintptr_t stream) {
   check_vendor(api_, api_.stream_synchronize(ctx_, to_ptr(stream)), "stream_synchronize");
 }
 
+bool GpuRuntime::do_stream_capturing(std::uintptr_t stream) {
+  Guard guard(api_, device_);
+  int capturing = 0;
+  const int err = api_.stream_capturing(ctx_, to_ptr(stream), &capturing);
+  if (err == 0) return capturing != 0;
+  if (err == api_.err_capture_implicit) {  // the legacy stream, with a blocking stream capturing
+    (void)api_.get_last_error(ctx_);
+    return true;
+  }
+  throw_vendor(api_, err, "stream_capturing");
+}
+
 double GpuRuntime::do_elapsed_seconds(std::uintptr_t start, std::uintptr_t end) {
+  Guard guard(api_, device_);
   float ms = 0.0F;
   check_vendor(api_, api_.event_elapsed_ms(ctx_, &ms, to_ptr(start), to_ptr(end)),
                "event_elapsed_ms");
@@ -509,19 +617,59 @@ void GpuRuntime::do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* f
       "stream_wait_value32");
 }
 
-// ---- device memory (tests, benchmarks, calibration) ----
+std::uint32_t* GpuRuntime::do_create_host_flag() {
+  Guard guard(api_, device_);
+  RelaxedCapture relaxed(api_);
+  std::uint32_t* flag = nullptr;
+  check_vendor(api_, api_.flag_alloc(ctx_, &flag), "flag_alloc");
+  std::atomic_ref<std::uint32_t>(*flag).store(0, std::memory_order_release);
+  return flag;
+}
+
+void GpuRuntime::do_destroy_host_flag(std::uint32_t* flag) noexcept {
+  Guard guard(api_, device_, std::nothrow);
+  RelaxedCapture relaxed(api_);
+  if (const int err = api_.flag_free(ctx_, flag); err != 0) {
+    (void)api_.get_last_error(ctx_);
+    log_noexcept(spdlog::level::err, "{}: flag_free({}) failed: {}", api_.name,
+                 static_cast<void*>(flag), api_.error_name(ctx_, err));
+  }
+}
+
+// ---- device memory (tests, benchmarks, calibration): Note [Freeing] ----
 
 void* GpuRuntime::do_allocate_device(std::size_t bytes) {
   Guard guard(api_, device_);
   RelaxedCapture relaxed(api_);
   void* ptr = nullptr;
+  if (api_.device_malloc_async != nullptr) {
+    // Stream-ordered, so that release_async can free it in stream order; synchronized here so
+    // that it is usable on every stream, as cudaMalloc memory is.
+    check_vendor(api_, api_.device_malloc_async(ctx_, &ptr, bytes, sync_stream_),
+                 "device_malloc_async", std::to_string(bytes) + " bytes");
+    if (const int err = api_.stream_synchronize(ctx_, sync_stream_); err != 0) {
+      (void)api_.device_free(ctx_, ptr);
+      throw_vendor(api_, err, "stream_synchronize", "(after device_malloc_async)");
+    }
+    std::lock_guard lock(alloc_mu_);
+    async_allocations_.insert(ptr);
+    return ptr;
+  }
   check_vendor(api_, api_.device_malloc(ctx_, &ptr, bytes), "device_malloc",
                std::to_string(bytes) + " bytes");
   return ptr;
 }
 
 void GpuRuntime::do_free_device(void* ptr) noexcept {
+  Guard guard(api_, device_, std::nothrow);
   RelaxedCapture relaxed(api_);
+  bool async = false;
+  {
+    std::lock_guard lock(alloc_mu_);
+    async = async_allocations_.erase(ptr) != 0;
+  }
+  // A plain free of stream-ordered memory does not wait for work that may still use it.
+  if (async && api_.device_synchronize(ctx_) != 0) (void)api_.get_last_error(ctx_);
   if (const int err = api_.device_free(ctx_, ptr); err != 0) {
     (void)api_.get_last_error(ctx_);
     log_noexcept(spdlog::level::err, "{}: device_free({}) failed: {}", api_.name, ptr,
@@ -530,16 +678,25 @@ void GpuRuntime::do_free_device(void* ptr) noexcept {
 }
 
 void GpuRuntime::do_free_device_async(void* ptr, std::uintptr_t stream) noexcept {
-  if (api_.device_free_async == nullptr || stream == 0) {
-    DeviceRuntime::do_free_device_async(ptr, stream);
+  bool async = false;
+  {
+    std::lock_guard lock(alloc_mu_);
+    async = async_allocations_.contains(ptr);
+  }
+  if (!async || api_.device_free_async == nullptr || stream == 0) {
+    DeviceRuntime::do_free_device_async(ptr, stream);  // synchronize the stream, then free
     return;
   }
+  Guard guard(api_, device_, std::nothrow);
   if (const int err = api_.device_free_async(ctx_, ptr, to_ptr(stream)); err != 0) {
     (void)api_.get_last_error(ctx_);
     log_noexcept(spdlog::level::warn, "{}: device_free_async({}) failed: {}; freeing synchronously",
                  api_.name, ptr, api_.error_name(ctx_, err));
     DeviceRuntime::do_free_device_async(ptr, stream);
+    return;
   }
+  std::lock_guard lock(alloc_mu_);
+  async_allocations_.erase(ptr);
 }
 
 void GpuRuntime::do_memcpy_sync(void* dst, const void* src, std::size_t bytes) {
@@ -657,7 +814,7 @@ void GpuRuntime::enqueue_dma_loop(void* stream, std::span<const CopyDescriptor> 
   }
 }
 
-GpuRuntime::DescSlot GpuRuntime::make_slot() {
+GpuRuntime::DescSlot GpuRuntime::make_slot(void* stream) {
   RelaxedCapture relaxed(api_);
   DescSlot slot;
   const std::size_t bytes = slot_descs_ * sizeof(VendorCopyDesc);
@@ -669,9 +826,17 @@ GpuRuntime::DescSlot GpuRuntime::make_slot() {
   int err = api_.host_device_pointer(ctx_, &view, host);
   const char* call = "host_device_pointer";
   if (err == 0 && options_.kernel_stage_descriptors) {
+    // Used on this stream only, and freed on it in stream order: so allocated on it in stream
+    // order too (Note [Freeing]).
     void* staged = nullptr;
-    err = api_.device_malloc(ctx_, &staged, bytes);
-    call = "device_malloc";
+    if (api_.device_malloc_async != nullptr) {
+      err = api_.device_malloc_async(ctx_, &staged, bytes, stream);
+      call = "device_malloc_async";
+      slot.staged_async = err == 0;
+    } else {
+      err = api_.device_malloc(ctx_, &staged, bytes);
+      call = "device_malloc";
+    }
     slot.staged = static_cast<VendorCopyDesc*>(staged);
   }
   if (err == 0) {
@@ -680,36 +845,45 @@ GpuRuntime::DescSlot GpuRuntime::make_slot() {
   }
   if (err != 0) {
     (void)api_.get_last_error(ctx_);
-    free_slot(slot, nullptr);
+    free_slot(slot, stream, /*stream_alive=*/true);
     throw_vendor(api_, err, call, "kernel descriptor buffer");
   }
   slot.host_device_view = static_cast<const VendorCopyDesc*>(view);
   return slot;
 }
 
-void GpuRuntime::free_slot(DescSlot& slot, void* stream) noexcept {
+void GpuRuntime::free_slot(DescSlot& slot, void* stream, bool stream_alive) noexcept {
   if (slot.done != nullptr) (void)api_.event_destroy(ctx_, slot.done);
   if (slot.staged != nullptr) {
-    // In stream order where possible: a plain free waits for the whole device (the model too).
-    if (stream == nullptr || api_.device_free_async == nullptr ||
-        api_.device_free_async(ctx_, slot.staged, stream) != 0) {
-      (void)api_.device_free(ctx_, slot.staged);
-    }
+    // Stream-ordered memory in stream order (a plain free of it needs no device-wide wait once
+    // its readers are known to be done); cudaMalloc memory with a plain free, which waits for
+    // the device. Note [Freeing].
+    const bool in_order =
+        slot.staged_async && stream_alive && api_.device_free_async(ctx_, slot.staged, stream) == 0;
+    if (!in_order) (void)api_.device_free(ctx_, slot.staged);
   }
   if (slot.host != nullptr) (void)api_.host_free(ctx_, slot.host);
+  (void)api_.get_last_error(ctx_);
   slot = DescSlot{};
 }
 
-void GpuRuntime::destroy_ring(Ring& ring, void* stream) noexcept {
+void GpuRuntime::destroy_ring(Ring& ring, void* stream, bool stream_alive) noexcept {
   std::lock_guard lock(ring.mu);
   bool retired = false;
   for (DescSlot& slot : ring.slots) {
     if (slot.retired) retired = true;
     if (slot.recorded) (void)api_.event_synchronize(ctx_, slot.done);
   }
-  // No event tells when the work reading a retired slot ended; only its stream knows.
-  if (retired) (void)api_.stream_synchronize(ctx_, stream);
-  for (DescSlot& slot : ring.slots) free_slot(slot, stream);
+  // No event tells when the work reading a retired slot ended; only its stream knows, and when
+  // the stream may be gone, only the device does (Note [Retired slots]).
+  if (retired) {
+    if (stream_alive) {
+      (void)api_.stream_synchronize(ctx_, stream);
+    } else {
+      (void)api_.device_synchronize(ctx_);
+    }
+  }
+  for (DescSlot& slot : ring.slots) free_slot(slot, stream, stream_alive);
   ring.slots.clear();
 }
 
@@ -720,7 +894,7 @@ GpuRuntime::Ring& GpuRuntime::ring_of(void* stream) {
   return *ring;
 }
 
-GpuRuntime::DescSlot& GpuRuntime::acquire_slot(Ring& ring) {
+GpuRuntime::DescSlot& GpuRuntime::acquire_slot(Ring& ring, void* stream) {
   const std::size_t n = ring.slots.size();
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t idx = (ring.next + i) % n;
@@ -744,7 +918,7 @@ GpuRuntime::DescSlot& GpuRuntime::acquire_slot(Ring& ring) {
     }
   }
   if (n < ring_slots_) {
-    ring.slots.push_back(make_slot());
+    ring.slots.push_back(make_slot(stream));
     ring.next = ring.slots.size();
     return ring.slots.back();
   }
@@ -773,7 +947,7 @@ void GpuRuntime::enqueue_kernel(void* stream, std::span<const CopyDescriptor> ba
   std::lock_guard lock(ring.mu);
   for (std::size_t first = 0; first < batch.size(); first += slot_descs_) {
     const std::size_t count = std::min(slot_descs_, batch.size() - first);
-    DescSlot& slot = acquire_slot(ring);
+    DescSlot& slot = acquire_slot(ring, stream);
     std::memcpy(slot.host, batch.data() + first, count * sizeof(VendorCopyDesc));
     std::uint64_t total = 0;
     for (std::size_t i = first; i < first + count; ++i) total += batch[i].bytes;

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -72,6 +73,9 @@ class GpuRuntime final : public DeviceRuntime {
   void do_memset_sync(void* dst, int value, std::size_t bytes) override;
   void do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag,
                          std::uint32_t value) override;
+  std::uint32_t* do_create_host_flag() override;
+  void do_destroy_host_flag(std::uint32_t* flag) noexcept override;
+  bool do_stream_capturing(std::uintptr_t stream) override;
 
  private:
   struct Piece {
@@ -90,6 +94,7 @@ class GpuRuntime final : public DeviceRuntime {
     VendorCopyDesc* host = nullptr;
     const VendorCopyDesc* host_device_view = nullptr;  // the host buffer as the device sees it
     VendorCopyDesc* staged = nullptr;                  // device memory; null when not staging
+    bool staged_async = false;  // `staged` is stream-ordered memory of the ring's stream
     void* done = nullptr;
     bool recorded = false;  // `done` was recorded after work that reads this slot
     bool retired = false;   // work may read it and no event tells when it ends: never reuse
@@ -104,17 +109,22 @@ class GpuRuntime final : public DeviceRuntime {
   void register_pieces(Registration& reg,
                        const std::vector<std::pair<std::size_t, std::size_t>>& plan);
   bool unregister_pieces(Registration& reg) noexcept;
-  void* device_base_of(Registration& reg);
+  std::vector<DeviceSegment> device_segments_of(Registration& reg);
+  // Whether this device's copy kernel can run, or why not. Note [Kernel architectures].
+  [[nodiscard]] std::string kernel_unavailable_reason();
 
   void enqueue_dma(void* stream, std::span<const CopyDescriptor> batch, CopyKind kind);
   void enqueue_dma_loop(void* stream, std::span<const CopyDescriptor> batch, CopyKind kind);
   void enqueue_kernel(void* stream, std::span<const CopyDescriptor> batch);
   Ring& ring_of(void* stream);
-  DescSlot& acquire_slot(Ring& ring);  // ring.mu held
-  DescSlot make_slot();
-  // Frees the slot's buffers; its device buffer in `stream` order when given.
-  void free_slot(DescSlot& slot, void* stream) noexcept;
-  void destroy_ring(Ring& ring, void* stream) noexcept;
+  DescSlot& acquire_slot(Ring& ring, void* stream);  // ring.mu held
+  DescSlot make_slot(void* stream);
+  // Frees the slot's buffers: the staged buffer in `stream` order when the stream still exists
+  // (stream_alive), else plainly (everything that read it has finished).
+  void free_slot(DescSlot& slot, void* stream, bool stream_alive) noexcept;
+  // Waits for the work that reads the ring's slots, then frees them. `stream_alive`: false at
+  // runtime destruction, where a foreign stream may be gone (Note [Retired slots]).
+  void destroy_ring(Ring& ring, void* stream, bool stream_alive) noexcept;
 
   const VendorApi& api_;
   void* ctx_;
@@ -145,6 +155,9 @@ class GpuRuntime final : public DeviceRuntime {
 
   std::mutex rings_mu_;  // the map only; each ring has its own lock
   std::unordered_map<void*, std::unique_ptr<Ring>> rings_;
+
+  std::mutex alloc_mu_;
+  std::unordered_set<void*> async_allocations_;  // from device_malloc_async (Note [Freeing])
 };
 
 }  // namespace kvoffload::gpu

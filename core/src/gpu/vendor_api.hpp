@@ -15,14 +15,35 @@
 // sim alike) and leaves the thread's last-error slot as the vendor does; handles are opaque
 // pointers; `ctx` is the table's own context (sim: one simulated device; cuda/hip: unused). The
 // table is plain data with C linkage types so that a module built by another compiler can fill it.
-// No CUDA or HIP type appears here.
+// No CUDA or HIP type appears here. A call made by a driver-level entry point (a CUresult, not a
+// cudaError_t) returns driver_result(code), so the two numberings are never confused and the
+// real driver code reaches the message (error_name/error_string of the table decode it).
 #include <cstddef>
 #include <cstdint>
 
 namespace kvoffload::gpu {
 
 // Bumped on any change to the layout below; a module reporting another version is refused.
-inline constexpr std::uint32_t kVendorApiVersion = 1;
+inline constexpr std::uint32_t kVendorApiVersion = 2;
+
+// Driver-level results (CUresult) carried in the table's int codes: see the conventions above.
+inline constexpr int kDriverResultBase = 1 << 20;
+constexpr int driver_result(int code) noexcept {
+  return code == 0 ? 0 : kDriverResultBase + code;
+}
+constexpr bool is_driver_result(int err) noexcept {
+  return err >= kDriverResultBase;
+}
+constexpr int driver_code(int err) noexcept {
+  return is_driver_result(err) ? err - kDriverResultBase : err;
+}
+
+// Stream-capture modes with CUDA's numbering (cudaStreamCaptureMode / hipStreamCaptureMode).
+enum CaptureMode : int {
+  kCaptureModeGlobal = 0,
+  kCaptureModeThreadLocal = 1,
+  kCaptureModeRelaxed = 2,
+};
 
 // Memcpy directions, with the vendors' numbering (cudaMemcpyKind / hipMemcpyKind).
 enum MemcpyKind : int {
@@ -60,6 +81,15 @@ struct VendorApi {
   int err_capture_implicit;  // a blocking stream is capturing (legacy-stream capture)
   // The stream handle that means "legacy default stream" in this API (batched copies refuse it).
   void* legacy_stream;
+  // The architectures the module's kernels were built for ("gfx90a", "80;90"), and whether a
+  // device must match one of them exactly (HIP: code objects are per architecture; CUDA: PTX can
+  // be compiled for a newer GPU, so kernel_check decides). Note [Kernel architectures].
+  const char* kernel_archs;
+  int kernel_archs_exact;
+  // The oldest driver this module runs on (driver_version encoding; 0 = no floor) and how to say
+  // it ("R580 or newer (CUDA 13.x)"). Note [Driver floor] in backend_modules.cpp.
+  int min_driver_version;
+  const char* min_driver_text;
 
   // ---- errors and devices ----
   const char* (*error_name)(void* ctx, int err);
@@ -67,8 +97,14 @@ struct VendorApi {
   int (*get_last_error)(void* ctx);  // returns and clears the thread's last error
   int (*get_device_count)(void* ctx, int* count);
   int (*get_device)(void* ctx, int* device);
+  // The device whose context is current on this thread, or -1 when the thread has none (it never
+  // chose a device, and its next runtime call would create device 0's context). CUDA: the
+  // driver's cuCtxGetCurrent; get_device cannot tell, it reports 0 for such a thread.
+  int (*current_device)(void* ctx, int* device);
   // Makes `device` current on this thread and binds its context (cudaSetDevice).
   int (*set_device)(void* ctx, int device);
+  // Waits for all work of the current device (cudaDeviceSynchronize).
+  int (*device_synchronize)(void* ctx);
   // Device name and architecture ("sm_90", "gfx90a:sramecc+:xnack-").
   int (*device_describe)(void* ctx, int device, char* name, std::size_t name_len, char* arch,
                          std::size_t arch_len);
@@ -76,20 +112,26 @@ struct VendorApi {
   int (*runtime_version)(void* ctx, int* version);
   // "12.8"-style text of a version number in this API's encoding.
   void (*version_text)(void* ctx, int version, char* out, std::size_t out_len);
-  // cudaThreadExchangeStreamCaptureMode with `*relaxed_or_previous` = 1 for relaxed: exchanges
-  // the thread's capture mode (the value written back is opaque, handed back to restore it).
+  // cudaThreadExchangeStreamCaptureMode: with relaxed = 1 switches this thread to relaxed and
+  // writes the previous mode to *mode; with relaxed = 0 sets *mode (to restore it).
   int (*exchange_capture_mode)(void* ctx, int* mode, int relaxed);
-  // Whether the legacy default stream is capturing (1) in the current context.
-  int (*legacy_stream_capturing)(void* ctx, int* capturing);
+  // cudaStreamIsCapturing: 1 when `stream` is capturing (or its capture was invalidated). For
+  // the legacy stream, err_capture_implicit means a blocking stream of the device is capturing.
+  int (*stream_capturing)(void* ctx, void* stream, int* capturing);
 
   // ---- streams and events ----
   int (*stream_create)(void* ctx, void** stream);  // non-blocking
   int (*stream_destroy)(void* ctx, void* stream);
   int (*stream_synchronize)(void* ctx, void* stream);
   int (*stream_wait_event)(void* ctx, void* stream, void* event);
-  // Blocks `stream` until the 32-bit word at `flag` (registered or pinned host memory) equals
-  // `value` (cuStreamWaitValue32): a gate that needs no host thread.
+  // Blocks `stream` until the 32-bit word at `flag` (from flag_alloc) equals `value`
+  // (cuStreamWaitValue32, hipStreamWaitValue32): a gate that needs no host thread.
   int (*stream_wait_value32)(void* ctx, void* stream, std::uint32_t* flag, std::uint32_t value);
+  // A host-writable word that stream_wait_value32 may wait on: pinned, device-mapped host memory
+  // on CUDA; signal memory (hipExtMallocWithFlags(hipMallocSignalMemory)) on HIP, the only memory
+  // hipStreamWaitValue32 is documented for, after checking hipDeviceAttributeCanUseStreamWaitValue.
+  int (*flag_alloc)(void* ctx, std::uint32_t** flag);
+  int (*flag_free)(void* ctx, std::uint32_t* flag);
   int (*launch_host_func)(void* ctx, void* stream, void (*fn)(void*), void* arg);
   int (*event_create)(void* ctx, void** event, int timing);
   int (*event_destroy)(void* ctx, void* event);
@@ -106,8 +148,11 @@ struct VendorApi {
   int (*host_alloc_mapped)(void* ctx, void** ptr, std::size_t bytes);
   int (*host_free)(void* ctx, void* ptr);
   int (*device_malloc)(void* ctx, void** ptr, std::size_t bytes);
-  int (*device_free)(void* ctx, void* ptr);  // synchronizes the device
-  // Stream-ordered free (cudaFreeAsync): no device-wide synchronization. Null where missing.
+  int (*device_free)(void* ctx, void* ptr);  // synchronizes the device (not for async memory)
+  // Stream-ordered allocation and free (cudaMallocAsync / cudaFreeAsync): no device-wide
+  // synchronization. Only memory from device_malloc_async may be freed by device_free_async.
+  // Null where missing (both or neither).
+  int (*device_malloc_async)(void* ctx, void** ptr, std::size_t bytes, void* stream);
   int (*device_free_async)(void* ctx, void* ptr, void* stream);
   // 1 when ptr is device (or managed) memory.
   int (*pointer_is_device)(void* ctx, const void* ptr, int* is_device);
@@ -141,7 +186,7 @@ struct VendorApi {
 // Fills every call entry of `table` from the functions of the same names in the current scope:
 // a vendor module defines error_name, get_last_error, ... in its own namespace and says
 // KVOFFLOAD_VENDOR_TABLE_CALLS(table), so the two modules never list the table twice. The data
-// fields and the optional entries (batch, free_async) stay the module's to set.
+// fields and the optional entries (batch, malloc_async / free_async) stay the module's to set.
 #define KVOFFLOAD_VENDOR_TABLE_CALLS(table)                      \
   do {                                                           \
     (table).error_name = error_name;                             \
@@ -149,18 +194,22 @@ struct VendorApi {
     (table).get_last_error = get_last_error;                     \
     (table).get_device_count = get_device_count;                 \
     (table).get_device = get_device;                             \
+    (table).current_device = current_device;                     \
     (table).set_device = set_device;                             \
+    (table).device_synchronize = device_synchronize;             \
     (table).device_describe = device_describe;                   \
     (table).driver_version = driver_version;                     \
     (table).runtime_version = runtime_version;                   \
     (table).version_text = version_text;                         \
     (table).exchange_capture_mode = exchange_capture_mode;       \
-    (table).legacy_stream_capturing = legacy_stream_capturing;   \
+    (table).stream_capturing = stream_capturing;                 \
     (table).stream_create = stream_create;                       \
     (table).stream_destroy = stream_destroy;                     \
     (table).stream_synchronize = stream_synchronize;             \
     (table).stream_wait_event = stream_wait_event;               \
     (table).stream_wait_value32 = stream_wait_value32;           \
+    (table).flag_alloc = flag_alloc;                             \
+    (table).flag_free = flag_free;                               \
     (table).launch_host_func = launch_host_func;                 \
     (table).event_create = event_create;                         \
     (table).event_destroy = event_destroy;                       \

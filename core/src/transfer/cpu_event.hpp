@@ -14,6 +14,7 @@ struct Marker {
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
+  bool abandoned = false;  // the simulated device faulted before it: never done, waiters released
   Clock::time_point stamp{};
 
   void complete() {
@@ -24,9 +25,16 @@ struct Marker {
     }
     cv.notify_all();
   }
+  void abandon() {
+    {
+      std::lock_guard lock(mutex);
+      abandoned = true;
+    }
+    cv.notify_all();
+  }
   void wait() {
     std::unique_lock lock(mutex);
-    cv.wait(lock, [&] { return done; });
+    cv.wait(lock, [&] { return done || abandoned; });
   }
   bool is_done() {
     std::lock_guard lock(mutex);

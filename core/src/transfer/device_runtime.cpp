@@ -6,6 +6,8 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <utility>
 
 namespace kvoffload {
@@ -73,7 +75,8 @@ HostRegistration::HostRegistration(HostRegistration&& other) noexcept
       handle_(std::exchange(other.handle_, 0)),
       host_(std::exchange(other.host_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
-      device_(std::exchange(other.device_, nullptr)) {}
+      device_(std::exchange(other.device_, nullptr)),
+      segments_(std::exchange(other.segments_, {})) {}
 HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
   if (this != &other) {
     reset();
@@ -82,6 +85,7 @@ HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept
     host_ = std::exchange(other.host_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     device_ = std::exchange(other.device_, nullptr);
+    segments_ = std::exchange(other.segments_, {});
   }
   return *this;
 }
@@ -96,6 +100,7 @@ bool HostRegistration::reset() noexcept {
   host_ = nullptr;
   bytes_ = 0;
   device_ = nullptr;
+  segments_.clear();
   return ok;
 }
 void* HostRegistration::device_pointer(const void* host_ptr) const {
@@ -104,7 +109,38 @@ void* HostRegistration::device_pointer(const void* host_ptr) const {
   if (handle_ == 0 || p < base || p > base + bytes_) {
     throw_invalid("HostRegistration::device_pointer: pointer is outside the registered range");
   }
-  return static_cast<std::byte*>(device_) + (p - base);
+  const auto off = static_cast<std::size_t>(p - base);
+  // The segment holding `off` (the one-past-the-end address maps through the last segment).
+  auto it = std::upper_bound(segments_.begin(), segments_.end(), off,
+                             [](std::size_t o, const DeviceSegment& s) { return o < s.offset; });
+  if (it != segments_.begin()) --it;
+  return static_cast<std::byte*>(it->device) + (off - it->offset);
+}
+
+HostFlag::HostFlag(HostFlag&& other) noexcept
+    : runtime_(std::exchange(other.runtime_, nullptr)),
+      word_(std::exchange(other.word_, nullptr)) {}
+HostFlag& HostFlag::operator=(HostFlag&& other) noexcept {
+  if (this != &other) {
+    reset();
+    runtime_ = std::exchange(other.runtime_, nullptr);
+    word_ = std::exchange(other.word_, nullptr);
+  }
+  return *this;
+}
+HostFlag::~HostFlag() {
+  reset();
+}
+void HostFlag::set(std::uint32_t value) noexcept {
+  std::atomic_ref<std::uint32_t>(*word_).store(value, std::memory_order_release);
+}
+std::uint32_t HostFlag::value() const noexcept {
+  return std::atomic_ref<std::uint32_t>(*word_).load(std::memory_order_acquire);
+}
+void HostFlag::reset() noexcept {
+  if (word_ != nullptr && runtime_ != nullptr) runtime_->do_destroy_host_flag(word_);
+  runtime_ = nullptr;
+  word_ = nullptr;
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
@@ -154,12 +190,23 @@ void DeviceRuntime::do_free_device_async(void* ptr, std::uintptr_t stream) noexc
   do_free_device(ptr);
 }
 
+std::uint32_t* DeviceRuntime::do_create_host_flag() {
+  return new std::uint32_t(0);
+}
+void DeviceRuntime::do_destroy_host_flag(std::uint32_t* flag) noexcept {
+  delete flag;
+}
+bool DeviceRuntime::do_stream_capturing(std::uintptr_t /*stream*/) {
+  return false;
+}
+
 HostRegistration DeviceRuntime::register_host(void* ptr, std::size_t bytes, std::size_t align) {
   if (ptr == nullptr || bytes == 0) {
     throw_invalid("register_host: empty range");
   }
-  const RegistrationRecord rec = do_register_host(ptr, bytes, align);
-  return HostRegistration(this, rec.handle, ptr, bytes, rec.device_base);
+  RegistrationRecord rec = do_register_host(ptr, bytes, align);
+  if (rec.segments.empty()) rec.segments.push_back(DeviceSegment{0, bytes, rec.device_base});
+  return HostRegistration(this, rec.handle, ptr, bytes, std::move(rec.segments));
 }
 
 Stream DeviceRuntime::create_stream() {
@@ -175,11 +222,29 @@ DeviceBuffer DeviceRuntime::allocate_device(std::size_t bytes) {
   return DeviceBuffer(this, do_allocate_device(bytes), bytes);
 }
 
+HostFlag DeviceRuntime::create_host_flag() {
+  return HostFlag(this, do_create_host_flag());
+}
+
 // ---- factory ----
 
 std::vector<BackendInfo> list_backends() {
   return {detail::probe_vendor("cuda"), detail::probe_vendor("hip"), detail::probe_host(),
           detail::probe_sim()};
+}
+
+BackendInfo probe_backend(std::string_view name) {
+  if (name == "host") return detail::probe_host();
+  if (name == "sim") return detail::probe_sim();
+  if (name == "cuda" || name == "hip") return detail::probe_vendor(name);
+  if (name == "auto") {
+    for (std::string_view gpu : {"cuda", "hip"}) {
+      if (BackendInfo info = detail::probe_vendor(gpu); info.device_count > 0) return info;
+    }
+    return detail::probe_host();
+  }
+  throw_invalid("unknown device runtime '" + std::string(name) +
+                "' (expected host, sim, cuda, hip or auto)");
 }
 
 std::unique_ptr<DeviceRuntime> make_runtime(std::string_view name, const RuntimeOptions& options) {

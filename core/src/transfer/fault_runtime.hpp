@@ -96,6 +96,13 @@ class FaultInjectingRuntime final : public DeviceRuntime {
   void do_free_device_async(void* ptr, std::uintptr_t stream) noexcept override {
     inner_.do_free_device_async(ptr, stream);
   }
+  std::uint32_t* do_create_host_flag() override { return inner_.do_create_host_flag(); }
+  void do_destroy_host_flag(std::uint32_t* flag) noexcept override {
+    inner_.do_destroy_host_flag(flag);
+  }
+  bool do_stream_capturing(std::uintptr_t stream) override {
+    return inner_.do_stream_capturing(stream);
+  }
 
  private:
   void check_poisoned(std::uintptr_t event);

@@ -1,7 +1,9 @@
 #include "transfer/planner.hpp"
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
 
+#include <algorithm>
 #include <string>
 
 namespace kvoffload::detail {
@@ -266,6 +268,45 @@ void Planner::shift_host_side(Plan& plan, Direction direction, std::ptrdiff_t de
       d.src = static_cast<const std::byte*>(d.src) + delta;
     }
   }
+}
+
+void Planner::shift_host_side(Plan& plan, Direction direction,
+                              std::span<const HostSegment> segments) {
+  if (segments.size() == 1) {
+    shift_host_side(plan, direction, segments.front().delta);
+    return;
+  }
+  const bool store = direction == Direction::kStore;
+  split_.clear();
+  for (const CopyDescriptor& whole : plan.copies) {
+    CopyDescriptor d = whole;
+    for (;;) {
+      const auto* host = static_cast<const std::byte*>(store ? d.dst : d.src);
+      auto it =
+          std::upper_bound(segments.begin(), segments.end(), host,
+                           [](const std::byte* h, const HostSegment& s) { return h < s.host; });
+      if (it == segments.begin() || host >= std::prev(it)->host + std::prev(it)->bytes) {
+        throw Error(ErrorCode::kInternal, "transfer engine: host address " +
+                                              fmt::format("{}", static_cast<const void*>(host)) +
+                                              " lies in no registered piece");
+      }
+      const HostSegment& seg = *std::prev(it);
+      const auto room = static_cast<std::uint64_t>(seg.host + seg.bytes - host);
+      CopyDescriptor part = d;
+      part.bytes = std::min(d.bytes, room);
+      if (store) {
+        part.dst = static_cast<std::byte*>(part.dst) + seg.delta;
+      } else {
+        part.src = static_cast<const std::byte*>(part.src) + seg.delta;
+      }
+      split_.push_back(part);
+      if (part.bytes == d.bytes) break;
+      d.src = static_cast<const std::byte*>(d.src) + part.bytes;
+      d.dst = static_cast<std::byte*>(d.dst) + part.bytes;
+      d.bytes -= part.bytes;
+    }
+  }
+  plan.copies = std::span<CopyDescriptor>(split_);
 }
 
 CopyPath choose_path(const PathPolicy& policy, const Plan& plan, bool kernel_allowed) noexcept {

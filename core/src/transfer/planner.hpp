@@ -8,11 +8,20 @@
 #include <kvoffload/kv_layout.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 namespace kvoffload::detail {
+
+// A registered piece of the host buffer and the offset of its device addresses from its host
+// addresses (0 with unified addressing; per piece on ROCm). Note [Host segments].
+struct HostSegment {
+  const std::byte* host = nullptr;
+  std::uint64_t bytes = 0;
+  std::ptrdiff_t delta = 0;
+};
 
 struct Plan {
   std::span<CopyDescriptor> copies;  // valid until the next plan()
@@ -30,6 +39,11 @@ class Planner {
 
   // Rewrites the host side of `plan` by `delta` bytes (host pointer -> registered device pointer).
   static void shift_host_side(Plan& plan, Direction direction, std::ptrdiff_t delta) noexcept;
+  // The same through the segment that holds each copy's host side (sorted by address, covering
+  // every host address a plan can name); a copy that crosses into the next segment is split
+  // there, as its two parts live at unrelated device addresses. Throws kInternal for a host
+  // address outside every segment.
+  void shift_host_side(Plan& plan, Direction direction, std::span<const HostSegment> segments);
 
  private:
   struct Tensor {
@@ -60,7 +74,8 @@ class Planner {
   std::vector<Tensor> tensors_;
   std::vector<Group> groups_;
   std::vector<CopyDescriptor> copies_;
-  std::vector<std::uint64_t> seen_;  // bitmap for duplicate detection, all-zero between plans
+  std::vector<CopyDescriptor> split_;  // shift_host_side by segments
+  std::vector<std::uint64_t> seen_;    // bitmap for duplicate detection, all-zero between plans
   bool groups_share_sections_ = false;
 };
 

@@ -18,7 +18,9 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <unordered_set>
+#include <vector>
 
 #include <unistd.h>
 
@@ -34,6 +36,24 @@ namespace kvoffload {
 // fails, submit synchronizes the stream), because a copy of a failed load still writes device
 // blocks that the caller reuses as soon as it sees the result. Events come from a pool and return
 // to it when a job is retired, so steady-state submission creates no events.
+//
+// Note [Host segments]
+// The copy kernel addresses host memory through the device address of its registration. With
+// unified addressing (CUDA) that is the host address; on ROCm every registration call may map
+// its piece anywhere on the device, so the engine keeps one segment per registered piece (host
+// range, device-minus-host offset): from its own registration's pieces, or from the pieces the
+// bring-up registered and told it about. A kernel batch translates each copy through its own
+// segment and is split where a copy crosses into the next one. (Before, pieces with different
+// offsets kept the kernel path off for good.)
+//
+// Note [Capturing streams]
+// A job waits for the caller's stream by recording an event on it and making the lane wait for
+// that event. If the stream is capturing a CUDA graph, the record is a node of the capture, and
+// CUDA's cross-stream rule pulls the lane into the capture at the wait: the job's copies become
+// graph nodes that never run, and the caller's capture fails at its end (unjoined). So a submit
+// that waits on a capturing stream is refused before anything is enqueued. A job that waits on
+// an event recorded during a capture is found out after the wait (the lane now captures) and
+// failed; the caller's capture is lost by then, which the message says.
 
 struct TransferEngine::Impl {
   struct Inflight {
@@ -70,6 +90,7 @@ struct TransferEngine::Impl {
       try {
         registration = runtime.register_host(layout.host.base, layout.host.buffer_bytes,
                                              layout.host.row_stride);
+        add_segments(segments, registration);
         log().info("transfer engine: registered {} bytes of host memory with the {} runtime",
                    layout.host.buffer_bytes, runtime.name());
       } catch (const Error& e) {
@@ -89,13 +110,23 @@ struct TransferEngine::Impl {
     return options.allow_kernel && runtime.supports_kernel_path() &&
            (static_cast<bool>(registration) || pieces_cover.load(std::memory_order_acquire));
   }
-  // Device-minus-host offset of the registered host buffer (kernel_allowed() holds).
-  [[nodiscard]] std::ptrdiff_t device_delta() const noexcept {
-    if (registration) {
-      return static_cast<std::byte*>(registration.device_base()) -
-             static_cast<std::byte*>(registration.host_base());
+  // The segments of the registered host buffer (kernel_allowed() holds): Note [Host segments].
+  [[nodiscard]] std::span<const detail::HostSegment> host_segments() const noexcept {
+    return segments;  // written before pieces_cover was set, never after
+  }
+
+  // Appends `reg`'s pieces as segments, merging neighbours with the same offset.
+  static void add_segments(std::vector<detail::HostSegment>& out, const HostRegistration& reg) {
+    const auto* host = static_cast<const std::byte*>(reg.host_base());
+    for (const DeviceSegment& s : reg.segments()) {
+      const std::byte* h = host + s.offset;
+      const std::ptrdiff_t delta = static_cast<const std::byte*>(s.device) - h;
+      if (!out.empty() && out.back().host + out.back().bytes == h && out.back().delta == delta) {
+        out.back().bytes += s.bytes;
+      } else {
+        out.push_back(detail::HostSegment{h, s.bytes, delta});
+      }
     }
-    return piece_delta;  // written before pieces_cover was set
   }
 
   void note_piece(const HostRegistration& piece) {
@@ -106,22 +137,26 @@ struct TransferEngine::Impl {
           "transfer engine: note_host_registration: the piece is not inside the engine's host "
           "buffer");
     }
-    const std::ptrdiff_t delta =
-        static_cast<std::byte*>(piece.device_base()) - static_cast<std::byte*>(piece.host_base());
     std::lock_guard lock(pieces_mu);
-    if (!piece_bases.insert(p).second)
+    if (pieces_cover.load(std::memory_order_relaxed) || !piece_bases.insert(p).second)
       throw_invalid("transfer engine: note_host_registration: piece told twice");
-    if (piece_bases.size() == 1) {
-      piece_delta = delta;
-    } else if (delta != piece_delta && !pieces_mixed) {
-      pieces_mixed = true;  // kernels address host memory as base + one offset
-      log().warn(
-          "transfer engine: registered pieces have different device offsets; the copy kernel stays "
-          "off");
-    }
+    add_segments(pending_segments, piece);  // copied now: the caller may move its pieces
     piece_bytes += piece.bytes();
-    if (!pieces_mixed && piece_bytes >= layout.host.buffer_bytes)
-      pieces_cover.store(true, std::memory_order_release);
+    if (piece_bytes < layout.host.buffer_bytes) return;
+    // The pieces cover the buffer: their segments, in address order, become the kernel path's.
+    std::sort(
+        pending_segments.begin(), pending_segments.end(),
+        [](const detail::HostSegment& a, const detail::HostSegment& b) { return a.host < b.host; });
+    for (const detail::HostSegment& seg : pending_segments) {
+      if (!segments.empty() && segments.back().host + segments.back().bytes == seg.host &&
+          segments.back().delta == seg.delta) {
+        segments.back().bytes += seg.bytes;
+      } else {
+        segments.push_back(seg);
+      }
+    }
+    pending_segments.clear();
+    pieces_cover.store(true, std::memory_order_release);
   }
 
   // Needs state_mutex.
@@ -138,6 +173,17 @@ struct TransferEngine::Impl {
   }
 
   void submit(JobId id, Direction direction, const TransferSpec& spec, WaitOn wait_on) {
+    if (wait_on.kind() == WaitOn::Kind::kStream &&
+        runtime.stream_capturing(wait_on.stream_view())) {
+      throw Error(
+          ErrorCode::kState,
+          fmt::format("transfer engine: job {} would wait on stream {:#x}, which is capturing a "
+                      "graph: its copies would become nodes of that capture and never run, and "
+                      "the capture would fail unjoined. Submit after the capture ends (Note "
+                      "[Capturing streams])",
+                      static_cast<std::uint64_t>(id), wait_on.stream_view().native()),
+          0, "stream_capturing");
+    }
     Lane& ln = lane(direction);
     std::lock_guard submit_lock(ln.submit_mutex);
     {
@@ -159,8 +205,8 @@ struct TransferEngine::Impl {
     }
     const CopyPath path = detail::choose_path(ln.policy, plan, kernel_allowed());
     if (path == CopyPath::kKernel) {
-      // Kernels address host memory through the registration's device pointer.
-      detail::Planner::shift_host_side(plan, direction, device_delta());
+      // Kernels address host memory through the registration's device pointers.
+      ln.planner->shift_host_side(plan, direction, host_segments());
     }
 
     Inflight job;
@@ -191,6 +237,13 @@ struct TransferEngine::Impl {
           break;
         case WaitOn::Kind::kEvent:
           runtime.wait_event(s, wait_on.event_view());
+          if (runtime.stream_capturing(s)) {
+            throw Error(ErrorCode::kState,
+                        "the event it waits on was recorded during a graph capture: the engine's "
+                        "lane joined that capture (which will now fail unjoined); record the "
+                        "event outside the capture (Note [Capturing streams])",
+                        0, "stream_capturing");
+          }
           break;
       }
       runtime.record_event(job.start.view(), s);
@@ -454,10 +507,10 @@ struct TransferEngine::Impl {
   // Pieces registered by the caller (note_host_registration), not owned.
   std::mutex pieces_mu;
   std::set<const std::byte*> piece_bases;
+  std::vector<detail::HostSegment> pending_segments;  // until the pieces cover the buffer
   std::uint64_t piece_bytes = 0;
-  std::ptrdiff_t piece_delta = 0;
-  bool pieces_mixed = false;
   std::atomic<bool> pieces_cover{false};
+  std::vector<detail::HostSegment> segments;  // Note [Host segments]
   Lane lanes[2];
 
   mutable std::mutex state_mutex;

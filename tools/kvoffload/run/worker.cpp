@@ -57,16 +57,14 @@ std::optional<JobPart> parse_part(const nlohmann::json& request, const char* nam
 class RankState {
  public:
   RankState(const RunConfig& config, std::uint32_t rank) : config_(config), rank_(rank) {
-    // Rank r on device r mod the device count (or as --devices says): one GPU per rank.
-    runtime_ = make_runtime(config.backend);
-    device_ = config.device_for_rank(rank, runtime_->info().device_count);
-    if (device_ != 0) {
-      RuntimeOptions ro;
-      ro.device = device_;
-      const std::string name(runtime_->name());
-      runtime_.reset();
-      runtime_ = make_runtime(name, ro);
-    }
+    // Rank r on device r mod the device count (or as --devices says): one GPU per rank. The
+    // count comes from a probe, which creates no context: a runtime made first on device 0 would
+    // leave a context on GPU 0 in every rank (refused outright in EXCLUSIVE_PROCESS mode).
+    const BackendInfo backend = probe_backend(config.backend);
+    device_ = config.device_for_rank(rank, backend.device_count);
+    RuntimeOptions ro;
+    ro.device = device_;
+    runtime_ = make_runtime(backend.name, ro);
     RegionOptions options;
     options.engine_id = config.engine_id;
     options.layout = {.num_chunks = config.num_chunks,

@@ -11,19 +11,45 @@
 //   device pointer crashes, exactly as it would with a GPU.
 // - The simulator is the MMU: its copy engine and its kernel launches translate device addresses
 //   (device allocations, registered and pinned host memory) to host addresses; an address it
-//   cannot translate is an illegal access that poisons the device with a sticky error, as on a
-//   GPU. The kernel's descriptors are rewritten to host addresses before its body runs.
+//   cannot translate, or device memory of another device, is an illegal access that poisons the
+//   device with a sticky error, as on a GPU. The kernel's descriptors are rewritten to host
+//   addresses before its body runs.
 // - The copy kernel runs from its own source (kernels/copy_kernels.cu), compiled for the host
-//   through compat.hpp and executed CTA by CTA with one host thread per GPU thread and a barrier
-//   for __syncthreads, so its indexing, alignment and tail logic run on the CPU.
+//   through compat.hpp and executed CTA by CTA with one fiber per GPU thread and a barrier for
+//   __syncthreads, so its indexing, alignment and tail logic run on the CPU. A 16-byte vector
+//   access at an address that is not 16-byte aligned faults (misaligned address, sticky) and
+//   stops the kernel, as on a GPU.
 // - Batched memcpy with source order ANY may read its sources at the call, before earlier work
 //   in the stream (the header allows it); the simulator does exactly that, so relying on ANY
 //   where it is not allowed reads stale bytes here too.
-// - The driver-level batch call needs a context bound on the calling thread (set_device), and a
-//   thread that never set a device reports device 0 (as CUDA does).
+// - A memcpy to or from pageable (unregistered) host memory synchronizes: it returns once the
+//   stream's earlier work and the copy itself are done (the CUDA runtime's "API synchronization
+//   behavior": pageable memory is staged, and the driver synchronizes with the stream for it).
+// - Contexts are per device (Note [Simulated contexts] in sim_device.cpp): set_device creates and
+//   binds one, as cudaSetDevice does since CUDA 12, and the first context-needing call on a
+//   thread that never chose a device binds device 0's. A kernel launched into another device's
+//   stream, or an event recorded on another device's stream, is refused (the CUDA programming
+//   guide's rules for streams and events of several devices). Counters per device let a test
+//   assert that a runtime never touched device 0.
+// - Stream capture: a capturing stream records nodes instead of running them; an event recorded
+//   during a capture pulls any stream that waits on it into that capture (CUDA's cross-stream
+//   rule), and ending a capture with such a stream not joined back fails (unjoined) and
+//   invalidates it. Potentially unsafe calls (register, malloc, free) from a thread whose capture
+//   mode is not relaxed invalidate a global-mode capture of another thread; synchronizing a
+//   capturing stream is refused and invalidates it; the legacy stream used while a blocking
+//   stream captures is refused (implicit).
+// - After a sticky error every call returns it at once (event_query included, even while earlier
+//   work is still queued), no more copies or kernels run, and host functions are skipped: CUDA
+//   never calls a host function after a context error (cudaLaunchHostFunc's documentation).
+// - HIP's differences are knobs (SimOptions): host functions still run after an error
+//   (hipStreamAddCallback passes the error to them), and hipStreamWaitValue32 accepts only
+//   signal memory.
+// - A driver older than the runtime's major version (CUDA's minor-version compatibility floor)
+//   makes get_device_count fail with "insufficient driver", as CUDA does.
 // - Fault knobs let tests refuse batches, fail launches, leave a stale error in a thread's
 //   last-error slot before a launch, fail registration at piece N, fail a device-pointer query,
-//   fail the Nth memcpy enqueue, and delay every stream operation.
+//   fail the Nth memcpy enqueue, fail event records, fail a flag wait with a driver code, and
+//   delay every stream operation.
 #include "gpu/vendor_api.hpp"
 
 #include <atomic>
@@ -42,12 +68,37 @@ struct SimOptions {
   bool unified_addressing = true;
   // A batched-DMA entry point (cuMemcpyBatchAsync-like); false: the runtime has none.
   bool batch_memcpy = true;
+  // Stream-ordered allocation (cudaMallocAsync / cudaFreeAsync); false: the runtime has none.
+  bool async_allocator = true;
+  // Versions in CUDA's encoding (1000 * major + 10 * minor). A driver older than the runtime's
+  // major (13000 for 13.x) makes get_device_count fail with "insufficient driver" (35).
+  int driver_version = 13000;
+  int runtime_version = 13000;
+  // The architecture every device reports, and those the copy kernel was "built" for
+  // (";"-separated; matched exactly, as HIP code objects are).
+  std::string device_arch = "sim";
+  std::string kernel_archs = "sim";
+  // HIP semantics where HIP and CUDA differ (DESIGN.md §7: CUDA's by default).
+  bool host_funcs_after_error = false;          // hipStreamAddCallback runs callbacks after errors
+  bool wait_value_needs_signal_memory = false;  // hipStreamWaitValue32: signal memory only
+  // Compute mode EXCLUSIVE_PROCESS: a device's context can exist in one process at a time (the
+  // processes of one machine coordinate through a lock file per device in `lock_dir`); another
+  // process asking for it gets "devices unavailable" (46). Contexts live until the process exits.
+  bool exclusive_process = false;
+  std::string lock_dir;
+  // When set, every context creation appends "pid <pid> device <d>" to this file.
+  std::string context_log;
   // The Nth host registration of this device fails (1-based; 0: none), as a GPU that refuses
   // registration does (SimFaults::fail_register_at, from the start). For processes a test
   // cannot reach into, such as the ranks of `kvoffload run`.
   int fail_register_at = 0;
-  // Defaults from the environment: KVOFFLOAD_SIM_DEVICES, KVOFFLOAD_SIM_FAIL_REGISTER_AT.
+  // Defaults from the environment: KVOFFLOAD_SIM_DEVICES (count), KVOFFLOAD_SIM_FAIL_REGISTER_AT,
+  // KVOFFLOAD_SIM_COMPUTE_MODE (default | exclusive_process) with KVOFFLOAD_SIM_LOCK_DIR,
+  // KVOFFLOAD_SIM_CONTEXT_LOG, KVOFFLOAD_SIM_DRIVER_VERSION, KVOFFLOAD_SIM_ARCH and
+  // KVOFFLOAD_SIM_KERNEL_ARCHS.
   static SimOptions from_env();
+  // CUDA's semantics with HIP's differences switched on.
+  static SimOptions hip_semantics();
 };
 
 // Knobs tests turn while the device runs (all atomics).
@@ -60,8 +111,9 @@ struct SimFaults {
   std::atomic<int> fail_register_at{0};     // the Nth host_register call from now fails (1-based)
   std::atomic<int> fail_device_pointer{0};  // the next N host_device_pointer calls fail
   std::atomic<int> fail_memcpy_at{0};       // the Nth memcpy_async enqueue from now fails
+  std::atomic<int> fail_event_records{0};   // the next N event records fail (invalid value)
+  std::atomic<int> fail_wait_value{0};      // the next flag wait fails with this driver code
   std::atomic<int> op_delay_us{0};          // every stream operation sleeps this long first
-  std::atomic<int> legacy_capturing{0};     // the legacy stream reports a capture
 };
 
 // What the device saw.
@@ -69,6 +121,7 @@ struct SimCounters {
   std::atomic<std::uint64_t> batch_calls{0};
   std::atomic<std::uint64_t> batch_refused{0};
   std::atomic<std::uint64_t> memcpy_calls{0};
+  std::atomic<std::uint64_t> pageable_copies{0};  // copies that synchronized (pageable memory)
   std::atomic<std::uint64_t> kernel_launches{0};
   std::atomic<std::uint64_t> kernel_ctas{0};
   std::atomic<std::uint64_t> host_register_calls{0};
@@ -76,6 +129,11 @@ struct SimCounters {
   std::atomic<std::int64_t> live_device_allocations{0};
   std::atomic<std::uint64_t> device_syncs{0};  // device-wide synchronizations (a blocking free)
   std::atomic<std::uint64_t> illegal_accesses{0};
+  std::atomic<std::uint64_t> host_funcs_run{0};
+  std::atomic<std::uint64_t> host_funcs_skipped{0};  // after a sticky error (CUDA)
+  // cudaFreeAsync of memory cudaMallocAsync did not allocate (refused with invalid value).
+  std::atomic<std::uint64_t> mismatched_frees{0};
+  std::atomic<std::uint64_t> captures_invalidated{0};
 };
 
 class SimDevice {
@@ -95,11 +153,31 @@ class SimDevice {
   // Whether `ptr` lies in the device address range (host code must not dereference it).
   [[nodiscard]] bool is_device_address(const void* ptr) const noexcept;
 
+  // Per device: whether its (primary) context was created, and how many runtime calls ran with
+  // it current. A runtime that never touched device 0 leaves both at false / 0 for it.
+  [[nodiscard]] bool context_created(int device) const noexcept;
+  [[nodiscard]] std::uint64_t device_calls(int device) const noexcept;
+
+  // Stream capture as the engine's code does it (cudaStreamBeginCapture / EndCapture); return
+  // the vendor code. `mode` is a CaptureMode. Capture runs nothing: its nodes are only counted.
+  int begin_capture(void* stream, int mode);
+  int end_capture(void* stream);
+  // A blocking stream (cudaStreamCreate without cudaStreamNonBlocking) of the current device,
+  // destroyed with api().stream_destroy.
+  [[nodiscard]] void* create_blocking_stream();
+  // Launches body(arg) as every GPU thread of `ctas` CTAs of 256 threads on `stream` (tests: a
+  // kernel of their own; use vector_copy16 in it). Returns the launch's code.
+  int launch_body(void* stream, void (*body)(void*), void* arg, unsigned ctas);
+
   struct Impl;
 
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// In a body run by launch_body: one 16-byte vector load from `src` and store to `dst` (host
+// addresses), faulting as the GPU does when either is not 16-byte aligned.
+void vector_copy16(void* dst, const void* src);
 
 // The process-wide device behind make_runtime("sim") (SimOptions::from_env()).
 std::shared_ptr<SimDevice> default_device();

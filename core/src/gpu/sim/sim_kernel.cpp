@@ -2,6 +2,8 @@
 // it (Note [Simulated device] in sim_device.hpp, Note [CTA executor] in sim_kernel.hpp).
 #include "gpu/sim/sim_kernel.hpp"
 
+#include "gpu/sim/sim_device.hpp"
+
 #define KVOFFLOAD_KERNELS_SIM 1
 #include "copy_kernels.cu"  // NOLINT(bugprone-suspicious-include): the kernel body, written once
 
@@ -10,6 +12,8 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstring>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
@@ -20,12 +24,33 @@
 #define KVO_SIM_TSAN 1
 #endif
 
+namespace kvoffload::gpu::sim {
+namespace {
+thread_local CtaExecutor* g_executor = nullptr;  // the executor running on this host thread
+constexpr int kMisalignedAddress = 716;          // cudaErrorMisalignedAddress
+}  // namespace
+}  // namespace kvoffload::gpu::sim
+
 namespace kvoffload::kernels::sim {
 namespace {
 thread_local ThreadContext* g_current = nullptr;
+
+void check_vector_address(const void* p) {
+  if ((reinterpret_cast<std::uintptr_t>(p) & 15u) != 0) {
+    gpu::sim::g_executor->raise(gpu::sim::kMisalignedAddress, p);
+  }
+}
 }  // namespace
 ThreadContext& this_thread() noexcept {
   return *g_current;
+}
+void vector_load(const void* src, void* out16) {
+  check_vector_address(src);
+  std::memcpy(out16, src, 16);
+}
+void vector_store(void* dst, const void* in16) {
+  check_vector_address(dst);
+  std::memcpy(dst, in16, 16);
 }
 }  // namespace kvoffload::kernels::sim
 
@@ -35,12 +60,19 @@ struct CtaExecutor::Fiber {
   ucontext_t context{};
   kernels::sim::ThreadContext thread;
   void* stack = nullptr;
-  enum class State : std::uint8_t { kRunnable, kAtBarrier, kDone } state = State::kDone;
+  enum class State : std::uint8_t { kRunnable, kAtBarrier, kDone, kFaulted } state = State::kDone;
   void* tsan = nullptr;
 };
 
 namespace {
-thread_local CtaExecutor* g_executor = nullptr;  // the executor running on this host thread
+struct BatchArgs {
+  const kernels::CopyDesc* descs;
+  std::size_t count;
+};
+void batch_body(void* arg) {
+  const auto* b = static_cast<const BatchArgs*>(arg);
+  kernels::sim::run_batch_copy_thread(b->descs, b->count);
+}
 }  // namespace
 
 CtaExecutor::CtaExecutor(unsigned threads_per_cta)
@@ -80,9 +112,16 @@ void CtaExecutor::fiber_main() {
 #if defined(KVO_SIM_ASAN)
   __sanitizer_finish_switch_fiber(nullptr, &self->home_stack_, &self->home_stack_bytes_);
 #endif
-  kernels::sim::run_batch_copy_thread(self->descs_, self->count_);
+  self->body_(self->arg_);
   self->current_->state = Fiber::State::kDone;
   self->leave();  // never resumed: the next CTA makes a new context on this stack
+}
+
+void CtaExecutor::raise(int code, const void* address) {
+  fault_ = Fault{code, address, current_->thread.block_idx.x, current_->thread.thread_idx.x};
+  current_->state = Fiber::State::kFaulted;
+  leave();  // never resumed: the kernel stops here
+  __builtin_unreachable();
 }
 
 void CtaExecutor::barrier(void* self) {
@@ -114,8 +153,8 @@ void CtaExecutor::leave() {
 #endif
 #if defined(KVO_SIM_ASAN)
   void* fake = nullptr;
-  __sanitizer_start_switch_fiber(f.state == Fiber::State::kDone ? nullptr : &fake, home_stack_,
-                                 home_stack_bytes_);
+  const bool dying = f.state == Fiber::State::kDone || f.state == Fiber::State::kFaulted;
+  __sanitizer_start_switch_fiber(dying ? nullptr : &fake, home_stack_, home_stack_bytes_);
 #endif
   ::swapcontext(&f.context, &home_);
 #if defined(KVO_SIM_ASAN)
@@ -123,14 +162,30 @@ void CtaExecutor::leave() {
 #endif
 }
 
+void vector_copy16(void* dst, const void* src) {
+  unsigned char v[16];
+  kernels::sim::vector_load(src, v);
+  kernels::sim::vector_store(dst, v);
+}
+
 void CtaExecutor::run(const kernels::CopyDesc* descs, std::size_t count, unsigned grid) {
+  BatchArgs args{descs, count};
+  run_body(&batch_body, &args, grid);
+}
+
+void CtaExecutor::run_body(void (*body)(void*), void* arg, unsigned grid) {
+  body_ = body;
+  arg_ = arg;
+  run_grid(grid);
+}
+
+void CtaExecutor::run_grid(unsigned grid) {
   g_executor = this;
-  descs_ = descs;
-  count_ = count;
+  fault_ = Fault{};
 #if defined(KVO_SIM_TSAN)
   home_tsan_ = __tsan_get_current_fiber();
 #endif
-  for (unsigned b = 0; b < grid; ++b) run_cta(b, grid);
+  for (unsigned b = 0; b < grid && fault_.code == 0; ++b) run_cta(b, grid);
   kernels::sim::g_current = nullptr;
   g_executor = nullptr;
 }
@@ -153,6 +208,7 @@ void CtaExecutor::run_cta(unsigned block, unsigned grid) {
   for (;;) {
     for (auto& f : fibers_) {
       if (f->state == Fiber::State::kRunnable) enter(*f);
+      if (fault_.code != 0) return;  // the kernel stopped at the fault
     }
     bool waiting = false;
     for (auto& f : fibers_) {

@@ -7,6 +7,8 @@
 // every thread of the CTA has reached it. So the block's threads really interleave at their
 // barriers, shared memory is really shared, and a barrier costs a context switch of ~100 ns
 // instead of waking 256 OS threads. The fibers tell ASan and TSan about each switch.
+// A fault in a GPU thread (a misaligned vector access) stops the kernel as on a GPU: the faulting
+// thread is never resumed, no later thread or CTA runs, and the executor reports the fault.
 #include <kvoffload_kernels/copy_kernels.hpp>
 
 #include <ucontext.h>
@@ -25,13 +27,27 @@ class CtaExecutor {
   CtaExecutor& operator=(const CtaExecutor&) = delete;
 
   // Runs the kernel over `descs` (host addresses) with `grid` CTAs, one after another, on the
-  // calling thread; returns when every CTA finished.
+  // calling thread; returns when every CTA finished, or at the first fault (fault()).
   void run(const kernels::CopyDesc* descs, std::size_t count, unsigned grid);
+  // Runs body(arg) as every GPU thread of `grid` CTAs (tests: a kernel of their own).
+  void run_body(void (*body)(void*), void* arg, unsigned grid);
+
+  struct Fault {
+    int code = 0;  // 0: none; else the CUDA error (716: misaligned address)
+    const void* address = nullptr;
+    unsigned block = 0;
+    unsigned thread = 0;
+  };
+  // The fault that stopped the last run, if any.
+  [[nodiscard]] const Fault& fault() const noexcept { return fault_; }
+  // Called by a GPU thread of this executor: stops the kernel (never returns to the thread).
+  [[noreturn]] void raise(int code, const void* address);
 
   struct Fiber;
 
  private:
   void run_cta(unsigned block, unsigned grid);
+  void run_grid(unsigned grid);
   static void fiber_main();
   static void barrier(void* self);
   void enter(Fiber& f);  // executor -> fiber
@@ -51,8 +67,9 @@ class CtaExecutor {
     alignas(64) unsigned char bytes[48 * 1024];
   };
   std::unique_ptr<SharedArena> shared_;
-  const kernels::CopyDesc* descs_ = nullptr;
-  std::size_t count_ = 0;
+  void (*body_)(void*) = nullptr;
+  void* arg_ = nullptr;
+  Fault fault_;
 };
 
 }  // namespace kvoffload::gpu::sim
