@@ -4,8 +4,10 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "fault_syscalls.hpp"
 #include "kvoffload/error.hpp"
@@ -129,6 +131,38 @@ TEST(ProcLocks, CountsGrantedFlocksOfOneInodeOnly) {
   EXPECT_EQ(detail::count_flock_holders(text, dev, 77), 2U);
   EXPECT_EQ(detail::count_flock_holders(text, dev, 770), 1U);
   EXPECT_EQ(detail::count_flock_holders("", dev, 77), 0U);
+}
+
+// /proc/locks comes a page per read(), each page found again by position, so a lock taken or
+// dropped elsewhere between two pages can repeat or drop another line: one read can count a
+// holder twice. The holders are counted from a listing two whole reads agree on.
+TEST(ProcLocks, HoldersAreCountedFromAListingTwoReadsAgreeOn) {
+  struct Listings {
+    std::vector<std::string> texts;
+    std::size_t next = 0;
+  } listings;
+  const std::string torn =
+      "1: FLOCK  ADVISORY  READ 8378 00:1a:77 0 EOF\n"
+      "1: FLOCK  ADVISORY  READ 8378 00:1a:77 0 EOF\n";  // the page boundary repeated a line
+  const std::string whole = "1: FLOCK  ADVISORY  READ 8378 00:1a:77 0 EOF\n";
+  listings.texts = {torn, whole, whole};
+  Syscalls sys = real_syscalls();
+  sys.context = &listings;
+  sys.read_file = [](void* c, const char* path, std::string* out) {
+    auto& l = *static_cast<Listings*>(c);
+    if (std::string(path) != "/proc/locks" || l.next >= l.texts.size()) {
+      errno = EIO;
+      return -1;
+    }
+    *out = l.texts[l.next++];
+    return 0;
+  };
+  EXPECT_EQ(detail::flock_holders(sys, makedev(0, 0x1a), 77), 1U);
+  EXPECT_EQ(listings.next, 3U);  // torn, whole, whole: the second and third agree
+
+  listings.next = 0;
+  listings.texts = {whole};  // the second read fails: an error, not a guess
+  EXPECT_THROW(detail::flock_holders(sys, makedev(0, 0x1a), 77), Error);
 }
 
 }  // namespace

@@ -140,7 +140,7 @@ std::vector<RegionInfo> list_regions_with(const std::filesystem::path& shm_dir, 
   const std::string dir = shm_dir.string();
   const detail::UniqueFd dirfd(sys, detail::open_shm_dir(sys, dir));
   std::string locks;
-  if (sys.read_file(sys.context, "/proc/locks", &locks) != 0) {
+  if (detail::read_proc_locks(sys, &locks) != 0) {
     throw_system_error("read", errno, "of /proc/locks (counting the holders of regions)");
   }
   std::vector<RegionInfo> out;

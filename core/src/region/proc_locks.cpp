@@ -101,9 +101,21 @@ std::vector<LockedRange> ofd_write_locks(std::string_view text, dev_t dev, ino_t
   return ranges;
 }
 
+int read_proc_locks(const Syscalls& sys, std::string* text) {
+  std::string previous;
+  if (sys.read_file(sys.context, "/proc/locks", &previous) != 0) return errno;
+  for (int attempt = 1; attempt < 8; ++attempt) {
+    if (sys.read_file(sys.context, "/proc/locks", text) != 0) return errno;
+    if (*text == previous) return 0;
+    previous.swap(*text);
+  }
+  *text = std::move(previous);
+  return 0;
+}
+
 std::uint32_t flock_holders(const Syscalls& sys, dev_t dev, ino_t ino) {
   std::string text;
-  if (sys.read_file(sys.context, "/proc/locks", &text) != 0) {
+  if (read_proc_locks(sys, &text) != 0) {
     throw_system_error("read", errno, "of /proc/locks (counting the holders of a region)");
   }
   return count_flock_holders(text, dev, ino);

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -27,6 +28,12 @@ struct LockedRange {
 // of /proc/locks. Lets `region list` see which roles are held without taking a lock itself
 // (Note [Owners] in owners.hpp).
 std::vector<LockedRange> ofd_write_locks(std::string_view proc_locks, dev_t dev, ino_t ino);
+
+// Reads /proc/locks into *text as one consistent listing: the kernel hands the file out a page
+// per read(), restarting each page by position, so a lock taken or dropped elsewhere between two
+// pages can drop or repeat another line (a holder counted twice or not at all). Reads until two
+// whole reads agree, at most 8 times (then the last one). 0, or the errno of a failed read.
+int read_proc_locks(const Syscalls& sys, std::string* text);
 
 // Reads /proc/locks and counts; throws Error(kSystem) when it cannot be read.
 std::uint32_t flock_holders(const Syscalls& sys, dev_t dev, ino_t ino);
