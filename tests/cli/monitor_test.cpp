@@ -720,8 +720,10 @@ TEST(Exporter, ScrapesARunningEngineAndAgreesWithItsReport) {
   EXPECT_EQ(value(s, sample("kvoffload_scheduler_attached", e)), 0) << "the scheduler has exited";
   EXPECT_EQ(value(s, sample("kvoffload_region_chunks", e)), report["chunks"].get<double>());
   EXPECT_EQ(value(s, sample("kvoffload_evictions_total", e)), report["evictions"].get<double>());
-  // The run counts the requests whose prepare_store found no room; the Manager, the same calls.
-  EXPECT_EQ(value(s, sample("kvoffload_cannot_store_total", e)),
+  // The run counts the requests whose prepare_store found no room; the Manager counts those same
+  // calls and also the promotions from the file tier that found no room (TieredStore::promote
+  // asks the Manager for slots too), which the run does not count per request.
+  EXPECT_GE(value(s, sample("kvoffload_cannot_store_total", e)),
             report["cannot_store"].get<double>());
   double looked_up = 0;
   for (const char* result : {"hit", "pending", "miss"}) {
