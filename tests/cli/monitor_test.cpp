@@ -136,6 +136,7 @@ std::unique_ptr<Proc> spawn(const std::vector<std::string>& args, const fs::path
   std::vector<std::string> storage{binary()};
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
+  argv.reserve(storage.size() + 1);
   for (auto& a : storage) argv.push_back(a.data());
   argv.push_back(nullptr);
   p->pid = ::fork();
@@ -307,6 +308,7 @@ class PtyTop {
     std::vector<std::string> storage{binary()};
     storage.insert(storage.end(), args.begin(), args.end());
     std::vector<char*> argv;
+    argv.reserve(storage.size() + 1);
     for (auto& a : storage) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_ = ::fork();
@@ -478,9 +480,9 @@ std::map<std::string, double> parse_exposition(const std::string& text, const fs
 }
 
 // "name{a=1,b=2,}" as parse_exposition keys it (labels in sorted order).
-std::string sample(const std::string& name, std::map<std::string, std::string> labels) {
+std::string sample(const std::string& name, const std::map<std::string, std::string>& labels) {
   std::string key = name + "{";
-  for (const auto& [k, v] : labels) key += k + "=" + v + ",";
+  for (const auto& [k, v] : labels) key.append(k).append("=").append(v).append(",");
   return key + "}";
 }
 
@@ -580,7 +582,7 @@ TEST(Exporter, ServesEveryRegionOfTheNodeInPrometheusFormat) {
   EXPECT_EQ(res->status, 200);
   EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
   const auto samples = parse_exposition(res->body, work.path());
-  const std::string id = engine.id();
+  const std::string& id = engine.id();
   EXPECT_EQ(value(samples, sample("kvoffload_regions", {})), 3);
   EXPECT_EQ(value(samples, sample("kvoffload_region_chunks", {{"engine_id", id}})), 8);
   EXPECT_EQ(value(samples, sample("kvoffload_region_chunks_used", {{"engine_id", id}})), 5);
