@@ -510,7 +510,7 @@ TEST(FileTier, ValidationRefusesBadOptionsAndTouchesNothing) {
   const auto file = dir.path() / "plain-file";
   std::ofstream(file) << "x";
   const auto before = test::files_under(dir.path());
-  auto expect_invalid = [](FileTierOptions o, std::string_view needle) {
+  auto expect_invalid = [](const FileTierOptions& o, std::string_view needle) {
     try {
       (void)FileTier::open(o);
       ADD_FAILURE() << "accepted: " << needle;
@@ -601,6 +601,7 @@ TEST(IoPool, EachLaneIsServedWhenTheOtherIsEmpty) {
   detail::IoPool pool(2, 2, 4096);
   std::atomic<int> n{0};
   std::vector<detail::IoPool::Task> writes;
+  writes.reserve(8);
   for (int i = 0; i < 8; ++i) writes.emplace_back([&](detail::IoWorker&) { ++n; });
   pool.submit_many(std::move(writes), detail::IoLane::kWrite);
   while (n.load() < 8) std::this_thread::yield();

@@ -252,7 +252,7 @@ TEST(FullDisk, RealSmallTmpfsStaysWithinItsSpaceAndSurvivesAFullDisk) {
     int code = 0;
     auto check = [&](bool ok, int fail_code, const std::string& what) {
       if (!ok && code == 0) {
-        std::fprintf(stderr, "check %d failed: %s\n", fail_code, what.c_str());
+        (void)std::fprintf(stderr, "check %d failed: %s\n", fail_code, what.c_str());
         code = fail_code;
       }
     };
