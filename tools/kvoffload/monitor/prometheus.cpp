@@ -78,6 +78,20 @@ double num(std::uint64_t v) {
   return static_cast<double>(v);
 }
 
+// kvoffload_lookup_keys_total of one tier (`tier` among the labels), one sample per result: the
+// host pool and each secondary tier report the same family.
+void lookup_keys(Exposition& x, const Labels& tier, std::uint64_t hit, std::uint64_t pending,
+                 std::uint64_t miss) {
+  for (const auto& [result, v] : {std::pair{"hit", hit}, {"pending", pending}, {"miss", miss}}) {
+    Labels l = tier;
+    l.emplace_back("result", result);
+    x.counter("kvoffload_lookup_keys_total",
+              "Keys looked up, by tier (region = the host pool; others: secondary tiers, asked "
+              "for region misses) and result (hit, pending, miss)",
+              l, num(v));
+  }
+}
+
 void scheduler_metrics(Exposition& x, const Labels& e, const LiveScheduler& s) {
   x.gauge("kvoffload_scheduler_attached",
           "1 while a scheduler-side Manager publishes this region's occupancy, 0 before it "
@@ -93,18 +107,9 @@ void scheduler_metrics(Exposition& x, const Labels& e, const LiveScheduler& s) {
           num(s.write_pending));
   x.gauge("kvoffload_region_chunks_pinned", "Ready chunk slots pinned by at least one load", e,
           num(s.pinned));
-  auto lookup = [&](const char* result, std::uint64_t v) {
-    Labels l = e;
-    l.emplace_back("tier", "region");
-    l.emplace_back("result", result);
-    x.counter("kvoffload_lookup_keys_total",
-              "Keys looked up, by tier (region = the host pool; others: secondary tiers, asked "
-              "for region misses) and result (hit, pending, miss)",
-              l, num(v));
-  };
-  lookup("hit", s.hits);
-  lookup("pending", s.hits_pending);
-  lookup("miss", s.misses);
+  Labels region = e;
+  region.emplace_back("tier", "region");
+  lookup_keys(x, region, s.hits, s.hits_pending, s.misses);
   x.counter("kvoffload_evictions_total", "Keys evicted from the host pool to make room", e,
             num(s.evictions));
   x.counter("kvoffload_stores_prepared_total", "Keys given a slot by prepare_store", e,
@@ -128,17 +133,7 @@ void scheduler_metrics(Exposition& x, const Labels& e, const LiveScheduler& s) {
 void tier_metrics(Exposition& x, const Labels& e, const LiveTier& t) {
   Labels l = e;
   l.emplace_back("tier", t.name);
-  auto lookup = [&](const char* result, std::uint64_t v) {
-    Labels r = l;
-    r.emplace_back("result", result);
-    x.counter("kvoffload_lookup_keys_total",
-              "Keys looked up, by tier (region = the host pool; others: secondary tiers, asked "
-              "for region misses) and result (hit, pending, miss)",
-              r, num(v));
-  };
-  lookup("hit", t.present);
-  lookup("pending", t.pending);
-  lookup("miss", t.misses());
+  lookup_keys(x, l, t.present, t.pending, t.misses());
   x.counter("kvoffload_tier_promoted_total", "Keys read back from a secondary tier into the pool",
             l, num(t.promoted));
   x.counter("kvoffload_tier_promote_failed_total",
