@@ -57,7 +57,7 @@ struct kvo_block_scan {
 #elif defined(KVOFFLOAD_KERNELS_SIM)
 // The simulated device runs the kernel body on the CPU: one host thread per GPU thread of a CTA,
 // CTAs one after another, __syncthreads a barrier of the CTA's threads (kernels/sim_thread.hpp,
-// driven by core/src/gpu/sim). Nothing here may touch a GPU.
+// driven by core/src/runtime/sim). Nothing here may touch a GPU.
 #include "sim_thread.hpp"
 
 #define KVO_BACKEND_NS sim

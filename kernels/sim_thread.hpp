@@ -1,7 +1,7 @@
 #pragma once
 // What a kernel body compiled for the simulated device (compat.hpp, KVOFFLOAD_KERNELS_SIM) sees
 // of "its" GPU thread: indices, the CTA's shared arena and its barrier. Set by the CTA executor
-// in core/src/gpu/sim before it switches to the thread; plain host C++.
+// in core/src/runtime/sim before it switches to the thread; plain host C++.
 #include <cstddef>
 
 namespace kvoffload::kernels::sim {
@@ -26,7 +26,7 @@ ThreadContext& this_thread() noexcept;
 
 // One 16-byte vector load / store, as the GPU makes it (ld.global.v4 / st.global.v4): the address
 // must be 16-byte aligned, or the access faults with a misaligned address (a sticky error) and
-// the kernel stops there, as on a GPU. Defined by the CTA executor (core/src/gpu/sim).
+// the kernel stops there, as on a GPU. Defined by the CTA executor (core/src/runtime/sim).
 void vector_load(const void* src, void* out16);
 void vector_store(void* dst, const void* in16);
 

@@ -1,4 +1,4 @@
-// The CUDA vendor table (core/src/gpu/vendor_api.hpp): each entry is the CUDA runtime call it
+// The CUDA vendor table (core/src/runtime/gpu/vendor_api.hpp): each entry is the CUDA runtime call it
 // names, nothing more. Everything else — registration pieces, rings, fallbacks — is the one GPU
 // runtime in core. Built as the module libkvoffload_cuda.so, which core opens on first use.
 // hip/src/hip_api.cpp is its twin; the differences are CUDA's and are said where they are.
@@ -10,7 +10,7 @@
 // per-copy loop runs; cudaGetDriverEntryPointByVersion needs 12.5, else
 // cudaGetDriverEntryPoint (12.0's signature, with the query result) resolves the driver calls.
 // A module needs a driver of its toolkit's major version or newer (Note [Driver floor] in
-// core/src/gpu/backend_modules.cpp): R525 for 12.x, R580 for 13.x.
+// core/src/runtime/gpu/backend_modules.cpp): R525 for 12.x, R580 for 13.x.
 //
 // Note [Resolving cuMemcpyBatchAsync]
 // - The symbol exists from CUDA 12.8. CUDA 12.8/12.9 take 9 arguments (a size_t* failIdx before
@@ -22,7 +22,7 @@
 //   is one.
 // - It is a driver call: it needs a current context on the calling thread, which the runtime
 //   guarantees by setting the device on every call (Note [Batched DMA refusals]).
-#include "gpu/vendor_api.hpp"
+#include "runtime/gpu/vendor_api.hpp"
 
 #include <kvoffload_kernels/copy_kernels.hpp>
 

@@ -18,7 +18,7 @@
 //   hipGetDevice;
 // - code objects exist per GPU architecture, with no JIT from a portable form: a device whose
 //   architecture the build lacks (Debian's ROCm 5.2 hipcc does not know gfx942) is refused by
-//   the runtime (kernel_archs, Note [Kernel architectures] in core/src/gpu/gpu_runtime.cpp);
+//   the runtime (kernel_archs, Note [Kernel architectures] in core/src/runtime/gpu/gpu_runtime.cpp);
 // - the null stream stands for the legacy default stream.
 //
 // Note [Resolving hipMemcpyBatchAsync]
@@ -28,7 +28,7 @@
 //   that library's own handle (dladdr of hipGetDeviceCount, then dlopen RTLD_NOLOAD):
 //   dlsym(RTLD_DEFAULT) misses when Python loaded us RTLD_LOCAL.
 // - The signature is trusted only on the HIP major that published it (7.x).
-#include "gpu/vendor_api.hpp"
+#include "runtime/gpu/vendor_api.hpp"
 
 #include <kvoffload_kernels/copy_kernels.hpp>
 

@@ -7,10 +7,10 @@
 #include <kvoffload/kv_layout.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
-#include "gpu/gpu_runtime.hpp"
-#include "gpu/sim/sim_device.hpp"
+#include "runtime/gpu/gpu_runtime.hpp"
+#include "runtime/sim/sim_device.hpp"
 #include "skip.hpp"
-#include "transfer/backend_factories.hpp"
+#include "runtime/backend_factories.hpp"
 
 #include "gpu_test_util.hpp"
 

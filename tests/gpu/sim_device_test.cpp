@@ -9,9 +9,9 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
-#include "gpu/gpu_runtime.hpp"
-#include "gpu/sim/sim_device.hpp"
-#include "transfer/backend_factories.hpp"
+#include "runtime/gpu/gpu_runtime.hpp"
+#include "runtime/sim/sim_device.hpp"
+#include "runtime/backend_factories.hpp"
 
 #include "gpu_test_util.hpp"
 

@@ -20,7 +20,7 @@
 #include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
 #include "test_env.hpp"
-#include "transfer/fault_runtime.hpp"
+#include "runtime/fault_runtime.hpp"
 
 namespace kvoffload {
 namespace {

@@ -26,7 +26,7 @@
 #include "region/header.hpp"
 #include "stats/live_page.hpp"
 #include "test_env.hpp"
-#include "transfer/fault_runtime.hpp"
+#include "runtime/fault_runtime.hpp"
 
 namespace kvoffload::test {
 namespace {

@@ -3,8 +3,8 @@
 
 #include "kvoffload/file_tier.hpp"
 #include "kvoffload/error.hpp"
-#include "tier/crc32c.hpp"
-#include "tier/io_pool.hpp"
+#include "tier/file/crc32c.hpp"
+#include "tier/file/io_pool.hpp"
 #include "tier_test_util.hpp"
 
 #include <gtest/gtest.h>

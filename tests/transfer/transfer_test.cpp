@@ -9,7 +9,7 @@
 #include <kvoffload/transfer_engine.hpp>
 
 #include "skip.hpp"
-#include "transfer/fault_runtime.hpp"
+#include "runtime/fault_runtime.hpp"
 #include "transfer/planner.hpp"
 
 #include <gtest/gtest.h>

@@ -30,7 +30,7 @@
 // Implementing a backend. Derive from DeviceRuntime and implement the protected do_* functions,
 // which take and return raw handles (std::uintptr_t, never 0 for a valid created object). The
 // public functions wrap them into owners. The backend factory functions are declared in
-// core/src/transfer/backend_factories.hpp (add core/src to the backend's include path).
+// core/src/runtime/backend_factories.hpp (add core/src to the backend's include path).
 
 #include <kvoffload/export.h>
 
@@ -46,7 +46,7 @@
 namespace kvoffload {
 
 class DeviceRuntime;
-class FaultInjectingRuntime;  // core/src/transfer/fault_runtime.hpp (a test decorator)
+class FaultInjectingRuntime;  // core/src/runtime/fault_runtime.hpp (a test decorator)
 
 // ---- copy batches ----------------------------------------------------------------------------
 

@@ -1,6 +1,5 @@
-# Manager, block keys and eviction policies (DESIGN.md §4).
+# Manager and its eviction policies (LRU, ARC, and vLLM's semantics of both).
 target_sources(kvoffload_objects PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/block_key.cpp
   ${CMAKE_CURRENT_LIST_DIR}/policy.cpp
   ${CMAKE_CURRENT_LIST_DIR}/lru_policy.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arc_policy.cpp

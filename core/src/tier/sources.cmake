@@ -1,15 +1,15 @@
-# Secondary tiers (file tier) and the tiered store over the manager.
+# Secondary tiers behind the host pool: the Tier interface and the tiered store over the manager;
+# file/ the file tier (records, direct I/O, recovery, its I/O pool); remote/ the distributed tier.
 target_sources(kvoffload_objects PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/crc32c.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/io_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tier.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/file_record.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/direct_io.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/file_tier_recovery.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/file_tier.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/tiered_store.cpp)
 target_sources(kvoffload_objects PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/tiered_store.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/offload_stack.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/file/crc32c.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/io_pool.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_record.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/direct_io.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier_recovery.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier.cpp)
 
 # The distributed tier: Redis (standalone, Cluster) through hiredis, memcached through
 # libmemcached, value checksums with libxxhash (Debian: libhiredis-dev libmemcached-dev

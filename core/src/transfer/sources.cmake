@@ -1,9 +1,6 @@
-# Transfer component: device-runtime interface + factory, host backend, fault-injecting decorator,
-# KV layout, planner and the transfer engine.
+# Transfer engine: KV layout, the region's rank slots, the planner and the engine itself, built on
+# the device runtime (src/runtime).
 target_sources(kvoffload_objects PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/device_runtime.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/host_runtime.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/fault_runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kv_layout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/region_slots.cpp
   ${CMAKE_CURRENT_LIST_DIR}/planner.cpp

@@ -1,7 +1,7 @@
 // Owners of device-runtime handles and the runtime factory.
 #include <kvoffload/device_runtime.hpp>
 
-#include "transfer/backend_factories.hpp"
+#include "runtime/backend_factories.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>

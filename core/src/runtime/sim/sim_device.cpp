@@ -11,11 +11,11 @@
 // EXCLUSIVE_PROCESS compute mode a context is a lock that one process holds per device
 // (ContextLocks: a lock file per device, held until exit, as the GPU holds the context), so a
 // second process asking for that device is refused, like a real GPU in that mode.
-#include "gpu/sim/sim_device.hpp"
+#include "runtime/sim/sim_device.hpp"
 
-#include "gpu/sim/sim_kernel.hpp"
-#include "transfer/cpu_event.hpp"
-#include "transfer/cpu_stream.hpp"
+#include "runtime/sim/sim_kernel.hpp"
+#include "runtime/cpu_event.hpp"
+#include "runtime/cpu_stream.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>

@@ -1,8 +1,13 @@
-# GPU component: the one GPU runtime over a vendor table, the loader of the cuda/hip modules,
-# and the simulated device (always built) with the copy kernel compiled for the host.
+# Device runtime wing: the DeviceRuntime interface's factory, the host backend (cpu_stream,
+# cpu_event), the fault-injecting decorator; gpu/ the one GPU runtime over a vendor table and the
+# loader of the cuda/hip modules; sim/ the simulated device (always built) with the copy kernel
+# compiled for the host. Nothing here knows the transfer engine: the engine is built on this.
 target_sources(kvoffload_objects PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/gpu_runtime.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/backend_modules.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/device_runtime.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/host_runtime.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fault_runtime.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_runtime.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/backend_modules.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sim/sim_device.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sim/sim_kernel.cpp)
 # The kernel's own source (kernels/copy_kernels.cu) is included by sim_kernel.cpp.

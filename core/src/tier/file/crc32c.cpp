@@ -1,4 +1,4 @@
-#include "tier/crc32c.hpp"
+#include "tier/file/crc32c.hpp"
 
 #include <array>
 #include <bit>

@@ -1,4 +1,4 @@
-#include "transfer/fault_runtime.hpp"
+#include "runtime/fault_runtime.hpp"
 
 #include <kvoffload/error.hpp>
 

@@ -1,4 +1,4 @@
-#include "tier/io_pool.hpp"
+#include "tier/file/io_pool.hpp"
 
 #include "kvoffload/log.hpp"
 

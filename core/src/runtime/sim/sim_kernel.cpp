@@ -1,8 +1,8 @@
 // The copy kernel's own source compiled for the simulated device, and the CTA executor that runs
 // it (Note [Simulated device] in sim_device.hpp, Note [CTA executor] in sim_kernel.hpp).
-#include "gpu/sim/sim_kernel.hpp"
+#include "runtime/sim/sim_kernel.hpp"
 
-#include "gpu/sim/sim_device.hpp"
+#include "runtime/sim/sim_device.hpp"
 
 #define KVOFFLOAD_KERNELS_SIM 1
 #include "copy_kernels.cu"  // NOLINT(bugprone-suspicious-include): the kernel body, written once

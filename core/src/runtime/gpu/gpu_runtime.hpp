@@ -1,7 +1,7 @@
 #pragma once
 // GpuRuntime: the one DeviceRuntime for every GPU backend (cuda, hip, sim), written against the
 // vendor table of vendor_api.hpp (see Note [One GPU runtime over a vendor table]).
-#include "gpu/vendor_api.hpp"
+#include "runtime/gpu/vendor_api.hpp"
 
 #include <kvoffload/device_runtime.hpp>
 

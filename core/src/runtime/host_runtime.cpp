@@ -3,9 +3,9 @@
 // split over a small helper pool for large batches. It is the test double for everything above
 // the DeviceRuntime interface and a real fallback, so it keeps the GPU rules that matter: the
 // kernel path refuses host memory that is not registered (a GPU would fault there).
-#include "transfer/backend_factories.hpp"
-#include "transfer/cpu_event.hpp"
-#include "transfer/cpu_stream.hpp"
+#include "runtime/backend_factories.hpp"
+#include "runtime/cpu_event.hpp"
+#include "runtime/cpu_stream.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>

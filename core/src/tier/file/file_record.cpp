@@ -10,11 +10,11 @@
 // is 4 KiB-aligned (vLLM's primary rows and region slots are page-aligned): only the last block
 // or two -- the payload's remainder, the padding and the header -- go through a small bounce
 // buffer (record_split). Format 1 records (an earlier kvoffload) read as misses and are dropped.
-#include "tier/file_record.hpp"
+#include "tier/file/file_record.hpp"
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/file_tier.hpp"
-#include "tier/crc32c.hpp"
+#include "tier/file/crc32c.hpp"
 
 #include <array>
 #include <bit>

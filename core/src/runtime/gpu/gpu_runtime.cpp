@@ -59,7 +59,7 @@
 // there silently lacked it. A device whose architecture the module lacks (kernel_archs_exact) or
 // whose kernel_check fails is refused when the runtime is made, naming both, unless DMA only is
 // asked for (RuntimeOptions::allow_missing_kernel, KVOFFLOAD_ALLOW_MISSING_KERNEL=1).
-#include "gpu/gpu_runtime.hpp"
+#include "runtime/gpu/gpu_runtime.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>

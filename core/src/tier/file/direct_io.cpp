@@ -1,4 +1,4 @@
-#include "tier/direct_io.hpp"
+#include "tier/file/direct_io.hpp"
 
 #include "kvoffload/log.hpp"
 #include "util/retry_eintr.hpp"

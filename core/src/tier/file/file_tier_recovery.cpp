@@ -1,7 +1,7 @@
-#include "tier/file_tier_recovery.hpp"
+#include "tier/file/file_tier_recovery.hpp"
 
 #include "kvoffload/error.hpp"
-#include "tier/file_record.hpp"
+#include "tier/file/file_record.hpp"
 
 #include <algorithm>
 #include <cstring>

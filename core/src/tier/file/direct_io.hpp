@@ -5,7 +5,7 @@
 
 #include "kvoffload/file_tier.hpp"
 #include "kvoffload/syscalls.hpp"
-#include "tier/file_record.hpp"
+#include "tier/file/file_record.hpp"
 
 #include <atomic>
 #include <cstddef>
