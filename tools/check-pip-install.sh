@@ -9,12 +9,15 @@
 #      without numpy or the `wheel` package): the same install, `import kvoffload`, a Manager, the
 #      console script.
 # Usage: tools/check-pip-install.sh   (from anywhere; builds in build/pip, reused)
+#   KVOFFLOAD_PIP_BUILD_DIR=DIR   build there instead (.ci/run passes its plain Makefile build, so the
+#                                 library is compiled once for both checks)
 # Env:   KVOFFLOAD_PIP_CMAKE_ARGS (default "-DKVOFFLOAD_CUDA=OFF -DKVOFFLOAD_HIP=OFF": the GPU
 #        backends are compiled by .ci/run's cuda/hip stages), KEEP=1 keeps the temp dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
 cmake_args=${KVOFFLOAD_PIP_CMAKE_ARGS:--DKVOFFLOAD_CUDA=OFF -DKVOFFLOAD_HIP=OFF}
+build_dir=$(realpath -m "${KVOFFLOAD_PIP_BUILD_DIR:-$src/build/pip}")
 
 die() { printf 'check-pip-install: FAILED: %s\n' "$*" >&2; exit 1; }
 step() { printf '== check-pip-install: %s\n' "$*"; }
@@ -33,15 +36,15 @@ install_into() {
   log=$work/pip-$tag.log
   step "pip install --no-build-isolation . with $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
   if ! "$py" -m pip install --no-build-isolation --no-index --no-deps -v \
-      --config-settings "cmake-args=$cmake_args" --config-settings "build-dir=$src/build/pip" \
+      --config-settings "cmake-args=$cmake_args" --config-settings "build-dir=$build_dir" \
       "$src" >"$log" 2>&1; then
     tail -n 60 "$log" >&2
     die "pip install with $py (whole log: KEEP=1)"
   fi
   # The shared build dir must have compiled the extension against this interpreter's headers.
   inc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-  grep -rqsF --include=build.ninja --include=flags.make -- "$inc" "$src/build/pip" ||
-    die "the extension in build/pip was not compiled against $py's headers ($inc)"
+  grep -rqsF --include=build.ninja --include=flags.make -- "$inc" "$build_dir" ||
+    die "the extension in $build_dir was not compiled against $py's headers ($inc)"
 }
 
 # check_installed VENV_PYTHON: the package is the venv's, and it works without PYTHONPATH.

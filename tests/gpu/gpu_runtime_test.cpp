@@ -1,4 +1,4 @@
-// The GPU runtime (core/src/gpu): which path ran, the descriptor rings, registration in pieces,
+// The GPU runtime (core/src/runtime/gpu): which path ran, the descriptor rings, registration in pieces,
 // big kernel batches, and the fixes of the review, each against the simulated device's fault
 // knobs. Built twice: "sim" (label cpu; CI runs it, also under ASan and TSan) and "cuda,hip"
 // (label gpu, where a GPU exists). Tests that need a knob run on sim only and say so elsewhere.

@@ -1,7 +1,7 @@
 #pragma once
 // DeviceRuntime: the coarse, per-batch interface the transfer engine drives (DESIGN.md §3).
 // Backends: "host" (always built; device memory is host memory, streams are ordered worker
-// threads, copies are memcpy), "sim" (always built: the GPU runtime of core/src/gpu over a
+// threads, copies are memcpy), "sim" (always built: the GPU runtime of core/src/runtime/gpu over a
 // simulated device on the CPU, for tests and CI), "cuda" and "hip" (the same GPU runtime over
 // the vendor tables of the modules cuda/ and hip/ build, loaded on first use). No CUDA or HIP
 // type appears here.

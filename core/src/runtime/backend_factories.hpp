@@ -17,7 +17,7 @@ namespace kvoffload::detail {
 std::unique_ptr<DeviceRuntime> make_host_runtime(const RuntimeOptions& options);
 BackendInfo probe_host();
 
-// sim backend: the GPU runtime over a simulated device (core/src/runtime/gpu/sim; always built). Without
+// sim backend: the GPU runtime over a simulated device (core/src/runtime/sim; always built). Without
 // `device`, the process-wide default device (KVOFFLOAD_SIM_DEVICES devices, default 1).
 std::unique_ptr<DeviceRuntime> make_sim_runtime(const RuntimeOptions& options,
                                                 std::shared_ptr<gpu::sim::SimDevice> device = {});

@@ -6,7 +6,7 @@
 // descriptor rings, building batches, fallbacks, error handling, device guards — is written once,
 // in core, against this table. cuda/ and hip/ only fill the table with their runtime's calls (and
 // are built as modules that core dlopen()s on first use, so one build runs on a machine with
-// either runtime or neither); gpu/sim fills it with a CPU simulation that has a GPU's semantics,
+// either runtime or neither); sim/ fills it with a CPU simulation that has a GPU's semantics,
 // so CI runs the same runtime code without a GPU. Differences between the vendors are data or
 // small hooks here (`caps`, `legacy_stream`, a null batch entry point), never a second copy of
 // the logic.
