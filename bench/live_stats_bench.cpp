@@ -15,7 +15,7 @@
 #include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
-#include "stats/live_page.hpp"
+#include "region/live_page.hpp"
 
 #include <benchmark/benchmark.h>
 

@@ -1,4 +1,4 @@
-// The live statistics page (Note [Live stats] in core/src/stats/live_page.hpp): every writer's
+// The live statistics page (Note [Live stats] in core/src/region/live_page.hpp): every writer's
 // counters for a scripted sequence of operations, read back exactly through the reader that
 // `region list`, `top` and the exporter use; a reader in another process; no lock taken by a
 // reader (the last process out still unlinks); a writer killed mid-write reported, not waited for.
@@ -24,7 +24,7 @@
 #include "kvoffload/region.hpp"
 #include "kvoffload/transfer_engine.hpp"
 #include "region/header.hpp"
-#include "stats/live_page.hpp"
+#include "region/live_page.hpp"
 #include "test_env.hpp"
 #include "runtime/fault_runtime.hpp"
 

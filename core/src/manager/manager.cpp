@@ -28,7 +28,7 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/region.hpp>
 
-#include "stats/live_page.hpp"
+#include "region/live_page.hpp"
 
 #include <unistd.h>
 
@@ -543,7 +543,7 @@ class ManagerImpl {
 
   void reset_stats() noexcept { stats_ = ManagerStats{}; }
 
-  // ---- live statistics (Note [Live stats] in core/src/stats/live_page.hpp) ----
+  // ---- live statistics (Note [Live stats] in core/src/region/live_page.hpp) ----
   // What an operation changed, so it stores only those fields.
   enum LiveGroup : unsigned {
     kLiveLookups = 1U,    // lookup counters

@@ -7,7 +7,7 @@
 
 #include "kvoffload/error.hpp"
 #include "region/sys.hpp"
-#include "stats/live_page.hpp"
+#include "region/live_page.hpp"
 
 namespace kvoffload::detail {
 

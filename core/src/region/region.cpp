@@ -23,7 +23,7 @@
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
 #include "region/sys.hpp"
-#include "stats/live_page.hpp"
+#include "region/live_page.hpp"
 #include "util/clock.hpp"
 
 // Note [Region lifetime]

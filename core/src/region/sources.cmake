@@ -1,4 +1,5 @@
-# The shared host region and the platform layer under it (DESIGN.md §2).
+# The shared host region and the platform layer under it, with the live statistics page it carries
+# (its layout and the sequence lock its writers use; stats/ reads it from outside).
 target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/syscalls.cpp
   ${CMAKE_CURRENT_LIST_DIR}/platform.cpp
@@ -8,4 +9,5 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/owners.cpp
   ${CMAKE_CURRENT_LIST_DIR}/populate.cpp
   ${CMAKE_CURRENT_LIST_DIR}/region.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/listing.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/listing.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/live_page.cpp)

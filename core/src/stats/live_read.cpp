@@ -14,7 +14,7 @@
 #include "region/header.hpp"
 #include "region/listing.hpp"
 #include "region/sys.hpp"
-#include "stats/live_page.hpp"
+#include "region/live_page.hpp"
 
 namespace kvoffload {
 namespace {

@@ -1,5 +1,4 @@
-# Live statistics of a region (Note [Live stats] in live_page.hpp): the page layout its writers
-# (manager, tiered store, transfer engine, bring-up) share, and the lock-free readers.
+# Live statistics read from outside a running engine: the lock-free readers of the page a region
+# carries (its layout and writers' side: Note [Live stats] in region/live_page.hpp).
 target_sources(kvoffload_objects PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/live_page.cpp
   ${CMAKE_CURRENT_LIST_DIR}/live_read.cpp)

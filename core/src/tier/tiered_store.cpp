@@ -3,7 +3,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/log.hpp"
 #include "kvoffload/region.hpp"
-#include "stats/live_page.hpp"
+#include "region/live_page.hpp"
 #include "util/rate_limited_log.hpp"
 
 #include <unistd.h>

@@ -1,7 +1,7 @@
 // The transfer engine. See Note [Engine ordering] below for how jobs, streams and events fit.
 #include <kvoffload/transfer_engine.hpp>
 
-#include "stats/live_page.hpp"
+#include "region/live_page.hpp"
 #include "transfer/planner.hpp"
 
 #include <kvoffload/error.hpp>

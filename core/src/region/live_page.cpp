@@ -1,4 +1,4 @@
-#include "stats/live_page.hpp"
+#include "region/live_page.hpp"
 
 #include <algorithm>
 #include <chrono>
