@@ -10,8 +10,8 @@
 #
 # OUT_DIR may be relative: it is resolved against the directory the script was started from.
 # Dependencies may come from extracted .deb files: point CMAKE_PREFIX_PATH at the prefix (e.g.
-# /opt/kvo-deps/usr, see ../shared/gpu/README.md); its bin/ goes on PATH and its pkg-config files
-# are relocated to it.
+# /opt/kvo-deps/usr: `apt-get download` the .debs, `dpkg-deb -x` each there); its bin/ goes on PATH
+# and its pkg-config files are relocated to it.
 #
 # Environment: KVOFFLOAD_SMOKE_ARCH (CUDA architectures, default: the device's own, e.g. 90),
 # KVOFFLOAD_SMOKE_BENCH_FILTER (a transfer_bench filter, default: the README's cases).
@@ -91,8 +91,8 @@ fi
 if ((${#missing[@]} > 0)); then
   say "missing build dependencies, nothing was built:"
   for m in "${missing[@]}"; do say "  $m"; done
-  say "carry the Debian packages named above as .debs (../shared/gpu/README.md: apt-get download" \
-    "into .gpu-deps/, extracted under CMAKE_PREFIX_PATH by the device command), or install them"
+  say "carry the Debian packages named above as .debs (apt-get download into .gpu-deps/," \
+    "extracted under CMAKE_PREFIX_PATH by the device command), or install them"
   exit 2
 fi
 say "build dependencies found (prefixes: ${prefixes[*]})"
