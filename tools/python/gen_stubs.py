@@ -112,14 +112,13 @@ def split_pybind_doc(name: str, doc: str) -> tuple[list[tuple[str, str]], str]:
     """(signatures as (params, return), the prose) of a pybind11 function's docstring."""
     lines = doc.splitlines()
     if len(lines) > 1 and lines[1].strip() == "Overloaded function.":
-        sigs, prose = [], []
+        # "1. name(...) -> T", each overload's prose below it: the stub keeps the signatures.
+        sigs = []
         for line in lines[2:]:
             m = re.match(r"^\d+\. (.*)$", line)
             parsed = parse_signature(m.group(1)) if m else None
             if parsed and parsed[0] == name:
                 sigs.append(parsed[1:])
-            elif line.strip() and not sigs:
-                prose.append(line)
         return sigs, ""
     parsed = parse_signature(lines[0]) if lines else None
     if not parsed:
@@ -190,8 +189,9 @@ def property_stub(name: str, prop: property, indent: str) -> list[str]:
     getter = prop.fget
     if getter is not None:
         if is_pybind_function(getter):
-            sigs, _ = split_pybind_doc(name, doc_of(getter).replace("(", name + "(", 1)
-                                       if not doc_of(getter).startswith(name) else doc_of(getter))
+            # A getter's docstring signature has no name: "(self: X) -> T".
+            doc = doc_of(getter)
+            sigs, _ = split_pybind_doc(name, doc if doc.startswith(name) else name + doc)
             if sigs:
                 ret = sigs[0][1]
         else:
