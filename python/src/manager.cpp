@@ -159,7 +159,7 @@ Keys are ints in [0, 2**128) (or bytes of up to 16). Thread-compatible: calls ho
           "Returns (hit_prefix, [LookupResult per key]); hit_prefix = leading keys that are HIT")
       .def(
           "prepare_store",
-          [](PyManager& p, py::handle keys, py::object protected_keys) {
+          [](PyManager& p, py::handle keys, const py::object& protected_keys) {
             auto k = p.convert(keys);
             if (!protected_keys.is_none())
               keys_from_py(protected_keys, p.protected_keys);
