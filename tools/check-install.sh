@@ -85,7 +85,9 @@ step "the installed kvoffload program"
 
 step "import kvoffload from the installed package ($python)"
 [[ -n $pydir ]] || die "$build was configured without the Python module (KVOFFLOAD_BUILD_PYTHON=OFF)"
-[[ -f $prefix/$pydir/kvoffload/__init__.py ]] || die "missing from the install: $pydir/kvoffload/__init__.py"
+for f in __init__.py py.typed _kvoffload.pyi __init__.pyi; do
+  [[ -f $prefix/$pydir/kvoffload/$f ]] || die "missing from the install: $pydir/kvoffload/$f"
+done
 (cd "$work" && PYTHONPATH="$prefix/$pydir" "$python" - "$prefix" <<'PY') || die "import kvoffload from $prefix/$pydir"
 import sys, numpy as np, kvoffload
 prefix = sys.argv[1]

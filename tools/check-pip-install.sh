@@ -54,6 +54,11 @@ check_installed() {
   where=$(cd "$work" && env -u PYTHONPATH "$py" -c 'import kvoffload; print(kvoffload.__file__)')
   [[ $where == "$venv"/lib/python3*/site-packages/kvoffload/__init__.py ]] ||
     die "import kvoffload found $where, not the package installed in $venv"
+  # Typed (PEP 561): the marker and the stubs of the extension come with the package.
+  local f
+  for f in py.typed _kvoffload.pyi __init__.pyi; do
+    [[ -f $(dirname "$where")/$f ]] || die "the package installed in $venv lacks $f"
+  done
   (cd "$work" && env -u PYTHONPATH "$py" -c '
 import kvoffload
 m = kvoffload.Manager(8, policy="arc")

@@ -13,10 +13,10 @@ cannot meet: Debian 12's setuptools 66 (like any before 70.1) builds wheels only
 without setuptools at all. Nothing here is installed but the wheel.
 
 The wheel holds kvoffload/ as the build installs it with the library directory set to the
-package itself: __init__.py, vllm.py, _cli.py, the extension _kvoffload*.so, libkvoffload.so.N
-(found through the extension's $ORIGIN RPATH), the GPU backend modules built (libkvoffload_cuda.so
-/ _hip.so, loaded from libkvoffload's directory) and bin/kvoffload (the program, run by the
-`kvoffload` console script).
+package itself: __init__.py, vllm.py, _cli.py, the type stubs (_kvoffload.pyi, __init__.pyi) with
+py.typed, the extension _kvoffload*.so, libkvoffload.so.N (found through the extension's $ORIGIN
+RPATH), the GPU backend modules built (libkvoffload_cuda.so / _hip.so, loaded from libkvoffload's
+directory) and bin/kvoffload (the program, run by the `kvoffload` console script).
 
 Config settings (pip --config-settings KEY=VALUE, or -C from pip 23.1 on):
   cmake-args   extra CMake arguments (also from $KVOFFLOAD_CMAKE_ARGS), e.g. -DKVOFFLOAD_CUDA=ON

@@ -14,8 +14,10 @@ The classes come from the C++ extension ``kvoffload._kvoffload``:
 - ``Error``: every failure; ``str(e)`` is the message, ``e.code`` an ``ErrorCode``.
 """
 
-from ._kvoffload import *  # noqa: F401,F403
-from ._kvoffload import __version__  # noqa: F401
 from . import _kvoffload as _ext
 
+# Every public name of the extension, re-exported (what `from ._kvoffload import *` did, spelled
+# so a linter can follow it; type checkers read __init__.pyi, generated with _kvoffload.pyi).
+__version__ = _ext.__version__
 __all__ = [name for name in dir(_ext) if not name.startswith("_")]
+globals().update({name: getattr(_ext, name) for name in __all__})

@@ -20,13 +20,14 @@ Importing this module needs vLLM; without it the import fails with an ImportErro
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 try:
-    import vllm  # noqa: F401
+    importlib.import_module("vllm")  # vLLM itself first, for the clearer message below
 except ImportError as _err:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
         "kvoffload.vllm is the vLLM offloading backend and needs vLLM installed "
@@ -59,10 +60,12 @@ except ImportError as _err:  # pragma: no cover - depends on the installed vLLM
 
 from . import _kvoffload as _ext
 
-__all__ = ["KvoffloadManager", "KvoffloadSpec", "KvoffloadWorker", "KvoffloadRemoteTier",
-           "KvoffloadFileTier"]
+# The tier classes are exported but resolved lazily by __getattr__ below (a linter sees no
+# definition of them, hence the unpacking).
+_TIER_CLASSES = ("KvoffloadRemoteTier", "KvoffloadFileTier")
+_TIERS = (*_TIER_CLASSES, "remote", "file")
 
-_TIERS = ("KvoffloadRemoteTier", "KvoffloadFileTier", "remote", "file")
+__all__ = ["KvoffloadManager", "KvoffloadSpec", "KvoffloadWorker", *_TIER_CLASSES]
 
 
 def __getattr__(name: str):

@@ -28,7 +28,13 @@ class Error(RuntimeError):
     """A kvoffload failure. str(e) is the message of the step that failed; .code is a
     kvoffload.ErrorCode, .errno the errno or device error (0 when none), .call the failing call."""
 
-    def __init__(self, message, code=ErrorCode.INTERNAL, errno=0, call=""):
+    message: str
+    code: ErrorCode
+    errno: int
+    call: str
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.INTERNAL, errno: int = 0,
+                 call: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.code = ErrorCode(int(code))
@@ -36,7 +42,7 @@ class Error(RuntimeError):
         self.call = call
 
     @property
-    def code_name(self):
+    def code_name(self) -> str:
         return self.code.name.lower()
 )",
            scope);

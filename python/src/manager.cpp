@@ -4,6 +4,7 @@
 // calls are microseconds), so Python threads sharing one Manager are serialised by the GIL.
 #include "bindings.hpp"
 #include "keys.hpp"
+#include "stats_dict.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/manager.hpp>
@@ -91,40 +92,6 @@ struct PyManager {
   }
 };
 
-py::dict stats_dict(const ManagerStats& s) {
-  py::dict d;
-  d["num_chunks"] = s.num_chunks;
-  d["used"] = s.used;
-  d["write_pending"] = s.write_pending;
-  d["pinned"] = s.pinned;
-  d["evictable"] = s.evictable;
-  d["usage"] = s.usage;
-  d["write_pending_fraction"] = s.write_pending_fraction;
-  d["pinned_fraction"] = s.pinned_fraction;
-  d["lookup_keys"] = s.lookup_keys;
-  d["hits"] = s.hits;
-  d["hits_pending"] = s.hits_pending;
-  d["misses"] = s.misses;
-  d["stores_prepared"] = s.stores_prepared;
-  d["stores_completed"] = s.stores_completed;
-  d["stores_failed"] = s.stores_failed;
-  d["stores_skipped_threshold"] = s.stores_skipped_threshold;
-  d["allocation_failures"] = s.allocation_failures;
-  d["evictions"] = s.evictions;
-  d["loads_prepared"] = s.loads_prepared;
-  d["loads_completed"] = s.loads_completed;
-  py::dict p;
-  p["resident"] = s.policy.resident;
-  p["evictable"] = s.policy.evictable;
-  p["recent"] = s.policy.recent;
-  p["frequent"] = s.policy.frequent;
-  p["ghost_recent"] = s.policy.ghost_recent;
-  p["ghost_frequent"] = s.policy.ghost_frequent;
-  p["recent_target"] = s.policy.recent_target;
-  d["policy"] = p;
-  return d;
-}
-
 // Python-owned copy of a StorePlan (the C++ plan's views die at the next prepare_store).
 struct PyStorePlan {
   bool ok = true;
@@ -192,7 +159,7 @@ Keys are ints in [0, 2**128) (or bytes of up to 16). Thread-compatible: calls ho
           "Returns (hit_prefix, [LookupResult per key]); hit_prefix = leading keys that are HIT")
       .def(
           "prepare_store",
-          [](PyManager& p, py::handle keys, py::object protected_keys) {
+          [](PyManager& p, py::handle keys, const py::object& protected_keys) {
             auto k = p.convert(keys);
             if (!protected_keys.is_none())
               keys_from_py(protected_keys, p.protected_keys);

@@ -2,6 +2,7 @@
 // passes torch's tensor.data_ptr() (and stream.cuda_stream) straight in.
 #include "bindings.hpp"
 #include "region_holder.hpp"
+#include "stats_dict.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/kv_layout.hpp>
@@ -252,22 +253,7 @@ block_stride]) tuples) with device addresses as ints.)")
            })
       .def_property_readonly("host_registered",
                              [](const PyEngine& p) { return p.engine->host_registered(); })
-      .def("stats",
-           [](const PyEngine& p) {
-             const EngineStats s = p.engine->stats();
-             py::dict d;
-             d["jobs_submitted"] = s.jobs_submitted;
-             d["jobs_succeeded"] = s.jobs_succeeded;
-             d["jobs_failed"] = s.jobs_failed;
-             d["bytes_succeeded"] = s.bytes_succeeded;
-             d["dma_batches"] = s.dma_batches;
-             d["kernel_batches"] = s.kernel_batches;
-             d["fragments"] = s.fragments;
-             d["descriptors"] = s.descriptors;
-             d["last_descriptors"] = s.last_descriptors;
-             d["host_registered"] = s.host_registered;
-             return d;
-           })
+      .def("stats", [](const PyEngine& p) { return stats_dict(p.engine->stats()); })
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyEngine& p, const py::args&) {
         py::gil_scoped_release release;

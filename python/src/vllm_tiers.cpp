@@ -21,6 +21,7 @@
 // write it, so close() first drains and closes the tier, then releases the export (vLLM releases
 // its memoryview after shutting its tiers down).
 #include "bindings.hpp"
+#include "stats_dict.hpp"
 #include "vllm_keys.hpp"
 
 #include <kvoffload/error.hpp>
@@ -192,44 +193,13 @@ class VllmTierCore {
 
   py::dict stats() const {
     check_open();
-    const TierStats s = tier_->stats();
-    py::dict d;
-    d["entries"] = s.entries;
-    d["bytes"] = s.bytes;
-    d["capacity_bytes"] = s.capacity_bytes;
-    d["puts_ok"] = s.puts_ok;
-    d["puts_failed"] = s.puts_failed;
-    d["gets_ok"] = s.gets_ok;
-    d["gets_miss"] = s.gets_miss;
-    d["gets_failed"] = s.gets_failed;
-    d["corrupt"] = s.corrupt;
-    d["evictions"] = s.evictions;
-    d["in_flight"] = s.in_flight;
-    d["direct_io"] = s.direct_io;
-    return d;
+    return stats_dict(tier_->stats());
   }
 
   py::dict remote_stats() const {
     check_open();
     if (remote_ == nullptr) throw Error(ErrorCode::kState, "not a remote tier");
-    const RemoteStats s = remote_->remote_stats();
-    py::dict d;
-    d["stored"] = s.stored;
-    d["put_errors"] = s.put_errors;
-    d["loaded"] = s.loaded;
-    d["get_misses"] = s.get_misses;
-    d["corrupt"] = s.corrupt;
-    d["get_errors"] = s.get_errors;
-    d["lookups"] = s.lookups;
-    d["lookup_present"] = s.lookup_present;
-    d["lookup_absent"] = s.lookup_absent;
-    d["lookup_errors"] = s.lookup_errors;
-    d["redirects"] = s.redirects;
-    d["map_refreshes"] = s.map_refreshes;
-    d["breaker_opens"] = s.breaker_opens;
-    d["nodes"] = s.nodes;
-    d["nodes_open"] = s.nodes_open;
-    return d;
+    return stats_dict(remote_->remote_stats());
   }
 
   // The store key of a vLLM key's value (remote tier; tools and tests).

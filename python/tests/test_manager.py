@@ -76,3 +76,22 @@ def test_manager_errors():
     with pytest.raises(kvoffload.Error) as e:
         m.reset()
     assert e.value.code == kvoffload.ErrorCode.STATE
+
+
+def test_stats_has_every_field_of_the_list_in_order():
+    # core/include/kvoffload/stats_fields.h: the manager's fields (as kvo_manager_stats has them),
+    # then the policy counters as a nested dict; ints, and floats for the fractions.
+    s = kvoffload.Manager(4, policy="arc").stats()
+    assert list(s) == [
+        "num_chunks", "used", "write_pending", "pinned", "evictable", "usage",
+        "write_pending_fraction", "pinned_fraction", "lookup_keys", "hits", "hits_pending",
+        "misses", "stores_prepared", "stores_completed", "stores_failed",
+        "stores_skipped_threshold", "allocation_failures", "evictions", "loads_prepared",
+        "loads_completed", "policy"]
+    assert list(s["policy"]) == ["resident", "evictable", "recent", "frequent", "ghost_recent",
+                                 "ghost_frequent", "recent_target"]
+    floats = {"usage", "write_pending_fraction", "pinned_fraction"}
+    for name, value in s.items():
+        if name != "policy":
+            assert type(value) is (float if name in floats else int), name
+    assert s["num_chunks"] == 4

@@ -19,7 +19,10 @@ from vllm.v1.kv_offload.base import Locality, LookupResult, Medium  # noqa: E402
 
 import kvoffload  # noqa: E402
 from kvoffload.vllm import KvoffloadFileTier  # noqa: E402
-from vllm_tiering import Engine, engines, key, tiering  # noqa: E402, F401 (engines: a fixture)
+import vllm_tiering  # noqa: E402
+from vllm_tiering import Engine, key, tiering  # noqa: E402
+
+engines = vllm_tiering.engines  # the fixture: pytest finds fixtures among module globals
 
 HIT, MISS, RETRY, PENDING = (LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY,
                              LookupResult.HIT_PENDING)

@@ -18,7 +18,10 @@ from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E40
 import kvoffload  # noqa: E402
 from kvoffload.vllm import KvoffloadFileTier, KvoffloadRemoteTier  # noqa: E402
 from store_servers import Cluster, Server  # noqa: E402
-from vllm_tiering import Engine, engines, key, row_bytes_of, tiering  # noqa: E402, F401 (engines: a fixture)
+import vllm_tiering  # noqa: E402
+from vllm_tiering import Engine, key, row_bytes_of, tiering  # noqa: E402
+
+engines = vllm_tiering.engines  # the fixture: pytest finds fixtures among module globals
 
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 

@@ -27,6 +27,7 @@ packages=(
   hipcc libamdhip64-dev librocprim-dev
   libhiredis-dev libmemcached-dev libxxhash-dev redis-server redis-tools memcached
   libcpp-httplib-dev python3-prometheus-client
+  pyflakes3   # the Python linter (tools/ci/lint-python.sh, ctest python_lint)
 )
 # Debian's HIP toolchain: the hip preset, and gpu-auto where hipcc exists. rocPRIM is header-only
 # and needed by the HIP kernels (rocprim::block_scan).

@@ -27,6 +27,7 @@
 
 #include "kvoffload/error_codes.h"
 #include "kvoffload/export.h"
+#include "kvoffload/stats_fields.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -277,10 +278,13 @@ typedef struct kvo_job_result {
   const char* error; /* "" on success; valid until the next poll/wait call on this thread */
 } kvo_job_result;
 
+/* The statistics structs' members come from stats_fields.h, in its order: one uint64_t, double or
+ * int member per entry (kvo_engine_stats: jobs_submitted ... last_descriptors, host_registered). */
+#define KVO_STATS_MEMBER_(kind, name) KVOFFLOAD_STATS_C_TYPE_##kind name;
+#define KVO_STATS_POLICY_MEMBER_(kind, name) KVOFFLOAD_STATS_C_TYPE_##kind policy_##name;
+
 typedef struct kvo_engine_stats {
-  uint64_t jobs_submitted, jobs_succeeded, jobs_failed, bytes_succeeded;
-  uint64_t dma_batches, kernel_batches, fragments, descriptors, last_descriptors;
-  int host_registered;
+  KVOFFLOAD_ENGINE_STATS_FIELDS(KVO_STATS_MEMBER_)
 } kvo_engine_stats;
 
 KVO_API kvo_status kvo_engine_options_init(kvo_engine_options* options);
@@ -370,15 +374,12 @@ typedef struct kvo_manager_event {
   size_t num_keys;
 } kvo_manager_event;
 
+/* num_chunks, used, write_pending, pinned, evictable, usage (double), ..., loads_completed, then
+ * the eviction policy's counters policy_resident ... policy_recent_target (ARC names; LRU reports
+ * residents as recent): stats_fields.h. */
 typedef struct kvo_manager_stats {
-  uint64_t num_chunks, used, write_pending, pinned, evictable;
-  double usage, write_pending_fraction, pinned_fraction;
-  uint64_t lookup_keys, hits, hits_pending, misses;
-  uint64_t stores_prepared, stores_completed, stores_failed, stores_skipped_threshold;
-  uint64_t allocation_failures, evictions, loads_prepared, loads_completed;
-  /* The eviction policy's counters (ARC names; LRU reports residents as recent). */
-  uint64_t policy_resident, policy_evictable, policy_recent, policy_frequent;
-  uint64_t policy_ghost_recent, policy_ghost_frequent, policy_recent_target;
+  KVOFFLOAD_MANAGER_STATS_FIELDS(KVO_STATS_MEMBER_)
+  KVOFFLOAD_POLICY_COUNTERS_FIELDS(KVO_STATS_POLICY_MEMBER_)
 } kvo_manager_stats;
 
 /* Parses 1..32 hex digits (most significant first) into a key. */

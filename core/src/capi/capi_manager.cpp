@@ -1,6 +1,7 @@
 // C API over kvoffload::Manager and BlockKey.
 #include "capi/capi_handles.hpp"
 #include "capi/capi_internal.hpp"
+#include "capi/capi_stats.hpp"
 
 #include <kvoffload/block_key.hpp>
 #include <kvoffload/manager.hpp>
@@ -269,33 +270,7 @@ kvo_status kvo_manager_stats_get(kvo_manager_t* manager, kvo_manager_stats* out)
     KVO_ARG(out);
     std::lock_guard lock(h.mutex);
     const kvoffload::ManagerStats s = h.manager.stats();
-    *out = kvo_manager_stats{s.num_chunks,
-                             s.used,
-                             s.write_pending,
-                             s.pinned,
-                             s.evictable,
-                             s.usage,
-                             s.write_pending_fraction,
-                             s.pinned_fraction,
-                             s.lookup_keys,
-                             s.hits,
-                             s.hits_pending,
-                             s.misses,
-                             s.stores_prepared,
-                             s.stores_completed,
-                             s.stores_failed,
-                             s.stores_skipped_threshold,
-                             s.allocation_failures,
-                             s.evictions,
-                             s.loads_prepared,
-                             s.loads_completed,
-                             s.policy.resident,
-                             s.policy.evictable,
-                             s.policy.recent,
-                             s.policy.frequent,
-                             s.policy.ghost_recent,
-                             s.policy.ghost_frequent,
-                             s.policy.recent_target};
+    *out = kvoffload::capi::to_c(s);
   });
 }
 

@@ -1,6 +1,7 @@
 // C API over DeviceRuntime and TransferEngine.
 #include "capi/capi_handles.hpp"
 #include "capi/capi_internal.hpp"
+#include "capi/capi_stats.hpp"
 
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/kv_layout.hpp>
@@ -523,10 +524,7 @@ kvo_status kvo_engine_stats_get(const kvo_engine_t* engine, kvo_engine_stats* ou
     KVO_ARG(engine);
     KVO_ARG(out);
     const kvoffload::EngineStats s = engine->engine.stats();
-    *out = kvo_engine_stats{
-        s.jobs_submitted,   s.jobs_succeeded,         s.jobs_failed, s.bytes_succeeded,
-        s.dma_batches,      s.kernel_batches,         s.fragments,   s.descriptors,
-        s.last_descriptors, s.host_registered ? 1 : 0};
+    *out = kvoffload::capi::to_c(s);
   });
 }
 
