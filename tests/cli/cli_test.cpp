@@ -6,11 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,37 +18,30 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
-#include <optional>
-#include <sstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "child_process.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using kvoffload::test::ChildProcess;
+using kvoffload::test::ChildSpec;
+using kvoffload::test::read_text;
 using ::testing::HasSubstr;
 
 constexpr int kExitOk = 0;
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
 
-std::string binary() {
-  const char* dir = std::getenv("KVOFFLOAD_TEST_BIN_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/kvoffload";
-}
-
 std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
   return (v + to - 1) / to * to;
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 std::string lower(std::string s) {
@@ -60,62 +50,14 @@ std::string lower(std::string s) {
 }
 
 struct Result {
-  int exit_code = -1;  // -1: killed by a signal
+  int exit_code = -1;  // as ChildProcess::wait gives it (-N: killed by signal N)
   std::string out;
   std::string err;
 };
 
-// Forks and execs the program. stdout goes to `stdout_fd` when >= 0 (a pipe for holders), else to
-// a file; stderr always goes to a file. Extra environment variables are set in the child only.
-pid_t spawn(const std::vector<std::string>& args, int stdout_fd, const fs::path& out_file,
-            const fs::path& err_file, const std::map<std::string, std::string>& env) {
-  const std::string bin = binary();
-  std::vector<std::string> argv_storage{bin};
-  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  argv.reserve(argv_storage.size() + 1);
-  for (auto& a : argv_storage) argv.push_back(a.data());
-  argv.push_back(nullptr);
-
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int out =
-        stdout_fd >= 0 ? stdout_fd : ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const int err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (out < 0 || err < 0 || dup2(out, STDOUT_FILENO) < 0 || dup2(err, STDERR_FILENO) < 0)
-      _exit(126);
-    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-// Waits for `pid` at most `timeout`; kills it when the time is up (the test then fails).
-std::optional<int> wait_exit(pid_t pid, std::chrono::seconds timeout = std::chrono::seconds(120)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) {
-      if (WIFEXITED(status)) return WEXITSTATUS(status);
-      return -1;
-    }
-    if (r < 0 && errno != EINTR) return std::nullopt;
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      ADD_FAILURE() << "process " << pid << " did not exit in time";
-      return std::nullopt;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
-
 // A background `kvoffload region create ... --hold` whose first stdout line is its result.
 struct Holder {
   pid_t pid = -1;
-  int out_fd = -1;
   fs::path err_file;
 };
 
@@ -132,27 +74,23 @@ class CliTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    for (Holder& h : holders_) {
-      if (h.pid > 0) {
-        kill(h.pid, SIGKILL);
-        waitpid(h.pid, nullptr, 0);
-      }
-      if (h.out_fd >= 0) ::close(h.out_fd);
-    }
+    holders_.clear();  // kills the holders still running
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }
 
   Result run(const std::vector<std::string>& args,
              const std::map<std::string, std::string>& env = {}) {
-    const fs::path out = logs_ / ("out" + std::to_string(counter_));
-    const fs::path err = logs_ / ("err" + std::to_string(counter_++));
-    const pid_t pid = spawn(args, -1, out, err, env);
+    ChildSpec spec;
+    spec.args = args;
+    spec.out_file = logs_ / ("out" + std::to_string(counter_));
+    spec.err_file = logs_ / ("err" + std::to_string(counter_++));
+    spec.env = env;
+    ChildProcess child(spec);
     Result r;
-    const auto code = wait_exit(pid, run_timeout_);
-    r.exit_code = code.value_or(-2);
-    r.out = read_file(out);
-    r.err = read_file(err);
+    r.exit_code = child.wait(run_timeout_);
+    r.out = child.out();
+    r.err = child.err();
     return r;
   }
 
@@ -186,46 +124,31 @@ class CliTest : public ::testing::Test {
   // Starts a holder and waits for its result line (printed after populate and fill).
   json start_holder(std::vector<std::string> args, Holder* out = nullptr) {
     args.insert(args.end(), {"--hold", "120", "--json"});
-    int fds[2];
-    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
-    Holder h;
-    h.err_file = logs_ / ("holder_err" + std::to_string(counter_++));
-    h.pid = spawn(args, fds[1], {}, h.err_file, {});
-    ::close(fds[1]);
-    h.out_fd = fds[0];
-    holders_.push_back(h);
-    if (out != nullptr) *out = h;
-
-    std::string line;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (line.find('\n') == std::string::npos) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) {
-        ADD_FAILURE() << "holder printed no result line in time; stderr: " << read_file(h.err_file);
-        return json::object();
-      }
-      pollfd p{h.out_fd, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      char buf[4096];
-      const ssize_t n = ::read(h.out_fd, buf, sizeof(buf));
-      if (n <= 0) {
-        ADD_FAILURE() << "holder exited before its result line; stderr: " << read_file(h.err_file);
-        return json::object();
-      }
-      line.append(buf, static_cast<std::size_t>(n));
+    ChildSpec spec;
+    spec.args = std::move(args);
+    spec.pipe_stdout = true;
+    spec.err_file = logs_ / ("holder_err" + std::to_string(counter_++));
+    ChildProcess& child = *holders_.emplace_back(std::make_unique<ChildProcess>(spec));
+    if (out != nullptr) *out = Holder{child.pid(), spec.err_file};
+    const auto line = child.read_line();
+    if (!line) {
+      ADD_FAILURE() << "holder printed no result line (in time, or before it exited); stderr: "
+                    << child.err();
+      return json::object();
     }
-    return json::parse(line.substr(0, line.find('\n')));
+    return json::parse(*line);
   }
 
-  // Ends a holder with `sig` and returns its exit code (-1 when killed by the signal).
-  std::optional<int> stop_holder(pid_t pid, int sig) {
-    kill(pid, sig);
-    const auto code = wait_exit(pid);
-    for (Holder& h : holders_) {
-      if (h.pid == pid) h.pid = -1;
+  // Ends a holder with `sig` and returns its exit status (-sig when the signal killed it).
+  int stop_holder(pid_t pid, int sig) {
+    for (auto& h : holders_) {
+      if (h->pid() == pid) {
+        h->signal(sig);
+        return h->wait();
+      }
     }
-    return code;
+    ADD_FAILURE() << "no holder has pid " << pid;
+    return ChildProcess::kTimedOut;
   }
 
   fs::path region_file(const std::string& engine) const {
@@ -237,7 +160,7 @@ class CliTest : public ::testing::Test {
   fs::path dir_;
   fs::path shm_;
   fs::path logs_;
-  std::vector<Holder> holders_;
+  std::vector<std::unique_ptr<ChildProcess>> holders_;
   int counter_ = 0;
   std::chrono::seconds run_timeout_{120};  // a command still running then is killed (test fails)
 };
@@ -388,8 +311,7 @@ TEST_F(CliTest, JoinerChecksWhatTheCreatorFilled) {
   EXPECT_EQ(json::parse(bad.out)["error"]["code"], "mismatch") << bad.out;
 
   // SIGTERM ends the hold; the last process out removes the file.
-  EXPECT_EQ(stop_holder(creator.pid, SIGTERM), std::optional<int>(kExitOk))
-      << read_file(creator.err_file);
+  EXPECT_EQ(stop_holder(creator.pid, SIGTERM), kExitOk) << read_text(creator.err_file);
   EXPECT_TRUE(shm_is_empty());
 }
 
@@ -405,7 +327,7 @@ TEST_F(CliTest, CheckFindsTheFirstBadByteOfAPartlyFilledRegion) {
   EXPECT_EQ(bad.exit_code, kExitError);
   EXPECT_THAT(bad.err, HasSubstr("chunk 0, slot 1, byte offset 0"));
   EXPECT_THAT(bad.err, HasSubstr("holds 0x22"));
-  EXPECT_EQ(stop_holder(creator.pid, SIGINT), std::optional<int>(kExitOk));
+  EXPECT_EQ(stop_holder(creator.pid, SIGINT), kExitOk);
   EXPECT_TRUE(shm_is_empty());
 }
 
@@ -488,7 +410,7 @@ TEST_F(CliTest, ASecondHolderOfARankOrTheSchedulerIsRefusedNamingThePid) {
   stop_holder(rank0.pid, SIGKILL);
   EXPECT_EQ(run_json(create_args("dup", {"--rank", "0", "--join-timeout", "0"})).value("role", ""),
             "joiner");
-  EXPECT_EQ(stop_holder(scheduler.pid, SIGTERM), std::optional<int>(kExitOk));
+  EXPECT_EQ(stop_holder(scheduler.pid, SIGTERM), kExitOk);
   EXPECT_TRUE(shm_is_empty());
 }
 
@@ -515,7 +437,7 @@ TEST_F(CliTest, CleanRemovesStaleAndKeepsInUse) {
   stop_holder(dead.pid, SIGKILL);
   EXPECT_EQ(run_json(create_args("dead2")).value("role", ""), "creator");
 
-  EXPECT_EQ(stop_holder(busy.pid, SIGTERM), std::optional<int>(kExitOk));
+  EXPECT_EQ(stop_holder(busy.pid, SIGTERM), kExitOk);
   EXPECT_TRUE(shm_is_empty());
 }
 

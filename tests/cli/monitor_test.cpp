@@ -30,19 +30,22 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "child_process.hpp"
 #include "test_env.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using kvoffload::test::ChildProcess;
+using kvoffload::test::ChildSpec;
+using kvoffload::test::read_text;
 using kvoffload::test::TempDir;
 using kvoffload::test::unique_id;
 using Clock = std::chrono::steady_clock;
@@ -50,110 +53,25 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kEnter = "\x1b[?1049h\x1b[?25l";
 constexpr const char* kLeave = "\x1b[?25h\x1b[?1049l";
 
-std::string binary() {
-  const char* dir = std::getenv("KVOFFLOAD_TEST_BIN_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/kvoffload";
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 std::size_t occurrences(const std::string& text, const std::string& what) {
   std::size_t n = 0;
   for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
 }
 
-// A child process running the program. stdout goes to a pipe (read with read_line) or a file.
-struct Proc {
-  pid_t pid = -1;
-  int out = -1;  // the read end of stdout's pipe, when piped
-  fs::path out_file;
-  fs::path err_file;
-  std::string buffered;
-
-  ~Proc() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    if (out >= 0) ::close(out);
-  }
-  std::string err() const { return slurp(err_file); }
-  std::string stdout_text() const { return slurp(out_file); }
-
-  // The next line of the piped stdout, waiting at most `timeout`.
-  std::optional<std::string> read_line(std::chrono::seconds timeout = std::chrono::seconds(60)) {
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      if (const auto nl = buffered.find('\n'); nl != std::string::npos) {
-        std::string line = buffered.substr(0, nl);
-        buffered.erase(0, nl + 1);
-        return line;
-      }
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0) return std::nullopt;
-      pollfd p{out, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      char buf[4096];
-      const ssize_t n = ::read(out, buf, sizeof buf);
-      if (n <= 0) return std::nullopt;
-      buffered.append(buf, static_cast<std::size_t>(n));
-    }
-  }
-
-  // Exit code, or -signal; kills it after `timeout`.
-  int wait(std::chrono::seconds timeout = std::chrono::seconds(120)) {
-    const auto deadline = Clock::now() + timeout;
-    int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) != pid) {
-      if (Clock::now() > deadline) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-        pid = -1;
-        ADD_FAILURE() << "the program did not exit in time";
-        return -1000;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-  }
-};
-
-std::unique_ptr<Proc> spawn(const std::vector<std::string>& args, const fs::path& dir,
-                            bool pipe_stdout = false) {
-  auto p = std::make_unique<Proc>();
+// The program in its own process group, stdout to a file in `dir` (or to a pipe, read with
+// read_line), stderr to a file in `dir`.
+std::unique_ptr<ChildProcess> spawn(const std::vector<std::string>& args, const fs::path& dir,
+                                    bool pipe_stdout = false) {
   static int counter = 0;
   const std::string tag = std::to_string(counter++);
-  p->out_file = dir / ("out" + tag);
-  p->err_file = dir / ("err" + tag);
-  int fds[2] = {-1, -1};
-  if (pipe_stdout && ::pipe2(fds, O_CLOEXEC) != 0) return p;
-  std::vector<std::string> storage{binary()};
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  argv.reserve(storage.size() + 1);
-  for (auto& a : storage) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  p->pid = ::fork();
-  if (p->pid == 0) {
-    ::setpgid(0, 0);
-    const int o =
-        pipe_stdout ? fds[1] : ::open(p->out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const int e = ::open(p->err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (o < 0 || e < 0 || ::dup2(o, 1) < 0 || ::dup2(e, 2) < 0) ::_exit(126);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  if (pipe_stdout) {
-    ::close(fds[1]);
-    p->out = fds[0];
-  }
-  return p;
+  ChildSpec spec;
+  spec.args = args;
+  spec.out_file = dir / ("out" + tag);
+  spec.err_file = dir / ("err" + tag);
+  spec.pipe_stdout = pipe_stdout;
+  spec.own_process_group = true;
+  return std::make_unique<ChildProcess>(spec);
 }
 
 // An engine's scheduler in a child process: an OffloadStack over a region of 8 chunks (2 ranks),
@@ -228,7 +146,7 @@ TEST(RegionList, ShowsEachEnginesOccupancyInTextAndJson) {
   ScriptedEngine engine(shm.path(), unique_id("list"));
   auto p = spawn({"region", "list", "--shm-dir", shm.path().string(), "--json"}, work.path());
   ASSERT_EQ(p->wait(), 0) << p->err();
-  const json j = json::parse(p->stdout_text());
+  const json j = json::parse(p->out());
   ASSERT_EQ(j["regions"].size(), 1U);
   const json& live = j["regions"][0]["live"];
   const json& s = live["scheduler"];
@@ -245,11 +163,11 @@ TEST(RegionList, ShowsEachEnginesOccupancyInTextAndJson) {
 
   auto text = spawn({"region", "list", "--shm-dir", shm.path().string()}, work.path());
   ASSERT_EQ(text->wait(), 0) << text->err();
-  EXPECT_NE(text->stdout_text().find("used 5 of 8 chunks (62.5 %), 0 write-pending, 2 pinned, 8 "
-                                     "ready; hits 0, misses 5 (0.0 % hit); 0 evictions; bring-up "
-                                     "0 of 2 ranks ready"),
+  EXPECT_NE(text->out().find("used 5 of 8 chunks (62.5 %), 0 write-pending, 2 pinned, 8 "
+                             "ready; hits 0, misses 5 (0.0 % hit); 0 evictions; bring-up "
+                             "0 of 2 ranks ready"),
             std::string::npos)
-      << text->stdout_text();
+      << text->out();
 }
 
 // ---- top ----
@@ -260,7 +178,7 @@ TEST(Top, WithoutATerminalPrintsOneSnapshotAsPlainText) {
   ScriptedEngine engine(shm.path(), unique_id("plain"));
   auto p = spawn({"top", "--shm-dir", shm.path().string()}, work.path());
   ASSERT_EQ(p->wait(), 0) << p->err();
-  const std::string out = p->stdout_text();
+  const std::string out = p->out();
   EXPECT_EQ(out.find('\x1b'), std::string::npos) << "no escape sequences into a pipe or file";
   EXPECT_NE(out.find(engine.id()), std::string::npos) << out;
   EXPECT_NE(out.find("used 5/8 (62.5 %)  write-pending 0  pinned 2  ready 8/8"), std::string::npos)
@@ -274,7 +192,7 @@ TEST(Top, JsonListsEveryEngine) {
   ScriptedEngine engine(shm.path(), unique_id("json"));
   auto p = spawn({"top", "--shm-dir", shm.path().string(), "--json"}, work.path());
   ASSERT_EQ(p->wait(), 0) << p->err();
-  const json j = json::parse(p->stdout_text());
+  const json j = json::parse(p->out());
   ASSERT_EQ(j["engines"].size(), 1U);
   EXPECT_EQ(j["engines"][0]["engine_id"], engine.id());
   EXPECT_EQ(j["engines"][0]["live"]["scheduler"]["used"], 5);
@@ -302,32 +220,17 @@ class PtyTop {
     ws.ws_col = 200;
     if (::openpty(&master_, &slave_, nullptr, nullptr, &ws) != 0)
       throw std::runtime_error("openpty");
+    ::fcntl(master_, F_SETFD, FD_CLOEXEC);  // top holds the slave only
     termios t{};
     ::tcgetattr(slave_, &t);
     original_lflag_ = t.c_lflag;
-    std::vector<std::string> storage{binary()};
-    storage.insert(storage.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    argv.reserve(storage.size() + 1);
-    for (auto& a : storage) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setsid();
-      ::ioctl(slave_, TIOCSCTTY, 0);
-      ::dup2(slave_, 0);
-      ::dup2(slave_, 1);
-      ::dup2(slave_, 2);
-      ::close(master_);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
+    ChildSpec spec;
+    spec.args = args;
+    spec.terminal = slave_;
+    child_ = std::make_unique<ChildProcess>(spec);
   }
   ~PtyTop() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
+    child_.reset();  // killed when still running
     ::close(master_);
     ::close(slave_);
   }
@@ -347,26 +250,25 @@ class PtyTop {
   void send(const std::string& keys) {
     ASSERT_EQ(::write(master_, keys.data(), keys.size()), static_cast<ssize_t>(keys.size()));
   }
-  void signal(int signo) { ::kill(pid_, signo); }
+  void signal(int signo) { child_->signal(signo); }
 
   // Exit status (code, or -signal), draining the output meanwhile.
   int wait(std::chrono::seconds timeout = std::chrono::seconds(60)) {
     const auto deadline = Clock::now() + timeout;
-    int status = 0;
+    std::optional<int> status;
     for (;;) {
       (void)pump(20);
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) break;
+      status = child_->poll();
+      if (status) break;
       if (Clock::now() > deadline) {
         ADD_FAILURE() << "top did not exit; output so far: " << printable();
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
+        status = child_->kill();
         break;
       }
     }
-    pid_ = -1;
     while (pump(50)) {
     }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    return *status;
   }
 
   [[nodiscard]] const std::string& output() const { return output_; }
@@ -387,7 +289,7 @@ class PtyTop {
   // One read of the master; false when nothing more can come.
   bool pump(int timeout_ms) {
     pollfd p{master_, POLLIN, 0};
-    if (::poll(&p, 1, timeout_ms) <= 0) return pid_ > 0;
+    if (::poll(&p, 1, timeout_ms) <= 0) return !child_->ended();
     char buf[8192];
     const ssize_t n = ::read(master_, buf, sizeof buf);
     if (n <= 0) return false;
@@ -397,7 +299,7 @@ class PtyTop {
 
   int master_ = -1;
   int slave_ = -1;
-  pid_t pid_ = -1;
+  std::unique_ptr<ChildProcess> child_;
   tcflag_t original_lflag_ = 0;
   std::string output_;
 };
@@ -467,10 +369,10 @@ std::map<std::string, double> parse_exposition(const std::string& text, const fs
   const std::string cmd = python() + " " + KVOFFLOAD_TEST_SOURCE_DIR + "/check_prometheus.py " +
                           in.string() + " > " + out.string() + " 2> " + err.string();
   const int rc = std::system(cmd.c_str());
-  EXPECT_EQ(rc, 0) << "check_prometheus.py: " << slurp(err) << "\n" << text;
+  EXPECT_EQ(rc, 0) << "check_prometheus.py: " << read_text(err) << "\n" << text;
   std::map<std::string, double> samples;
   if (rc != 0) return samples;
-  const json parsed = json::parse(slurp(out));
+  const json parsed = json::parse(read_text(out));
   for (const json& s : parsed["samples"]) {
     std::string key = s[0].get<std::string>() + "{";
     for (const auto& [k, v] : s[1].items()) key += k + "=" + v.get<std::string>() + ",";
@@ -495,7 +397,7 @@ double value(const std::map<std::string, double>& samples, const std::string& ke
 }
 
 struct Exporter {
-  std::unique_ptr<Proc> proc;
+  std::unique_ptr<ChildProcess> proc;
   int port = 0;
 
   Exporter(const fs::path& shm, const fs::path& work, const std::string& listen = "127.0.0.1:0") {
@@ -510,8 +412,8 @@ struct Exporter {
     EXPECT_EQ(j["url"], "http://127.0.0.1:" + std::to_string(port) + "/metrics");
   }
   ~Exporter() {
-    if (proc && proc->pid > 0) {
-      ::kill(proc->pid, SIGTERM);
+    if (proc && !proc->ended()) {
+      proc->signal(SIGTERM);
       EXPECT_EQ(proc->wait(), 0) << "SIGTERM stops the exporter cleanly: " << proc->err();
     }
   }
@@ -633,7 +535,7 @@ TEST(Exporter, ServesEveryRegionOfTheNodeInPrometheusFormat) {
   const httplib::Result missing = exporter.get("/nothing");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);
-  ::kill(holder->pid, SIGTERM);
+  holder->signal(SIGTERM);
   EXPECT_EQ(holder->wait(), 0) << holder->err();
 }
 
@@ -696,7 +598,7 @@ TEST(Exporter, ScrapesARunningEngineAndAgreesWithItsReport) {
   const std::map<std::string, std::string> e{{"engine_id", id}};
   const std::string lookups = sample("kvoffload_lookup_keys_total",
                                      {{"engine_id", id}, {"tier", "region"}, {"result", "miss"}});
-  while (::waitpid(run->pid, nullptr, WNOHANG) == 0) {
+  while (!run->poll()) {
     const httplib::Result res = exporter.get("/metrics");
     ASSERT_TRUE(res);
     const auto s = parse_exposition(res->body, work.path());
@@ -709,11 +611,9 @@ TEST(Exporter, ScrapesARunningEngineAndAgreesWithItsReport) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  // waitpid above reaped it; Proc::wait would not find it again.
-  run->pid = -1;
   EXPECT_GE(live_scrapes, 1) << "no scrape saw the run at work";
 
-  const json report = json::parse(run->stdout_text());
+  const json report = json::parse(run->out());
   EXPECT_FALSE(report["region_removed"].get<bool>()) << "the test holds the region";
   EXPECT_TRUE(report["all_verified"].get<bool>()) << run->err();
   const httplib::Result res = exporter.get("/metrics");

@@ -8,63 +8,35 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
+
+#include "child_process.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using kvoffload::test::ChildProcess;
+using kvoffload::test::ChildSpec;
+using kvoffload::test::read_text;
 
 // Runs `kvoffload run ...` with `env` added; returns the exit status, stdout and stderr in files.
 int run_kvoffload(const fs::path& dir, std::vector<std::string> args,
                   const std::map<std::string, std::string>& env) {
-  const char* bin_dir = std::getenv("KVOFFLOAD_TEST_BIN_DIR");
-  args.insert(args.begin(),
-              {std::string(bin_dir != nullptr ? bin_dir : ".") + "/kvoffload", "run"});
-  std::vector<char*> argv;
-  argv.reserve(args.size() + 1);
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const std::string out = (dir / "out").string();
-  const std::string err = (dir / "err").string();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (o < 0 || e < 0 || ::dup2(o, 1) < 0 || ::dup2(e, 2) < 0) ::_exit(126);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  for (int i = 0; i < 1200; ++i) {  // 120 s
-    if (::waitpid(pid, &status, WNOHANG) == pid)
-      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  ADD_FAILURE() << "kvoffload run did not finish";
-  return -1;
+  ChildSpec spec;
+  args.insert(args.begin(), "run");
+  spec.args = std::move(args);
+  spec.out_file = dir / "out";
+  spec.err_file = dir / "err";
+  spec.env = env;
+  return ChildProcess(spec).wait();
 }
 
 TEST(SimRun, EachRankCreatesAContextOnItsOwnDeviceOnly) {
@@ -106,23 +78,23 @@ TEST(SimRun, EachRankCreatesAContextOnItsOwnDeviceOnly) {
                                 {"KVOFFLOAD_SIM_COMPUTE_MODE", "exclusive_process"},
                                 {"KVOFFLOAD_SIM_LOCK_DIR", (dir / "locks").string()},
                                 {"KVOFFLOAD_SIM_CONTEXT_LOG", log.string()}});
-  const std::string err = slurp(dir / "err");
+  const std::string err = read_text(dir / "err");
   EXPECT_EQ(rc, 0) << err;
   EXPECT_THAT(err, ::testing::Not(::testing::HasSubstr("busy or unavailable")));
   // One context per device, each made by a different process (its rank).
   std::map<int, std::set<long>> pids_by_device;
-  std::istringstream lines(slurp(log));
+  std::istringstream lines(read_text(log));
   std::string word;
   long pid = 0;
   int device = 0;
   while (lines >> word >> pid >> word >> device) pids_by_device[device].insert(pid);
-  ASSERT_EQ(pids_by_device.size(), 2u) << slurp(log);
+  ASSERT_EQ(pids_by_device.size(), 2u) << read_text(log);
   EXPECT_EQ(pids_by_device[0].size(), 1u) << "processes with a context on device 0:\n"
-                                          << slurp(log);
-  EXPECT_EQ(pids_by_device[1].size(), 1u) << slurp(log);
+                                          << read_text(log);
+  EXPECT_EQ(pids_by_device[1].size(), 1u) << read_text(log);
   EXPECT_NE(*pids_by_device[0].begin(), *pids_by_device[1].begin());
   if (rc == 0) {
-    const nlohmann::json r = nlohmann::json::parse(slurp(dir / "out"));
+    const nlohmann::json r = nlohmann::json::parse(read_text(dir / "out"));
     EXPECT_TRUE(r["all_verified"].get<bool>());
     ASSERT_EQ(r["ranks"].size(), 2u);
     EXPECT_EQ(r["ranks"][0]["device"], 0);

@@ -3,21 +3,22 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "child_process.hpp"
 #include "skip.hpp"
 
-#include <sys/wait.h>
-
 #include <unistd.h>
-#include <array>
-#include <cstdio>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 namespace {
 
 namespace fs = std::filesystem;
+using kvoffload::test::ChildProcess;
+using kvoffload::test::ChildSpec;
 
 struct RunResult {
   int exit_code = -1;
@@ -47,19 +48,19 @@ class Simulate : public ::testing::Test {
     return p;
   }
 
+  // `args` are the command line's words separated by spaces (no argument here has one).
   RunResult run(const std::string& args) {
-    const fs::path err_file = tmp_ / "stderr.txt";
-    const std::string cmd = binary_.string() + " " + args + " 2>" + err_file.string();
+    ChildSpec spec;
+    spec.program = binary_.string();
+    std::istringstream words(args);
+    for (std::string w; words >> w;) spec.args.push_back(w);
+    spec.out_file = tmp_ / "stdout.txt";
+    spec.err_file = tmp_ / "stderr.txt";
+    ChildProcess child(spec);
     RunResult r;
-    FILE* pipe = ::popen(cmd.c_str(), "r");
-    if (pipe == nullptr) return r;
-    std::array<char, 4096> buf{};
-    std::size_t n = 0;
-    while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-    const int status = ::pclose(pipe);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream in(err_file);
-    r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    r.exit_code = child.wait();
+    r.out = child.out();
+    r.err = child.err();
     return r;
   }
 

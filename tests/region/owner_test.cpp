@@ -2,6 +2,7 @@
 // role each have one holder at a time; a second claimant is refused naming the engine id, the role
 // and the holder's PID; the role dies with its holder (close, kill -9) and the next claimant takes
 // it at once; `list_regions` shows the holders and never takes or drops a role.
+// Over 500 lines on purpose: one idea seen from threads, children and kill -9 over shared helpers.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -1,6 +1,7 @@
 // `kvoffload run --remote-tier URL` and `kvoffload remote check URL`, driven as a user runs them,
 // against redis-server / memcached / a Redis Cluster that the tests start on loopback ports.
 
+#include "child_process.hpp"
 #include "remote_servers.hpp"
 #include "skip.hpp"
 
@@ -9,9 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,18 +18,20 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <iterator>
-#include <optional>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using kvoffload::test::ChildProcess;
+using kvoffload::test::ChildSpec;
+using kvoffload::test::read_text;
 using kvoffload::test::RedisCluster;
 using kvoffload::test::ServerProcess;
 using ::testing::HasSubstr;
@@ -43,16 +44,6 @@ using ::testing::HasSubstr;
                              << "redis-server, redis-tools, memcached)";        \
   } while (0)
 
-std::string binary() {
-  const char* dir = std::getenv("KVOFFLOAD_TEST_BIN_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/kvoffload";
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 class RemoteRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -62,65 +53,42 @@ class RemoteRunTest : public ::testing::Test {
     shm_ = dir_ / "shm";
     fs::create_directory(shm_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    children_.clear();  // kills what still runs
+    fs::remove_all(dir_);
+  }
 
-  // `kvoffload <args>` with stdout/stderr to files.
-  pid_t start(std::vector<std::string> args) {
-    args.insert(args.begin(), binary());
-    std::vector<char*> argv;
-    argv.reserve(args.size() + 1);
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string out = (dir_ / "out").string();
-    const std::string err = (dir_ / "err").string();
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);  // its own process group, as a terminal job: Ctrl-C reaches its ranks too
-      const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(126);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    return pid;
+  // `kvoffload <args>` in its own process group (as a terminal job: Ctrl-C reaches its ranks too)
+  // with stdout/stderr to files.
+  ChildProcess& start(std::vector<std::string> args) {
+    ChildSpec spec;
+    spec.args = std::move(args);
+    spec.out_file = dir_ / "out";
+    spec.err_file = dir_ / "err";
+    spec.own_process_group = true;
+    return *children_.emplace_back(std::make_unique<ChildProcess>(spec));
   }
-  static int finish(pid_t pid) {
-    int status = 0;
-    for (int i = 0; i < 1200; ++i) {  // 120 s
-      if (waitpid(pid, &status, WNOHANG) == pid)
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    ADD_FAILURE() << "kvoffload did not finish";
-    return -1;
-  }
+  static int finish(ChildProcess& child) { return child.wait(); }
   int exec(std::vector<std::string> args) { return finish(start(std::move(args))); }
 
   // Waits for what the running program did itself (its effect on the store, a line it logged),
   // however long a loaded machine takes; false when the program exited first or after 120 s (a
   // hang, not a slow machine).
-  bool wait_for(pid_t pid, const std::function<bool()>& happened) {
+  static bool wait_for(ChildProcess& child, const std::function<bool()>& happened) {
     const auto hang = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     while (std::chrono::steady_clock::now() < hang) {
       if (happened()) return true;
-      int status = 0;
-      if (!exited_ && waitpid(pid, &status, WNOHANG) == pid) {
-        exited_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      if (exited_) return happened();
+      if (child.poll()) return happened();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return false;
   }
   // Ctrl-C, then the exit code (130 when the run stopped for it).
-  int interrupt(pid_t pid) {
-    if (exited_) return *exited_;
-    kill(-pid, SIGINT);
-    return finish(pid);
+  static int interrupt(ChildProcess& child) {
+    if (child.ended()) return *child.poll();
+    child.signal_group(SIGINT);
+    return finish(child);
   }
-  std::optional<int> exited_;  // set when wait_for saw the program exit
 
   // `kvoffload run` on a small pool (evictions, so chunks come back from the remote tier).
   std::vector<std::string> run_args(const std::string& url, const std::string& engine,
@@ -146,12 +114,13 @@ class RemoteRunTest : public ::testing::Test {
     return a;
   }
 
-  std::string out() const { return slurp(dir_ / "out"); }
-  std::string err() const { return slurp(dir_ / "err"); }
+  std::string out() const { return read_text(dir_ / "out"); }
+  std::string err() const { return read_text(dir_ / "err"); }
   json report() const { return json::parse(out()); }
 
   fs::path dir_;
   fs::path shm_;
+  std::vector<std::unique_ptr<ChildProcess>> children_;
 };
 
 TEST_F(RemoteRunTest, TwoEnginesShareChunksThroughOneRedis) {
@@ -219,7 +188,7 @@ TEST_F(RemoteRunTest, LateLookupsAreMissesNotErrors) {
   std::vector<std::string> args =
       run_args(redis.url(), "engine-l", {"--requests", "0", "--duration", "6"});
   *(std::find(args.begin(), args.end(), "--host-pool") + 1) = "64M";
-  const pid_t pid = start(args);
+  ChildProcess& job = start(args);
   // The run is serving once it has written through to the store.
   for (int i = 0; i < 6000 && redis.cli({"DBSIZE"}) == "0"; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -227,9 +196,8 @@ TEST_F(RemoteRunTest, LateLookupsAreMissesNotErrors) {
   ASSERT_NE(redis.cli({"DBSIZE"}), "0") << "the run stored nothing; stderr: " << err();
   EXPECT_EQ(redis.cli({"CLIENT", "PAUSE", "300", "ALL"}), "OK");
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, WNOHANG), 0) << "the run ended before the pause did";
-  ASSERT_EQ(finish(pid), 0) << err();
+  ASSERT_FALSE(job.poll()) << "the run ended before the pause did";
+  ASSERT_EQ(finish(job), 0) << err();
   const json r = report();
   EXPECT_TRUE(r["all_verified"].get<bool>());
   const json& m = r["remote"];
@@ -313,16 +281,16 @@ std::uint64_t keyspace_hits(const ServerProcess& redis) {
 TEST_F(RemoteRunTest, KillNineOfTheServerMidRunKeepsTheEngineServing) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);
-  const pid_t pid =
+  ChildProcess& job =
       start(run_args(redis.url(), "engine-k", {"--requests", "0", "--duration", "600"}));
-  ASSERT_TRUE(wait_for(pid, [&] { return keyspace_hits(redis) > 0; }))
+  ASSERT_TRUE(wait_for(job, [&] { return keyspace_hits(redis) > 0; }))
       << "the run never read a chunk back from the store\n"
       << err();
   redis.kill9();
-  ASSERT_TRUE(wait_for(pid, [&] { return err().find("then it is probed") != std::string::npos; }))
+  ASSERT_TRUE(wait_for(job, [&] { return err().find("then it is probed") != std::string::npos; }))
       << "the run never noticed the dead server\n"
       << err();
-  ASSERT_EQ(interrupt(pid), 130) << err();
+  ASSERT_EQ(interrupt(job), 130) << err();
   const json r = report();
   EXPECT_TRUE(r["interrupted"].get<bool>());
   EXPECT_TRUE(r["all_verified"].get<bool>());
@@ -335,15 +303,15 @@ TEST_F(RemoteRunTest, KillNineOfTheServerMidRunKeepsTheEngineServing) {
 TEST_F(RemoteRunTest, FrozenServerMidRunKeepsTheEngineServing) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);
-  const pid_t pid =
+  ChildProcess& job =
       start(run_args(redis.url(), "engine-s", {"--requests", "0", "--duration", "600"}));
-  ASSERT_TRUE(wait_for(pid, [&] { return keyspace_hits(redis) > 0; }))
+  ASSERT_TRUE(wait_for(job, [&] { return keyspace_hits(redis) > 0; }))
       << "the run never read a chunk back from the store\n"
       << err();
   redis.stop();  // SIGSTOP: connections are accepted, nothing is answered
   const bool noticed =
-      wait_for(pid, [&] { return err().find("then it is probed") != std::string::npos; });
-  const int code = interrupt(pid);
+      wait_for(job, [&] { return err().find("then it is probed") != std::string::npos; });
+  const int code = interrupt(job);
   redis.cont();
   ASSERT_TRUE(noticed) << "the run never noticed the frozen server\n" << err();
   ASSERT_EQ(code, 130) << err();

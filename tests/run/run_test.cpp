@@ -5,9 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,29 +13,23 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "child_process.hpp"
 #include "skip.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using kvoffload::test::ChildProcess;
+using kvoffload::test::ChildSpec;
+using kvoffload::test::read_text;
 using ::testing::HasSubstr;
-
-std::string binary() {
-  const char* dir = std::getenv("KVOFFLOAD_TEST_BIN_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/kvoffload";
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 class RunTest : public ::testing::Test {
  protected:
@@ -48,51 +40,34 @@ class RunTest : public ::testing::Test {
     shm_ = dir_ / "shm";
     fs::create_directory(shm_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // Starts `kvoffload run <args> --shm-dir <shm>` with stdout/stderr to files (out<tag>,
-  // err<tag>: several runs at once use different tags).
-  pid_t start(std::vector<std::string> args, const std::string& tag = "") {
-    args.insert(args.begin(), {binary(), "run", "--shm-dir", shm_.string()});
-    std::vector<char*> argv;
-    argv.reserve(args.size() + 1);
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string out = (dir_ / ("out" + tag)).string();
-    const std::string err = (dir_ / ("err" + tag)).string();
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);  // its own process group, as a terminal job would be
-      const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(126);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    return pid;
+  void TearDown() override {
+    children_.clear();  // kills what still runs
+    fs::remove_all(dir_);
   }
 
-  int finish(pid_t pid) {
-    int status = 0;
-    for (int i = 0; i < 1200; ++i) {  // 120 s
-      if (waitpid(pid, &status, WNOHANG) == pid)
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    kill(-pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    ADD_FAILURE() << "kvoffload run did not finish";
-    return -1;
+  // Starts `kvoffload run <args> --shm-dir <shm>` in its own process group (as a terminal job
+  // is) with stdout/stderr to files (out<tag>, err<tag>: several runs at once use different tags).
+  ChildProcess& start(std::vector<std::string> args, const std::string& tag = "") {
+    args.insert(args.begin(), {"run", "--shm-dir", shm_.string()});
+    ChildSpec spec;
+    spec.args = std::move(args);
+    spec.out_file = dir_ / ("out" + tag);
+    spec.err_file = dir_ / ("err" + tag);
+    spec.own_process_group = true;
+    return *children_.emplace_back(std::make_unique<ChildProcess>(spec));
   }
+
+  static int finish(ChildProcess& child) { return child.wait(); }
 
   int run(std::vector<std::string> args) { return finish(start(std::move(args))); }
-  std::string out(const std::string& tag = "") const { return slurp(dir_ / ("out" + tag)); }
-  std::string err(const std::string& tag = "") const { return slurp(dir_ / ("err" + tag)); }
+  std::string out(const std::string& tag = "") const { return read_text(dir_ / ("out" + tag)); }
+  std::string err(const std::string& tag = "") const { return read_text(dir_ / ("err" + tag)); }
   json report(const std::string& tag = "") const { return json::parse(out(tag)); }
   bool shm_empty() const { return fs::is_empty(shm_); }
 
   fs::path dir_;
   fs::path shm_;
+  std::vector<std::unique_ptr<ChildProcess>> children_;
 };
 
 // A small pool (8 chunks of 2 ranks x 4 layers x 4 KiB x 2 blocks) under a workload of 6 prefixes
@@ -339,14 +314,14 @@ TEST_F(RunTest, HumanOutputWithoutJson) {
 }
 
 TEST_F(RunTest, InterruptStopsCleanlyAndRemovesTheRegion) {
-  const pid_t pid = start({"--backend", "host", "--duration", "60", "--json"});
+  ChildProcess& job = start({"--backend", "host", "--duration", "60", "--json"});
   // Wait until the ranks are working (the region exists and progress is printed).
   for (int i = 0; i < 200 && err().find("run:") == std::string::npos; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_FALSE(shm_empty());
-  kill(-pid, SIGINT);  // Ctrl-C reaches the whole process group
-  EXPECT_EQ(finish(pid), 130) << err();
+  job.signal_group(SIGINT);  // Ctrl-C reaches the whole process group
+  EXPECT_EQ(finish(job), 130) << err();
   const json r = report();
   EXPECT_TRUE(r["interrupted"].get<bool>());
   EXPECT_TRUE(r["all_verified"].get<bool>());
@@ -357,7 +332,7 @@ TEST_F(RunTest, InterruptStopsCleanlyAndRemovesTheRegion) {
 // at start (exit 1, naming the scheduler role, the engine id and the first run's PID) and the first
 // run goes on undisturbed: every loaded byte verifies and it removes the region when it ends.
 TEST_F(RunTest, ASecondRunWithTheSameEngineIdIsRefusedAndTheFirstIsUndisturbed) {
-  const pid_t first =
+  ChildProcess& first =
       start({"--backend", "host", "--duration", "60", "--engine-id", "twin", "--json"}, "1");
   for (int i = 0; i < 200 && err("1").find("run:") == std::string::npos; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -371,12 +346,12 @@ TEST_F(RunTest, ASecondRunWithTheSameEngineIdIsRefusedAndTheFirstIsUndisturbed) 
             1)
       << err("2");
   EXPECT_THAT(err("2"), HasSubstr("the scheduler role of engine 'twin' is held by PID " +
-                                  std::to_string(first) + "."));
+                                  std::to_string(first.pid()) + "."));
   EXPECT_THAT(err("2"), HasSubstr("its own engine id"));
   EXPECT_THAT(err("2"), ::testing::Not(HasSubstr("run:"))) << "refused before any rank started";
   EXPECT_FALSE(shm_empty()) << "the first run's region is still there";
 
-  kill(-first, SIGINT);
+  first.signal_group(SIGINT);
   EXPECT_EQ(finish(first), 130) << err("1");
   const json r = report("1");
   EXPECT_TRUE(r["all_verified"].get<bool>());

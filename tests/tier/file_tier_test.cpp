@@ -17,16 +17,20 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 namespace kvoffload {
 namespace {
 
-using test::FaultIo;
+using test::FaultSyscalls;
+using test::Op;
 using TempDir = test::DiskTempDir;
 
 std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
@@ -129,21 +133,21 @@ TEST(FileTier, PutOfHeldKeyIsOkWithoutRewrite) {
 
 TEST(FileTier, ForcedBufferedNeverUsesODirect) {
   TempDir dir;
-  auto io = std::make_shared<FaultIo>();
+  auto io = std::make_shared<FaultSyscalls>();
   auto o = options_for(dir.path() / "t");
   o.direct_io = DirectIoMode::kBuffered;
   o.syscalls = io->get();
   auto tier = FileTier::open(o);
   EXPECT_FALSE(tier->stats().direct_io);
   expect_round_trip(*tier, put_keys(*tier, 3, 5000));
-  for (int d : io->direct_flags_seen()) EXPECT_EQ(d, 0);
+  for (int f : io->open_flags_seen()) EXPECT_EQ(f & O_DIRECT, 0);
 }
 
 TEST(FileTier, FallsBackWhenOpenRefusesODirect) {
   TempDir dir;
-  auto io = std::make_shared<FaultIo>();
-  io->set_rule([](std::string_view op, const std::string&) {
-    return op == "open" && (FaultIo::current_flags & O_DIRECT) != 0 ? EINVAL : 0;
+  auto io = std::make_shared<FaultSyscalls>();
+  io->set_rule([](const FaultSyscalls::Call& c) {
+    return c.op == Op::kOpenat && (c.flags & O_DIRECT) != 0 ? EINVAL : 0;
   });
   auto o = options_for(dir.path() / "t");
   o.syscalls = io->get();
@@ -153,9 +157,9 @@ TEST(FileTier, FallsBackWhenOpenRefusesODirect) {
   EXPECT_FALSE(tier->stats().direct_io);
   expect_round_trip(*tier, data);
   // After the refusal every open is buffered.
-  const auto seen = io->direct_flags_seen();
+  const auto seen = io->open_flags_seen();
   std::size_t direct = 0;
-  for (int d : seen) direct += static_cast<std::size_t>(d);
+  for (int f : seen) direct += (f & O_DIRECT) != 0 ? 1U : 0U;
   EXPECT_GE(direct, 1u);
   EXPECT_LE(direct, 2u);  // at most one refused try per I/O thread racing the first
   for (const auto& f : test::files_under(dir.path() / "t")) EXPECT_FALSE(f.ends_with(".tmp")) << f;
@@ -163,10 +167,9 @@ TEST(FileTier, FallsBackWhenOpenRefusesODirect) {
 
 TEST(FileTier, FallsBackWhenFirstWriteRefusesODirect) {
   TempDir dir;
-  auto io = std::make_shared<FaultIo>();
-  io->set_rule([](std::string_view op, const std::string&) {
-    return (op == "pwrite" || op == "pread") && (FaultIo::current_flags & O_DIRECT) != 0 ? EINVAL
-                                                                                         : 0;
+  auto io = std::make_shared<FaultSyscalls>();
+  io->set_rule([](const FaultSyscalls::Call& c) {
+    return (c.op == Op::kPwrite || c.op == Op::kPread) && (c.flags & O_DIRECT) != 0 ? EINVAL : 0;
   });
   auto o = options_for(dir.path() / "t");
   o.syscalls = io->get();
@@ -276,14 +279,14 @@ TEST_F(DamagedRecord, WrongLengthIsMissAndKeepsNothingTorn) {
 
 TEST(FileTier, PartialReadFailureIsReportedPerItem) {
   TempDir dir;
-  auto io = std::make_shared<FaultIo>();
+  auto io = std::make_shared<FaultSyscalls>();
   auto o = options_for(dir.path() / "t");
   o.syscalls = io->get();
   auto tier = FileTier::open(o);
   const auto data = put_keys(*tier, 4, 8192);
   const std::string bad = tier->record_path(BlockKey::from_u64(3)).string();
-  io->set_rule([bad](std::string_view op, const std::string& path) {
-    return op == "pread" && path == bad ? EIO : 0;
+  io->set_rule([bad](const FaultSyscalls::Call& c) {
+    return c.op == Op::kPread && c.path == bad ? EIO : 0;
   });
   std::vector<std::vector<std::byte>> out(5, std::vector<std::byte>(8192));
   std::vector<TierGet> gets;
@@ -310,14 +313,14 @@ TEST(FileTier, PartialReadFailureIsReportedPerItem) {
 
 TEST(FileTier, PartialWriteFailureIsReportedPerItemAndLeavesNoTemp) {
   TempDir dir;
-  auto io = std::make_shared<FaultIo>();
+  auto io = std::make_shared<FaultSyscalls>();
   auto o = options_for(dir.path() / "t");
   o.syscalls = io->get();
   auto tier = FileTier::open(o);
   const std::string bad_hex = BlockKey::from_u64(2).to_hex();
-  io->set_rule([bad_hex](std::string_view op, const std::string& path) {
+  io->set_rule([bad_hex](const FaultSyscalls::Call& c) {
     // EIO: an ENOSPC would evict and retry (Note [Full disk]; full_disk_test.cpp).
-    return op == "pwrite" && path.find(bad_hex) != std::string::npos ? EIO : 0;
+    return c.op == Op::kPwrite && c.path.find(bad_hex) != std::string::npos ? EIO : 0;
   });
   std::vector<std::vector<std::byte>> data;
   std::vector<TierPut> puts;
@@ -346,15 +349,15 @@ TEST(FileTier, PartialWriteFailureIsReportedPerItemAndLeavesNoTemp) {
 // An interrupted read or write is retried (util/retry_eintr.hpp), never reported.
 TEST(FileTier, InterruptedReadsAndWritesAreRetried) {
   TempDir dir;
-  auto io = std::make_shared<FaultIo>();
+  auto io = std::make_shared<FaultSyscalls>();
   auto o = options_for(dir.path() / "t");
   o.syscalls = io->get();
   auto tier = FileTier::open(o);
   std::atomic<int> writes{0};
   std::atomic<int> reads{0};
-  io->set_rule([&](std::string_view op, const std::string&) {
-    if (op == "pwrite") return ++writes == 1 ? EINTR : 0;
-    if (op == "pread") return ++reads == 1 ? EINTR : 0;
+  io->set_rule([&](const FaultSyscalls::Call& c) {
+    if (c.op == Op::kPwrite) return ++writes == 1 ? EINTR : 0;
+    if (c.op == Op::kPread) return ++reads == 1 ? EINTR : 0;
     return 0;
   });
   const auto data = put_keys(*tier, 1, 6000);
@@ -372,8 +375,8 @@ TEST(FileTier, InterruptedReadsAndWritesAreRetried) {
 
 TEST(FileTier, RenameFailureIsReportedAndLeavesNoTemp) {
   TempDir dir;
-  auto io = std::make_shared<FaultIo>();
-  io->set_rule([](std::string_view op, const std::string&) { return op == "rename" ? EXDEV : 0; });
+  auto io = std::make_shared<FaultSyscalls>();
+  io->set_rule([](const FaultSyscalls::Call& c) { return c.op == Op::kRenameat ? EXDEV : 0; });
   auto o = options_for(dir.path() / "t");
   o.syscalls = io->get();
   auto tier = FileTier::open(o);
@@ -389,7 +392,7 @@ TEST(FileTier, RenameFailureIsReportedAndLeavesNoTemp) {
 
 TEST(FileTier, ContainsDoesNotWaitForDiskIo) {
   TempDir dir;
-  auto io = std::make_shared<FaultIo>();
+  auto io = std::make_shared<FaultSyscalls>();
   auto o = options_for(dir.path() / "t");
   o.syscalls = io->get();
   o.io_threads = 1;
@@ -400,8 +403,8 @@ TEST(FileTier, ContainsDoesNotWaitForDiskIo) {
   std::shared_future<void> released = release.get_future().share();
   std::promise<void> entered;
   std::atomic<bool> entered_once{false};
-  io->set_rule([&](std::string_view op, const std::string&) {
-    if (op == "pwrite") {
+  io->set_rule([&](const FaultSyscalls::Call& c) {
+    if (c.op == Op::kPwrite) {
       if (!entered_once.exchange(true)) entered.set_value();
       released.wait();  // the disk is stuck until the test says otherwise
     }
@@ -536,8 +539,8 @@ TEST(FileTier, ValidationRefusesBadOptionsAndTouchesNothing) {
 
 TEST(FileTier, FailedOpenLeavesNothingBehind) {
   TempDir dir;
-  auto io = std::make_shared<FaultIo>();
-  io->set_rule([](std::string_view op, const std::string&) { return op == "flock" ? ENOLCK : 0; });
+  auto io = std::make_shared<FaultSyscalls>();
+  io->set_rule([](const FaultSyscalls::Call& c) { return c.op == Op::kFlock ? ENOLCK : 0; });
   auto o = options_for(dir.path() / "t");
   o.syscalls = io->get();
   const auto fds = test::fd_snapshot();

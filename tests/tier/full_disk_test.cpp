@@ -1,6 +1,6 @@
 // A file tier on a full disk (Note [Full disk] in file_tier.hpp): capacity capped by the free
 // space at open and at every put batch, ENOSPC evicting the oldest records and retrying once,
-// rate-limited warnings (util/rate_limited_log.hpp). Through the FaultIo seam, and on a real
+// rate-limited warnings (util/rate_limited_log.hpp). Through the FaultSyscalls seam, and on a real
 // 1 MiB tmpfs in a private mount namespace where the test may mount one.
 
 #include "kvoffload/error.hpp"
@@ -20,14 +20,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <regex>
 #include <sstream>
 
 namespace kvoffload {
 namespace {
 
-using test::FaultIo;
+using test::FaultSyscalls;
+using test::Op;
 using TempDir = test::DiskTempDir;
 using ::testing::HasSubstr;
 
@@ -53,7 +57,7 @@ bool reads_back(SecondaryTier& tier, std::uint64_t id) {
 }
 
 FileTierOptions opts(const std::filesystem::path& root,
-                     const std::shared_ptr<FaultIo>& io = nullptr) {
+                     const std::shared_ptr<FaultSyscalls>& io = nullptr) {
   FileTierOptions o;
   o.root = root;
   o.capacity_bytes = 1ULL << 30;  // the run command's default: far more than the disk holds
@@ -116,7 +120,7 @@ TEST(RateLimitedLog, OneLinePerCausePerIntervalWithTheCountHeldBack) {
 
 TEST(FullDisk, CapacityIsCappedByTheFreeSpaceAtOpen) {
   const TempDir dir;
-  auto io = std::make_shared<FaultIo>();
+  auto io = std::make_shared<FaultSyscalls>();
   io->set_filesystem_bytes(5 * kRec);
   auto tier = FileTier::open(opts(dir.path() / "t", io));
   EXPECT_EQ(tier->stats().capacity_bytes, 5 * kRec);  // not the configured 1 GiB
@@ -136,7 +140,7 @@ TEST(FullDisk, CapacityIsCappedByTheFreeSpaceAtOpen) {
 
 TEST(FullDisk, CapacityIsRecheckedAsItRuns) {
   const TempDir dir;
-  auto io = std::make_shared<FaultIo>();
+  auto io = std::make_shared<FaultSyscalls>();
   io->set_filesystem_bytes(10 * kRec);
   auto tier = FileTier::open(opts(dir.path() / "t", io));
   for (std::uint64_t id = 1; id <= 4; ++id)
@@ -161,14 +165,14 @@ TEST(FullDisk, CapacityIsRecheckedAsItRuns) {
 
 TEST(FullDisk, EnospcEvictsTheOldestAndRetriesOnce) {
   const TempDir dir;
-  auto io = std::make_shared<FaultIo>();
+  auto io = std::make_shared<FaultSyscalls>();
   auto tier = FileTier::open(opts(dir.path() / "t", io));
   for (std::uint64_t id = 1; id <= 3; ++id)
     ASSERT_EQ(put_one(*tier, id, payload(id)).status, TierItemStatus::kOk);
   const std::string key4 = BlockKey::from_u64(4).to_hex();
   std::atomic<int> writes4{0};
-  io->set_rule([&](std::string_view op, const std::string& path) {
-    if (op != "pwrite" || path.find(key4) == std::string::npos) return 0;
+  io->set_rule([&](const FaultSyscalls::Call& c) {
+    if (c.op != Op::kPwrite || c.path.find(key4) == std::string::npos) return 0;
     return ++writes4 == 1 ? ENOSPC : 0;  // the disk is full once
   });
   const TierItemResult r = put_one(*tier, 4, payload(4));
@@ -186,8 +190,8 @@ TEST(FullDisk, EnospcEvictsTheOldestAndRetriesOnce) {
   // Full for good: one retry only, then a failure that says so; no temp file stays.
   writes4 = 0;
   const std::string key5 = BlockKey::from_u64(5).to_hex();
-  io->set_rule([&](std::string_view op, const std::string& path) {
-    if (op != "pwrite" || path.find(key5) == std::string::npos) return 0;
+  io->set_rule([&](const FaultSyscalls::Call& c) {
+    if (c.op != Op::kPwrite || c.path.find(key5) == std::string::npos) return 0;
     ++writes4;
     return ENOSPC;
   });
@@ -210,7 +214,7 @@ TEST(FullDisk, EnospcEvictsTheOldestAndRetriesOnce) {
 
 TEST(FullDisk, RepeatedFailuresAreRateLimitedAndCounted) {
   const TempDir dir;
-  auto io = std::make_shared<FaultIo>();
+  auto io = std::make_shared<FaultSyscalls>();
   io->set_filesystem_bytes(0);  // nothing fits: every put fails at once
   LogCapture capture;
   {
@@ -259,7 +263,7 @@ TEST(FullDisk, RealSmallTmpfsStaysWithinItsSpaceAndSurvivesAFullDisk) {
     struct statvfs vfs {};
     ::statvfs(mnt.c_str(), &vfs);
     const std::uint64_t free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    auto io = std::make_shared<FaultIo>();
+    auto io = std::make_shared<FaultSyscalls>();
     auto tier = FileTier::open(opts(mnt, io));
     check(tier->stats().capacity_bytes == free, 1,
           std::to_string(tier->stats().capacity_bytes) + " != " + std::to_string(free));
@@ -277,8 +281,8 @@ TEST(FullDisk, RealSmallTmpfsStaysWithinItsSpaceAndSurvivesAFullDisk) {
     // oldest record and retries.
     const std::string key = BlockKey::from_u64(1000).to_hex();
     bool filled = false;
-    io->set_rule([&](std::string_view op, const std::string& path) {
-      if (filled || op != "open" || path.find(key) == std::string::npos) return 0;
+    io->set_rule([&](const FaultSyscalls::Call& c) {
+      if (filled || c.op != Op::kOpenat || c.path.find(key) == std::string::npos) return 0;
       filled = true;
       struct statvfs now {};
       ::statvfs(mnt.c_str(), &now);

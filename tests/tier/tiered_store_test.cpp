@@ -13,8 +13,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <random>
+#include <string_view>
 
 namespace kvoffload {
 namespace {
@@ -421,9 +425,9 @@ TEST_F(TieredFixture, ReleaseOrderWithARemoteTierIsTheReverseOfConstruction) {
 TEST_F(TieredFixture, FailureInsideATierStepReleasesEarlierTiersAndRegion) {
   OffloadStack::build(config(2))->close();
   const Snapshot before;
-  auto fault = std::make_shared<test::FaultIo>();
+  auto fault = std::make_shared<test::FaultSyscalls>();
   fault->set_rule(
-      [](std::string_view op, const std::string&) { return op == "flock" ? ENOLCK : 0; });
+      [](const test::FaultSyscalls::Call& c) { return c.op == test::Op::kFlock ? ENOLCK : 0; });
   InitHooks hooks;
   hooks.make_file_tier = [&](const FileTierOptions& o) -> std::unique_ptr<SecondaryTier> {
     FileTierOptions copy = o;
