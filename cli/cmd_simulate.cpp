@@ -67,7 +67,7 @@ Trace read_trace(const std::string& path) {
   if (!in) {
     const int err = errno;
     throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kSystem,
-                "simulate: cannot open trace '" + path + "': " + std::strerror(err), err, "open");
+                errno_text("simulate: cannot open trace '" + path + "'", err), err, "open");
   }
   std::string text;
   if (std::filesystem::is_regular_file(status)) {
