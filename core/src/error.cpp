@@ -5,7 +5,7 @@
 
 namespace kvoffload {
 
-std::string_view error_code_name(ErrorCode code) noexcept {
+std::string_view to_string(ErrorCode code) noexcept {
   switch (code) {
 #define KVOFFLOAD_ERROR_CODE_CASE_(value, upper, camel, name) \
   case ErrorCode::k##camel:                                   \

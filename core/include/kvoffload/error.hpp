@@ -27,7 +27,7 @@ inline constexpr int kErrorCodeCount = KVOFFLOAD_ERROR_CODE_COUNT;
 
 // Name of the code, e.g. "invalid_argument"; stable, used in JSON output; "unknown" for a value
 // outside the list.
-KVOFFLOAD_API std::string_view error_code_name(ErrorCode code) noexcept;
+KVOFFLOAD_API std::string_view to_string(ErrorCode code) noexcept;
 
 // Symbolic errno name ("ENOSPC"), or "errno N" for unknown values.
 KVOFFLOAD_API std::string errno_name(int err);
