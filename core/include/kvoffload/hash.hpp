@@ -17,15 +17,22 @@ namespace kvoffload {
 // 2^64 / golden ratio: splitmix64's increment, and a multiplier that spreads small integers.
 inline constexpr std::uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ULL;
 
-// splitmix64's output mix (Stafford's variant 13): a bijection of 64-bit words with full
-// avalanche. mix64(0) == 0.
-constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBULL;
-  x ^= x >> 31;
+// The one mixer all of them finish with: xor-shift, multiply, xor-shift, multiply, xor-shift, a
+// bijection of 64-bit words whose avalanche depends on the constants (each use below names a
+// published set). xorshift_multiply<...>(0) == 0.
+template <int S1, std::uint64_t M1, int S2, std::uint64_t M2, int S3>
+constexpr std::uint64_t xorshift_multiply(std::uint64_t x) noexcept {
+  x ^= x >> S1;
+  x *= M1;
+  x ^= x >> S2;
+  x *= M2;
+  x ^= x >> S3;
   return x;
+}
+
+// splitmix64's output mix (Stafford's variant 13), full avalanche.
+constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+  return xorshift_multiply<30, 0xBF58476D1CE4E5B9ULL, 27, 0x94D049BB133111EBULL, 31>(x);
 }
 
 // One step of splitmix64 (Steele, Lea & Flood, OOPSLA 2014) from state x: mix64(x + gamma). As a
@@ -34,16 +41,11 @@ constexpr std::uint64_t splitmix64(std::uint64_t x) noexcept {
   return mix64(x + kGoldenGamma);
 }
 
-// A 64-bit hash of a 128-bit value (hi, lo) for hash tables: a multiply folds hi into lo, then two
-// xor-shift-multiply rounds mix (two multiplies; cheaper than one cache miss).
+// A 64-bit hash of a 128-bit value (hi, lo) for hash tables: a multiply folds hi into lo, then the
+// mixer with 32-bit shifts (three multiplies in all; cheaper than one cache miss).
 constexpr std::uint64_t hash_128_to_64(std::uint64_t hi, std::uint64_t lo) noexcept {
-  std::uint64_t h = hi * kGoldenGamma ^ lo;
-  h ^= h >> 32;
-  h *= 0xD6E8FEB86659FD93ULL;
-  h ^= h >> 32;
-  h *= 0xD6E8FEB86659FD93ULL;
-  h ^= h >> 32;
-  return h;
+  return xorshift_multiply<32, 0xD6E8FEB86659FD93ULL, 32, 0xD6E8FEB86659FD93ULL, 32>(
+      hi * kGoldenGamma ^ lo);
 }
 
 struct Hash128 {
@@ -55,14 +57,9 @@ namespace detail {
 constexpr std::uint64_t rotl64(std::uint64_t x, int r) noexcept {
   return (x << r) | (x >> (64 - r));
 }
-// MurmurHash3's 64-bit finaliser.
+// MurmurHash3's 64-bit finaliser (fmix64).
 constexpr std::uint64_t murmur3_fmix64(std::uint64_t k) noexcept {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
+  return xorshift_multiply<33, 0xff51afd7ed558ccdULL, 33, 0xc4ceb9fe1a85ec53ULL, 33>(k);
 }
 }  // namespace detail
 
