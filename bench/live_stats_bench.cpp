@@ -10,6 +10,7 @@
 // Counters: per_op = seconds per call (a Manager call of `keys` keys, or one submitted and
 // completed transfer job); BM_PublishOnly is the bare cost of one publication (sequence number,
 // six relaxed stores, sequence number) for scale.
+#include <kvoffload/hash.hpp>
 #include <kvoffload/live_stats.hpp>
 #include <kvoffload/manager.hpp>
 #include <kvoffload/region.hpp>
@@ -36,10 +37,7 @@ using kvoffload::BlockKey;
 constexpr std::uint64_t kChunks = 10'000;  // a 40 MiB region of 4 KiB rows
 
 BlockKey key_of(std::uint64_t i) {
-  std::uint64_t z = i + 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return BlockKey(z ^ (z >> 31), i);
+  return BlockKey(kvoffload::splitmix64(i), i);
 }
 
 std::string engine_id(const char* what) {

@@ -6,6 +6,7 @@
 // Counters: items_per_second = keys per second; per_key = seconds per key. policy:0 is LRU,
 // policy:1 is ARC (also the label).
 //   build/<dir>/bin/manager_bench            (about 30 s of CPU; each case runs >= 0.1 s)
+#include <kvoffload/hash.hpp>
 #include <kvoffload/manager.hpp>
 
 #include <benchmark/benchmark.h>
@@ -25,10 +26,7 @@ using kvoffload::PolicyKind;
 
 // Key i: a well-spread 128-bit value, as a real block hash would be.
 BlockKey key_of(std::uint64_t i) {
-  std::uint64_t z = i + 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return BlockKey(z ^ (z >> 31), i);
+  return BlockKey(kvoffload::splitmix64(i), i);
 }
 
 constexpr std::size_t kBatch = 64;  // keys per call (a request of 64 chunks)

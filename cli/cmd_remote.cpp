@@ -99,7 +99,7 @@ const CommandRegistrar kRegisterRemote("remote", [](CLI::App& top) {
                    }
                    if (const std::string problem = report.problem(); !problem.empty()) {
                      return emit_failure(args->json, to_json(report), human(report),
-                                         error_code_name(ErrorCode::kNotAvailable),
+                                         to_string(ErrorCode::kNotAvailable),
                                          "remote store " + url.to_string() + ": " + problem,
                                          kExitError);
                    }

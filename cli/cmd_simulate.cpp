@@ -67,7 +67,7 @@ Trace read_trace(const std::string& path) {
   if (!in) {
     const int err = errno;
     throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kSystem,
-                "simulate: cannot open trace '" + path + "': " + std::strerror(err), err, "open");
+                errno_text("simulate: cannot open trace '" + path + "'", err), err, "open");
   }
   std::string text;
   if (std::filesystem::is_regular_file(status)) {
@@ -195,7 +195,7 @@ int run_simulate(const Options& opt) {
       {"hit_rate", hit_rate},
       {"evictions", stats.evictions},
       {"ops_per_second", ops_per_second},
-      {"policy", policy_kind_name(policy)},
+      {"policy", to_string(policy)},
       {"chunks", opt.chunks},
       {"store_threshold", opt.store_threshold},
       {"stored", stats.stores_completed},
@@ -214,7 +214,7 @@ int run_simulate(const Options& opt) {
       "  hits %llu, misses %llu, hit rate %.2f%%\n"
       "  evictions %llu, chunks stored %llu, requests that could not store %llu\n"
       "  %.3g manager calls/s (%.3g chunk keys/s), %.3f s (trace read and parsed in %.3f s)",
-      std::string(policy_kind_name(policy)).c_str(), static_cast<unsigned long long>(opt.chunks),
+      std::string(to_string(policy)).c_str(), static_cast<unsigned long long>(opt.chunks),
       static_cast<unsigned long long>(requests), static_cast<unsigned long long>(looked_up),
       static_cast<unsigned long long>(hits), static_cast<unsigned long long>(looked_up - hits),
       100.0 * hit_rate, static_cast<unsigned long long>(stats.evictions),

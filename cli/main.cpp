@@ -61,8 +61,8 @@ int run_program(int argc, char** argv, bool json) {
                           kExitUsage);
   } catch (const kvoffload::Error& e) {
     // From an option callback (a bad size).
-    return report_failure(json, kvoffload::error_code_name(e.code()), e.what(), kExitUsage,
-                          e.sys_errno(), e.call());
+    return report_failure(json, kvoffload::to_string(e.code()), e.what(), kExitUsage, e.sys_errno(),
+                          e.call());
   }
 
   try {
@@ -72,7 +72,7 @@ int run_program(int argc, char** argv, bool json) {
     return report_failure(json, "usage", "no command given; run 'kvoffload --help'", kExitUsage);
   } catch (const kvoffload::Error& e) {
     const int code = e.code() == kvoffload::ErrorCode::kInvalidArgument ? kExitUsage : kExitError;
-    return report_failure(json, kvoffload::error_code_name(e.code()), e.what(), code, e.sys_errno(),
+    return report_failure(json, kvoffload::to_string(e.code()), e.what(), code, e.sys_errno(),
                           e.call());
   } catch (const std::bad_alloc&) {
     return report_failure(json, "out_of_memory",

@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const kvo::Error& e) {
     std::fprintf(stderr, "engine_integration: %s (%s)\n", e.what(),
-                 std::string(kvo::error_code_name(e.code())).c_str());
+                 std::string(kvo::to_string(e.code())).c_str());
     return 1;
   }
 }

@@ -1,28 +1,22 @@
 #include "kv_pattern.hpp"
 
+#include <kvoffload/hash.hpp>
+
 #include <algorithm>
 #include <cstring>
 
 namespace kvoffload::run {
 namespace {
 
-constexpr std::uint64_t mix(std::uint64_t x) noexcept {  // splitmix64 finaliser
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBULL;
-  x ^= x >> 31;
-  return x;
-}
-
 std::uint64_t seed_of(const BlockTag& tag) noexcept {
-  return mix(tag.key.hi() ^ mix(tag.key.lo() ^ (std::uint64_t{tag.rank} << 48) ^
-                                (std::uint64_t{tag.layer} << 24) ^ tag.position));
+  return mix64(tag.key.hi() ^ mix64(tag.key.lo() ^ (std::uint64_t{tag.rank} << 48) ^
+                                    (std::uint64_t{tag.layer} << 24) ^ tag.position));
 }
 
-// Word i of the pattern: cheap to generate (one multiply-add and a mix per 8 bytes).
+// Word i of the pattern: splitmix64's stream from the seed, cheap to generate (one multiply-add
+// and a mix per 8 bytes).
 inline std::uint64_t word(std::uint64_t seed, std::uint64_t i) noexcept {
-  return mix(seed + i * 0x9E3779B97F4A7C15ULL);
+  return mix64(seed + i * kGoldenGamma);
 }
 
 }  // namespace

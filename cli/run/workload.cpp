@@ -1,14 +1,9 @@
 #include "workload.hpp"
 
+#include <kvoffload/hash.hpp>
+
 namespace kvoffload::run {
 namespace {
-
-std::uint64_t mix(std::uint64_t x) noexcept {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 std::vector<double> zipf_weights(std::uint32_t n) {
   std::vector<double> w(n);
@@ -38,10 +33,10 @@ const std::vector<BlockKey>& Workload::next() {
   std::uniform_int_distribution<std::uint32_t> length(shortest, prefix_chunks_);
   const std::uint32_t shared = length(rng_);
   for (std::uint32_t i = 0; i < shared; ++i) {
-    keys_.emplace_back(mix(seed_ ^ (family << 20)), mix(family * 4096 + i));
+    keys_.emplace_back(splitmix64(seed_ ^ (family << 20)), splitmix64(family * 4096 + i));
   }
   for (std::uint32_t i = 0; i < unique_chunks_; ++i) {
-    keys_.emplace_back(mix(~seed_ ^ request_), mix((request_ << 16) + i));
+    keys_.emplace_back(splitmix64(~seed_ ^ request_), splitmix64((request_ << 16) + i));
   }
   ++request_;
   return keys_;

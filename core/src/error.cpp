@@ -5,7 +5,7 @@
 
 namespace kvoffload {
 
-std::string_view error_code_name(ErrorCode code) noexcept {
+std::string_view to_string(ErrorCode code) noexcept {
   switch (code) {
 #define KVOFFLOAD_ERROR_CODE_CASE_(value, upper, camel, name) \
   case ErrorCode::k##camel:                                   \
@@ -22,6 +22,16 @@ std::string errno_name(int err) {
   return "errno " + std::to_string(err);
 }
 
+std::string errno_text(std::string_view call, int err) {
+  std::string s(call);
+  s += ": ";
+  // strerrordesc_np (glibc >= 2.32) is strerror without the locale and the static buffer.
+  const char* description = strerrordesc_np(err);
+  s += description != nullptr ? description : "unknown error";
+  s += " (" + errno_name(err) + ")";
+  return s;
+}
+
 // std::runtime_error has no std::string&& constructor, so the message is copied once whatever the
 // parameter type; taking it by value keeps error.hpp's signature (changing it is an ABI change).
 // NOLINTNEXTLINE(performance-unnecessary-value-param)
@@ -29,15 +39,12 @@ Error::Error(ErrorCode code, std::string message, int sys_errno, std::string cal
     : std::runtime_error(message), code_(code), errno_(sys_errno), call_(std::move(call)) {}
 
 void throw_system_error(std::string_view call, int err, std::string_view context) {
-  std::string msg(call);
+  std::string what(call);
   if (!context.empty()) {
-    msg += ' ';
-    msg += context;
+    what += ' ';
+    what += context;
   }
-  msg += ": ";
-  msg += strerrordesc_np(err) != nullptr ? strerrordesc_np(err) : "unknown error";
-  msg += " (" + errno_name(err) + ")";
-  throw Error(ErrorCode::kSystem, std::move(msg), err, std::string(call));
+  throw Error(ErrorCode::kSystem, errno_text(what, err), err, std::string(call));
 }
 
 void throw_invalid(std::string message) {

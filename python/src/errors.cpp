@@ -64,7 +64,7 @@ class Error(RuntimeError):
   });
 
   m.def(
-      "error_code_name", [](ErrorCode c) { return std::string(error_code_name(c)); },
+      "error_code_name", [](ErrorCode c) { return std::string(to_string(c)); },
       "Stable name of an error code, e.g. 'invalid_argument'");
 }
 

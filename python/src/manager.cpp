@@ -168,7 +168,7 @@ Keys are ints in [0, 2**128) (or bytes of up to 16). Thread-compatible: calls ho
             const StorePlan sp = p.manager.prepare_store(k, p.protected_keys);
             PyStorePlan out;
             out.ok = sp.ok();
-            out.reason = std::string(cannot_store_reason_name(sp.reason));
+            out.reason = std::string(to_string(sp.reason));
             out.keys = keys_list(sp.keys);
             out.slots = py::cast(std::vector<SlotIndex>(sp.slots.begin(), sp.slots.end()));
             out.evicted = keys_list(sp.evicted);

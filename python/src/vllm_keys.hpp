@@ -7,80 +7,21 @@
 // Shared by VllmManagerCore (vllm_manager.cpp) and the vLLM secondary tiers (vllm_tiers.cpp).
 #include <kvoffload/block_key.hpp>
 #include <kvoffload/error.hpp>
+#include <kvoffload/hash.hpp>
 
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 namespace kvoffload::python {
 
 namespace py = pybind11;
 
-constexpr std::uint64_t murmur_rotl(std::uint64_t x, int r) noexcept {
-  return (x << r) | (x >> (64 - r));
-}
-constexpr std::uint64_t murmur_fmix(std::uint64_t k) noexcept {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
-}
-
-// 128-bit hash of a key's bytes: MurmurHash3_x64_128's block mixing and finalisation, with the
-// tail zero-padded into one last block and the length folded in. Engines' keys are themselves
-// cryptographic hashes, so a 128-bit mix keeps distinct keys distinct (birthday bound ~n^2/2^129)
-// at a few nanoseconds per 36-byte key.
+// The key's bytes hashed to 128 bits (hash_bytes_128: fixed, so stable across processes).
 inline BlockKey key_of_bytes(const char* data, std::size_t len) noexcept {
-  constexpr std::uint64_t c1 = 0x87c37b91114253d5ULL;
-  constexpr std::uint64_t c2 = 0x4cf5ad432745937fULL;
-  std::uint64_t h1 = 0x9E3779B97F4A7C15ULL;
-  std::uint64_t h2 = 0xC2B2AE3D27D4EB4FULL;
-  const auto mix = [&](std::uint64_t k1, std::uint64_t k2) {
-    k1 *= c1;
-    k1 = murmur_rotl(k1, 31);
-    k1 *= c2;
-    h1 ^= k1;
-    h1 = murmur_rotl(h1, 27);
-    h1 += h2;
-    h1 = h1 * 5 + 0x52dce729;
-    k2 *= c2;
-    k2 = murmur_rotl(k2, 33);
-    k2 *= c1;
-    h2 ^= k2;
-    h2 = murmur_rotl(h2, 31);
-    h2 += h1;
-    h2 = h2 * 5 + 0x38495ab5;
-  };
-  std::size_t i = 0;
-  for (; i + 16 <= len; i += 16) {
-    std::uint64_t k1 = 0;
-    std::uint64_t k2 = 0;
-    std::memcpy(&k1, data + i, 8);
-    std::memcpy(&k2, data + i + 8, 8);
-    mix(k1, k2);
-  }
-  if (i < len) {
-    unsigned char tail[16] = {};
-    std::memcpy(tail, data + i, len - i);
-    std::uint64_t k1 = 0;
-    std::uint64_t k2 = 0;
-    std::memcpy(&k1, tail, 8);
-    std::memcpy(&k2, tail + 8, 8);
-    mix(k1, k2);
-  }
-  h1 ^= len;
-  h2 ^= len;
-  h1 += h2;
-  h2 += h1;
-  h1 = murmur_fmix(h1);
-  h2 = murmur_fmix(h2);
-  h1 += h2;
-  h2 += h1;
-  return BlockKey(h1, h2);
+  const Hash128 h = hash_bytes_128(data, len);
+  return BlockKey(h.hi, h.lo);
 }
 
 [[noreturn]] inline void throw_bad_key(PyObject* obj) {

@@ -1,6 +1,7 @@
-// kvoffload::ErrorCode and error_code_name: every code, written out by hand. The values are the C
-// API's stable kvo_status numbers and the names appear in JSON output, so a renumbered, renamed,
-// added or dropped code in error_codes.h fails here (and in capi_test.c and test_errors.py).
+// kvoffload::ErrorCode and to_string(ErrorCode): every code, written out by hand. The values are
+// the C API's stable kvo_status numbers and the names appear in JSON output, so a renumbered,
+// renamed, added or dropped code in error_codes.h fails here (and in capi_test.c and
+// test_errors.py).
 #include <gtest/gtest.h>
 
 #include "kvoffload/error.hpp"
@@ -40,14 +41,13 @@ TEST(ErrorCodes, EveryCodeHasItsStableValueAndName) {
   ASSERT_EQ(std::size(kCodes), static_cast<std::size_t>(kvoffload::kErrorCodeCount));
   for (const Expected& e : kCodes) {
     EXPECT_EQ(static_cast<int>(e.code), e.value) << e.name;
-    EXPECT_EQ(kvoffload::error_code_name(e.code), e.name) << e.value;
+    EXPECT_EQ(kvoffload::to_string(e.code), e.name) << e.value;
   }
 }
 
 TEST(ErrorCodes, ValuesOutsideTheListAreUnknown) {
-  EXPECT_EQ(kvoffload::error_code_name(static_cast<ErrorCode>(kvoffload::kErrorCodeCount)),
-            "unknown");
-  EXPECT_EQ(kvoffload::error_code_name(static_cast<ErrorCode>(-1)), "unknown");
+  EXPECT_EQ(kvoffload::to_string(static_cast<ErrorCode>(kvoffload::kErrorCodeCount)), "unknown");
+  EXPECT_EQ(kvoffload::to_string(static_cast<ErrorCode>(-1)), "unknown");
 }
 
 // Error is thrown inside libkvoffload.so and caught outside it: its type must be exported (hidden

@@ -15,7 +15,7 @@ class ManagerApi : public ::testing::TestWithParam<PolicyKind> {};
 
 INSTANTIATE_TEST_SUITE_P(Policies, ManagerApi,
                          ::testing::Values(PolicyKind::kLru, PolicyKind::kArc),
-                         [](const auto& pi) { return std::string(policy_kind_name(pi.param)); });
+                         [](const auto& pi) { return std::string(to_string(pi.param)); });
 
 TEST(ManagerConfig, Validation) {
   ManagerConfig c;
@@ -179,7 +179,7 @@ TEST_P(ManagerApi, TooManyKeys) {
   EXPECT_FALSE(p.ok());
   EXPECT_EQ(p.reason, CannotStoreReason::kTooManyKeys);
   EXPECT_EQ(m.stats().used, 0u);
-  EXPECT_EQ(cannot_store_reason_name(p.reason), "too_many_keys");
+  EXPECT_EQ(to_string(p.reason), "too_many_keys");
 }
 
 TEST_P(ManagerApi, NeverEvictsProtectedKeys) {

@@ -556,7 +556,7 @@ TEST_P(ManagerModel, RandomSequencesMatchTheReference) {
     run_model(prm, seed * 7919 + prm.chunks, 2500);
     if (HasFatalFailure()) {
       ADD_FAILURE() << "reproduce with seed " << seed * 7919 + prm.chunks << " (policy "
-                    << policy_kind_name(prm.policy) << ", chunks " << prm.chunks << ", threshold "
+                    << to_string(prm.policy) << ", chunks " << prm.chunks << ", threshold "
                     << prm.threshold << ")";
       return;
     }
@@ -570,8 +570,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ModelParams{PolicyKind::kArc, 1, 0}, ModelParams{PolicyKind::kArc, 4, 0},
                       ModelParams{PolicyKind::kArc, 13, 0}, ModelParams{PolicyKind::kArc, 6, 2}),
     [](const auto& pi) {
-      return std::string(policy_kind_name(pi.param.policy)) + "_c" +
-             std::to_string(pi.param.chunks) + "_t" + std::to_string(pi.param.threshold);
+      return std::string(to_string(pi.param.policy)) + "_c" + std::to_string(pi.param.chunks) +
+             "_t" + std::to_string(pi.param.threshold);
     });
 
 }  // namespace

@@ -33,11 +33,11 @@ class VllmSemantics : public ::testing::TestWithParam<PolicyKind> {};
 
 INSTANTIATE_TEST_SUITE_P(Policies, VllmSemantics,
                          ::testing::Values(PolicyKind::kLru, PolicyKind::kArc),
-                         [](const auto& pi) { return std::string(policy_kind_name(pi.param)); });
+                         [](const auto& pi) { return std::string(to_string(pi.param)); });
 
 TEST(VllmSemanticsConfig, NamesAndValidation) {
-  EXPECT_EQ(manager_semantics_name(ManagerSemantics::kNative), "native");
-  EXPECT_EQ(manager_semantics_name(ManagerSemantics::kVllm), "vllm");
+  EXPECT_EQ(to_string(ManagerSemantics::kNative), "native");
+  EXPECT_EQ(to_string(ManagerSemantics::kVllm), "vllm");
   ManagerConfig c;
   c.num_chunks = 4;
   c.semantics = static_cast<ManagerSemantics>(7);

@@ -186,12 +186,12 @@ TEST_P(ProbeErrno, PropagatesWithErrnoAndRangeAndTouchesNothing) {
   try {
     (void)detail::populate(*sys.get(), detail::PopulatePlan(g, mem.data(), std::nullopt), page, 1,
                            "region X", {}, touched.observer());
-    FAIL() << "no error: " << strerrorname_np(err) << " must not select the fallback";
+    FAIL() << "no error: " << errno_name(err) << " must not select the fallback";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kSystem);
     EXPECT_EQ(e.sys_errno(), err);
     EXPECT_EQ(e.call(), "madvise");
-    EXPECT_THAT(e.what(), HasSubstr(strerrorname_np(err)));
+    EXPECT_THAT(e.what(), HasSubstr(errno_name(err)));
     EXPECT_THAT(e.what(), HasSubstr("MADV_POPULATE_WRITE on [0x"));
     EXPECT_THAT(e.what(), HasSubstr("region X"));
   }
@@ -203,7 +203,7 @@ TEST_P(ProbeErrno, PropagatesWithErrnoAndRangeAndTouchesNothing) {
 INSTANTIATE_TEST_SUITE_P(EveryErrnoButEinval, ProbeErrno,
                          ::testing::Values(EPERM, EACCES, EAGAIN, EBADF, EFAULT, EHWPOISON, EIO,
                                            ENOMEM, ENOSYS, EOPNOTSUPP),
-                         [](const auto& pi) { return std::string(strerrorname_np(pi.param)); });
+                         [](const auto& pi) { return errno_name(pi.param); });
 
 // EINTR is not an answer: the probe is asked again, and madvise does the work.
 TEST(PopulateErrors, InterruptedProbeIsRetried) {

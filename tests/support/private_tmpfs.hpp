@@ -20,11 +20,12 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <system_error>
+
+#include <kvoffload/error.hpp>
 
 #include "test_env.hpp"
 
@@ -49,10 +50,8 @@ inline PrivateTmpfsResult run_on_private_tmpfs(
     ::close(fds[0]);
     auto refuse = [&](const char* step) {
       const int err = errno;
-      const std::string why =
-          std::string(step) +
-          " failed: " + (strerrorname_np(err) != nullptr ? strerrorname_np(err) : "?") + " (" +
-          std::strerror(err) + "); a private tmpfs needs CAP_SYS_ADMIN";
+      const std::string why = kvoffload::errno_text(std::string(step) + " failed", err) +
+                              "; a private tmpfs needs CAP_SYS_ADMIN";
       (void)!::write(fds[1], why.data(), why.size());
       ::_exit(0);
     };

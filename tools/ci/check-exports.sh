@@ -28,7 +28,7 @@ done < <(grep -o -E 'KVO_API [^;]*\b(kvo_[a-z0-9_]+)\(' core/include/kvoffload/k
 # checks the rest).
 for sym in 'typeinfo for kvoffload::Error' 'vtable for kvoffload::DeviceRuntime' \
            'kvoffload::Region::create_or_join(kvoffload::RegionOptions const&)' \
-           'kvoffload::error_code_name(kvoffload::ErrorCode)'; do
+           'kvoffload::to_string(kvoffload::ErrorCode)'; do
   grep -q -x -F "$sym" <<<"$exported" || missing+=("$sym")
 done
 

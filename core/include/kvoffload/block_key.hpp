@@ -13,6 +13,7 @@
 
 #include <kvoffload/export.h>
 #include <kvoffload/error.hpp>
+#include <kvoffload/hash.hpp>
 
 #include <array>
 #include <compare>
@@ -57,17 +58,9 @@ class KVOFFLOAD_API BlockKey {
   [[nodiscard]] constexpr std::uint64_t hi() const noexcept { return hi_; }
   [[nodiscard]] constexpr std::uint64_t lo() const noexcept { return lo_; }
 
-  // A well-mixed 64-bit hash of the key. Keys are usually hashes already, but tests and traces use
-  // small integers, so this mixes anyway (two multiplies; cheaper than one cache miss).
-  [[nodiscard]] constexpr std::uint64_t hash() const noexcept {
-    std::uint64_t h = hi_ * 0x9E3779B97F4A7C15ULL ^ lo_;
-    h ^= h >> 32;
-    h *= 0xD6E8FEB86659FD93ULL;
-    h ^= h >> 32;
-    h *= 0xD6E8FEB86659FD93ULL;
-    h ^= h >> 32;
-    return h;
-  }
+  // A well-mixed 64-bit hash of the key (hash_128_to_64, hash.hpp). Keys are usually hashes
+  // already, but tests and traces use small integers, so this mixes anyway.
+  [[nodiscard]] constexpr std::uint64_t hash() const noexcept { return hash_128_to_64(hi_, lo_); }
 
   friend constexpr bool operator==(const BlockKey&, const BlockKey&) noexcept = default;
   // clang-tidy 14 misreads the defaulted <=> as comparing with a literal 0 (LLVM issue 46235).
@@ -89,8 +82,4 @@ struct BlockKeyHash {
 }  // namespace kvoffload
 
 template <>
-struct std::hash<kvoffload::BlockKey> {
-  std::size_t operator()(const kvoffload::BlockKey& key) const noexcept {
-    return static_cast<std::size_t>(key.hash());
-  }
-};
+struct std::hash<kvoffload::BlockKey> : kvoffload::BlockKeyHash {};

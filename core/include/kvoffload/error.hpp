@@ -27,10 +27,14 @@ inline constexpr int kErrorCodeCount = KVOFFLOAD_ERROR_CODE_COUNT;
 
 // Name of the code, e.g. "invalid_argument"; stable, used in JSON output; "unknown" for a value
 // outside the list.
-KVOFFLOAD_API std::string_view error_code_name(ErrorCode code) noexcept;
+KVOFFLOAD_API std::string_view to_string(ErrorCode code) noexcept;
 
 // Symbolic errno name ("ENOSPC"), or "errno N" for unknown values.
 KVOFFLOAD_API std::string errno_name(int err);
+// "<call>: <description> (<ENAME>)", e.g. "open /x: No such file or directory (ENOENT)": how every
+// message of kvoffload words a failed system call. Thread-safe and locale-independent (unlike
+// strerror).
+KVOFFLOAD_API std::string errno_text(std::string_view call, int err);
 
 class KVOFFLOAD_API Error : public std::runtime_error {
  public:
@@ -48,7 +52,7 @@ class KVOFFLOAD_API Error : public std::runtime_error {
   std::string call_;
 };
 
-// Throws a kSystem error whose message reads "<call> <context>: <strerror> (<ENAME>)".
+// Throws a kSystem error whose message is errno_text("<call> <context>", err).
 [[noreturn]] KVOFFLOAD_API void throw_system_error(std::string_view call, int err,
                                                    std::string_view context);
 

@@ -1,5 +1,5 @@
 /* The one list of kvoffload's error codes, shared by C++ (kvoffload::ErrorCode and
- * error_code_name, error.hpp), C (kvo_status and kvo_status_name, kvoffload.h) and Python
+ * to_string(ErrorCode), error.hpp), C (kvo_status and kvo_status_name, kvoffload.h) and Python
  * (kvoffload.ErrorCode). Each entry is X(value, NAME, CamelName, "name"):
  *   value      the stable number: the C API returns it, so never renumber or reuse one;
  *   NAME       the C enumerator KVO_NAME and the Python member ErrorCode.NAME;

@@ -38,7 +38,7 @@ inline constexpr SlotIndex kNoSlot = 0xFFFFFFFFu;
 enum class PolicyKind : std::uint8_t { kLru = 0, kArc = 1 };
 
 // "lru" / "arc".
-KVOFFLOAD_API std::string_view policy_kind_name(PolicyKind kind) noexcept;
+KVOFFLOAD_API std::string_view to_string(PolicyKind kind) noexcept;
 // Parses "lru" / "arc" (case-insensitive); throws Error(kInvalidArgument) otherwise.
 KVOFFLOAD_API PolicyKind parse_policy_kind(std::string_view text);
 

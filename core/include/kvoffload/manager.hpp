@@ -66,7 +66,7 @@ enum class ManagerSemantics : std::uint8_t {
   // every store that needs a slot is refused).
   kVllm = 1,
 };
-KVOFFLOAD_API std::string_view manager_semantics_name(ManagerSemantics semantics) noexcept;
+KVOFFLOAD_API std::string_view to_string(ManagerSemantics semantics) noexcept;
 
 struct ManagerConfig {
   std::uint64_t num_chunks = 0;  // slots in the region; 1 .. 2^32-2 (0 too with kVllm)
@@ -93,7 +93,7 @@ enum class LookupResult : std::uint8_t {
   kHit = 1,         // ready: can be loaded now
   kHitPending = 2,  // a store of this key is in flight: present, not loadable yet
 };
-KVOFFLOAD_API std::string_view lookup_result_name(LookupResult result) noexcept;
+KVOFFLOAD_API std::string_view to_string(LookupResult result) noexcept;
 
 enum class StoreStatus : std::uint8_t {
   kOk = 0,           // slots allocated (possibly zero, when every key was present or skipped)
@@ -108,7 +108,7 @@ enum class CannotStoreReason : std::uint8_t {
   // The call has more new keys than the region has slots.
   kTooManyKeys = 2,
 };
-KVOFFLOAD_API std::string_view cannot_store_reason_name(CannotStoreReason reason) noexcept;
+KVOFFLOAD_API std::string_view to_string(CannotStoreReason reason) noexcept;
 
 // Result of prepare_store: views into buffers the Manager reuses (valid until the next
 // prepare_store, reset or destruction).

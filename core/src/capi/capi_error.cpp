@@ -76,9 +76,9 @@ const char* kvo_last_error_call(void) {
 }
 
 const char* kvo_status_name(kvo_status status) {
-  // error_code_name returns views of string literals, so .data() is NUL-terminated.
+  // to_string(ErrorCode) returns views of string literals, so .data() is NUL-terminated.
   if (status < 0 || status >= KVOFFLOAD_ERROR_CODE_COUNT) return "unknown";
-  return kvoffload::error_code_name(static_cast<kvoffload::ErrorCode>(status)).data();
+  return kvoffload::to_string(static_cast<kvoffload::ErrorCode>(status)).data();
 }
 
 const char* kvo_version(void) {

@@ -12,8 +12,8 @@
 // otherwise T2's. Differences from the paper, by design: p adapts when a key is admitted, which
 // for a batch is after the batch's victims were chosen; REPLACE does not look at the incoming key
 // (the "x in B2 and |T1| == p" tie-break), because a batch has many.
+#include "manager/ghost_lists.hpp"
 #include "manager/index_list.hpp"
-#include "manager/key_table.hpp"
 
 #include <kvoffload/eviction_policy.hpp>
 
@@ -23,8 +23,8 @@
 namespace kvoffload {
 namespace {
 
+using detail::GhostLists;
 using detail::IndexList;
-using detail::KeyTable;
 using detail::kNil;
 using detail::Link;
 
@@ -35,11 +35,7 @@ class ArcPolicy final : public EvictionPolicy {
         links_(capacity),
         where_(capacity, kAbsent),
         listed_(capacity, 0),
-        ghosts_(capacity),
-        ghost_links_(capacity) {
-    ghost_index_.init(capacity);
-    reset_ghost_pool();
-  }
+        ghosts_(capacity) {}
 
   PolicyKind kind() const noexcept override { return PolicyKind::kArc; }
   std::string_view name() const noexcept override { return "arc"; }
@@ -49,24 +45,26 @@ class ArcPolicy final : public EvictionPolicy {
     for (std::size_t i = 0; i < slots.size(); ++i) {
       const SlotIndex s = slots[i];
       if (where_[s] != kAbsent) remove_one(s);
-      const std::uint32_t g = ghost_index_.find(
-          keys[i], [this](std::uint32_t n) -> const BlockKey& { return ghosts_[n].key; });
-      if (g == KeyTable::kNone) {
+      const std::uint32_t g = ghosts_.find(keys[i]);
+      if (g == GhostLists::kNone) {
         where_[s] = kT1;
         ++t1_count_;
         // Keep |T1| + |B1| <= c: the oldest recency ghosts go first.
-        while (t1_count_ + b1_.size() > capacity_ && !b1_.empty()) drop_ghost(b1_.back());
+        while (t1_count_ + ghosts_.size(kB1) > capacity_ && !ghosts_.empty(kB1))
+          ghosts_.drop(ghosts_.oldest(kB1));
         continue;
       }
       // A ghost hit: the key was evicted recently, so the list it came from was too small.
-      if (ghosts_[g].list == kB1) {
-        const std::uint64_t delta = std::max<std::uint64_t>(1, b2_.size() / b1_.size());
+      const std::uint64_t b1 = ghosts_.size(kB1);
+      const std::uint64_t b2 = ghosts_.size(kB2);
+      if (ghosts_.list_of(g) == kB1) {
+        const std::uint64_t delta = std::max<std::uint64_t>(1, b2 / b1);
         p_ = std::min<std::uint64_t>(capacity_, p_ + delta);
       } else {
-        const std::uint64_t delta = std::max<std::uint64_t>(1, b1_.size() / b2_.size());
+        const std::uint64_t delta = std::max<std::uint64_t>(1, b1 / b2);
         p_ = p_ > delta ? p_ - delta : 0;
       }
-      drop_ghost(g);
+      ghosts_.drop(g);
       where_[s] = kT2;
       ++t2_count_;
     }
@@ -151,8 +149,7 @@ class ArcPolicy final : public EvictionPolicy {
     t2_.clear();
     t1_count_ = t2_count_ = 0;
     p_ = 0;
-    ghost_index_.clear();
-    reset_ghost_pool();
+    ghosts_.clear();
   }
 
   std::size_t evictable_count() const noexcept override { return t1_.size() + t2_.size(); }
@@ -163,20 +160,16 @@ class ArcPolicy final : public EvictionPolicy {
     c.evictable = t1_.size() + t2_.size();
     c.recent = t1_count_;
     c.frequent = t2_count_;
-    c.ghost_recent = b1_.size();
-    c.ghost_frequent = b2_.size();
+    c.ghost_recent = ghosts_.size(kB1);
+    c.ghost_frequent = ghosts_.size(kB2);
     c.recent_target = p_;
     return c;
   }
 
  private:
   enum : std::uint8_t { kAbsent = 0, kT1 = 1, kT2 = 2 };
-  enum : std::uint8_t { kFreeGhost = 0, kB1 = 1, kB2 = 2 };
-
-  struct Ghost {
-    BlockKey key;
-    std::uint8_t list = kFreeGhost;
-  };
+  static constexpr GhostLists::List kB1 = GhostLists::List::kB1;
+  static constexpr GhostLists::List kB2 = GhostLists::List::kB2;
 
   IndexList& list_of(SlotIndex s) noexcept { return where_[s] == kT1 ? t1_ : t2_; }
 
@@ -190,40 +183,17 @@ class ArcPolicy final : public EvictionPolicy {
     listed_[s] = 0;
   }
 
-  void add_ghost(const BlockKey& key, std::uint8_t list) {
+  void add_ghost(const BlockKey& key, GhostLists::List list) {
     if (capacity_ == 0) return;
-    if (free_ghosts_.empty()) {
+    if (ghosts_.pool_full()) {
       // The ghost pool (c nodes) is full. As in the paper's case IV: when L1 = T1 ∪ B1 is at c,
       // the oldest B1 ghost goes, otherwise the oldest B2 ghost.
-      if (!b1_.empty() && (t1_count_ + b1_.size() >= capacity_ || b2_.empty()))
-        drop_ghost(b1_.back());
-      else
-        drop_ghost(b2_.back());
+      const bool from_b1 =
+          !ghosts_.empty(kB1) && (t1_count_ + ghosts_.size(kB1) >= capacity_ || ghosts_.empty(kB2));
+      ghosts_.drop(ghosts_.oldest(from_b1 ? kB1 : kB2));
     }
-    const std::uint32_t g = free_ghosts_.back();
-    free_ghosts_.pop_back();
-    ghosts_[g].key = key;
-    ghosts_[g].list = list;
-    (list == kB1 ? b1_ : b2_).push_front(ghost_links_.data(), g);
-    ghost_index_.insert(key, g);
+    ghosts_.add(key, list);
     // An eviction from T1 keeps |T1| + |B1| constant; nothing else can push it past c here.
-  }
-
-  void drop_ghost(std::uint32_t g) noexcept {
-    (ghosts_[g].list == kB1 ? b1_ : b2_).erase(ghost_links_.data(), g);
-    ghost_index_.erase(ghosts_[g].key, g);
-    ghosts_[g].list = kFreeGhost;
-    free_ghosts_.push_back(g);
-  }
-
-  void reset_ghost_pool() {
-    for (auto& l : ghost_links_) l = Link{};
-    for (auto& g : ghosts_) g.list = kFreeGhost;
-    b1_.clear();
-    b2_.clear();
-    free_ghosts_.clear();
-    free_ghosts_.reserve(capacity_);
-    for (std::uint32_t g = capacity_; g > 0; --g) free_ghosts_.push_back(g - 1);
   }
 
   std::uint32_t capacity_;
@@ -236,12 +206,7 @@ class ArcPolicy final : public EvictionPolicy {
   std::uint64_t t2_count_ = 0;
   std::uint64_t p_ = 0;
 
-  std::vector<Ghost> ghosts_;
-  std::vector<Link> ghost_links_;
-  std::vector<std::uint32_t> free_ghosts_;
-  IndexList b1_;
-  IndexList b2_;
-  KeyTable ghost_index_;
+  GhostLists ghosts_;  // B1 and B2 in a pool of c nodes
 };
 
 }  // namespace

@@ -39,7 +39,7 @@
 
 namespace kvoffload {
 
-std::string_view lookup_result_name(LookupResult result) noexcept {
+std::string_view to_string(LookupResult result) noexcept {
   switch (result) {
     case LookupResult::kMiss:
       return "miss";
@@ -51,7 +51,7 @@ std::string_view lookup_result_name(LookupResult result) noexcept {
   return "unknown";
 }
 
-std::string_view manager_semantics_name(ManagerSemantics semantics) noexcept {
+std::string_view to_string(ManagerSemantics semantics) noexcept {
   switch (semantics) {
     case ManagerSemantics::kNative:
       return "native";
@@ -61,7 +61,7 @@ std::string_view manager_semantics_name(ManagerSemantics semantics) noexcept {
   return "unknown";
 }
 
-std::string_view cannot_store_reason_name(CannotStoreReason reason) noexcept {
+std::string_view to_string(CannotStoreReason reason) noexcept {
   switch (reason) {
     case CannotStoreReason::kNone:
       return "none";

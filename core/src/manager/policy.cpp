@@ -6,7 +6,7 @@
 
 namespace kvoffload {
 
-std::string_view policy_kind_name(PolicyKind kind) noexcept {
+std::string_view to_string(PolicyKind kind) noexcept {
   switch (kind) {
     case PolicyKind::kLru:
       return "lru";

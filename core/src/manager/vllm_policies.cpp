@@ -7,8 +7,8 @@
 // and a slot never moves when a load or store ends. vLLM's LRU keeps a separate list of the
 // evictable blocks only (see VllmLruPolicy). Eviction costs O(victims + slots walked past), as
 // vLLM's does; everything else is O(1) per slot.
+#include "manager/ghost_lists.hpp"
 #include "manager/index_list.hpp"
-#include "manager/key_table.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/eviction_policy.hpp>
@@ -21,8 +21,8 @@
 namespace kvoffload {
 namespace {
 
+using detail::GhostLists;
 using detail::IndexList;
-using detail::KeyTable;
 using detail::kNil;
 using detail::Link;
 
@@ -142,11 +142,7 @@ class VllmArcPolicy final : public EvictionPolicy {
         where_(capacity, kAbsent),
         pending_(capacity, 0),
         evictable_(capacity, 0),
-        ghosts_(2 * static_cast<std::size_t>(capacity)),
-        ghost_links_(2 * static_cast<std::size_t>(capacity)) {
-    ghost_index_.init(ghosts_.size());
-    reset_ghost_pool();
-  }
+        ghosts_(2 * static_cast<std::size_t>(capacity)) {}
 
   PolicyKind kind() const noexcept override { return PolicyKind::kArc; }
   std::string_view name() const noexcept override { return "arc"; }
@@ -160,8 +156,8 @@ class VllmArcPolicy final : public EvictionPolicy {
       where_[s] = kT1;
       pending_[s] = 1;
       // insert() pops the key from B1 and B2 without adapting the target.
-      const std::uint32_t g = find_ghost(keys[i]);
-      if (g != KeyTable::kNone) drop_ghost(g);
+      const std::uint32_t g = ghosts_.find(keys[i]);
+      if (g != GhostLists::kNone) ghosts_.drop(g);
     }
   }
 
@@ -197,17 +193,15 @@ class VllmArcPolicy final : public EvictionPolicy {
 
   void touch_missing(std::span<const BlockKey> keys) override {
     for (auto it = keys.rbegin(); it != keys.rend(); ++it) {
-      const std::uint32_t g = find_ghost(*it);
-      if (g == KeyTable::kNone) continue;
-      const auto b1 = static_cast<double>(b1_.size());
-      const auto b2 = static_cast<double>(b2_.size());
-      if (ghosts_[g].list == kB1) {
+      const std::uint32_t g = ghosts_.find(*it);
+      if (g == GhostLists::kNone) continue;
+      const auto b1 = static_cast<double>(ghosts_.size(kB1));
+      const auto b2 = static_cast<double>(ghosts_.size(kB2));
+      if (ghosts_.list_of(g) == kB1)
         target_ = std::min(target_ + std::max(1.0, b2 / b1), static_cast<double>(capacity_));
-        b1_.move_to_front(ghost_links_.data(), g);
-      } else {
+      else
         target_ = std::max(target_ - std::max(1.0, b1 / b2), 0.0);
-        b2_.move_to_front(ghost_links_.data(), g);
-      }
+      ghosts_.move_to_front(g);
     }
   }
 
@@ -281,8 +275,7 @@ class VllmArcPolicy final : public EvictionPolicy {
     t2_.clear();
     evictable_count_ = 0;
     target_ = 0;
-    ghost_index_.clear();
-    reset_ghost_pool();
+    ghosts_.clear();
   }
 
   std::size_t evictable_count() const noexcept override { return evictable_count_; }
@@ -293,20 +286,16 @@ class VllmArcPolicy final : public EvictionPolicy {
     c.evictable = evictable_count_;
     c.recent = t1_.size();
     c.frequent = t2_.size();
-    c.ghost_recent = b1_.size();
-    c.ghost_frequent = b2_.size();
+    c.ghost_recent = ghosts_.size(kB1);
+    c.ghost_frequent = ghosts_.size(kB2);
     c.recent_target = static_cast<std::uint64_t>(target_);
     return c;
   }
 
  private:
   enum : std::uint8_t { kAbsent = 0, kT1 = 1, kT2 = 2, kEvictT1 = 3, kEvictT2 = 4 };
-  enum : std::uint8_t { kFreeGhost = 0, kB1 = 1, kB2 = 2 };
-
-  struct Ghost {
-    BlockKey key;
-    std::uint8_t list = kFreeGhost;
-  };
+  static constexpr GhostLists::List kB1 = GhostLists::List::kB1;
+  static constexpr GhostLists::List kB2 = GhostLists::List::kB2;
 
   void set_evictable(SlotIndex s, std::uint8_t on) noexcept {
     if (where_[s] == kAbsent || evictable_[s] == on) return;
@@ -324,39 +313,10 @@ class VllmArcPolicy final : public EvictionPolicy {
     pending_[s] = 0;
   }
 
-  std::uint32_t find_ghost(const BlockKey& key) const noexcept {
-    return ghost_index_.find(key,
-                             [this](std::uint32_t g) -> const BlockKey& { return ghosts_[g].key; });
-  }
-
-  void add_ghost(const BlockKey& key, std::uint8_t list) {
-    IndexList& ghosts = list == kB1 ? b1_ : b2_;
-    if (ghosts.size() >= capacity_) drop_ghost(ghosts.back());
+  void add_ghost(const BlockKey& key, GhostLists::List list) {
+    if (ghosts_.size(list) >= capacity_) ghosts_.drop(ghosts_.oldest(list));
     // B1 and B2 hold at most `capacity` each, so the pool of 2 * capacity never runs dry.
-    const std::uint32_t g = free_ghosts_.back();
-    free_ghosts_.pop_back();
-    ghosts_[g].key = key;
-    ghosts_[g].list = list;
-    ghosts.push_front(ghost_links_.data(), g);
-    ghost_index_.insert(key, g);
-  }
-
-  void drop_ghost(std::uint32_t g) noexcept {
-    (ghosts_[g].list == kB1 ? b1_ : b2_).erase(ghost_links_.data(), g);
-    ghost_index_.erase(ghosts_[g].key, g);
-    ghosts_[g].list = kFreeGhost;
-    free_ghosts_.push_back(g);
-  }
-
-  void reset_ghost_pool() {
-    for (auto& l : ghost_links_) l = Link{};
-    for (auto& g : ghosts_) g.list = kFreeGhost;
-    b1_.clear();
-    b2_.clear();
-    free_ghosts_.clear();
-    free_ghosts_.reserve(ghosts_.size());
-    for (auto g = static_cast<std::uint32_t>(ghosts_.size()); g > 0; --g)
-      free_ghosts_.push_back(g - 1);
+    ghosts_.add(key, list);
   }
 
   std::uint32_t capacity_;
@@ -369,12 +329,7 @@ class VllmArcPolicy final : public EvictionPolicy {
   std::size_t evictable_count_ = 0;
   double target_ = 0;  // vLLM's target_t1_size
 
-  std::vector<Ghost> ghosts_;
-  std::vector<Link> ghost_links_;
-  std::vector<std::uint32_t> free_ghosts_;
-  IndexList b1_;
-  IndexList b2_;
-  KeyTable ghost_index_;
+  GhostLists ghosts_;  // B1 and B2, at most `capacity` each, in a pool of 2 * capacity nodes
 };
 
 }  // namespace

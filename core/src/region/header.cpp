@@ -11,16 +11,6 @@
 
 namespace kvoffload::detail {
 
-std::string_view state_name(std::uint32_t state) noexcept {
-  switch (static_cast<RegionState>(state)) {
-    case RegionState::kCreating:
-      return "creating";
-    case RegionState::kReady:
-      return "ready";
-  }
-  return "unknown";
-}
-
 namespace {
 std::uint64_t round_up_to_page(std::uint64_t bytes, std::size_t page_size) noexcept {
   const std::uint64_t page = page_size;

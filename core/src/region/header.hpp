@@ -21,8 +21,6 @@ inline constexpr std::uint32_t kRegionVersion = 3;
 
 enum class RegionState : std::uint32_t { kCreating = 1, kReady = 2 };
 
-std::string_view state_name(std::uint32_t state) noexcept;  // "creating" | "ready" | "unknown(N)"
-
 struct RegionHeader {
   char magic[8];
   std::uint32_t version;

@@ -51,14 +51,6 @@ std::string fan_dir_name(const BlockKey& key) {
   return {kHex[b >> 4], kHex[b & 0xFu]};
 }
 
-std::string errno_text(std::string_view call, int err) {
-  std::string s(call);
-  s += ": ";
-  s += strerrordesc_np(err) != nullptr ? strerrordesc_np(err) : "unknown error";
-  s += " (" + errno_name(err) + ")";
-  return s;
-}
-
 RecordSplit record_split(std::uint64_t payload_bytes) noexcept {
   const std::uint64_t rec = file_tier_record_bytes(payload_bytes);
   const std::uint64_t whole = payload_bytes / kRecordAlign * kRecordAlign;

@@ -3,6 +3,7 @@
 // tier shares: names of files and directories, per-item outcomes, errno text.
 
 #include <kvoffload/block_key.hpp>
+#include <kvoffload/error.hpp>
 #include <kvoffload/tier.hpp>
 
 #include <cstddef>
@@ -24,9 +25,6 @@ inline constexpr const char* kTierLockName = ".kvoffload-tier.lock";
 // The fan-out directory of a key: its last two hex digits (uniform for hashed keys and for small
 // integer keys alike).
 std::string fan_dir_name(const BlockKey& key);
-
-// "call: description (ENAME)".
-std::string errno_text(std::string_view call, int err);
 
 // Writes the record of `key` holding `payload` into `buf` (file_tier_record_bytes(payload.size())
 // bytes): payload, zero padding, header.

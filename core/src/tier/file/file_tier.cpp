@@ -33,7 +33,6 @@
 
 namespace kvoffload {
 
-using detail::errno_text;
 using detail::ItemOutcome;
 
 struct FileTier::Impl {

@@ -171,7 +171,7 @@ class RedisConnection final : public StoreConnection {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          error = std::string("send: ") + std::strerror(errno);
+          error = errno_text("send", errno);
           return false;
         }
         if (!wait_socket(POLLOUT, deadline, error)) return false;
@@ -245,7 +245,7 @@ class RedisConnection final : public StoreConnection {
       }
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        error = std::string("recv: ") + std::strerror(errno);
+        error = errno_text("recv", errno);
         return -1;
       }
       if (!wait_socket(POLLIN, deadline, error)) return -1;
@@ -257,7 +257,7 @@ class RedisConnection final : public StoreConnection {
   bool wait_socket(short events, RemoteClock::time_point deadline, std::string& error) {
     pollfd pfd{c_->fd, events, 0};
     if (::poll(&pfd, 1, std::max(1, remaining_ms(deadline))) < 0 && errno != EINTR) {
-      error = std::string("poll: ") + std::strerror(errno);
+      error = errno_text("poll", errno);
       return false;
     }
     return true;
