@@ -24,6 +24,10 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_memcached.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_tier.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_routing.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_batches.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_presence.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_workers.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_check.cpp)
 target_link_libraries(kvoffload_objects PUBLIC PkgConfig::KVO_HIREDIS PkgConfig::KVO_MEMCACHED
                                                PkgConfig::KVO_XXHASH)
