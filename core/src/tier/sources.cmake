@@ -9,7 +9,10 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/file/file_record.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file/direct_io.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file/file_tier_recovery.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier_space.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier_write.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier_read.cpp)
 
 # The distributed tier: Redis (standalone, Cluster) through hiredis, memcached through
 # libmemcached, value checksums with libxxhash (Debian: libhiredis-dev libmemcached-dev
