@@ -25,6 +25,8 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_value.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis_replies.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis_probe.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_memcached.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_tier.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_routing.cpp
