@@ -199,6 +199,45 @@ TEST(RemoteRedis, KnownAnswersFromMemoryAndNeverStartsACheck) {
   EXPECT_THROW((void)reader->known(asked[0]), Error);
 }
 
+// put() and get() share one submit path; its row-size check fails only the item it concerns.
+TEST(RemoteRedis, APutRowOfTheWrongSizeFailsOnlyItsItem) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  auto tier = RemoteTier::open(options(redis.url()));
+  const auto keys = keys_from(400, 2);
+  const std::vector<std::byte> good = row_of(keys[0], kSlot * kWorld);
+  const std::vector<std::byte> short_row(kSlot * kWorld - 1, std::byte{1});
+  const std::vector<TierPut> puts = {{keys[0], good}, {keys[1], short_row}};
+  const auto put = tier->put(puts).wait();
+  EXPECT_EQ(put[0].status, TierItemStatus::kOk) << put[0].detail;
+  EXPECT_EQ(put[1].status, TierItemStatus::kFailed);
+  EXPECT_THAT(put[1].detail, HasSubstr(fmt::format("row of {} bytes; expected {}",
+                                                   kSlot * kWorld - 1, kSlot * kWorld)));
+  EXPECT_EQ(tier->remote_stats().stored, 1u);
+  EXPECT_EQ(tier->remote_stats().put_errors, 1u);
+  EXPECT_EQ(redis.cli({"DBSIZE"}), std::to_string(kWorld));  // only the good row's values
+}
+
+TEST(RemoteRedis, AGetBufferOfTheWrongSizeFailsOnlyItsItemAndIsLeftAlone) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  auto tier = RemoteTier::open(options(redis.url()));
+  const auto keys = keys_from(500, 2);
+  ASSERT_EQ(count(put_rows(*tier, keys), TierItemStatus::kOk), keys.size());
+  std::vector<std::byte> good(kSlot * kWorld, std::byte{0xEE});
+  std::vector<std::byte> short_buffer(kSlot * kWorld - 1, std::byte{0xEE});
+  const std::vector<TierGet> gets = {{keys[0], good}, {keys[1], short_buffer}};
+  const auto got = tier->get(gets).wait();
+  EXPECT_EQ(got[0].status, TierItemStatus::kOk) << got[0].detail;
+  EXPECT_EQ(good, row_of(keys[0], kSlot * kWorld));
+  EXPECT_EQ(got[1].status, TierItemStatus::kFailed);
+  EXPECT_THAT(got[1].detail, HasSubstr(fmt::format("buffer of {} bytes; expected {}",
+                                                   kSlot * kWorld - 1, kSlot * kWorld)));
+  EXPECT_TRUE(all_sentinel(short_buffer));
+  EXPECT_EQ(tier->remote_stats().loaded, 1u);
+  EXPECT_EQ(tier->remote_stats().get_errors, 1u);
+}
+
 TEST(RemoteRedis, ReplicatedLayoutStoresOneValuePerChunk) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);

@@ -9,7 +9,10 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/file/file_record.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file/direct_io.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file/file_tier_recovery.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier_space.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier_write.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/file/file_tier_read.cpp)
 
 # The distributed tier: Redis (standalone, Cluster) through hiredis, memcached through
 # libmemcached, value checksums with libxxhash (Debian: libhiredis-dev libmemcached-dev
@@ -22,8 +25,14 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_value.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis_replies.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis_probe.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_memcached.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_tier.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_routing.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_batches.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_presence.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_workers.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_check.cpp)
 target_link_libraries(kvoffload_objects PUBLIC PkgConfig::KVO_HIREDIS PkgConfig::KVO_MEMCACHED
                                                PkgConfig::KVO_XXHASH)

@@ -1,5 +1,5 @@
 // memcached connections through libmemcached: one memcached_st per worker, holding one server
-// (the tier routes keys to servers with libmemcached's own ketama hashing, see remote_tier.cpp).
+// (the tier routes keys to servers with libmemcached's own ketama hashing, see remote_routing.cpp).
 // libmemcached's timeouts are per poll; before each call the poll timeout is set to what is left
 // of the batch's deadline, so a frozen server costs at most about one deadline.
 #include "kvoffload/error.hpp"

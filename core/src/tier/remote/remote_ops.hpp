@@ -220,7 +220,7 @@ class CircuitBreaker {
   RemoteClock::time_point retry_at_{};
 };
 
-// Connections (remote_redis.cpp, remote_memcached.cpp). Throw kvoffload::Error on failure.
+// Connections (remote_redis*.cpp, remote_memcached.cpp). Throw kvoffload::Error on failure.
 // `pool` (may be null: plain malloc) holds GET values; it must outlive the connection's values.
 std::unique_ptr<StoreConnection> connect_redis(const RemoteEndpoint& endpoint, unsigned db,
                                                RemoteClock::time_point deadline,

@@ -1,0 +1,136 @@
+#pragma once
+// The state of one FileTier (FileTier::Impl) and the list of its parts; each part's code lives in
+// its own file:
+//   file_tier.cpp         validation, open (lock, recovery, first capacity), remove, stats, close
+//   file_tier_space.cpp   capacity and eviction (Note [Full disk]), unlinking records
+//   file_tier_write.cpp   the write path: admission and eviction of a put batch, temp + rename
+//   file_tier_read.cpp    the read path: a get batch, reading and verifying a record
+// and beside them:
+//   file_record.{hpp,cpp}       the record format (Note [File tier record]) and shared names
+//   direct_io.{hpp,cpp}         O_DIRECT with buffered fallback, whole-buffer reads and writes
+//   tier_index.hpp              keys held, LRU order, bytes used, capacity (Note [Full disk])
+//   file_tier_recovery.{hpp,cpp} indexing what a previous owner left at open
+
+#include "kvoffload/error.hpp"
+#include "kvoffload/file_tier.hpp"
+#include "kvoffload/syscalls.hpp"
+#include "region/sys.hpp"
+#include "tier/file/direct_io.hpp"
+#include "tier/file/file_record.hpp"
+#include "tier/file/io_pool.hpp"
+#include "tier/tier_index.hpp"
+#include "util/rate_limited_log.hpp"
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace kvoffload {
+
+struct FileTier::Impl {
+  Impl(const FileTierOptions& o, const Syscalls& sys_in)
+      : options(o),
+        sys(sys_in),
+        root(o.root),
+        dio(sys, o.name, o.direct_io == DirectIoMode::kAuto),
+        index(o.capacity_bytes) {}
+
+  FileTierOptions options;
+  const Syscalls& sys;  // the platform seam, shared with the region (kvoffload/syscalls.hpp)
+  std::filesystem::path root;
+  detail::UniqueFd lock_fd;  // the root's lock file, flock'ed exclusively while the tier is open
+  detail::DirectIo dio;
+
+  mutable std::mutex mutex;  // index, next_temp, counters, closed
+  detail::TierIndex index;
+  std::uint64_t next_temp = 1;
+  TierStats counters;
+  bool closed = false;
+  detail::RateLimitedLog warnings;  // Note [Rate-limited warnings]
+
+  // Note [File tier name locks]: rename (put) and unlink (remove/evict) of the same record name
+  // are serialised by a striped lock, so an unlink queued for an old record can never delete a
+  // newer record of the same key; the index mutex is never held across a system call, so
+  // contains() never waits for the disk.
+  std::array<std::mutex, 64> name_locks;
+
+  std::mutex flight_mutex;
+  std::condition_variable flight_cv;
+  std::uint64_t in_flight = 0;
+
+  std::unique_ptr<detail::IoPool> pool;
+
+  std::mutex& name_lock(const BlockKey& key) { return name_locks[key.hash() % name_locks.size()]; }
+
+  std::filesystem::path record_path(const BlockKey& key) const {
+    return root / detail::fan_dir_name(key) / (key.to_hex() + detail::kRecordSuffix);
+  }
+
+  // Whether the whole 4 KiB blocks of a payload at `data` can move between the file and the
+  // caller's memory without a copy: O_DIRECT needs 4 KiB-aligned memory (buffered I/O does not).
+  [[nodiscard]] bool in_place(const void* data, std::uint64_t prefix) const noexcept {
+    return prefix != 0 &&
+           (!dio.enabled() || reinterpret_cast<std::uintptr_t>(data) % detail::kRecordAlign == 0);
+  }
+
+  void begin_flight(std::size_t n) {
+    std::lock_guard lock(flight_mutex);
+    in_flight += n;
+  }
+  void end_flight() {
+    std::lock_guard lock(flight_mutex);
+    if (--in_flight == 0) flight_cv.notify_all();
+  }
+
+  void check_open_locked() const {
+    if (closed) throw Error(ErrorCode::kState, "file tier '" + options.name + "' is closed");
+  }
+
+  // ---- space: capacity, eviction, unlinking records (file_tier_space.cpp) ----
+  void close_fd(int fd, const std::filesystem::path& path);
+  int unlink_path(const std::filesystem::path& path);
+  void unlink_quietly(const std::filesystem::path& path);
+  // Unlinks the record of `key` unless the index holds the key again (a newer put owns the name).
+  // Returns 0 or the errno of a failed unlink (ENOENT counts as success).
+  int reclaim(const BlockKey& key);
+  // Free bytes of the root's filesystem for an unprivileged writer (f_bavail), or nullopt when
+  // fstatvfs fails (logged; the capacity in force stays).
+  std::optional<std::uint64_t> free_bytes();
+
+  // What a capacity change below the configured value is logged with (after the index mutex is
+  // released: the log writes to stderr, and contains() must never wait for a system call).
+  struct CapacityChange {
+    std::uint64_t capacity = 0;
+    std::uint64_t free = 0;
+    std::uint64_t held = 0;
+  };
+  std::optional<CapacityChange> set_capacity_locked(std::uint64_t free);
+  void log_capacity(const std::optional<CapacityChange>& c);
+  // After ENOSPC: evicts the oldest ready records (never `keep`) until `need` bytes are freed or
+  // none is left, removes their files, and re-measures the capacity. Returns how many it evicted.
+  std::size_t make_room(const BlockKey& keep, std::uint64_t need);
+
+  // ---- the write path (file_tier_write.cpp) ----
+  // A piece of a record, written at the file offset where the previous one ended.
+  struct Piece {
+    const std::byte* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  // Writes the pieces to the new file `temp` (creating the fan-out directory when missing), syncs
+  // it as the policy says and closes it. On failure nothing is left: the temp file is removed.
+  detail::ItemOutcome write_temp(std::span<const Piece> pieces, const std::filesystem::path& temp,
+                                 const std::filesystem::path& dir);
+  detail::ItemOutcome do_put(detail::IoWorker& worker, const TierPut& item, std::uint64_t epoch,
+                             std::uint64_t temp_id);
+
+  // ---- the read path (file_tier_read.cpp) ----
+  detail::ItemOutcome do_get(detail::IoWorker& worker, const TierGet& item);
+};
+
+}  // namespace kvoffload

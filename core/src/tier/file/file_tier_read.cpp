@@ -1,0 +1,127 @@
+// The file tier's read path: a get batch (a miss for what the index does not hold ready), then on
+// the read lane of the I/O threads each record read and verified (into the destination when it is
+// aligned, else through the bounce buffer), a damaged record counted and dropped.
+#include "tier/file/file_tier_impl.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace kvoffload {
+
+using detail::ItemOutcome;
+
+ItemOutcome FileTier::Impl::do_get(detail::IoWorker& worker, const TierGet& item) {
+  const auto path = record_path(item.key);
+  bool used_direct = false;
+  const int raw = dio.open_record(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, used_direct);
+  if (raw < 0) {
+    if (errno == ENOENT) return ItemOutcome::miss("record file missing", true);
+    return ItemOutcome::failed("open " + path.string(), errno);
+  }
+  const detail::UniqueFd owned(sys, raw);  // closed on every way out (a read-only descriptor)
+  const int fd = owned.get();
+
+  struct stat st {};
+  if (sys.fstat(sys.context, fd, &st) != 0)
+    return ItemOutcome::failed("fstat " + path.string(), errno);
+  const std::uint64_t rec = file_tier_record_bytes(item.into.size());
+  if (static_cast<std::uint64_t>(st.st_size) != rec) {
+    return ItemOutcome::miss("record is " + std::to_string(st.st_size) + " bytes, expected " +
+                                 std::to_string(rec) + " (short or another length)",
+                             true);
+  }
+  const detail::RecordSplit split = detail::record_split(item.into.size());
+  if (options.verify_in_destination && in_place(item.into.data(), split.prefix)) {
+    // The payload's whole blocks straight into the destination, verified there.
+    std::byte* tail = worker.bounce.reserve(split.tail);
+    if (auto o = dio.read_all(fd, item.into.data(), split.prefix, used_direct, path))
+      return std::move(*o);
+    if (auto o =
+            dio.read_all(fd, tail, split.tail, used_direct, path, static_cast<off_t>(split.prefix)))
+      return std::move(*o);
+    const std::span<const std::byte> prefix(item.into.data(), split.prefix);
+    if (auto why = detail::check_record_split(prefix, tail, item.key, item.into.size())) {
+      return ItemOutcome::miss(std::move(*why), true);
+    }
+    std::memcpy(item.into.data() + split.prefix, tail, item.into.size() - split.prefix);
+    return {};
+  }
+  std::byte* buf = worker.bounce.reserve(rec);
+  if (auto o = dio.read_all(fd, buf, rec, used_direct, path)) return std::move(*o);
+  if (auto why = detail::check_record(buf, item.key, item.into.size())) {
+    return ItemOutcome::miss(std::move(*why), true);
+  }
+  if (!item.into.empty()) std::memcpy(item.into.data(), buf, item.into.size());
+  return {};
+}
+
+TierBatch FileTier::get(std::span<const TierGet> items) {
+  Impl& s = *impl_;
+  std::vector<BlockKey> keys;
+  keys.reserve(items.size());
+  for (const auto& it : items) keys.push_back(it.key);
+  TierBatchPromise promise(keys);
+  std::vector<std::size_t> absent;
+  std::vector<detail::IoPool::Task> tasks;
+  {
+    std::lock_guard lock(s.mutex);
+    s.check_open_locked();
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const TierGet& item = items[i];
+      const detail::TierIndex::Entry* entry = s.index.find(item.key);
+      if (entry == nullptr || !entry->ready) {
+        ++s.counters.gets_miss;
+        absent.push_back(i);
+        continue;
+      }
+      const std::uint64_t epoch = entry->epoch;
+      tasks.push_back([&s, promise, item, i, epoch](detail::IoWorker& w) mutable {
+        ItemOutcome o;
+        try {
+          o = s.do_get(w, item);
+        } catch (const std::exception& ex) {
+          o = {TierItemStatus::kFailed, 0, ex.what(), false};
+        }
+        bool drop = false;
+        {
+          std::lock_guard guard(s.mutex);
+          switch (o.status) {
+            case TierItemStatus::kOk: {
+              ++s.counters.gets_ok;
+              s.index.touch(item.key, epoch);  // most recently used
+              break;
+            }
+            case TierItemStatus::kMiss:
+              ++s.counters.gets_miss;
+              if (o.damaged) {
+                ++s.counters.corrupt;
+                drop = s.index.erase(item.key, epoch);
+              }
+              break;
+            case TierItemStatus::kFailed:
+              ++s.counters.gets_failed;
+              break;
+          }
+        }
+        if (drop) {
+          s.warnings.warn("unusable record", "file tier '{}': record {} unusable ({}); dropped",
+                          s.options.name, item.key.to_hex(), o.detail);
+          s.reclaim(item.key);
+        }
+        promise.set(i, o.status, o.err, std::move(o.detail));
+        s.end_flight();
+      });
+    }
+  }
+  for (std::size_t i : absent) promise.set(i, TierItemStatus::kMiss, 0, "not held");
+  s.begin_flight(tasks.size());
+  s.pool->submit_many(std::move(tasks), detail::IoLane::kRead);
+  return promise.batch();
+}
+
+}  // namespace kvoffload

@@ -1,0 +1,235 @@
+// The file tier's write path: a put batch's admission (eviction to fit, capacity checks) under the
+// index lock, then on the I/O threads each record written to a temp file, synced as the policy
+// says and renamed into place, retried once after ENOSPC (Note [Full disk]).
+#include "kvoffload/log.hpp"
+#include "tier/file/file_tier_impl.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+namespace kvoffload {
+
+using detail::ItemOutcome;
+
+ItemOutcome FileTier::Impl::write_temp(std::span<const Piece> pieces,
+                                       const std::filesystem::path& temp,
+                                       const std::filesystem::path& dir) {
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
+  bool used_direct = false;
+  int fd = dio.open_record(temp, flags, used_direct);
+  if (fd < 0 && errno == ENOENT) {  // fan-out directory not made yet
+    if (sys.mkdirat(sys.context, AT_FDCWD, dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ItemOutcome::failed("mkdir " + dir.string(), errno);
+    }
+    fd = dio.open_record(temp, flags, used_direct);
+  }
+  if (fd < 0) return ItemOutcome::failed("open " + temp.string(), errno);
+
+  auto fail_with_temp = [&](ItemOutcome o) {
+    if (fd >= 0) close_fd(fd, temp);
+    unlink_quietly(temp);
+    return o;
+  };
+  off_t at = 0;
+  for (const Piece& piece : pieces) {
+    if (piece.bytes == 0) continue;
+    if (auto o = dio.write_all(fd, piece.data, piece.bytes, used_direct, temp, at))
+      return fail_with_temp(std::move(*o));
+    at += static_cast<off_t>(piece.bytes);
+  }
+  if (options.fsync != FsyncPolicy::kNone && sys.fdatasync(sys.context, fd) != 0) {
+    return fail_with_temp(ItemOutcome::failed("fdatasync " + temp.string(), errno));
+  }
+  const int closed_fd = std::exchange(fd, -1);
+  if (sys.close(sys.context, closed_fd) != 0) {
+    return fail_with_temp(ItemOutcome::failed("close " + temp.string(), errno));
+  }
+  return {};
+}
+
+ItemOutcome FileTier::Impl::do_put(detail::IoWorker& worker, const TierPut& item,
+                                   std::uint64_t epoch, std::uint64_t temp_id) {
+  const std::uint64_t rec = file_tier_record_bytes(item.bytes.size());
+  // The payload's whole blocks go from the caller's memory (no copy); the rest through a small
+  // bounce buffer. Unaligned memory under O_DIRECT: the whole record through the bounce buffer.
+  const detail::RecordSplit split = detail::record_split(item.bytes.size());
+  std::array<Piece, 2> pieces{};
+  if (in_place(item.bytes.data(), split.prefix)) {
+    std::byte* tail = worker.bounce.reserve(split.tail);
+    detail::encode_record_tail(tail, item.key, item.bytes);
+    pieces = {Piece{item.bytes.data(), split.prefix}, Piece{tail, split.tail}};
+  } else {
+    std::byte* buf = worker.bounce.reserve(rec);
+    detail::encode_record(buf, item.key, item.bytes);
+    pieces = {Piece{buf, rec}, Piece{}};
+  }
+
+  const auto final_path = record_path(item.key);
+  const auto dir = final_path.parent_path();
+  const auto temp =
+      dir / ("." + item.key.to_hex() + "." + std::to_string(temp_id) + detail::kTempSuffix);
+  ItemOutcome written = write_temp(pieces, temp, dir);
+  if (written.status == TierItemStatus::kFailed && written.err == ENOSPC) {
+    // Note [Full disk]: the disk filled behind our capacity (another writer, or a capacity
+    // measured before the last put): make room from the oldest records and retry once.
+    const std::size_t evicted = make_room(item.key, rec);
+    warnings.log(spdlog::level::info, "enospc retry",
+                 "file tier '{}': {}; evicted the {} oldest records, retrying once", options.name,
+                 written.detail, evicted);
+    if (evicted > 0) written = write_temp(pieces, temp, dir);
+    if (written.status == TierItemStatus::kFailed && written.err == ENOSPC) {
+      written.detail += evicted > 0
+                            ? " (again after evicting " + std::to_string(evicted) + " records)"
+                            : " (no record left to evict)";
+    }
+  }
+  if (written.status != TierItemStatus::kOk) return written;
+
+  {
+    std::lock_guard name(name_lock(item.key));
+    bool still_wanted = false;
+    {
+      std::lock_guard lock(mutex);
+      still_wanted = index.owned_by(item.key, epoch);
+    }
+    if (!still_wanted) {
+      unlink_quietly(temp);
+      return ItemOutcome{TierItemStatus::kFailed, ECANCELED, "removed while being stored", false};
+    }
+    if (sys.renameat(sys.context, AT_FDCWD, temp.c_str(), AT_FDCWD, final_path.c_str()) != 0) {
+      const int e = errno;
+      unlink_quietly(temp);
+      return ItemOutcome::failed("rename " + temp.string() + " -> " + final_path.string(), e);
+    }
+    std::lock_guard lock(mutex);
+    index.mark_ready(item.key, epoch);
+  }
+  if (options.fsync == FsyncPolicy::kFull) {
+    const int raw = detail::retry_eintr([&] {
+      return sys.openat(sys.context, AT_FDCWD, dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    });
+    if (raw < 0) return ItemOutcome::failed("open " + dir.string(), errno);
+    detail::UniqueFd dfd(sys, raw);
+    if (sys.fsync(sys.context, dfd.get()) != 0)
+      return ItemOutcome::failed("fsync " + dir.string(), errno);
+  }
+  return {};
+}
+
+TierBatch FileTier::put(std::span<const TierPut> items) {
+  Impl& s = *impl_;
+  std::vector<BlockKey> keys;
+  keys.reserve(items.size());
+  for (const auto& it : items) keys.push_back(it.key);
+  TierBatchPromise promise(keys);
+
+  struct Immediate {
+    std::size_t index;
+    TierItemStatus status;
+    int err;
+    std::string detail;
+  };
+  std::vector<Immediate> immediate;
+  std::vector<BlockKey> evicted;
+  std::vector<detail::IoPool::Task> tasks;
+  // Note [Full disk]: re-measured once per batch, before the index lock (a system call).
+  const std::optional<std::uint64_t> free = items.empty() ? std::nullopt : s.free_bytes();
+  std::optional<Impl::CapacityChange> capacity_change;
+  {
+    std::lock_guard lock(s.mutex);
+    s.check_open_locked();
+    if (free) capacity_change = s.set_capacity_locked(*free);
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const TierPut& item = items[i];
+      if (s.index.holds(item.key)) {
+        immediate.push_back({i, TierItemStatus::kOk, 0, "already stored"});
+        continue;
+      }
+      const std::uint64_t rec = file_tier_record_bytes(item.bytes.size());
+      if (rec > s.index.capacity()) {
+        ++s.counters.puts_failed;
+        immediate.push_back({i, TierItemStatus::kFailed, ENOSPC,
+                             "record of " + std::to_string(rec) + " bytes exceeds capacity " +
+                                 std::to_string(s.index.capacity()) +
+                                 (s.index.capacity() < s.options.capacity_bytes
+                                      ? " (configured " + std::to_string(s.options.capacity_bytes) +
+                                            ", capped by the free space of " + s.root.string() + ")"
+                                      : std::string())});
+        continue;
+      }
+      while (!s.index.fits(rec)) {
+        const auto victim = s.index.oldest();
+        if (!victim) break;
+        s.index.erase(*victim);
+        ++s.counters.evictions;
+        evicted.push_back(*victim);
+      }
+      if (!s.index.fits(rec)) {
+        ++s.counters.puts_failed;
+        immediate.push_back(
+            {i, TierItemStatus::kFailed, ENOSPC, "capacity is held by writes in flight"});
+        continue;
+      }
+      const std::uint64_t epoch = s.index.reserve(item.key, rec);
+      const std::uint64_t temp_id = s.next_temp++;
+      tasks.push_back([&s, promise, item, i, epoch, temp_id](detail::IoWorker& w) mutable {
+        ItemOutcome o;
+        try {
+          o = s.do_put(w, item, epoch, temp_id);
+        } catch (const std::exception& ex) {  // bad_alloc of the bounce buffer, path errors
+          o = {TierItemStatus::kFailed, 0, ex.what(), false};
+        }
+        if (o.status != TierItemStatus::kOk) {
+          {
+            std::lock_guard guard(s.mutex);
+            s.index.erase(item.key, epoch);
+            ++s.counters.puts_failed;
+          }
+          s.reclaim(item.key);
+          if (o.err != ECANCELED) {  // a remove overtaking its put is not a failure to report
+            s.warnings.warn("put " + (o.err != 0 ? errno_name(o.err) : std::string("error")),
+                            "file tier '{}': put of {} failed: {}", s.options.name,
+                            item.key.to_hex(), o.detail);
+          }
+        } else {
+          std::lock_guard guard(s.mutex);
+          ++s.counters.puts_ok;
+        }
+        promise.set(i, o.status, o.err, std::move(o.detail));
+        s.end_flight();
+      });
+    }
+  }
+  s.log_capacity(capacity_change);
+  for (auto& im : immediate) {
+    if (im.status == TierItemStatus::kFailed) {
+      s.warnings.warn("put " + errno_name(im.err), "file tier '{}': put of {} failed: {}",
+                      s.options.name, items[im.index].key.to_hex(), im.detail);
+    }
+    promise.set(im.index, im.status, im.err, std::move(im.detail));
+  }
+  // The victims' files go first: on a full disk the writes below need the space they free
+  // (Note [Full disk]); queued after them, every write would meet ENOSPC and evict twice.
+  std::vector<detail::IoPool::Task> ordered;
+  ordered.reserve(evicted.size() + tasks.size());
+  for (const auto& victim : evicted) {
+    ordered.push_back([&s, victim](detail::IoWorker&) {
+      s.reclaim(victim);
+      s.end_flight();
+    });
+  }
+  std::move(tasks.begin(), tasks.end(), std::back_inserter(ordered));
+  tasks = std::move(ordered);
+  s.begin_flight(tasks.size());
+  s.pool->submit_many(std::move(tasks));
+  return promise.batch();
+}
+
+}  // namespace kvoffload

@@ -1,0 +1,85 @@
+#pragma once
+// One RESP connection over hiredis (why the I/O is ours: the top of remote_redis.cpp), the class
+// and the names its parts share. Requests and connecting are in remote_redis.cpp, the reply
+// reader in remote_redis_replies.cpp, probes and CLUSTER SLOTS in remote_redis_probe.cpp.
+
+#include "remote_ops.hpp"
+
+#include <hiredis/hiredis.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvoffload::detail {
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const noexcept {
+    if (r != nullptr) freeReplyObject(r);
+  }
+};
+using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
+
+inline int remaining_ms(RemoteClock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - RemoteClock::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(std::min<long long>(left.count(), 1 << 30));
+}
+
+class RedisConnection final : public StoreConnection {
+ public:
+  RedisConnection(redisContext* c, ValuePool* pool) : c_(c), pool_(pool), buffer_(256 * 1024) {}
+  ~RedisConnection() override { redisFree(c_); }
+
+  bool run(std::span<ValueOp* const> ops, RemoteClock::time_point deadline,
+           std::string& error) override;
+
+  // One command, for setup and probes.
+  ReplyPtr command(std::initializer_list<std::string_view> argv, RemoteClock::time_point deadline,
+                   std::string& error);
+
+ private:
+  // ---- requests (remote_redis.cpp) ----
+  bool write_requests(std::span<ValueOp* const> ops, RemoteClock::time_point deadline,
+                      std::string& error);
+  bool write_all(iovec* iov, std::size_t count, RemoteClock::time_point deadline,
+                 std::string& error);
+
+  // ---- replies (remote_redis_replies.cpp) ----
+  ReplyPtr read_reply(RemoteClock::time_point deadline, std::string& error);
+  bool fill(RemoteClock::time_point deadline, std::string& error);
+  ssize_t recv_some(char* dst, std::size_t len, RemoteClock::time_point deadline,
+                    std::string& error);
+  bool wait_socket(short events, RemoteClock::time_point deadline, std::string& error);
+  bool read_line(std::string_view& line, RemoteClock::time_point deadline, std::string& error);
+  bool read_exact(char* dst, std::size_t len, RemoteClock::time_point deadline, std::string& error);
+  static bool parse_int(std::string_view text, long long& v);
+  bool read_value_reply(ValueOp& op, RemoteClock::time_point deadline, std::string& error);
+  bool skip_reply(RemoteClock::time_point deadline, std::string& error);
+  static void apply_error(ValueOp& op, std::string_view text);
+
+  redisContext* c_;
+  ValuePool* pool_;
+  ValuePool plain_{0, 0};     // without a tier's pool: keeps nothing, frees every buffer
+  std::vector<char> buffer_;  // hiredis reader input (command())
+  std::vector<char> in_ = std::vector<char>(256 * 1024);  // data path input
+  std::size_t rpos_ = 0, wpos_ = 0;
+  std::vector<std::array<char, 160>> prefixes_;
+  std::vector<iovec> iov_;
+};
+
+// Connects (and SELECTs `db`) before `deadline`; throws Error(kNotAvailable) when it cannot.
+std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, unsigned db,
+                                            RemoteClock::time_point deadline,
+                                            ValuePool* pool = nullptr);
+
+}  // namespace kvoffload::detail
