@@ -1,8 +1,14 @@
+// The scheduler of `kvoffload run` (scheduler.hpp): the offload stack, the ranks' start, the paced
+// load generator and the report's figures. Over 500 lines for one reason: run_scheduler is one
+// sequence (start, serve, stop, report) whose steps share its locals; the rank processes
+// (ranks.cpp), the signals (interrupt.cpp) and the text report (report.cpp) are apart.
 #include "scheduler.hpp"
 
 #include "../cli.hpp"
 #include "channel.hpp"
+#include "interrupt.hpp"
 #include "progress.hpp"
+#include "ranks.hpp"
 #include "workload.hpp"
 
 #include <kvoffload/error.hpp>
@@ -13,20 +19,16 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,119 +37,6 @@ namespace kvoffload::run {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_interrupt(int /*signal*/) {
-  g_interrupted.store(true);
-}
-
-// Restores the previous handlers on scope exit.
-class InterruptGuard {
- public:
-  InterruptGuard() {
-    struct sigaction sa {};
-    sa.sa_handler = on_interrupt;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~InterruptGuard() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  InterruptGuard(const InterruptGuard&) = delete;
-  InterruptGuard& operator=(const InterruptGuard&) = delete;
-
- private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
-};
-
-struct RankProcess {
-  pid_t pid = -1;
-  std::unique_ptr<Channel> channel;
-};
-
-// Starts `kvoffload run-worker --fd N` for each rank over a socketpair. The child execs at once,
-// so fork() in a process that already has threads (tier I/O) is safe.
-std::vector<RankProcess> spawn_ranks(std::uint32_t world_size) {
-  std::vector<RankProcess> ranks;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  for (std::uint32_t r = 0; r < world_size; ++r) {
-    int fds[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-      throw_system_error("socketpair", errno, "for rank " + std::to_string(r));
-    }
-    const std::string fd_text = std::to_string(fds[1]);
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      const int err = errno;
-      ::close(fds[0]);
-      ::close(fds[1]);
-      throw_system_error("fork", err, "for rank " + std::to_string(r));
-    }
-    if (pid == 0) {
-      ::fcntl(fds[1], F_SETFD, 0);  // the one descriptor the rank inherits
-      ::execl(self.c_str(), "kvoffload", "run-worker", "--fd", fd_text.c_str(),
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    ranks.push_back({pid, std::make_unique<Channel>(fds[0])});
-  }
-  return ranks;
-}
-
-void stop_ranks(std::vector<RankProcess>& ranks, bool graceful, nlohmann::json* byes = nullptr) {
-  for (auto& r : ranks) {
-    if (graceful && r.channel) {
-      try {
-        r.channel->send({{"op", "exit"}});
-        auto bye = r.channel->receive(std::chrono::seconds(30));
-        if (bye && byes != nullptr) byes->push_back(*bye);
-      } catch (const std::exception&) {
-        // already gone; waitpid below collects it
-      }
-    }
-    if (r.channel) r.channel->close();  // EOF ends a rank that did not get "exit"
-  }
-  for (auto& r : ranks) {
-    if (r.pid <= 0) continue;
-    int status = 0;
-    for (int i = 0; i < 300; ++i) {  // up to 30 s, then SIGKILL
-      const pid_t done = ::waitpid(r.pid, &status, WNOHANG);
-      if (done == r.pid || done < 0) break;
-      if (i == 299) {
-        ::kill(r.pid, SIGKILL);
-        ::waitpid(r.pid, &status, 0);
-      }
-      ::usleep(100'000);
-    }
-    r.pid = -1;
-  }
-}
-
-nlohmann::json receive_from(RankProcess& rank, std::uint32_t index, std::chrono::seconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    std::optional<nlohmann::json> m;
-    try {
-      m = rank.channel->receive(std::chrono::milliseconds(200));
-    } catch (const Error& e) {
-      throw Error(e.code(), "rank " + std::to_string(index) + ": " + e.what(), e.sys_errno(),
-                  e.call());
-    }
-    if (m) {
-      if (m->value("op", "") == "error") {
-        throw Error(ErrorCode::kState, "rank " + std::to_string(index) + " failed to start: " +
-                                           m->value("message", std::string("unknown error")));
-      }
-      return *m;
-    }
-  }
-  throw Error(ErrorCode::kTimeout, "rank " + std::to_string(index) + " did not answer within " +
-                                       std::to_string(timeout.count()) + " s");
-}
 
 nlohmann::json keys_json(std::span<const BlockKey> keys) {
   nlohmann::json out = nlohmann::json::array();
@@ -252,8 +141,7 @@ std::string never_serves_verdict(std::uint32_t world_size, const nlohmann::json&
 }  // namespace
 
 RunOutcome run_scheduler(const RunConfig& config) {
-  InterruptGuard interrupt_guard;
-  g_interrupted.store(false);
+  const InterruptGuard interrupt_guard;  // and a new run starts uninterrupted
   const auto started = Clock::now();
 
   StackConfig stack_config;
@@ -333,8 +221,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
     };
     auto run_over = [&] {
       const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
-      return g_interrupted.load() ||
-             (config.duration_seconds > 0 && elapsed >= config.duration_seconds);
+      return interrupted() || (config.duration_seconds > 0 && elapsed >= config.duration_seconds);
     };
     // Note [Run phases]: waits until the rows ready on every rank can hold one request. False
     // when the run is over first, or when a rank's bring-up ended short of it (never_serves):
@@ -392,7 +279,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
     Progress progress(config.duration_seconds, config.requests);
     const std::uint32_t bpc = config.blocks_per_chunk;
 
-    while (!g_interrupted.load()) {
+    while (!interrupted()) {
       if (config.requests != 0 && t.requests >= config.requests) break;
       if (run_over()) break;
 
@@ -522,7 +409,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
     // The bring-up may outlast the requests: wait for it here (no request waits on it), so that
     // pool_ready_seconds is always measured. A rank whose bring-up failed or stopped ends the wait.
     const auto wait_until = Clock::now() + std::chrono::seconds(600);
-    while (!never_serves && !pool_ready_seconds && !g_interrupted.load()) {
+    while (!never_serves && !pool_ready_seconds && !interrupted()) {
       track_readiness();
       if (pool_ready_seconds) break;
       bool ended = false;
@@ -628,7 +515,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
         {"bytes", scheduler_populate.bytes},
         {"seconds", scheduler_populate.seconds}}},
       {"ranks", rank_reports},
-      {"interrupted", g_interrupted.load()},
+      {"interrupted", interrupted()},
       {"region_removed", region_removed && closed},
       {"errors", t.errors},
       {"seconds", seconds}};
@@ -656,7 +543,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
   report["rank_bringup"] = byes;
 
   RunOutcome outcome{report, 0, {}, false};
-  if (g_interrupted.load()) {
+  if (interrupted()) {
     outcome.exit_code = 130;
   } else if (!never_ready_verdict.empty()) {
     outcome.exit_code = 1;
@@ -682,88 +569,6 @@ RunOutcome run_scheduler(const RunConfig& config) {
     outcome.failure = message;
   }
   return outcome;
-}
-
-std::string format_report(const nlohmann::json& r) {
-  std::ostringstream out;
-  auto fixed = [](double v, int precision = 2) {
-    std::ostringstream s;
-    s.setf(std::ios::fixed);
-    s.precision(precision);
-    s << v;
-    return s.str();
-  };
-  auto bytes = [](const nlohmann::json& v) { return cli::human_bytes(v.get<std::uint64_t>()); };
-  auto percent = [&](const nlohmann::json& v) { return fixed(100.0 * v.get<double>(), 1) + " %"; };
-  out << "kvoffload run: engine " << r["engine_id"].get<std::string>() << ", backend "
-      << r["backend"].get<std::string>() << ", " << r["world_size"] << " ranks, " << r["chunks"]
-      << " chunks of " << bytes(r["slot_bytes"]) << " per rank (" << bytes(r["host_pool_bytes"])
-      << " pool)\n";
-  out << "  requests        " << r["requests"] << " (" << r["chunks_looked_up"]
-      << " chunks looked up)\n";
-  out << "  hit rate        " << percent(r["hit_rate"]) << " (" << r["hits"] << " hits, "
-      << r["misses"] << " misses), " << r["evictions"] << " evictions, " << r["cannot_store"]
-      << " requests could not store\n";
-  if (!r["promoted_from"].empty()) {
-    out << "  promoted        ";
-    bool first = true;
-    for (const auto& [tier, n] : r["promoted_from"].items()) {
-      out << (first ? "" : ", ") << n << " from the " << tier << " tier";
-      first = false;
-    }
-    out << "\n";
-  }
-  out << "  stored          " << bytes(r["store_bytes"]) << " at "
-      << fixed(r["store_gbps"].get<double>()) << " GB/s\n";
-  out << "  loaded          " << bytes(r["load_bytes"]) << " at "
-      << fixed(r["load_gbps"].get<double>()) << " GB/s\n";
-  out << "  populate        " << r["populate"]["method"].get<std::string>() << ", "
-      << fixed(r["populate"]["seconds"].get<double>()) << " s; registration "
-      << fixed(r["registration_seconds"].get<double>()) << " s\n";
-  auto secs = [&](const nlohmann::json& v) {
-    return v.is_null() ? std::string("never") : fixed(v.get<double>()) + " s";
-  };
-  out << "  bring-up        " << r["bringup"].get<std::string>()
-      << ": pool ready on every rank after " << secs(r["pool_ready_seconds"])
-      << ", first request served after " << secs(r["first_request_seconds"]);
-  if (r["paced_seconds"].get<double>() > 0) {
-    out << " (requests waited " << fixed(r["paced_seconds"].get<double>())
-        << " s for room for one)";
-  }
-  out << "\n";
-  const auto& coming_up = r["phases"]["coming_up"];
-  const auto& ready = r["phases"]["ready"];
-  auto phase = [&](const char* label, const nlohmann::json& p) {
-    out << label << p["requests"] << " requests, hit rate " << percent(p["hit_rate"]) << ", "
-        << p["cannot_store"] << " could not store\n";
-  };
-  if (coming_up["requests"].get<std::uint64_t>() > 0) {
-    phase("  coming up       ", coming_up);
-    phase("  once ready      ", ready);
-  }
-  out << "  verified        " << bytes(r["verified_bytes"]) << ", " << bytes(r["mismatched_bytes"])
-      << " mismatched, " << r["failed_jobs"] << " failed jobs\n";
-  if (r.contains("remote")) {
-    const auto& m = r["remote"];
-    out << "  remote tier     " << m["url"].get<std::string>() << ": " << m["stored"] << " stored, "
-        << m["promoted"] << " promoted, " << m["misses"] << " misses (" << m["lookup_timeouts"]
-        << " lookups past the " << m["lookup_budget_ms"] << " ms budget), " << m["corrupt"]
-        << " corrupt, errors: " << m["put_errors"] << " put, " << m["get_errors"] << " get, "
-        << m["lookup_errors"] << " lookup; " << m["breaker_opens"] << " breaker opens\n";
-  }
-  for (const auto& e : r["errors"]) out << "  error           " << e.get<std::string>() << "\n";
-  std::string verdict;
-  if (!r["all_verified"].get<bool>()) {
-    verdict = "NOT all bytes verified";
-  } else if (r["load_bytes"].get<std::uint64_t>() == 0) {
-    verdict = "nothing was loaded back, so nothing was verified";
-  } else {
-    verdict = "every byte verified";
-  }
-  out << "  " << verdict
-      << (r["region_removed"].get<bool>() ? "; region removed" : "; region NOT removed")
-      << (r["interrupted"].get<bool>() ? " (interrupted)" : "") << "\n";
-  return out.str();
 }
 
 }  // namespace kvoffload::run

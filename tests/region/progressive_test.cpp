@@ -1,4 +1,4 @@
-// Progressive bring-up (Note [Progressive bring-up] in core/src/region/region.cpp): pieces in row
+// Progressive bring-up (Note [Progressive bring-up] in core/src/region/bringup.cpp): pieces in row
 // order, readiness published per rank in the header, failures in the middle (capacity shortfall at
 // piece k, registration failing at piece k, a rank killed halfway) that leave a clear state,
 // nothing leaked and a region that can be reclaimed.
@@ -19,8 +19,8 @@
 #include "kvoffload/platform.hpp"
 #include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
-#include "test_env.hpp"
 #include "runtime/fault_runtime.hpp"
+#include "test_env.hpp"
 
 namespace kvoffload {
 namespace {

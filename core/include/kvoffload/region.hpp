@@ -2,7 +2,7 @@
 // The shared host region: one file `<shm_dir>/kvoffload_<engine_id>.region` per engine, mapped
 // MAP_SHARED by every rank (and the scheduler). Exactly one process creates it; every other process
 // joins the same memory. See DESIGN.md §2 for the protocol and Note [Region lifetime] in
-// core/src/region/region.cpp for how creation, liveness and teardown fit together.
+// core/src/region/attach.cpp for how creation, liveness and teardown fit together.
 //
 //   RegionOptions opts{.engine_id = "engine-0", .layout = {.num_chunks = 1024,
 //                      .slot_bytes = 2 << 20, .world_size = 8}, .rank = 3};
@@ -36,7 +36,7 @@ struct LivePage;  // core/src/region/live_page.hpp (Note [Live stats])
 
 enum class RegionRole { kCreator, kJoiner };
 enum class PopulateMethod { kMadvise, kFallback, kNone };
-// Note [Progressive bring-up] in core/src/region/region.cpp. kBlocking: create_or_join returns
+// Note [Progressive bring-up] in core/src/region/bringup.cpp. kBlocking: create_or_join returns
 // once this mapper's slots are allocated, populated and handed to on_piece_ready. kBackground: it
 // returns once the region is mapped; a thread brings the slots up piece by piece.
 enum class BringupMode { kBlocking, kBackground };

@@ -1,4 +1,7 @@
-// Manager: slot states, key index, threshold tracker and events over an EvictionPolicy.
+// Manager: slot states, key index and events over an EvictionPolicy, with its slot pool
+// (slot_pool.hpp) and store threshold tracker (threshold_tracker.hpp).
+// Over 500 lines for one reason: ManagerImpl is one state machine (slot states, pins, pending
+// stores, events) whose operations share its invariants; its pool and tracker live apart.
 // See manager.hpp for the contract; Note [Parked slots] in eviction_policy.hpp for how pinned and
 // write-pending chunks stay out of eviction.
 //
@@ -22,8 +25,9 @@
 // Lookups, eviction order and the removed-then-stored event order are the same in both.
 #include <kvoffload/manager.hpp>
 
-#include "manager/index_list.hpp"
 #include "manager/key_table.hpp"
+#include "manager/slot_pool.hpp"
+#include "manager/threshold_tracker.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/region.hpp>
@@ -104,16 +108,12 @@ class ManagerImpl {
     pins_.assign(n_, 0);
     marks_.assign(n_, 0);
     counts_.assign(n_, 0);
-    free_.reserve(n_);
     // Note [Ready slots]: only the slots of rows the region has made ready on every rank are ever
     // handed out; the rest join the free slots as set_ready_chunks() grows the ready prefix.
-    ready_ = static_cast<std::uint32_t>(config.ready_chunks.value_or(n_));
-    reset_free_slots();
+    pool_ = SlotPool(n_, static_cast<std::uint32_t>(config.ready_chunks.value_or(n_)), vllm_);
     index_.init(n_);
     if (config_.store_threshold > 0) {
-      tracker_.resize(config_.threshold_tracker_capacity);
-      tracker_index_.init(tracker_.size());
-      if (vllm_) tracker_links_.resize(tracker_.size());
+      tracker_ = ThresholdTracker(config_.threshold_tracker_capacity, vllm_);
     }
   }
 
@@ -149,7 +149,7 @@ class ManagerImpl {
       else
         in_prefix = false;
       if (!results.empty()) results[i] = r;
-      if (config_.store_threshold > 0) track(keys[i]);
+      if (config_.store_threshold > 0) tracker_.track(keys[i]);
     }
     stats_.lookup_keys += keys.size();
     return prefix;
@@ -207,8 +207,8 @@ class ManagerImpl {
     stats_.stores_skipped_threshold += plan.skipped_threshold;
 
     const std::uint64_t needed = plan_keys_.size();
-    const std::uint64_t free_slots = free_count();
-    const std::uint64_t evictable_slots = ready_ - free_slots - pending_ - pinned_;
+    const std::uint64_t free_slots = pool_.free_count();
+    const std::uint64_t evictable_slots = pool_.ready() - free_slots - pending_ - pinned_;
     plan.slots_needed = needed;
     plan.slots_available = free_slots + evictable_slots - protected_evictable;
     if (needed > n_) {
@@ -264,7 +264,7 @@ class ManagerImpl {
         plan_evicted_.push_back(keys_[v]);
         index_.erase(keys_[v], v);
         state_[v] = kFree;
-        free_.push_back(v);
+        pool_.put(v);
       }
       stats_.evictions += victims_.size();
       record(EventKind::kRemoved, plan_evicted_);
@@ -277,7 +277,7 @@ class ManagerImpl {
     }
 
     for (const BlockKey& key : plan_keys_) {
-      const std::uint32_t s = take_free_slot();
+      const std::uint32_t s = pool_.take();
       keys_[s] = key;
       state_[s] = kPending;
       index_.insert(key, s);
@@ -327,7 +327,7 @@ class ManagerImpl {
       for (const SlotIndex s : work_slots_) {
         index_.erase(keys_[s], s);
         state_[s] = kFree;
-        free_.push_back(s);
+        pool_.put(s);
       }
       stats_.stores_failed += work_slots_.size();
     }
@@ -362,7 +362,7 @@ class ManagerImpl {
       record(EventKind::kStored, stored_keys_);
     } else {
       policy_->remove(work_slots_);
-      for (const SlotIndex s : work_slots_) free_.push_back(s);
+      for (const SlotIndex s : work_slots_) pool_.put(s);
       stats_.stores_failed += work_slots_.size();
     }
     return completed_;
@@ -462,7 +462,7 @@ class ManagerImpl {
       std::fill(pins_.begin(), pins_.end(), 0);
       pending_ = 0;
       pinned_ = 0;
-      reset_free_slots();
+      pool_.reset();
       index_.clear();
       policy_->reset();
       return;
@@ -480,14 +480,10 @@ class ManagerImpl {
     record(EventKind::kRemoved, plan_evicted_);
     plan_evicted_.clear();
     std::fill(state_.begin(), state_.end(), kFree);
-    reset_free_slots();
+    pool_.reset();
     index_.clear();
     policy_->reset();
-    if (!tracker_.empty()) {
-      tracker_index_.clear();
-      tracker_size_ = 0;
-      tracker_next_ = 0;
-    }
+    tracker_.clear();
   }
 
   LookupResult state_of(const BlockKey& key) const noexcept {
@@ -503,12 +499,7 @@ class ManagerImpl {
     const std::uint32_t s = find(key);
     return s == KeyTable::kNone ? 0 : pins_[s];
   }
-  std::uint32_t tracked_count(const BlockKey& key) const noexcept {
-    if (tracker_.empty()) return 0;
-    const std::uint32_t t = tracker_index_.find(
-        key, [this](std::uint32_t i) -> const BlockKey& { return tracker_[i].key; });
-    return t == KeyTable::kNone ? 0 : tracker_[t].count;
-  }
+  std::uint32_t tracked_count(const BlockKey& key) const noexcept { return tracker_.count(key); }
 
   std::span<const ManagerEvent> take_events() {
     std::swap(active_, drained_);
@@ -527,8 +518,8 @@ class ManagerImpl {
   ManagerStats stats() const noexcept {
     ManagerStats s = stats_;
     s.num_chunks = n_;
-    s.ready_chunks = ready_;
-    s.used = ready_ - free_count();
+    s.ready_chunks = pool_.ready();
+    s.used = pool_.ready() - pool_.free_count();
     s.write_pending = pending_;
     s.pinned = pinned_;
     s.evictable = s.used - pending_ - pinned_;
@@ -622,37 +613,28 @@ class ManagerImpl {
       W::put(b.loads_completed, stats_.loads_completed);
     }
     if ((groups & kLiveOccupancy) != 0) {
-      W::put(b.ready_chunks, ready_);
-      W::put(b.used, ready_ - free_count());
+      W::put(b.ready_chunks, pool_.ready());
+      W::put(b.used, pool_.ready() - pool_.free_count());
       W::put(b.write_pending, pending_);
       W::put(b.pinned, pinned_);
     }
   }
 
-  std::uint32_t ready_chunks() const noexcept { return ready_; }
+  std::uint32_t ready_chunks() const noexcept { return pool_.ready(); }
 
   void set_ready_chunks(std::uint64_t n) {
-    if (n > n_ || n < ready_) {
-      throw_invalid("manager: set_ready_chunks(" + std::to_string(n) + ") is out of range: " +
-                    std::to_string(ready_) + " chunks are ready already and the region has " +
-                    std::to_string(n_) + "; the ready prefix only grows, up to num_chunks");
+    if (n > n_ || n < pool_.ready()) {
+      throw_invalid("manager: set_ready_chunks(" + std::to_string(n) +
+                    ") is out of range: " + std::to_string(pool_.ready()) +
+                    " chunks are ready already and the region has " + std::to_string(n_) +
+                    "; the ready prefix only grows, up to num_chunks");
     }
-    if (!vllm_) {
-      // New slots go on top of the free stack (free_ was reserved for n_: no allocation here).
-      for (auto s = static_cast<std::uint32_t>(n); s > ready_; --s) free_.push_back(s - 1);
-      fresh_next_ = static_cast<std::uint32_t>(n);
-    }
-    // vLLM: the new slots are never-used ones, [fresh_next_, ready_) grows with ready_.
-    ready_ = static_cast<std::uint32_t>(n);
+    pool_.grow_ready(static_cast<std::uint32_t>(n));
   }
 
  private:
   enum : std::uint8_t { kFree = 0, kPending = 1, kReady = 2 };
 
-  struct TrackerEntry {
-    BlockKey key;
-    std::uint32_t count = 0;
-  };
   struct EventBatch {
     EventKind kind;
     std::size_t first;
@@ -668,29 +650,6 @@ class ManagerImpl {
     return state_[s] == kReady && pins_[s] == 0;
   }
 
-  // Free slots (of the ready ones, Note [Ready slots]): the never-used ones [fresh_next_, ready_)
-  // and the stack free_ of freed ones. Native puts every slot on the stack (slot 0 on top) so
-  // freed slots are reused first; vLLM's pool hands out never-used slots first (Note [vLLM
-  // semantics]).
-  void reset_free_slots() {
-    free_.clear();
-    if (vllm_) {
-      fresh_next_ = 0;
-      return;
-    }
-    fresh_next_ = ready_;
-    for (std::uint32_t s = ready_; s > 0; --s) free_.push_back(s - 1);
-  }
-  [[nodiscard]] std::uint64_t free_count() const noexcept {
-    return free_.size() + (ready_ - fresh_next_);
-  }
-  SlotIndex take_free_slot() noexcept {
-    if (fresh_next_ < ready_) return fresh_next_++;
-    const SlotIndex s = free_.back();
-    free_.pop_back();
-    return s;
-  }
-
   // A fresh stamp for marks_; on wrap-around the marks are cleared so an old stamp never matches.
   std::uint32_t next_epoch() noexcept {
     if (++epoch_ == 0) {
@@ -698,40 +657,6 @@ class ManagerImpl {
       epoch_ = 1;
     }
     return epoch_;
-  }
-
-  // Counts one lookup of key; a full tracker forgets the key that entered it first (native) or
-  // the key looked up least recently (vLLM's OrderedDict with move_to_end).
-  void track(const BlockKey& key) {
-    const auto at = [this](std::uint32_t i) -> const BlockKey& { return tracker_[i].key; };
-    const std::uint32_t t = tracker_index_.find(key, at);
-    if (t != KeyTable::kNone) {
-      if (tracker_[t].count != std::numeric_limits<std::uint32_t>::max()) ++tracker_[t].count;
-      if (vllm_) tracker_lru_.move_to_front(tracker_links_.data(), t);
-      return;
-    }
-    if (vllm_) {
-      std::uint32_t slot = 0;
-      if (tracker_size_ == tracker_.size()) {
-        slot = tracker_lru_.back();
-        tracker_lru_.erase(tracker_links_.data(), slot);
-        tracker_index_.erase(tracker_[slot].key, slot);
-      } else {
-        slot = static_cast<std::uint32_t>(tracker_size_++);
-      }
-      tracker_[slot] = TrackerEntry{key, 1};
-      tracker_index_.insert(key, slot);
-      tracker_lru_.push_front(tracker_links_.data(), slot);
-      return;
-    }
-    const auto slot = static_cast<std::uint32_t>(tracker_next_);
-    if (tracker_size_ == tracker_.size())
-      tracker_index_.erase(tracker_[slot].key, slot);
-    else
-      ++tracker_size_;
-    tracker_[slot] = TrackerEntry{key, 1};
-    tracker_index_.insert(key, slot);
-    tracker_next_ = (tracker_next_ + 1) % tracker_.size();
   }
 
   void record(EventKind kind, std::span<const BlockKey> keys) {
@@ -745,7 +670,6 @@ class ManagerImpl {
   std::unique_ptr<EvictionPolicy> policy_;
   bool vllm_ = false;  // ManagerSemantics::kVllm
   std::uint32_t n_ = 0;
-  std::uint32_t ready_ = 0;  // slots [0, ready_) may be handed out (Note [Ready slots])
 
   // Per slot.
   std::vector<BlockKey> keys_;
@@ -755,19 +679,12 @@ class ManagerImpl {
   std::vector<std::uint32_t> counts_;  // complete_load's per-call occurrence counts (under marks_)
   std::uint32_t epoch_ = 0;
 
-  std::vector<SlotIndex> free_;   // stack of freed slots (native: all free slots)
-  std::uint32_t fresh_next_ = 0;  // slots >= this were never handed out since the last reset
+  SlotPool pool_;  // the free slots of the ready ones (Note [Ready slots])
   KeyTable index_;
   std::uint64_t pending_ = 0;
   std::uint64_t pinned_ = 0;
 
-  // Store threshold tracker: a ring of (key, lookups), oldest overwritten first.
-  std::vector<TrackerEntry> tracker_;
-  KeyTable tracker_index_;
-  std::size_t tracker_size_ = 0;
-  std::size_t tracker_next_ = 0;
-  std::vector<detail::Link> tracker_links_;  // kVllm: recency of lookups, front = most recent
-  detail::IndexList tracker_lru_;
+  ThresholdTracker tracker_;  // the store threshold's lookup counts (off: threshold 0)
 
   // Reused buffers (views handed out point here).
   KeyTable dedup_;

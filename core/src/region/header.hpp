@@ -43,7 +43,7 @@ struct RegionHeader {
   std::uint64_t stats_bytes;   // its length, a page multiple; the data starts right after it
 };
 
-// Note [Progressive bring-up] (region.cpp): one entry per rank, after the header and before the
+// Note [Progressive bring-up] (bringup.cpp): one entry per rank, after the header and before the
 // data, written by that rank through its mapping and read by everyone, with atomics.
 struct RankReadiness {
   std::uint32_t state;         // BringupState (0 pending, 1 running, 2 ready, 3 failed, 4 stopped)

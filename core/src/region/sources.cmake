@@ -8,6 +8,9 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/proc_locks.cpp
   ${CMAKE_CURRENT_LIST_DIR}/owners.cpp
   ${CMAKE_CURRENT_LIST_DIR}/populate.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/checks.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/attach.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/bringup.cpp
   ${CMAKE_CURRENT_LIST_DIR}/region.cpp
   ${CMAKE_CURRENT_LIST_DIR}/listing.cpp
   ${CMAKE_CURRENT_LIST_DIR}/live_page.cpp)
