@@ -7,6 +7,11 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/host_runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fault_runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_runtime.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_registration.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_streams.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_device_memory.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_dma.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_kernel_path.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu/backend_modules.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sim/sim_device.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sim/sim_memory.cpp

@@ -273,7 +273,7 @@ inline SimDevice::Impl& dev(void* ctx) {
   } while (0)
 
 // A potentially unsafe call during a capture (Note [Registration during capture] in
-// gpu_runtime.cpp): refused, and the capture it would break is invalidated.
+// gpu_registration.cpp): refused, and the capture it would break is invalidated.
 #define KVO_SIM_CAPTURE_SAFE(d)                               \
   do {                                                        \
     std::lock_guard capture_lock_((d).mu);                    \

@@ -259,7 +259,8 @@ int sim_device_free_async(void* ctx, void* ptr, void* stream) {
     }
     auto it = d.allocations.find(addr - d.device_range.base());
     if (it == d.allocations.end() || !it->second.async) {
-      // The stream-ordered allocator frees what it allocated (Note [Freeing] in gpu_runtime.cpp).
+      // The stream-ordered allocator frees what it allocated (Note [Freeing] in
+      // gpu_device_memory.cpp).
       d.counters.mismatched_frees.fetch_add(1);
       thread_state(dev(ctx).uid).last_error = kInvalidValue;
       return kInvalidValue;
