@@ -153,7 +153,7 @@ void kvo_engine_destroy(kvo_engine_t* engine) {
 
 kvo_status kvo_engine_shutdown(kvo_engine_t* engine) {
   const char* const fn = __func__;
-  return guarded(fn, [&] { engine_of(engine, __func__).engine.shutdown(); });
+  return guarded(fn, [&] { engine_of(engine, fn).engine.shutdown(); });
 }
 
 kvo_status kvo_engine_submit(kvo_engine_t* engine, uint64_t job_id, kvo_direction direction,
