@@ -1,7 +1,7 @@
 // Device copy kernels, written once against compat.hpp and compiled by nvcc (KVO_BACKEND_NS =
 // cuda), by hipcc (KVO_BACKEND_NS = hip) and by the host compiler for the simulated device
-// (KVO_BACKEND_NS = sim, core/src/runtime/sim/sim_kernel.cpp). The host entry points are declared in
-// include/kvoffload_kernels/copy_kernels.hpp.
+// (KVO_BACKEND_NS = sim, core/src/runtime/sim/sim_kernel.cpp). The host entry points are declared
+// in include/kvoffload_kernels/copy_kernels.hpp.
 //
 // Note [Batch copy work split]
 // Descriptors are read in batches of kThreads into shared memory. Each descriptor is cut into
@@ -12,8 +12,8 @@
 // CTA 0. So a 2 MiB descriptor is spread over the whole grid, 4 KiB descriptors are shared out
 // four to a group, and the work of every CTA differs by at most one group per batch. Every CTA
 // reads every descriptor (24 bytes each), so the GPU runtime stages them in device memory with one
-// copy before the launch (Note [Descriptor rings] in core/src/runtime/gpu/gpu_runtime.cpp): the CTAs
-// then read them from L2, not each over PCIe.
+// copy before the launch (Note [Descriptor rings] in core/src/runtime/gpu/gpu_kernel_path.cpp): the
+// CTAs then read them from L2, not each over PCIe.
 //
 // Within a group each thread first issues its kUnroll independent 16-byte loads, then the
 // stores: reads of host memory over PCIe are latency-bound, so the loads in flight, not the

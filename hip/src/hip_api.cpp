@@ -18,7 +18,8 @@
 //   hipGetDevice;
 // - code objects exist per GPU architecture, with no JIT from a portable form: a device whose
 //   architecture the build lacks (Debian's ROCm 5.2 hipcc does not know gfx942) is refused by
-//   the runtime (kernel_archs, Note [Kernel architectures] in core/src/runtime/gpu/gpu_runtime.cpp);
+//   the runtime (kernel_archs, Note [Kernel architectures] in
+//   core/src/runtime/gpu/gpu_runtime.cpp);
 // - the null stream stands for the legacy default stream.
 //
 // Note [Resolving hipMemcpyBatchAsync]
@@ -306,7 +307,7 @@ VendorApi make_table() {
   a.min_driver_text = "";
   KVOFFLOAD_VENDOR_TABLE_CALLS(a);
   resolve_runtime_entries();
-  // Stream-ordered allocation and free come as a pair (Note [Freeing] in gpu_runtime.cpp).
+  // Stream-ordered allocation and free come as a pair (Note [Freeing] in gpu_device_memory.cpp).
   const bool async = g_malloc_async != nullptr && g_free_async != nullptr;
   a.device_malloc_async = async ? device_malloc_async : nullptr;
   a.device_free_async = async ? device_free_async : nullptr;

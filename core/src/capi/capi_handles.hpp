@@ -1,6 +1,8 @@
 #pragma once
 // The structs behind the C API's opaque handles (the header declares them incomplete).
 
+#include "capi/capi_internal.hpp"
+
 #include <kvoffload/kvoffload.h>
 #include <kvoffload/region.hpp>
 
@@ -53,6 +55,14 @@ struct kvo_runtime {
   std::unordered_map<std::uint64_t, kvoffload::Event> events;
   std::unordered_map<std::uint64_t, kvoffload::DeviceBuffer> buffers;
 };
+
+namespace kvoffload::capi {
+// The runtime behind a C handle (kInvalidArgument naming `function` when it is NULL).
+inline kvo_runtime& runtime_of(kvo_runtime_t* rt, const char* function) {
+  require_arg(rt, function, "runtime");
+  return *rt;
+}
+}  // namespace kvoffload::capi
 
 struct kvo_registration {
   kvoffload::HostRegistration registration;

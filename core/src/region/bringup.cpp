@@ -14,7 +14,7 @@
 #include "region/header.hpp"
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
-#include "stats/live_page.hpp"
+#include "region/live_page.hpp"
 
 // Note [Progressive bring-up]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

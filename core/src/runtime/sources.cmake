@@ -7,8 +7,17 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/host_runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fault_runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_runtime.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_registration.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_streams.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_device_memory.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_dma.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu/gpu_kernel_path.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu/backend_modules.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sim/sim_device.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sim/sim_memory.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sim/sim_stream.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sim/sim_api.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sim/sim_copy.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sim/sim_kernel.cpp)
 # The kernel's own source (kernels/copy_kernels.cu) is included by sim_kernel.cpp.
 target_include_directories(kvoffload_objects PRIVATE ${PROJECT_SOURCE_DIR}/kernels ${PROJECT_SOURCE_DIR}/kernels/include)

@@ -4,4 +4,5 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/kv_layout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/region_slots.cpp
   ${CMAKE_CURRENT_LIST_DIR}/planner.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/transfer_engine.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/transfer_engine.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/calibrate.cpp)

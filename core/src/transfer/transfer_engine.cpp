@@ -1,7 +1,10 @@
 // The transfer engine. See Note [Engine ordering] below for how jobs, streams and events fit.
+// Longer than ~500 lines for one idea: the job pipeline (submit, drain, wait, shutdown) of one Impl
+// whose ordering and locks (Note [Engine ordering]) span all of it; calibration is calibrate.cpp.
 #include <kvoffload/transfer_engine.hpp>
 
 #include "region/live_page.hpp"
+#include "transfer/calibrate.hpp"
 #include "transfer/planner.hpp"
 
 #include <kvoffload/error.hpp>
@@ -524,27 +527,7 @@ struct TransferEngine::Impl {
   detail::RankTransferBlock* live = nullptr;  // guarded by state_mutex; null: not publishing
 };
 
-// ---- calibration ----
-
-namespace {
-
-double measure(DeviceRuntime& rt, StreamView s, std::span<const CopyDescriptor> batch,
-               CopyKind kind, CopyPath path, std::uint64_t bytes) {
-  Event a = rt.create_event(true);
-  Event b = rt.create_event(true);
-  double best = 0.0;
-  for (int rep = 0; rep < 3; ++rep) {
-    rt.record_event(a.view(), s);
-    rt.enqueue_copies(s, batch, kind, path);
-    rt.record_event(b.view(), s);
-    rt.synchronize_event(b.view());
-    const double sec = rt.elapsed_seconds(a.view(), b.view());
-    if (sec > 0) best = std::max(best, static_cast<double>(bytes) / sec / 1e9);
-  }
-  return best;
-}
-
-}  // namespace
+// ---- calibration (the measuring: transfer/calibrate.cpp) ----
 
 CalibrationReport TransferEngine::calibrate() {
   Impl& im = *impl_;
@@ -555,62 +538,17 @@ CalibrationReport TransferEngine::calibrate() {
     log().info("transfer engine: calibration skipped: the kernel path is not available");
     return report;
   }
-  const std::uint64_t kTotal = std::max<std::uint64_t>(im.options.calibration_bytes, 256ULL << 10);
-  constexpr std::uint64_t kSizes[] = {4096, 8192, 16384, 32768, 65536, 131072, 262144};
-  DeviceRuntime& rt = im.runtime;
-  DeviceBuffer dev = rt.allocate_device(kTotal * 2);
-  // Scratch host memory of our own, never the slots: calibration must not touch KV data.
-  std::unique_ptr<void, decltype(&std::free)> host(std::aligned_alloc(4096, kTotal * 2),
-                                                   &std::free);
-  if (!host)
-    throw Error(ErrorCode::kSystem, "calibrate: host scratch allocation failed", ENOMEM,
-                "aligned_alloc");
-  std::memset(host.get(), 0, kTotal * 2);
-  HostRegistration reg = rt.register_host(host.get(), kTotal * 2);
-  Stream s = rt.create_stream();
-  std::vector<CopyDescriptor> dma;
-  std::vector<CopyDescriptor> ker;
-  for (Direction d : {Direction::kStore, Direction::kLoad}) {
-    std::uint64_t threshold = 0;
-    bool kernel_won_so_far = true;
-    for (std::uint64_t size : kSizes) {
-      const std::uint64_t count = kTotal / size;
-      dma.clear();
-      ker.clear();
-      for (std::uint64_t i = 0; i < count; ++i) {
-        // Every other piece, so neighbouring pieces are not contiguous (as scattered blocks).
-        auto* dp = static_cast<std::byte*>(dev.data()) + 2 * i * size;
-        auto* hp = static_cast<std::byte*>(host.get()) + 2 * i * size;
-        auto* kp = static_cast<std::byte*>(reg.device_pointer(hp));
-        if (d == Direction::kStore) {
-          dma.push_back({dp, hp, size});
-          ker.push_back({dp, kp, size});
-        } else {
-          dma.push_back({hp, dp, size});
-          ker.push_back({kp, dp, size});
-        }
-      }
-      const CopyKind kind =
-          d == Direction::kStore ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice;
-      CalibrationPoint p{d, size, count, measure(rt, s.view(), dma, kind, CopyPath::kDma, kTotal),
-                         measure(rt, s.view(), ker, kind, CopyPath::kKernel, kTotal)};
-      report.points.push_back(p);
-      if (kernel_won_so_far && p.kernel_gbps > p.dma_gbps) {
-        threshold = size * 2;  // kernel for pieces below the next size
-      } else {
-        kernel_won_so_far = false;
-      }
-    }
+  // Applied after each direction is measured, under that lane's submit lock.
+  const auto apply = [&im](Direction d, std::uint64_t threshold) {
     std::lock_guard lock(im.lane(d).submit_mutex);
     im.lane(d).policy.kernel_below_bytes = threshold;
     log().info("transfer engine: calibrated {}: kernel for mean pieces below {} bytes",
                to_string(d), threshold);
-  }
+  };
+  detail::calibrate_paths(im.runtime, im.options.calibration_bytes, report, apply);
   report.store_policy = im.lanes[0].policy;
   report.load_policy = im.lanes[1].policy;
   report.ran = true;
-  // In stream order: a plain free (cudaFree) would wait for the whole device, model included.
-  dev.release_async(s.view());
   return report;
 }
 

@@ -14,9 +14,9 @@
 // driver's version (cudaDriverGetVersion works without a GPU, and reports 0 with no driver) with
 // the module's floor, and say which driver was found, which the module needs, and what to do:
 // update the driver, or rebuild kvoffload against the toolkit matching it.
+#include "runtime/backend_factories.hpp"
 #include "runtime/gpu/gpu_runtime.hpp"
 #include "runtime/sim/sim_device.hpp"
-#include "runtime/backend_factories.hpp"
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>

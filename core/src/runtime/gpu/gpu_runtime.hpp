@@ -1,6 +1,9 @@
 #pragma once
 // GpuRuntime: the one DeviceRuntime for every GPU backend (cuda, hip, sim), written against the
 // vendor table of vendor_api.hpp (see Note [One GPU runtime over a vendor table]).
+// Implemented by idea: gpu_runtime.cpp (construction, device guard, kernel architectures),
+// gpu_registration.cpp, gpu_streams.cpp, gpu_device_memory.cpp, gpu_dma.cpp, gpu_kernel_path.cpp;
+// gpu_runtime_internal.hpp holds what they share.
 #include "runtime/gpu/vendor_api.hpp"
 
 #include <kvoffload/device_runtime.hpp>
@@ -89,7 +92,8 @@ class GpuRuntime final : public DeviceRuntime {
     bool mlocked = false;
   };
   // A pinned, device-mapped buffer of kernel descriptors (plus, when staging, a device copy of
-  // it) and the event recorded after the last launch that reads it. Note [Descriptor rings].
+  // it) and the event recorded after the last launch that reads it. Note [Descriptor rings] in
+  // gpu_kernel_path.cpp.
   struct DescSlot {
     VendorCopyDesc* host = nullptr;
     const VendorCopyDesc* host_device_view = nullptr;  // the host buffer as the device sees it
@@ -110,7 +114,8 @@ class GpuRuntime final : public DeviceRuntime {
                        const std::vector<std::pair<std::size_t, std::size_t>>& plan);
   bool unregister_pieces(Registration& reg) noexcept;
   std::vector<DeviceSegment> device_segments_of(Registration& reg);
-  // Whether this device's copy kernel can run, or why not. Note [Kernel architectures].
+  // Whether this device's copy kernel can run, or why not. Note [Kernel architectures] in
+  // gpu_runtime.cpp.
   [[nodiscard]] std::string kernel_unavailable_reason();
 
   void enqueue_dma(void* stream, std::span<const CopyDescriptor> batch, CopyKind kind);
@@ -123,7 +128,8 @@ class GpuRuntime final : public DeviceRuntime {
   // (stream_alive), else plainly (everything that read it has finished).
   void free_slot(DescSlot& slot, void* stream, bool stream_alive) noexcept;
   // Waits for the work that reads the ring's slots, then frees them. `stream_alive`: false at
-  // runtime destruction, where a foreign stream may be gone (Note [Retired slots]).
+  // runtime destruction, where a foreign stream may be gone (Note [Retired slots] in
+  // gpu_kernel_path.cpp).
   void destroy_ring(Ring& ring, void* stream, bool stream_alive) noexcept;
 
   const VendorApi& api_;
@@ -157,7 +163,8 @@ class GpuRuntime final : public DeviceRuntime {
   std::unordered_map<void*, std::unique_ptr<Ring>> rings_;
 
   std::mutex alloc_mu_;
-  std::unordered_set<void*> async_allocations_;  // from device_malloc_async (Note [Freeing])
+  // From device_malloc_async (Note [Freeing] in gpu_device_memory.cpp).
+  std::unordered_set<void*> async_allocations_;
 };
 
 }  // namespace kvoffload::gpu
