@@ -3,7 +3,8 @@
 // Syscalls table whose madvise refuses MADV_POPULATE_WRITE with EINVAL, as kernels < 5.14 do),
 // ranked (world size 2, rank 0 populates its half) and unranked (the whole region).
 // Reference: first touch (memset) of the same number of bytes of fresh anonymous memory, which is
-// the machine's page-fault + zeroing rate that populate should reach (REFERENCE.md targets).
+// the machine's page-fault + zeroing rate that populate should reach (targets:
+// docs/PERFORMANCE.md).
 //
 // Bytes/s counts the bytes this process populated. Teardown (munmap, unlink) is not timed.
 //

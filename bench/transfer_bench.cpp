@@ -20,8 +20,8 @@
 // host memory, and a CPU memcpy of it would fault.
 // Every case checks its bytes after timing (every fragment, both directions, also on sim, where
 // the copies went through the simulated device and its copy kernel); a mismatch makes the program
-// exit 1. Target (REFERENCE.md): host backend ratio >= 0.9 for fragments >= 64 KiB; GPU figures
-// on the device's own targets (README).
+// exit 1. Target (docs/PERFORMANCE.md): host backend ratio >= 0.9 for fragments >= 64 KiB; GPU
+// figures on the device's own targets (docs/PERFORMANCE.md).
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
 

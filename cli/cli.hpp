@@ -1,8 +1,9 @@
 #pragma once
 // Shared plumbing of the `kvoffload` program: subcommand registration, size parsing, output.
 //
-// Contract (DESIGN.md §5): every subcommand takes --json and prints exactly one JSON object on
-// stdout, exits 0 on success, and on error exits non-zero with a one-paragraph message on stderr.
+// Contract (docs/DESIGN.md §10.1): every subcommand takes --json and prints exactly one JSON object
+// on stdout, exits 0 on success, and on error exits non-zero with a one-paragraph message on
+// stderr.
 
 #include <kvoffload/device_runtime.hpp>
 

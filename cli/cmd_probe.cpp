@@ -1,7 +1,7 @@
-// `kvoffload probe`: what this machine offers the region (DESIGN.md §5): the shm dir and its
-// space, the page size, MADV_POPULATE_WRITE support, the memory cgroup limit, NUMA nodes, and the
-// device backends built into this library with their device counts.
-// Operators run it first when a region does not fit; tests parse its JSON.
+// `kvoffload probe`: what this machine offers the region (docs/DESIGN.md §10.1): the shm dir and
+// its space, the page size, MADV_POPULATE_WRITE support, the memory cgroup limit, NUMA nodes, and
+// the device backends built into this library with their device counts. Operators run it first when
+// a region does not fit; tests parse its JSON.
 #include "cli.hpp"
 
 #include <kvoffload/device_runtime.hpp>

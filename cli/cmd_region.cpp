@@ -1,4 +1,5 @@
-// `kvoffload region create|list|clean` (DESIGN.md §5): drive the shared host region from a shell.
+// `kvoffload region create|list|clean` (docs/DESIGN.md §10.1): drive the shared host region from a
+// shell.
 //
 // create: create or join the region, populate it, optionally --fill this rank's slots with a byte,
 //         --check that every byte of them holds a byte (written by another process), and --hold

@@ -1,4 +1,4 @@
-// kvoffload: the command-line program (DESIGN.md §5). Subcommands register themselves.
+// kvoffload: the command-line program (docs/DESIGN.md §10.1). Subcommands register themselves.
 #include "cli.hpp"
 
 #include <kvoffload/error.hpp>

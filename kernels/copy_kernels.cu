@@ -17,7 +17,7 @@
 //
 // Within a group each thread first issues its kUnroll independent 16-byte loads, then the
 // stores: reads of host memory over PCIe are latency-bound, so the loads in flight, not the
-// instruction count, set the bandwidth (see REFERENCE.md).
+// instruction count, set the bandwidth (docs/DESIGN.md §4.4).
 #include "compat.hpp"
 #include "kvoffload_kernels/copy_kernels.hpp"
 

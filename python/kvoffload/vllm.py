@@ -320,7 +320,7 @@ def metric_definitions(extra_config: Mapping[str, Any]) -> dict[str, OffloadingM
     return definitions
 
 
-# Region names: kvoffload's engine-id alphabet (DESIGN.md section 2).
+# Region names: kvoffload's engine-id alphabet (docs/DESIGN.md section 3).
 _ENGINE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -605,7 +605,7 @@ class KvoffloadSpec(OffloadingSpec):
         self.replicated_layout = bool(config.replicated_layout)
         # One chunk = blocks_per_chunk GPU blocks of all of a worker's KV tensors (vLLM's
         # worker_kv_bytes_per_block), one slot per rank (one in the replicated layout), in a
-        # row of the region (DESIGN.md section 2).
+        # row of the region (docs/DESIGN.md section 3.1).
         self.slot_bytes = int(config.worker_kv_bytes_per_block) * int(self.blocks_per_chunk)
         self.num_blocks = 0
         if self.slot_bytes > 0 and self.world_size > 0:

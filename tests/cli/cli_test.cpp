@@ -1,6 +1,6 @@
-// The `kvoffload` program as operators and scripts use it (DESIGN.md §5): every test execs the real
-// binary ($KVOFFLOAD_TEST_BIN_DIR/kvoffload) with a per-test temporary --shm-dir, and checks exit
-// codes, JSON keys and values, and what is left in the directory.
+// The `kvoffload` program as operators and scripts use it (docs/DESIGN.md §10.1): every test execs
+// the real binary ($KVOFFLOAD_TEST_BIN_DIR/kvoffload) with a per-test temporary --shm-dir, and
+// checks exit codes, JSON keys and values, and what is left in the directory.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

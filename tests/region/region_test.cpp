@@ -192,7 +192,7 @@ TEST(Region, StaleRegionIsReclaimedOnCreate) {
 
 // Allocation apart from populate: with populate off, nothing touches the pages, so the blocks
 // the file holds are what bring-up allocated. An unranked mapper may touch every page, so every
-// page of the file must be allocated before the region is ready (DESIGN §2 point 3).
+// page of the file must be allocated before the region is ready (docs/DESIGN.md §3.3).
 TEST(Region, BringUpAllocatesEveryPageWithoutPopulate) {
   const TempDir dir;
   auto opts = small_options(dir.path(), "alloc", std::nullopt);

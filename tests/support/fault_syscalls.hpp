@@ -1,5 +1,5 @@
 #pragma once
-// The one fault-injecting Syscalls table of the tests (STYLE.md "Test seams"), for the region and
+// The one fault-injecting Syscalls table of the tests (docs/DESIGN.md §11.2), for the region and
 // the file tier alike (both make their system calls through kvoffload/syscalls.hpp). It passes
 // every call to the real system call unless a fault plan says otherwise:
 //   FaultSyscalls sys;

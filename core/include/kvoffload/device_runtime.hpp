@@ -1,5 +1,5 @@
 #pragma once
-// DeviceRuntime: the coarse, per-batch interface the transfer engine drives (DESIGN.md §3).
+// DeviceRuntime: the coarse, per-batch interface the transfer engine drives (docs/DESIGN.md §4).
 // Backends: "host" (always built; device memory is host memory, streams are ordered worker
 // threads, copies are memcpy), "sim" (always built: the GPU runtime of core/src/runtime/gpu over a
 // simulated device on the CPU, for tests and CI), "cuda" and "hip" (the same GPU runtime over

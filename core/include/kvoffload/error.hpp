@@ -1,8 +1,8 @@
 #pragma once
 // Errors in kvoffload are exceptions of one type, kvoffload::Error, thrown at the point of failure
 // and never rewritten on the way up: the message of the step that failed is what the caller sees.
-// Teardown paths never throw; they record the first failure and finish every step (see Note
-// [Teardown keeps going] in DESIGN notes of the README).
+// Teardown paths never throw; they record the first failure and finish every step
+// (docs/DESIGN.md §8.1).
 
 #include <kvoffload/error_codes.h>
 #include <kvoffload/export.h>

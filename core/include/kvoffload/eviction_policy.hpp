@@ -1,5 +1,5 @@
 #pragma once
-// Eviction policies of the Manager (DESIGN.md §4): which resident chunks leave first.
+// Eviction policies of the Manager (docs/DESIGN.md §6.2): which resident chunks leave first.
 //
 // A policy sees chunk slots (0..capacity-1), never the region. The Manager owns the slot states and
 // tells the policy, in batches (one virtual call per batch, never per key), what happened:

@@ -1,5 +1,5 @@
 #pragma once
-// Geometry of the shared host region (DESIGN.md §2):
+// Geometry of the shared host region (docs/DESIGN.md §3.1):
 //   P = slot_bytes (one rank's bytes for one chunk), C = copies (world_size, or 1 when replicated),
 //   S = slot_stride = round_up(P, slot_align), R = row_stride = round_up(C·S, page),
 //   data_bytes = num_chunks · R, rank r's slot in chunk c starts at c·R + copy(r)·S, where

@@ -1,5 +1,5 @@
 #pragma once
-// KV layout: how GPU KV-cache blocks map onto the host chunks of one rank (DESIGN.md §3).
+// KV layout: how GPU KV-cache blocks map onto the host chunks of one rank (docs/DESIGN.md §5.1).
 //
 // Device side: one or more KV groups (e.g. full attention and sliding window), each a list of
 // tensors; tensor t holds num_blocks pages of page_bytes, block b at base + b·block_stride.

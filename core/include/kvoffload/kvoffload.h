@@ -63,7 +63,7 @@ KVO_API const char* kvo_status_name(kvo_status status);
 KVO_API const char* kvo_version(void);
 
 /* ---------------------------------------------------------------------------------------------
- * The shared host region (DESIGN.md §2).
+ * The shared host region (docs/DESIGN.md §3).
  * ------------------------------------------------------------------------------------------- */
 typedef struct kvo_region kvo_region_t;
 
@@ -150,7 +150,7 @@ KVO_API kvo_status kvo_region_clean(const char* shm_dir, const char* engine_id,
                                     uint32_t* out_removed);
 
 /* ---------------------------------------------------------------------------------------------
- * The device runtime and the transfer engine (DESIGN.md §3).
+ * The device runtime and the transfer engine (docs/DESIGN.md §4, §5).
  * Device pointers, and native stream and event handles, are integers (uint64_t): a cudaStream_t /
  * hipStream_t value for cuda/hip (0 = the legacy default stream), a handle made by
  * kvo_runtime_stream_create for host (0 = "no stream": work runs synchronously).
@@ -323,8 +323,8 @@ KVO_API kvo_status kvo_engine_wait_all(kvo_engine_t* engine, kvo_job_result* out
 KVO_API kvo_status kvo_engine_stats_get(const kvo_engine_t* engine, kvo_engine_stats* out);
 
 /* ---------------------------------------------------------------------------------------------
- * The manager (DESIGN.md §4): which KV chunks live in the region's chunk slots. The scheduler side
- * of an engine uses it. A kvo_manager_t may be shared between threads: calls are serialised.
+ * The manager (docs/DESIGN.md §6): which KV chunks live in the region's chunk slots. The scheduler
+ * side of an engine uses it. A kvo_manager_t may be shared between threads: calls are serialised.
  * Arrays of keys are (pointer, count); a NULL pointer is allowed only with count 0. Output arrays
  * have room for at least `count` elements (for the keys given).
  * ------------------------------------------------------------------------------------------- */

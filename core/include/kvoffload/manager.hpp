@@ -1,5 +1,5 @@
 #pragma once
-// Manager: which KV chunks live in the host region's chunk slots (DESIGN.md §4).
+// Manager: which KV chunks live in the host region's chunk slots (docs/DESIGN.md §6).
 //
 // The scheduler side of an engine asks the Manager, per request, which prefix of its chunk keys is
 // already offloaded (lookup), pins that prefix while the workers load it (prepare_load /

@@ -1,5 +1,5 @@
 #pragma once
-// Building the runtime's resources in order, with one cleanup path (REFERENCE: initialisation).
+// Building the runtime's resources in order, with one cleanup path (docs/DESIGN.md §7.4).
 //
 // Scheduler side (OffloadStack): validate everything -> region -> primary (Manager) -> secondary
 // tiers (in order) -> tiered store. Worker side (OffloadWorker): validate -> region (ranked) ->

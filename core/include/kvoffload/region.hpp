@@ -1,7 +1,7 @@
 #pragma once
 // The shared host region: one file `<shm_dir>/kvoffload_<engine_id>.region` per engine, mapped
 // MAP_SHARED by every rank (and the scheduler). Exactly one process creates it; every other process
-// joins the same memory. See DESIGN.md §2 for the protocol and Note [Region lifetime] in
+// joins the same memory. See docs/DESIGN.md §3 for the protocol and Note [Region lifetime] in
 // core/src/region/attach.cpp for how creation, liveness and teardown fit together.
 //
 //   RegionOptions opts{.engine_id = "engine-0", .layout = {.num_chunks = 1024,

@@ -1,5 +1,5 @@
 #pragma once
-// The test seam of the platform layer (STYLE.md "Test seams"): every system call the region code
+// The test seam of the platform layer (docs/DESIGN.md §3.8): every system call the region code
 // makes on its create, join, populate, teardown, list and clean paths, and every call the file
 // tier makes on its records, goes through one of these function pointers. The real table is
 // real_syscalls(); tests copy it and replace entries with functions that fail the Nth call with a

@@ -1,6 +1,6 @@
 #pragma once
 // TransferEngine: moves KV blocks between device caches and this rank's host slots, asynchronously
-// and stream-ordered (DESIGN.md §3).
+// and stream-ordered (docs/DESIGN.md §5).
 //
 //   auto rt = kvoffload::make_runtime("auto");
 //   kvoffload::TransferEngine engine(*rt, layout);            // or (rt, region, rank, groups, bpc)

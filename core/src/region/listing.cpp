@@ -1,4 +1,4 @@
-// `region list` and `region clean` (DESIGN §2 point 6 and its notes).
+// `region list` and `region clean` (docs/DESIGN.md §3.5 and §3.7).
 //
 // Note [Hostile entries]: anything can sit in a shm dir under a region's name: a FIFO, a
 // directory, a symbolic link, a socket, a file someone else wrote. Every candidate is opened with
@@ -71,7 +71,7 @@ struct Candidate {
 
 Candidate open_candidate(const Syscalls& sys, int dirfd, const std::string& name) {
   Candidate c;
-  // Read-only and never locked here (see the note on list in DESIGN §2). O_NONBLOCK: see
+  // Read-only and never locked here (docs/DESIGN.md §3.7). O_NONBLOCK: see
   // Note [Hostile entries].
   const int raw = detail::retry_eintr([&] {
     return sys.openat(sys.context, dirfd, name.c_str(),

@@ -1,5 +1,5 @@
 #pragma once
-// Pre-faulting a mapped region (DESIGN §2 point 8): probe MADV_POPULATE_WRITE once; on EINVAL
+// Pre-faulting a mapped region (docs/DESIGN.md §3.3): probe MADV_POPULATE_WRITE once; on EINVAL
 // (kernels before 5.14) fall back to touching one byte per page without changing it; any other
 // errno is an error naming the errno and the range. A ranked mapper populates only its own slots,
 // row by row, in page-aligned ranges; an unranked mapper the whole data.

@@ -1,5 +1,5 @@
 #pragma once
-// Counting the holders of a region's shared flock without taking a lock (DESIGN §2 notes: a
+// Counting the holders of a region's shared flock without taking a lock (docs/DESIGN.md §3.7: a
 // probing lock in `list` could beat the last process out to its exclusive lock and leave a stale
 // file behind).
 

@@ -22,7 +22,7 @@
 namespace kvoffload::gpu {
 
 // Default upper bound of one host-register call. One call of >= 512 GiB fails on r580+ drivers
-// and leaves a sticky error (REFERENCE.md); 64 GiB pieces register at the same rate.
+// and leaves a sticky error (docs/DESIGN.md §4.4); 64 GiB pieces register at the same rate.
 inline constexpr std::uint64_t kDefaultRegisterChunkBytes = 64ull << 30;
 
 // [offset, offset + bytes) pieces of a registration of `bytes` bytes at address `base`: each at

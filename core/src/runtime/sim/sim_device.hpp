@@ -78,7 +78,7 @@ struct SimOptions {
   // (";"-separated; matched exactly, as HIP code objects are).
   std::string device_arch = "sim";
   std::string kernel_archs = "sim";
-  // HIP semantics where HIP and CUDA differ (DESIGN.md §7: CUDA's by default).
+  // HIP semantics where HIP and CUDA differ (docs/DESIGN.md §4.5: CUDA's by default).
   bool host_funcs_after_error = false;          // hipStreamAddCallback runs callbacks after errors
   bool wait_value_needs_signal_memory = false;  // hipStreamWaitValue32: signal memory only
   // Compute mode EXCLUSIVE_PROCESS: a device's context can exist in one process at a time (the
