@@ -10,16 +10,6 @@
 // Counters: per_op = seconds per call (a Manager call of `keys` keys, or one submitted and
 // completed transfer job); BM_PublishOnly is the bare cost of one publication (sequence number,
 // six relaxed stores, sequence number) for scale.
-#include <kvoffload/hash.hpp>
-#include <kvoffload/live_stats.hpp>
-#include <kvoffload/manager.hpp>
-#include <kvoffload/region.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
-#include "region/live_page.hpp"
-
-#include <benchmark/benchmark.h>
-
 #include <unistd.h>
 
 #include <atomic>
@@ -29,6 +19,16 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <kvoffload/hash.hpp>
+#include <kvoffload/live_stats.hpp>
+#include <kvoffload/manager.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include "region/live_page.hpp"
 
 namespace {
 

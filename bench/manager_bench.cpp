@@ -6,16 +6,16 @@
 // Counters: items_per_second = keys per second; per_key = seconds per key. policy:0 is LRU,
 // policy:1 is ARC (also the label).
 //   build/<dir>/bin/manager_bench            (about 30 s of CPU; each case runs >= 0.1 s)
-#include <kvoffload/hash.hpp>
-#include <kvoffload/manager.hpp>
-
-#include <benchmark/benchmark.h>
-
 #include <map>
 #include <memory>
 #include <random>
 #include <utility>
 #include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <kvoffload/hash.hpp>
+#include <kvoffload/manager.hpp>
 
 namespace {
 

@@ -15,11 +15,6 @@
 // BM_RegionAttachDetach is the fixed cost of one attach and detach of a 1-chunk region (system
 // calls, header, liveness lock, the role of Note [Owners]), as a creator or as a joiner.
 //   build/<preset>/bin/region_bench --benchmark_min_time=0.01
-#include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
-
-#include <benchmark/benchmark.h>
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -37,6 +32,11 @@
 #include <system_error>
 #include <thread>
 #include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <kvoffload/region.hpp>
+#include <kvoffload/syscalls.hpp>
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older libc headers lack it

@@ -9,17 +9,17 @@
 // BM_RedisBenchmark: one redis-benchmark run per {test 0 SET / 1 GET, value bytes, store}, with
 // the same number of connections per node and a pipeline depth of 8; its requests/s x value bytes
 // is reported as the "bytes_per_second" counter (compare with the remote tier's).
-#include "remote_servers.hpp"
-
-#include <kvoffload/remote_tier.hpp>
-
-#include <benchmark/benchmark.h>
-
 #include <cstdio>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <kvoffload/remote_tier.hpp>
+
+#include "remote_servers.hpp"
 
 namespace {
 

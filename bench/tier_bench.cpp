@@ -10,15 +10,16 @@
 // buffered mode they come from the page cache, with O_DIRECT from the device.
 //   KVOFFLOAD_BENCH_DIR=/var/tmp build/cpu/bin/tier_bench     (a directory on the disk to test;
 //                                                               default /var/tmp)
-#include <kvoffload/file_tier.hpp>
-
-#include <benchmark/benchmark.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <kvoffload/file_tier.hpp>
 
 namespace {
 

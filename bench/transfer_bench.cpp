@@ -22,11 +22,6 @@
 // the copies went through the simulated device and its copy kernel); a mismatch makes the program
 // exit 1. Target (docs/PERFORMANCE.md): host backend ratio >= 0.9 for fragments >= 64 KiB; GPU
 // figures on the device's own targets (docs/PERFORMANCE.md).
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/error.hpp>
-
-#include <benchmark/benchmark.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -36,6 +31,11 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/error.hpp>
 
 namespace {
 

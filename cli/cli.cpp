@@ -1,7 +1,5 @@
 #include "cli.hpp"
 
-#include <kvoffload/error.hpp>
-
 #include <algorithm>
 #include <bit>
 #include <cctype>
@@ -15,6 +13,8 @@
 #include <map>
 #include <memory>
 #include <utility>
+
+#include <kvoffload/error.hpp>
 
 namespace kvoffload::cli {
 

@@ -5,17 +5,17 @@
 // on stdout, exits 0 on success, and on error exits non-zero with a one-paragraph message on
 // stderr.
 
-#include <kvoffload/device_runtime.hpp>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <kvoffload/device_runtime.hpp>
 
 namespace kvoffload::cli {
 

@@ -5,14 +5,6 @@
 //
 // GET /metrics answers the exposition (prometheus.hpp); GET / a short page pointing there.
 // SIGINT, SIGTERM and SIGHUP stop it (exit 0).
-#include "cli.hpp"
-#include "monitor/listen_address.hpp"
-#include "monitor/prometheus.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/live_stats.hpp>
-#include <kvoffload/log.hpp>
-
 #include <httplib.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -24,6 +16,14 @@
 #include <cerrno>
 #include <memory>
 #include <thread>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/live_stats.hpp>
+#include <kvoffload/log.hpp>
+
+#include "cli.hpp"
+#include "monitor/listen_address.hpp"
+#include "monitor/prometheus.hpp"
 
 namespace kvoffload::cli {
 namespace {

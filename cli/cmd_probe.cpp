@@ -2,17 +2,17 @@
 // its space, the page size, MADV_POPULATE_WRITE support, the memory cgroup limit, NUMA nodes, and
 // the device backends built into this library with their device counts. Operators run it first when
 // a region does not fit; tests parse its JSON.
-#include "cli.hpp"
-
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/platform.hpp>
-#include <kvoffload/region.hpp>
-
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/platform.hpp>
+#include <kvoffload/region.hpp>
+
+#include "cli.hpp"
 
 namespace kvoffload::cli {
 namespace {

@@ -15,15 +15,6 @@
 //         holding the scheduler role and each rank slot (read from /proc/locks), and each one's
 //         occupancy from its live statistics page (read-only; list locks nothing).
 // clean:  removes stale regions only; a region in use is never removed.
-#include "cli.hpp"
-#include "monitor/live_json.hpp"
-#include "region_bytes.hpp"
-#include "util/clock.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/live_stats.hpp>
-#include <kvoffload/region.hpp>
-
 #include <pthread.h>
 #include <signal.h>
 
@@ -43,6 +34,15 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/live_stats.hpp>
+#include <kvoffload/region.hpp>
+
+#include "cli.hpp"
+#include "monitor/live_json.hpp"
+#include "region_bytes.hpp"
+#include "util/clock.hpp"
 
 namespace kvoffload::cli {
 namespace {

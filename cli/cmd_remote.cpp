@@ -3,14 +3,14 @@
 // many of the 16384 hash slots have a reachable master. Exits 0 only when the store can serve
 // every key as given (RemoteCheckReport::problem()): every slot served by a reachable master,
 // every memcached server reachable, a standalone Redis reachable and not in cluster mode.
-#include "cli.hpp"
+#include <memory>
+#include <sstream>
+#include <string>
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/remote_tier.hpp>
 
-#include <memory>
-#include <sstream>
-#include <string>
+#include "cli.hpp"
 
 namespace kvoffload::cli {
 namespace {

@@ -1,17 +1,17 @@
 // `kvoffload run`: the main job, an end-to-end offload cycle (see run/scheduler.hpp), and the
 // hidden `run-worker` subcommand its rank processes run.
-#include "cli.hpp"
-#include "run/run_config.hpp"
-#include "run/scheduler.hpp"
-#include "run/worker.hpp"
-
-#include <kvoffload/region.hpp>
-
 #include <unistd.h>
 
 #include <cstdint>
 #include <limits>
 #include <memory>
+
+#include <kvoffload/region.hpp>
+
+#include "cli.hpp"
+#include "run/run_config.hpp"
+#include "run/scheduler.hpp"
+#include "run/worker.hpp"
 
 namespace kvoffload::cli {
 namespace {

@@ -10,12 +10,6 @@
 // the hit prefix, then prepare/complete store (success) of the remaining chunks, protecting the
 // request's hit prefix from eviction. hits = chunks in hit prefixes, misses = the other chunks
 // looked up; ops_per_second = Manager calls per second of replay (parsing excluded).
-#include "cli.hpp"
-
-#include <kvoffload/block_key.hpp>
-#include <kvoffload/error.hpp>
-#include <kvoffload/manager.hpp>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +25,12 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/error.hpp>
+#include <kvoffload/manager.hpp>
+
+#include "cli.hpp"
 
 namespace kvoffload::cli {
 namespace {

@@ -6,19 +6,19 @@
 // standard output is not a terminal (a pipe, a file, a CI log) it prints one snapshot as plain
 // text and exits, as `--once` does anywhere; `--json` prints one JSON object. `--frames N` stops
 // after N frames (scripts and tests).
-#include "cli.hpp"
-#include "monitor/live_json.hpp"
-#include "monitor/terminal.hpp"
-#include "monitor/top_view.hpp"
-
-#include <kvoffload/live_stats.hpp>
-
 #include <unistd.h>
 
 #include <chrono>
 #include <ctime>
 #include <iostream>
 #include <memory>
+
+#include <kvoffload/live_stats.hpp>
+
+#include "cli.hpp"
+#include "monitor/live_json.hpp"
+#include "monitor/terminal.hpp"
+#include "monitor/top_view.hpp"
 
 namespace kvoffload::cli {
 namespace {

@@ -1,12 +1,12 @@
 // `kvoffload version`: the library version and the backends this build has (built or not, with
 // their devices and why one is unavailable), as `probe` lists them.
-#include "cli.hpp"
+#include <memory>
+#include <string>
 
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/version.hpp>
 
-#include <memory>
-#include <string>
+#include "cli.hpp"
 
 namespace kvoffload::cli {
 namespace {

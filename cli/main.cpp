@@ -1,15 +1,15 @@
 // kvoffload: the command-line program (docs/DESIGN.md §10.1). Subcommands register themselves.
-#include "cli.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/version.hpp>
-
 #include <exception>
 #include <iostream>
 #include <map>
 #include <new>
 #include <string_view>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/version.hpp>
+
+#include "cli.hpp"
 
 namespace kvoffload::cli {
 std::map<std::string, CommandSetup>& command_registry();

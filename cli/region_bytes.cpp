@@ -1,8 +1,6 @@
 // `region create --fill / --check` over a mapped region (see region_bytes.hpp).
 #include "region_bytes.hpp"
 
-#include <kvoffload/error.hpp>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
@@ -11,6 +9,8 @@
 #include <span>
 #include <thread>
 #include <vector>
+
+#include <kvoffload/error.hpp>
 
 namespace kvoffload::cli {
 

@@ -2,10 +2,10 @@
 // `region create --fill / --check`: writes one byte value over this mapper's slots (or, unranked,
 // the whole data) and verifies that every byte of them holds it, on several threads.
 
-#include <kvoffload/region.hpp>
-
 #include <cstdint>
 #include <string>
+
+#include <kvoffload/region.hpp>
 
 namespace kvoffload::cli {
 

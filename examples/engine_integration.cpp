@@ -14,19 +14,19 @@
 // The scheduler side (which keys go to which chunk) is the Manager; it is used here too so the
 // example shows the whole flow. Usage: engine_integration [--rank R] [--world-size W]
 //                                       [--backend host|cuda|hip|auto] [--shm-dir DIR]
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/error.hpp>
-#include <kvoffload/kv_layout.hpp>
-#include <kvoffload/manager.hpp>
-#include <kvoffload/region.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/error.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/manager.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/transfer_engine.hpp>
 
 namespace kvo = kvoffload;
 

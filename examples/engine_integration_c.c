@@ -1,11 +1,11 @@
 /* The engine integration through the C API (kvoffload.h): create the region for rank 0, build the
  * runtime and engine, store 4 GPU blocks after the compute stream, load them back into other
  * blocks, verify, shut down. Every call's status is checked; the message says what failed. */
-#include <kvoffload/kvoffload.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <kvoffload/kvoffload.h>
 
 #define TRY(call)                                                         \
   do {                                                                    \

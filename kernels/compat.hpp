@@ -107,8 +107,8 @@ struct kvo_block_scan {
 };
 
 #else
-#include <cuda_runtime.h>
 #include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
 
 #define KVO_BACKEND_NS cuda
 

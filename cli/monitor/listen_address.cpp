@@ -1,10 +1,10 @@
 #include "monitor/listen_address.hpp"
 
-#include <kvoffload/error.hpp>
-
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+
+#include <kvoffload/error.hpp>
 
 namespace kvoffload::cli {
 namespace {

@@ -2,11 +2,11 @@
 // The live statistics of an engine (kvoffload/live_stats.hpp) as JSON and as short text, shared by
 // `region list`, `top` and the exporter's tests.
 
-#include <kvoffload/live_stats.hpp>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
-#include <string>
+#include <kvoffload/live_stats.hpp>
 
 namespace kvoffload::cli {
 

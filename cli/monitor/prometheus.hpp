@@ -4,10 +4,10 @@
 // prefix, _total on counters, base units in the name (_bytes, _seconds), and the labels engine_id,
 // rank, tier and direction (README: "Watching engines").
 
-#include <kvoffload/live_stats.hpp>
-
 #include <string>
 #include <vector>
+
+#include <kvoffload/live_stats.hpp>
 
 namespace kvoffload::cli {
 

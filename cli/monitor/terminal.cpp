@@ -1,7 +1,5 @@
 #include "monitor/terminal.hpp"
 
-#include <kvoffload/error.hpp>
-
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -10,6 +8,8 @@
 
 #include <cerrno>
 #include <csignal>
+
+#include <kvoffload/error.hpp>
 
 namespace kvoffload::cli {
 namespace {

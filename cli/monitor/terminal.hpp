@@ -8,11 +8,11 @@
 // then clear-to-end-of-screen, all in one write: nothing is ever cleared before it is redrawn, so
 // the screen does not flicker.
 
+#include <termios.h>
+
 #include <chrono>
 #include <string>
 #include <vector>
-
-#include <termios.h>
 
 namespace kvoffload::cli {
 

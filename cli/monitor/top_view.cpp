@@ -1,10 +1,10 @@
 #include "monitor/top_view.hpp"
 
-#include "monitor/live_json.hpp"
+#include <cstdio>
 
 #include <kvoffload/error.hpp>
 
-#include <cstdio>
+#include "monitor/live_json.hpp"
 
 namespace kvoffload::cli {
 namespace {

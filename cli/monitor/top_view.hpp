@@ -2,8 +2,6 @@
 // What `kvoffload top` draws: the engines of a node as lines of text, one frame at a time. Pure
 // (no terminal I/O) so tests can check a frame; terminal.hpp puts frames on the screen.
 
-#include <kvoffload/live_stats.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -11,6 +9,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <kvoffload/live_stats.hpp>
 
 namespace kvoffload::cli {
 

@@ -1,12 +1,12 @@
 #include "channel.hpp"
 
-#include <kvoffload/error.hpp>
-
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include <kvoffload/error.hpp>
 
 namespace kvoffload::run {
 

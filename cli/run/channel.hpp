@@ -2,11 +2,11 @@
 // A JSON-lines channel over a connected socket: how the `kvoffload run` scheduler talks to its
 // rank processes (one message per request, so the cost of text is irrelevant next to the copies).
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <optional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace kvoffload::run {
 

@@ -1,9 +1,9 @@
 #include "kv_pattern.hpp"
 
-#include <kvoffload/hash.hpp>
-
 #include <algorithm>
 #include <cstring>
+
+#include <kvoffload/hash.hpp>
 
 namespace kvoffload::run {
 namespace {

@@ -3,11 +3,11 @@
 // a function of (chunk key, rank, layer, position of the block in its chunk, byte offset), so a
 // load into any device block can be checked without remembering what was stored.
 
-#include <kvoffload/block_key.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <span>
+
+#include <kvoffload/block_key.hpp>
 
 namespace kvoffload::run {
 

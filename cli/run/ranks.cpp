@@ -1,8 +1,6 @@
 // The rank processes of `kvoffload run`: spawn, receive, stop (see ranks.hpp).
 #include "ranks.hpp"
 
-#include <kvoffload/error.hpp>
-
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -13,6 +11,8 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+
+#include <kvoffload/error.hpp>
 
 namespace kvoffload::run {
 

@@ -2,16 +2,16 @@
 // The rank processes of `kvoffload run`: started as `kvoffload run-worker` over a socketpair each,
 // asked and answered over their Channel, stopped (gracefully, or by SIGKILL after 30 s).
 
-#include "channel.hpp"
-
-#include <nlohmann/json.hpp>
-
 #include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "channel.hpp"
 
 namespace kvoffload::run {
 

@@ -1,12 +1,12 @@
 // The text form of a `kvoffload run` report (format_report in scheduler.hpp): the figures the JSON
 // report holds, one line per subject, and the verdict last.
-#include "../cli.hpp"
-#include "scheduler.hpp"
-
 #include <cstdint>
 #include <ios>
 #include <sstream>
 #include <string>
+
+#include "../cli.hpp"
+#include "scheduler.hpp"
 
 namespace kvoffload::run {
 

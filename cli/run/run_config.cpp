@@ -1,18 +1,18 @@
 #include "run_config.hpp"
 
-#include "../cli.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/geometry.hpp>
-#include <kvoffload/platform.hpp>
-#include <kvoffload/remote_tier.hpp>
-
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/geometry.hpp>
+#include <kvoffload/platform.hpp>
+#include <kvoffload/remote_tier.hpp>
+
+#include "../cli.hpp"
 
 namespace kvoffload::run {
 namespace {

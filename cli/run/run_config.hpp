@@ -2,10 +2,10 @@
 // Configuration of `kvoffload run`, the end-to-end offload cycle (README: "The main job").
 // The scheduler validates it, derives the geometry, and sends it to every worker as JSON.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace kvoffload::run {
 

@@ -4,19 +4,6 @@
 // (ranks.cpp), the signals (interrupt.cpp) and the text report (report.cpp) are apart.
 #include "scheduler.hpp"
 
-#include "../cli.hpp"
-#include "channel.hpp"
-#include "interrupt.hpp"
-#include "progress.hpp"
-#include "ranks.hpp"
-#include "workload.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/geometry.hpp>
-#include <kvoffload/log.hpp>
-#include <kvoffload/offload_stack.hpp>
-#include <kvoffload/platform.hpp>
-
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -32,6 +19,19 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/geometry.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/offload_stack.hpp>
+#include <kvoffload/platform.hpp>
+
+#include "../cli.hpp"
+#include "channel.hpp"
+#include "interrupt.hpp"
+#include "progress.hpp"
+#include "ranks.hpp"
+#include "workload.hpp"
 
 namespace kvoffload::run {
 namespace {

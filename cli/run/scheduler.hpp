@@ -1,11 +1,11 @@
 #pragma once
 // The scheduler of `kvoffload run`: builds the offload stack (region, manager, optional file
 // tier), starts one process per rank, drives the workload and reports.
-#include "run_config.hpp"
+#include <string>
 
 #include <nlohmann/json.hpp>
 
-#include <string>
+#include "run_config.hpp"
 
 namespace kvoffload::run {
 

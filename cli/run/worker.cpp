@@ -1,9 +1,13 @@
 #include "worker.hpp"
 
-#include "channel.hpp"
-#include "kv_pattern.hpp"
-#include "run_config.hpp"
-#include "util/clock.hpp"
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <vector>
 
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
@@ -11,15 +15,10 @@
 #include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
-#include <cerrno>
-#include <csignal>
-
-#include <atomic>
-#include <chrono>
-#include <mutex>
-#include <optional>
-#include <span>
-#include <vector>
+#include "channel.hpp"
+#include "kv_pattern.hpp"
+#include "run_config.hpp"
+#include "util/clock.hpp"
 
 namespace kvoffload::run {
 namespace {

@@ -4,11 +4,11 @@
 // the request. Keys are derived like an engine's prefix hashes: the same family and position give
 // the same key, so requests sharing a prefix hit the same chunks.
 
-#include <kvoffload/block_key.hpp>
-
 #include <cstdint>
 #include <random>
 #include <vector>
+
+#include <kvoffload/block_key.hpp>
 
 namespace kvoffload::run {
 

@@ -1,7 +1,7 @@
-#include "kvoffload/error.hpp"
-
 #include <cstring>
 #include <utility>
+
+#include <kvoffload/error.hpp>
 
 namespace kvoffload {
 

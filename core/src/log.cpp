@@ -1,10 +1,10 @@
-#include "kvoffload/log.hpp"
-
-#include <spdlog/sinks/stdout_color_sinks.h>
-
 #include <cstdlib>
 #include <memory>
 #include <string>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include <kvoffload/log.hpp>
 
 namespace kvoffload {
 namespace {

@@ -1,5 +1,5 @@
-// The CUDA vendor table (core/src/runtime/gpu/vendor_api.hpp): each entry is the CUDA runtime call it
-// names, nothing more. Everything else — registration pieces, rings, fallbacks — is the one GPU
+// The CUDA vendor table (core/src/runtime/gpu/vendor_api.hpp): each entry is the CUDA runtime call
+// it names, nothing more. Everything else — registration pieces, rings, fallbacks — is the one GPU
 // runtime in core. Built as the module libkvoffload_cuda.so, which core opens on first use.
 // hip/src/hip_api.cpp is its twin; the differences are CUDA's and are said where they are.
 //
@@ -22,16 +22,16 @@
 //   is one.
 // - It is a driver call: it needs a current context on the calling thread, which the runtime
 //   guarantees by setting the device on every call (Note [Batched DMA refusals]).
-#include "runtime/gpu/vendor_api.hpp"
-
-#include <kvoffload_kernels/copy_kernels.hpp>
+#include <cstdio>
+#include <cstring>
+#include <string>
 
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <cstdio>
-#include <cstring>
-#include <string>
+#include <kvoffload_kernels/copy_kernels.hpp>
+
+#include "runtime/gpu/vendor_api.hpp"
 
 // The CUDA API level this module is written for: the toolkit's, or an older one forced by the
 // compile check of the older branches (cuda/CMakeLists.txt).

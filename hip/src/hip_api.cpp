@@ -29,17 +29,17 @@
 //   that library's own handle (dladdr of hipGetDeviceCount, then dlopen RTLD_NOLOAD):
 //   dlsym(RTLD_DEFAULT) misses when Python loaded us RTLD_LOCAL.
 // - The signature is trusted only on the HIP major that published it (7.x).
-#include "runtime/gpu/vendor_api.hpp"
-
-#include <kvoffload_kernels/copy_kernels.hpp>
-
-#include <hip/hip_runtime.h>
-
 #include <dlfcn.h>
 
 #include <cstdio>
 #include <memory>
 #include <string>
+
+#include <hip/hip_runtime.h>
+
+#include <kvoffload_kernels/copy_kernels.hpp>
+
+#include "runtime/gpu/vendor_api.hpp"
 
 #ifndef KVOFFLOAD_HIP_ARCHS
 #define KVOFFLOAD_HIP_ARCHS ""

@@ -1,9 +1,9 @@
 // kvoffload.Error and kvoffload.ErrorCode.
-#include "bindings.hpp"
+#include <pybind11/eval.h>
 
 #include <kvoffload/error.hpp>
 
-#include <pybind11/eval.h>
+#include "bindings.hpp"
 
 namespace py = pybind11;
 

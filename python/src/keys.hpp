@@ -1,11 +1,11 @@
 #pragma once
 // Block keys on the Python side: ints in [0, 2**128) (an engine's block hash as an int), or
 // bytes/bytearray of up to 16 bytes (big-endian). Keys come back as ints.
-#include <kvoffload/block_key.hpp>
+#include <vector>
 
 #include <pybind11/pybind11.h>
 
-#include <vector>
+#include <kvoffload/block_key.hpp>
 
 namespace kvoffload::python {
 

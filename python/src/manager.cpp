@@ -2,18 +2,18 @@
 //
 // The Manager is thread-compatible; every call here runs with the GIL held (none releases it, the
 // calls are microseconds), so Python threads sharing one Manager are serialised by the GIL.
-#include "bindings.hpp"
-#include "keys.hpp"
-#include "stats_dict.hpp"
+#include <climits>
+#include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/manager.hpp>
 
-#include <pybind11/stl.h>
-
-#include <climits>
-#include <string>
-#include <vector>
+#include "bindings.hpp"
+#include "keys.hpp"
+#include "stats_dict.hpp"
 
 namespace py = pybind11;
 

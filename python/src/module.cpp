@@ -4,10 +4,10 @@
 // Pointers cross as Python ints, so an engine passes torch's tensor.data_ptr() straight in.
 // Errors: every kvoffload::Error becomes kvoffload.Error, whose str() is the C++ message and which
 // carries .code (kvoffload.ErrorCode), .errno and .call.
-#include "bindings.hpp"
-
 #include <kvoffload/error.hpp>
 #include <kvoffload/version.hpp>
+
+#include "bindings.hpp"
 
 namespace py = pybind11;
 

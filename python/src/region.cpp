@@ -8,21 +8,21 @@
 // region is detached when its last holder goes. An explicit Region.close() while views exist would
 // leave them pointing at unmapped memory (a segfault on access), so it is refused with
 // ErrorCode.STATE naming how many views are alive.
-#include "bindings.hpp"
-#include "region_holder.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/region.hpp>
-
-#include <pybind11/chrono.h>
-#include <pybind11/stl.h>
-#include <pybind11/stl/filesystem.h>
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
+
+#include "bindings.hpp"
+#include "region_holder.hpp"
 
 namespace py = pybind11;
 

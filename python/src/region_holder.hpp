@@ -1,14 +1,14 @@
 #pragma once
 // The shared owner of a Region on the Python side (see Note [Views keep the region mapped] in
 // region.cpp).
-#include <kvoffload/error.hpp>
-#include <kvoffload/region.hpp>
-
 #include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
 
 namespace kvoffload::python {
 

@@ -1,11 +1,11 @@
 // kvoffload.RemoteTierOptions and kvoffload.parse_remote_url: the remote tier's configuration
 // (kvoffload::RemoteTierOptions), with validate() and the geometry fingerprint; times are
 // milliseconds as ints.
-#include "bindings.hpp"
+#include <pybind11/stl.h>
 
 #include <kvoffload/remote_tier.hpp>
 
-#include <pybind11/stl.h>
+#include "bindings.hpp"
 
 namespace py = pybind11;
 

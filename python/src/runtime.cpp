@@ -1,16 +1,16 @@
 // kvoffload.DeviceRuntime (streams, events, host registration, device buffers) and, once built,
 // the transfer engine. Device pointers and native stream/event handles are Python ints.
-#include "bindings.hpp"
-#include "region_holder.hpp"
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <pybind11/stl.h>
 
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
 
-#include <pybind11/stl.h>
-
-#include <cstdint>
-#include <memory>
-#include <string>
+#include "bindings.hpp"
+#include "region_holder.hpp"
 
 namespace py = pybind11;
 

@@ -2,14 +2,14 @@
 // The stats() dicts of the bindings: one key per field of stats_fields.h, in its order, with the
 // C++ value (ints, floats; FLAG fields as bool), so Python sees every listed field.
 
-#include <kvoffload/stats_fields.h>
+#include <pybind11/pybind11.h>
+
 #include <kvoffload/eviction_policy.hpp>
 #include <kvoffload/manager.hpp>
 #include <kvoffload/remote_tier.hpp>
+#include <kvoffload/stats_fields.h>
 #include <kvoffload/tier.hpp>
 #include <kvoffload/transfer_engine.hpp>
-
-#include <pybind11/pybind11.h>
 
 namespace kvoffload::python {
 

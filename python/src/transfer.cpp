@@ -1,21 +1,21 @@
 // kvoffload.TransferEngine, DeviceTensor, JobResult. Device addresses are ints, so an engine
 // passes torch's tensor.data_ptr() (and stream.cuda_stream) straight in.
-#include "bindings.hpp"
-#include "region_holder.hpp"
-#include "stats_dict.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/kv_layout.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
-#include <pybind11/stl.h>
-
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <pybind11/stl.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include "bindings.hpp"
+#include "region_holder.hpp"
+#include "stats_dict.hpp"
 
 namespace py = pybind11;
 

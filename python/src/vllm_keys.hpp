@@ -5,14 +5,14 @@
 // process state), so the same OffloadKey names the same BlockKey in every process and after a
 // restart: the file tier's records and the remote tier's values are found again by it.
 // Shared by VllmManagerCore (vllm_manager.cpp) and the vLLM secondary tiers (vllm_tiers.cpp).
-#include <kvoffload/block_key.hpp>
-#include <kvoffload/error.hpp>
-#include <kvoffload/hash.hpp>
+#include <cstdint>
+#include <string>
 
 #include <pybind11/pybind11.h>
 
-#include <cstdint>
-#include <string>
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/error.hpp>
+#include <kvoffload/hash.hpp>
 
 namespace kvoffload::python {
 

@@ -11,17 +11,17 @@
 //
 // The Manager runs with ManagerSemantics::kVllm (Note [vLLM semantics] in manager.cpp). Calls hold
 // the GIL throughout (they take microseconds), so Python threads are serialised.
-#include "bindings.hpp"
-#include "vllm_keys.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/manager.hpp>
-
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/manager.hpp>
+
+#include "bindings.hpp"
+#include "vllm_keys.hpp"
 
 namespace py = pybind11;
 

@@ -20,18 +20,6 @@
 // The primary buffer is held (a Py_buffer export) until close(): the tier's I/O threads read and
 // write it, so close() first drains and closes the tier, then releases the export (vLLM releases
 // its memoryview after shutting its tiers down).
-#include "bindings.hpp"
-#include "stats_dict.hpp"
-#include "vllm_keys.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/file_tier.hpp>
-#include <kvoffload/remote_tier.hpp>
-#include <kvoffload/tier.hpp>
-
-#include <pybind11/numpy.h>
-#include <pybind11/stl.h>
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -39,6 +27,18 @@
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/file_tier.hpp>
+#include <kvoffload/remote_tier.hpp>
+#include <kvoffload/tier.hpp>
+
+#include "bindings.hpp"
+#include "stats_dict.hpp"
+#include "vllm_keys.hpp"
 
 namespace py = pybind11;
 

@@ -1,9 +1,9 @@
 /* The remote tier configuration through the C API (plain C99): defaults, validation messages,
  * the URL's kind and nodes, and the geometry fingerprint. */
-#include <kvoffload/kvoffload.h>
-
 #include <stdio.h>
 #include <string.h>
+
+#include <kvoffload/kvoffload.h>
 
 static int failures = 0;
 #define CHECK(cond)                                                                            \

@@ -2,12 +2,12 @@
  * first failure with the file:line and the library's last error message. */
 /* NOLINTNEXTLINE(bugprone-reserved-identifier): the POSIX feature macro */
 #define _POSIX_C_SOURCE 200809L
-#include <kvoffload/kvoffload.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <kvoffload/kvoffload.h>
 
 static int checks = 0;
 

@@ -2,19 +2,19 @@
 // listed field with the C++ value: the list is counted against the structs' members (an aggregate
 // takes exactly as many initializers as it has members), and the C API's copies are checked
 // field by field with a distinct value per field.
-#include "capi/capi_stats.hpp"
-
-#include <kvoffload/stats_fields.h>
-#include <kvoffload/eviction_policy.hpp>
-#include <kvoffload/manager.hpp>
-#include <kvoffload/remote_tier.hpp>
-#include <kvoffload/tier.hpp>
-#include <kvoffload/transfer_engine.hpp>
+#include <cstddef>
+#include <type_traits>
 
 #include <gtest/gtest.h>
 
-#include <cstddef>
-#include <type_traits>
+#include <kvoffload/eviction_policy.hpp>
+#include <kvoffload/manager.hpp>
+#include <kvoffload/remote_tier.hpp>
+#include <kvoffload/stats_fields.h>
+#include <kvoffload/tier.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include "capi/capi_stats.hpp"
 
 namespace kvoffload {
 namespace {

@@ -1,11 +1,6 @@
 // The `kvoffload` program as operators and scripts use it (docs/DESIGN.md §10.1): every test execs
 // the real binary ($KVOFFLOAD_TEST_BIN_DIR/kvoffload) with a per-test temporary --shm-dir, and
 // checks exit codes, JSON keys and values, and what is left in the directory.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +19,10 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "child_process.hpp"
 

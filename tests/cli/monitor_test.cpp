@@ -4,16 +4,8 @@
 // client's own parser and naming rules: check_prometheus.py), also while a `kvoffload run` goes,
 // against that run's JSON. Every test uses its own shm dir; the engines are forked children of the
 // test that publish a scripted state (or a real `kvoffload run`).
-#include <gtest/gtest.h>
-
-#include <httplib.h>
-#include <nlohmann/json.hpp>
-
-#include <kvoffload/manager.hpp>
-#include <kvoffload/offload_stack.hpp>
-#include <kvoffload/region.hpp>
-
 #include <fcntl.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pty.h>
@@ -35,6 +27,13 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <kvoffload/manager.hpp>
+#include <kvoffload/offload_stack.hpp>
+#include <kvoffload/region.hpp>
 
 #include "child_process.hpp"
 #include "test_env.hpp"

@@ -2,13 +2,13 @@
 // the C API's stable kvo_status numbers and the names appear in JSON output, so a renumbered,
 // renamed, added or dropped code in error_codes.h fails here (and in capi_test.c and
 // test_errors.py).
-#include <gtest/gtest.h>
-
-#include "kvoffload/error.hpp"
-
 #include <cerrno>
 #include <string>
 #include <string_view>
+
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
 
 namespace {
 

@@ -1,20 +1,8 @@
-// The GPU runtime (core/src/runtime/gpu): which path ran, the descriptor rings, registration in pieces,
-// big kernel batches, and the fixes of the review, each against the simulated device's fault
-// knobs. Built twice: "sim" (label cpu; CI runs it, also under ASan and TSan) and "cuda,hip"
+// The GPU runtime (core/src/runtime/gpu): which path ran, the descriptor rings, registration in
+// pieces, big kernel batches, and the fixes of the review, each against the simulated device's
+// fault knobs. Built twice: "sim" (label cpu; CI runs it, also under ASan and TSan) and "cuda,hip"
 // (label gpu, where a GPU exists). Tests that need a knob run on sim only and say so elsewhere.
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/error.hpp>
-#include <kvoffload/kv_layout.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
 #include "runtime/gpu/gpu_runtime.hpp"
-#include "runtime/sim/sim_device.hpp"
-#include "skip.hpp"
-#include "runtime/backend_factories.hpp"
-
-#include "gpu_test_util.hpp"
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
@@ -26,6 +14,18 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <gtest/gtest.h>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/error.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include "gpu_test_util.hpp"
+#include "runtime/backend_factories.hpp"
+#include "runtime/sim/sim_device.hpp"
+#include "skip.hpp"
 
 #ifndef KVOFFLOAD_TEST_BACKENDS
 #define KVOFFLOAD_TEST_BACKENDS "sim"

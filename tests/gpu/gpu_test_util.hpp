@@ -1,10 +1,6 @@
 #pragma once
 // Helpers of the GPU runtime's suites (gpu_runtime_test, sim_device_test): host buffers, a flag
 // gate that holds streams, a one-tensor KV rig, and job submission shorthands.
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/kv_layout.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +10,10 @@
 #include <span>
 #include <thread>
 #include <vector>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/transfer_engine.hpp>
 
 namespace kvoffload::gpu_test {
 

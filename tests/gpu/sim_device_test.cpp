@@ -5,18 +5,7 @@
 // codes of driver calls, retired ring slots at destruction, registration pieces with their own
 // device offsets, a device whose architecture the build lacks, and the driver floor. Each test
 // names the behaviour it holds; the mutation that breaks it is in the note.
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/error.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
-#include "runtime/gpu/gpu_runtime.hpp"
 #include "runtime/sim/sim_device.hpp"
-#include "runtime/backend_factories.hpp"
-
-#include "gpu_test_util.hpp"
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
@@ -26,6 +15,17 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/error.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include "gpu_test_util.hpp"
+#include "runtime/backend_factories.hpp"
+#include "runtime/gpu/gpu_runtime.hpp"
 
 namespace kvoffload {
 namespace {

@@ -3,11 +3,6 @@
 // built a runtime on device 0 (to learn the device count) left a context there, which on a real
 // GPU costs hundreds of MiB per rank and, in this compute mode, makes the second process that
 // asks for device 0 fail ("busy or unavailable"), as the simulator does here.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +12,10 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "child_process.hpp"
 

@@ -1,12 +1,12 @@
-#include <kvoffload/block_key.hpp>
-#include <kvoffload/error.hpp>
-
-#include <gtest/gtest.h>
-
 #include <random>
 #include <string>
 #include <unordered_set>
 #include <vector>
+
+#include <gtest/gtest.h>
+
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/error.hpp>
 
 namespace kvoffload {
 namespace {

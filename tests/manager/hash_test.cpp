@@ -1,13 +1,13 @@
 // kvoffload/hash.hpp: every hash pinned to values computed before they were gathered in one header,
 // because each value leaves the process (hash.hpp says where). A changed constant, seed, shift or
 // block order fails here before it orphans a file tier's records or a remote tier's values.
-#include <kvoffload/block_key.hpp>
-#include <kvoffload/hash.hpp>
+#include <cstdint>
+#include <string_view>
 
 #include <gtest/gtest.h>
 
-#include <cstdint>
-#include <string_view>
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/hash.hpp>
 
 namespace kvoffload {
 namespace {

@@ -1,10 +1,10 @@
 // Manager API rules, for both policies (parameterised) unless a rule is policy-specific.
-#include "manager_test_util.hpp"
+#include <algorithm>
+#include <set>
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <set>
+#include "manager_test_util.hpp"
 
 namespace kvoffload {
 namespace {

@@ -1,11 +1,11 @@
 #pragma once
 // Helpers shared by the manager tests.
-#include <kvoffload/error.hpp>
-#include <kvoffload/manager.hpp>
-
 #include <functional>
 #include <initializer_list>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/manager.hpp>
 
 namespace kvoffload::test {
 

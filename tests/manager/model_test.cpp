@@ -6,16 +6,16 @@
 // statistics and the policy counters (ARC list sizes and p). The model uses plain vectors and maps,
 // O(n) per operation, written from the rules in manager.hpp / eviction_policy.hpp / arc_policy.cpp.
 // Over 500 lines on purpose: the reference policy and Manager, most of it, serve this one test.
-#include "manager_test_util.hpp"
-
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <deque>
 #include <map>
 #include <random>
 #include <set>
 #include <vector>
+
+#include <gtest/gtest.h>
+
+#include "manager_test_util.hpp"
 
 namespace kvoffload {
 namespace {

@@ -1,11 +1,11 @@
 // LRU and ARC scenarios, through the Manager and on the policies directly.
-#include "manager_test_util.hpp"
-
-#include <kvoffload/eviction_policy.hpp>
+#include <vector>
 
 #include <gtest/gtest.h>
 
-#include <vector>
+#include <kvoffload/eviction_policy.hpp>
+
+#include "manager_test_util.hpp"
 
 namespace kvoffload {
 namespace {

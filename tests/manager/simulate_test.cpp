@@ -1,11 +1,5 @@
 // `kvoffload simulate` end to end: runs the built binary from $KVOFFLOAD_TEST_BIN_DIR on small
 // traces whose results were computed by hand (see the comments), and checks usage errors.
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
-#include "child_process.hpp"
-#include "skip.hpp"
-
 #include <unistd.h>
 
 #include <cstdlib>
@@ -13,6 +7,12 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "child_process.hpp"
+#include "skip.hpp"
 
 namespace {
 

@@ -2,12 +2,12 @@
 // CPUOffloadingManager follows where they differ from the native ones. The full output-by-output
 // comparison with vLLM's own CPUOffloadingManager is python/tests/test_vllm_manager.py; these run
 // the same code under the sanitizers (the asan/tsan presets build no Python).
-#include "manager_test_util.hpp"
+#include <random>
+#include <vector>
 
 #include <gtest/gtest.h>
 
-#include <random>
-#include <vector>
+#include "manager_test_util.hpp"
 
 namespace kvoffload {
 namespace {

@@ -1,8 +1,6 @@
 // Bring-up: who allocates the region's pages (every mapper its own columns, never the creator the
 // whole file), the capacity race between "no file" and the link election, a tmpfs that fills after
 // the capacity check (never a SIGBUS, on both populate paths), and slot alignment in a live region.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -15,10 +13,14 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/platform.hpp>
+#include <kvoffload/region.hpp>
+
 #include "fault_syscalls.hpp"
-#include "kvoffload/error.hpp"
-#include "kvoffload/platform.hpp"
-#include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
 #include "skip.hpp"
 #include "test_env.hpp"

@@ -1,7 +1,5 @@
 // Creators that die (SIGKILL) or stall at chosen points of creation and population, joiners that
 // wait for them, and a real small tmpfs.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <unistd.h>
@@ -12,9 +10,13 @@
 #include <regex>
 #include <thread>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
+
 #include "fault_syscalls.hpp"
-#include "kvoffload/error.hpp"
-#include "kvoffload/region.hpp"
 #include "private_tmpfs.hpp"
 #include "region_helpers.hpp"
 #include "skip.hpp"

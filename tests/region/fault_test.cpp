@@ -1,14 +1,15 @@
 // Fault injection through the Syscalls seam on the create, join, populate and teardown paths.
 // Each case checks that the caller sees the original error and that afterwards the directory holds
 // no file and the process has the same open descriptors and file-backed mappings as before.
+#include <map>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <map>
+#include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
 
 #include "fault_syscalls.hpp"
-#include "kvoffload/error.hpp"
-#include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
 #include "test_env.hpp"
 

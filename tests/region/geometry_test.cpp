@@ -1,10 +1,10 @@
+#include <limits>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <limits>
-
-#include "kvoffload/error.hpp"
-#include "kvoffload/geometry.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/geometry.hpp>
 
 namespace kvoffload {
 namespace {

@@ -3,9 +3,6 @@
 // and the holder's PID; the role dies with its holder (close, kill -9) and the next claimant takes
 // it at once; `list_regions` shows the holders and never takes or drops a role.
 // Over 500 lines on purpose: one idea seen from threads, children and kill -9 over shared helpers.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -25,9 +22,13 @@
 #include <utility>
 #include <vector>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
+
 #include "fault_syscalls.hpp"
-#include "kvoffload/error.hpp"
-#include "kvoffload/region.hpp"
 #include "region/header.hpp"
 #include "region/owners.hpp"
 #include "region_helpers.hpp"

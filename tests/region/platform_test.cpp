@@ -1,5 +1,3 @@
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -9,9 +7,13 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/platform.hpp>
+
 #include "fault_syscalls.hpp"
-#include "kvoffload/error.hpp"
-#include "kvoffload/platform.hpp"
 #include "region/proc_locks.hpp"
 #include "test_env.hpp"
 

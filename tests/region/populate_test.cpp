@@ -1,7 +1,7 @@
 // Populate on anonymous shared memory: unlike a fallocated tmpfs file, its pages are not resident
 // until touched, so mincore tells exactly which pages the populate step made resident.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
+#include "region/populate.hpp"
+
 #include <sys/mman.h>
 
 #include <cstring>
@@ -9,10 +9,13 @@
 #include <set>
 #include <vector>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/platform.hpp>
+
 #include "fault_syscalls.hpp"
-#include "kvoffload/error.hpp"
-#include "kvoffload/platform.hpp"
-#include "region/populate.hpp"
 
 namespace kvoffload {
 namespace {

@@ -2,9 +2,6 @@
 // order, readiness published per rank in the header, failures in the middle (capacity shortfall at
 // piece k, registration failing at piece k, a rank killed halfway) that leave a clear state,
 // nothing leaked and a region that can be reclaimed.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
@@ -13,11 +10,15 @@
 #include <tuple>
 #include <vector>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/error.hpp>
+#include <kvoffload/platform.hpp>
+#include <kvoffload/region.hpp>
+
 #include "fault_syscalls.hpp"
-#include "kvoffload/device_runtime.hpp"
-#include "kvoffload/error.hpp"
-#include "kvoffload/platform.hpp"
-#include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
 #include "runtime/fault_runtime.hpp"
 #include "test_env.hpp"

@@ -1,15 +1,16 @@
 // Creation races: 8 threads and 4 forked processes per round call create_or_join on one engine id
 // at once. Exactly one of them creates; everyone sees everyone's writes; the last one out unlinks.
-#include <gtest/gtest.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/region.hpp"
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
+
 #include "region_helpers.hpp"
 #include "test_env.hpp"
 

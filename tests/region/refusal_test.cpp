@@ -4,8 +4,6 @@
 // (opened, then refused for owner or mode) would fail here.
 
 #include <fcntl.h>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,8 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/region.hpp"
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
+
 #include "region/header.hpp"
 #include "region_helpers.hpp"
 #include "skip.hpp"

@@ -1,13 +1,14 @@
 #pragma once
 // Helpers shared by the region suites.
 
-#include <gtest/gtest.h>
-
 #include <optional>
 #include <string>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/region.hpp"
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
+
 #include "test_env.hpp"
 
 namespace kvoffload::test {

@@ -1,5 +1,3 @@
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,10 +9,14 @@
 #include <optional>
 #include <thread>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/platform.hpp>
+#include <kvoffload/region.hpp>
+
 #include "fault_syscalls.hpp"
-#include "kvoffload/error.hpp"
-#include "kvoffload/platform.hpp"
-#include "kvoffload/region.hpp"
 #include "region_helpers.hpp"
 #include "skip.hpp"
 #include "test_env.hpp"

@@ -1,15 +1,6 @@
 // `kvoffload run --remote-tier URL` and `kvoffload remote check URL`, driven as a user runs them,
 // against redis-server / memcached / a Redis Cluster that the tests start on loopback ports.
 
-#include "child_process.hpp"
-#include "remote_servers.hpp"
-#include "skip.hpp"
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +15,14 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "child_process.hpp"
+#include "remote_servers.hpp"
+#include "skip.hpp"
 
 namespace {
 

@@ -1,10 +1,3 @@
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
-#include <algorithm>
-
-#include <nlohmann/json.hpp>
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,6 +11,10 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "child_process.hpp"
 #include "skip.hpp"

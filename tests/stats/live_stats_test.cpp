@@ -2,8 +2,6 @@
 // counters for a scripted sequence of operations, read back exactly through the reader that
 // `region list`, `top` and the exporter use; a reader in another process; no lock taken by a
 // reader (the last process out still unlinks); a writer killed mid-write reported, not waited for.
-#include <gtest/gtest.h>
-
 #include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,18 +13,21 @@
 #include <thread>
 #include <vector>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/file_tier.hpp"
-#include "kvoffload/live_stats.hpp"
-#include "kvoffload/manager.hpp"
-#include "kvoffload/offload_stack.hpp"
-#include "kvoffload/platform.hpp"
-#include "kvoffload/region.hpp"
-#include "kvoffload/transfer_engine.hpp"
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/file_tier.hpp>
+#include <kvoffload/live_stats.hpp>
+#include <kvoffload/manager.hpp>
+#include <kvoffload/offload_stack.hpp>
+#include <kvoffload/platform.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
 #include "region/header.hpp"
 #include "region/live_page.hpp"
-#include "test_env.hpp"
 #include "runtime/fault_runtime.hpp"
+#include "test_env.hpp"
 
 namespace kvoffload::test {
 namespace {

@@ -14,8 +14,6 @@
 // Exit statuses are ints: the exit code, or -N when signal N ended the process, or kTimedOut when
 // it did not end in time (it is killed then and the test fails).
 
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -36,6 +34,8 @@
 #include <system_error>
 #include <thread>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 extern char** environ;  // NOLINT(readability-redundant-declaration): POSIX names it, no header does
 

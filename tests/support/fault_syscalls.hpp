@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/syscalls.hpp>
 
 namespace kvoffload::test {
 

@@ -16,8 +16,6 @@
 //     same as <suite>.json there; tools/ci/test_summary.py adds the suites and pytest up for the
 //     README's test command.
 
-#include <gtest/gtest.h>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +27,8 @@
 #include <string>
 #include <system_error>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #ifndef KVOFFLOAD_ACCEPTED_SKIPS_FILE
 #error "KVOFFLOAD_ACCEPTED_SKIPS_FILE must name tests/accepted_skips.txt"

@@ -1,9 +1,9 @@
 // A one-test suite for tests/cmake/skip_policy_test.cmake, which runs it with the CI skip policy
 // on and off (Note [Skips in CI] in gtest_main.cpp). KVO_PROBE_SKIP says what the test does:
 // unset, it passes; "" (empty), it skips without a reason tag; "tag", it skips with that tag.
-#include <gtest/gtest.h>
-
 #include <cstdlib>
+
+#include <gtest/gtest.h>
 
 TEST(SkipPolicyProbe, DoesWhatItIsTold) {
   const char* tag = std::getenv("KVO_PROBE_SKIP");

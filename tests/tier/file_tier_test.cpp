@@ -1,14 +1,6 @@
 // FileTier: round trip, O_DIRECT fallback, damaged records as misses, per-item batch results,
 // non-blocking contains, capacity eviction, validation and restart.
 
-#include "kvoffload/file_tier.hpp"
-#include "kvoffload/error.hpp"
-#include "tier/file/crc32c.hpp"
-#include "tier/file/io_pool.hpp"
-#include "tier_test_util.hpp"
-
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -25,6 +17,15 @@
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/file_tier.hpp>
+
+#include "tier/file/crc32c.hpp"
+#include "tier/file/io_pool.hpp"
+#include "tier_test_util.hpp"
 
 namespace kvoffload {
 namespace {

@@ -3,18 +3,6 @@
 // rate-limited warnings (util/rate_limited_log.hpp). Through the FaultSyscalls seam, and on a real
 // 1 MiB tmpfs in a private mount namespace where the test may mount one.
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/file_tier.hpp"
-#include "kvoffload/log.hpp"
-#include "private_tmpfs.hpp"
-#include "skip.hpp"
-#include "tier_test_util.hpp"
-#include "util/rate_limited_log.hpp"
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
-
 #include <fcntl.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -26,6 +14,19 @@
 #include <optional>
 #include <regex>
 #include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/file_tier.hpp>
+#include <kvoffload/log.hpp>
+
+#include "private_tmpfs.hpp"
+#include "skip.hpp"
+#include "tier_test_util.hpp"
+#include "util/rate_limited_log.hpp"
 
 namespace kvoffload {
 namespace {

@@ -2,25 +2,26 @@
 // Redis Cluster) on ephemeral loopback ports, and against a scriptable fake RESP server for
 // protocol faults. Deadlines are short so that every failure case finishes in well under a second.
 
-#include "kvoffload/remote_tier.hpp"
-#include "kvoffload/error.hpp"
-#include "kvoffload/manager.hpp"
-#include "kvoffload/region.hpp"
-#include "kvoffload/tiered_store.hpp"
-#include "remote_servers.hpp"
-#include "skip.hpp"
-#include "test_env.hpp"
-#include "tier/remote/remote_value.hpp"
-
-#include <fmt/format.h>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
 #include <thread>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/manager.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/remote_tier.hpp>
+#include <kvoffload/tiered_store.hpp>
+
+#include "remote_servers.hpp"
+#include "skip.hpp"
+#include "test_env.hpp"
+#include "tier/remote/remote_value.hpp"
 
 namespace kvoffload {
 namespace {

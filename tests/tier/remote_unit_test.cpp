@@ -1,16 +1,17 @@
 // Remote tier pieces that need no server: URL parsing, the value format, the store key, the
 // CRC16 hash slot, the geometry fingerprint, option validation and the circuit breaker.
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/remote_tier.hpp"
-#include "tier/remote/remote_ops.hpp"
-#include "tier/remote/remote_value.hpp"
+#include <cstring>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
-#include <vector>
+#include <kvoffload/error.hpp>
+#include <kvoffload/remote_tier.hpp>
+
+#include "tier/remote/remote_ops.hpp"
+#include "tier/remote/remote_value.hpp"
 
 namespace kvoffload {
 namespace {

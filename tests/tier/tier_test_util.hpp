@@ -3,11 +3,12 @@
 // mapping snapshots and the fault-injecting Syscalls table (FaultSyscalls) come from the shared
 // kit (tests/support).
 
-#include "fault_syscalls.hpp"
-#include "kvoffload/file_tier.hpp"
-#include "test_env.hpp"
-
 #include <filesystem>
+
+#include <kvoffload/file_tier.hpp>
+
+#include "fault_syscalls.hpp"
+#include "test_env.hpp"
 
 namespace kvoffload::test {
 

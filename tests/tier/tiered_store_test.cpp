@@ -1,14 +1,6 @@
 // TieredStore over a real region + Manager + FileTier, and the initialisation builders with a
 // failure injected at every step (original error surfaces, nothing leaked).
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/offload_stack.hpp"
-#include "kvoffload/remote_tier.hpp"
-#include "remote_servers.hpp"
-#include "tier_test_util.hpp"
-
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -19,6 +11,15 @@
 #include <optional>
 #include <random>
 #include <string_view>
+
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/offload_stack.hpp>
+#include <kvoffload/remote_tier.hpp>
+
+#include "remote_servers.hpp"
+#include "tier_test_util.hpp"
 
 namespace kvoffload {
 namespace {

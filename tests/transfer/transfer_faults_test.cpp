@@ -1,10 +1,10 @@
 // The transfer suite (transfer_test.cpp), continued: failures. A host registration the runtime
 // refuses falls back to DMA and stays correct; a copy that fails at launch or later fails only its
 // own job (FaultInjectingRuntime).
+#include <gtest/gtest.h>
+
 #include "runtime/fault_runtime.hpp"
 #include "transfer_test_util.hpp"
-
-#include <gtest/gtest.h>
 
 namespace kvoffload {
 namespace {

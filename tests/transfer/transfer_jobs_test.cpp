@@ -2,9 +2,9 @@
 // and consume nothing, ids are unique until collected, poll and wait hand out each result once, a
 // store waits for the compute stream's pending write, stores and loads do not wait for each other,
 // and shutdown drains what is in flight.
-#include "transfer_test_util.hpp"
-
 #include <gtest/gtest.h>
+
+#include "transfer_test_util.hpp"
 
 namespace kvoffload {
 namespace {

@@ -2,10 +2,10 @@
 // the path thresholds, the runtime's streams and events behave, and (cpu executable only) the
 // backend factory lists and refuses backends and an engine built on a Region is shut down by the
 // region's teardown hook before the memory goes.
+#include <gtest/gtest.h>
+
 #include "runtime/fault_runtime.hpp"
 #include "transfer_test_util.hpp"
-
-#include <gtest/gtest.h>
 
 namespace kvoffload {
 namespace {

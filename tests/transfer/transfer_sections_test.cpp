@@ -1,8 +1,8 @@
 // The transfer suite (transfer_test.cpp), continued: groups that fill chunks of their own and share
 // tensor sections (vLLM's layout), and how group chunks and sections are validated.
-#include "transfer_test_util.hpp"
-
 #include <gtest/gtest.h>
+
+#include "transfer_test_util.hpp"
 
 namespace kvoffload {
 namespace {

@@ -9,11 +9,11 @@
 // poll/wait, ordering against compute streams, shutdown), transfer_faults_test.cpp (registration
 // and copy failures) and transfer_runtime_test.cpp (calibration, runtime streams and events, the
 // backend factory, an engine on a Region); the kit is transfer_test_util.hpp.
+#include <gtest/gtest.h>
+
 #include "runtime/fault_runtime.hpp"
 #include "transfer/planner.hpp"
 #include "transfer_test_util.hpp"
-
-#include <gtest/gtest.h>
 
 namespace kvoffload {
 namespace {

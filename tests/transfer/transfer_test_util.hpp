@@ -3,16 +3,6 @@
 // with a reference model of where each byte must go (Cache), jobs (Job, random_job), the
 // parameterised fixture (TransferTest) and a stream gate (FlagGate). Built twice, like the suites:
 // KVOFFLOAD_TEST_BACKENDS="host,sim" (label cpu) and "cuda,hip" (label gpu).
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/error.hpp>
-#include <kvoffload/kv_layout.hpp>
-#include <kvoffload/region.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
-#include "skip.hpp"
-
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -26,6 +16,16 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <gtest/gtest.h>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/error.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include "skip.hpp"
 
 #ifndef KVOFFLOAD_TEST_BACKENDS
 #define KVOFFLOAD_TEST_BACKENDS "host,sim"

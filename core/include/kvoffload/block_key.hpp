@@ -11,10 +11,6 @@
 // zero-padded on the left (so "ff" and "000...0ff" are the same key). Formatting always gives 32
 // lower-case digits. Byte form: 16 bytes, big-endian (the same order as the hex text).
 
-#include <kvoffload/export.h>
-#include <kvoffload/error.hpp>
-#include <kvoffload/hash.hpp>
-
 #include <array>
 #include <compare>
 #include <cstddef>
@@ -24,6 +20,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/export.h>
+#include <kvoffload/hash.hpp>
 
 namespace kvoffload {
 

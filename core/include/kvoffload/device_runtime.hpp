@@ -32,8 +32,6 @@
 // public functions wrap them into owners. The backend factory functions are declared in
 // core/src/runtime/backend_factories.hpp (add core/src to the backend's include path).
 
-#include <kvoffload/export.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -42,6 +40,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <kvoffload/export.h>
 
 namespace kvoffload {
 

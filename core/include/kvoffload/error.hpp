@@ -4,13 +4,13 @@
 // Teardown paths never throw; they record the first failure and finish every step
 // (docs/DESIGN.md §8.1).
 
-#include <kvoffload/error_codes.h>
-#include <kvoffload/export.h>
-
 #include <cerrno>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+
+#include <kvoffload/error_codes.h>
+#include <kvoffload/export.h>
 
 namespace kvoffload {
 

@@ -20,14 +20,14 @@
 //
 // Policies are thread-compatible, like the Manager that drives them.
 
-#include <kvoffload/export.h>
-#include <kvoffload/block_key.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string_view>
+
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/export.h>
 
 namespace kvoffload {
 

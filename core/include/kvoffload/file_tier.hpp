@@ -29,9 +29,6 @@
 // when the filesystem refuses it (EINVAL at open, or at the first read/write), the tier logs once
 // and continues buffered for good. kBuffered never tries.
 
-#include <kvoffload/export.h>
-#include <kvoffload/tier.hpp>
-
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/types.h>
@@ -40,6 +37,9 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+
+#include <kvoffload/export.h>
+#include <kvoffload/tier.hpp>
 
 namespace kvoffload {
 

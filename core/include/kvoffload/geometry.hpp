@@ -13,10 +13,10 @@
 // All arithmetic is overflow-checked; invalid input throws Error(kInvalidArgument) naming the
 // value.
 
-#include <kvoffload/export.h>
-
 #include <cstddef>
 #include <cstdint>
+
+#include <kvoffload/export.h>
 
 namespace kvoffload {
 

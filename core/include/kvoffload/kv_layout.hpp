@@ -21,13 +21,13 @@
 // chunk chunks[(skip + i) / bpc], position (skip + i) % bpc. With group_chunks, each group has
 // its own chunks and skip.
 
-#include <kvoffload/export.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
+
+#include <kvoffload/export.h>
 
 namespace kvoffload {
 

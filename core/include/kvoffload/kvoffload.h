@@ -25,9 +25,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvoffload/error_codes.h"
-#include "kvoffload/export.h"
-#include "kvoffload/stats_fields.h"
+#include <kvoffload/error_codes.h>
+#include <kvoffload/export.h>
+#include <kvoffload/stats_fields.h>
 
 #ifdef __cplusplus
 extern "C" {

@@ -16,14 +16,14 @@
 // by OffloadStack::build), and a TransferEngine built on a Region (EngineOptions::live_stats).
 // Counters count since their writer attached; gauges are current values.
 
-#include <kvoffload/export.h>
-#include <kvoffload/region.hpp>
-
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <kvoffload/export.h>
+#include <kvoffload/region.hpp>
 
 namespace kvoffload {
 

@@ -3,9 +3,9 @@
 // Its level comes from KVOFFLOAD_LOG_LEVEL (trace, debug, info, warn, error, critical, off;
 // default "warn" so that libraries linked into an engine stay quiet unless asked).
 
-#include <kvoffload/export.h>
-
 #include <spdlog/spdlog.h>
+
+#include <kvoffload/export.h>
 
 namespace kvoffload {
 

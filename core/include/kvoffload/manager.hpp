@@ -30,10 +30,6 @@
 // until the next call of the same method (or reset / destruction); take_events' view until the
 // next take_events.
 
-#include <kvoffload/export.h>
-#include <kvoffload/block_key.hpp>
-#include <kvoffload/eviction_policy.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -42,6 +38,10 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/eviction_policy.hpp>
+#include <kvoffload/export.h>
 
 namespace kvoffload {
 

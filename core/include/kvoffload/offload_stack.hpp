@@ -12,17 +12,6 @@
 // releasing is logged and never replaces it. Every step goes through InitHooks, so a test can fail
 // any step (before_step) or substitute a factory that fails inside it.
 
-#include <kvoffload/export.h>
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/file_tier.hpp>
-#include <kvoffload/kv_layout.hpp>
-#include <kvoffload/manager.hpp>
-#include <kvoffload/region.hpp>
-#include <kvoffload/remote_tier.hpp>
-#include <kvoffload/tier.hpp>
-#include <kvoffload/tiered_store.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -31,6 +20,17 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/export.h>
+#include <kvoffload/file_tier.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/manager.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/remote_tier.hpp>
+#include <kvoffload/tier.hpp>
+#include <kvoffload/tiered_store.hpp>
+#include <kvoffload/transfer_engine.hpp>
 
 namespace kvoffload {
 

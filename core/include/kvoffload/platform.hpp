@@ -3,13 +3,13 @@
 // cgroup limit, MADV_POPULATE_WRITE support and NUMA nodes. `kvoffload probe` prints these; the
 // region's capacity check uses filesystem_space and memory_cgroup_available.
 
-#include <kvoffload/export.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <vector>
+
+#include <kvoffload/export.h>
 
 namespace kvoffload {
 

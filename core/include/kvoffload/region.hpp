@@ -12,10 +12,6 @@
 // Errors are kvoffload::Error; nothing is left behind (file, descriptor, mapping) when
 // create_or_join throws.
 
-#include <kvoffload/export.h>
-#include <kvoffload/error.hpp>
-#include <kvoffload/geometry.hpp>
-
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +22,10 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/export.h>
+#include <kvoffload/geometry.hpp>
 
 namespace kvoffload {
 

@@ -20,8 +20,6 @@
 // skipped (misses) for a backoff that doubles up to `breaker_backoff_max`. An unreachable store
 // at open() is a warning, not an error: the tier answers misses until a node comes back.
 
-#include <kvoffload/tier.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -29,6 +27,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <kvoffload/tier.hpp>
 
 namespace kvoffload {
 

@@ -10,8 +10,6 @@
 // Conventions: each entry behaves like the libc call of the same name (returns -1 / MAP_FAILED and
 // sets errno on failure). The real table retries nothing; callers handle EINTR where it applies.
 
-#include <kvoffload/export.h>
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -20,6 +18,8 @@
 #include <cstddef>
 #include <string>
 #include <vector>
+
+#include <kvoffload/export.h>
 
 namespace kvoffload {
 

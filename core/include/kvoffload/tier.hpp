@@ -13,9 +13,6 @@
 //
 // Tiers are thread-safe: put/get/remove/contains may be called from any thread.
 
-#include <kvoffload/export.h>
-#include <kvoffload/block_key.hpp>
-
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +21,9 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/export.h>
 
 namespace kvoffload {
 

@@ -19,17 +19,17 @@
 // Threading: like the Manager, thread-compatible: the scheduler calls it from one thread (the
 // tiers' I/O runs on their own threads; every Manager call happens in the caller's thread).
 
-#include <kvoffload/export.h>
-#include <kvoffload/block_key.hpp>
-#include <kvoffload/manager.hpp>
-#include <kvoffload/tier.hpp>
-
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
+
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/export.h>
+#include <kvoffload/manager.hpp>
+#include <kvoffload/tier.hpp>
 
 namespace kvoffload {
 namespace detail {

@@ -23,15 +23,15 @@
 //   releases events, streams and finally the host registration.
 // The DeviceRuntime must outlive the engine. submit/poll/wait may be called from any threads.
 
-#include <kvoffload/export.h>
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/kv_layout.hpp>
-
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/export.h>
+#include <kvoffload/kv_layout.hpp>
 
 namespace kvoffload {
 

@@ -1,11 +1,11 @@
 // The C API's error state and the functions that do not belong to one object.
-#include "capi/capi_internal.hpp"
-
-#include <kvoffload/version.hpp>
-
 #include <cerrno>
 #include <new>
 #include <string>
+
+#include <kvoffload/version.hpp>
+
+#include "capi/capi_internal.hpp"
 
 namespace kvoffload::capi {
 namespace {

@@ -1,13 +1,13 @@
 #pragma once
 // The structs behind the C API's opaque handles (the header declares them incomplete).
 
-#include "capi/capi_internal.hpp"
+#include <string>
+#include <utility>
 
 #include <kvoffload/kvoffload.h>
 #include <kvoffload/region.hpp>
 
-#include <string>
-#include <utility>
+#include "capi/capi_internal.hpp"
 
 struct kvo_region {
   explicit kvo_region(kvoffload::Region r) : region(std::move(r)), path(region.path().string()) {}
@@ -15,10 +15,10 @@ struct kvo_region {
   std::string path;  // kept as a std::string so kvo_region_path can hand out a stable char*
 };
 
-#include <kvoffload/manager.hpp>
-
 #include <mutex>
 #include <vector>
+
+#include <kvoffload/manager.hpp>
 
 // The manager is thread-compatible; the handle serialises calls so C callers may share it. The
 // scratch vectors convert between kvo_block_key and BlockKey without allocating once they have
@@ -36,12 +36,12 @@ struct kvo_manager {
   std::vector<kvo_block_key> event_keys;
 };
 
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
 #include <deque>
 #include <memory>
 #include <unordered_map>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/transfer_engine.hpp>
 
 // A runtime plus the streams, events and device buffers made through the C API (named by their
 // native handle). The owners are declared after the runtime so they are destroyed before it.

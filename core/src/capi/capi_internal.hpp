@@ -2,12 +2,12 @@
 // Shared plumbing of the C API: the thread-local last error and the guard that turns every C++
 // exception into a kvo_status, so no exception crosses the C boundary.
 
-#include <kvoffload/kvoffload.h>
-#include <kvoffload/error.hpp>
-
 #include <cstring>
 #include <string>
 #include <type_traits>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/kvoffload.h>
 
 namespace kvoffload::capi {
 

@@ -1,15 +1,15 @@
 // C API over kvoffload::Manager and BlockKey.
-#include "capi/capi_handles.hpp"
-#include "capi/capi_internal.hpp"
-#include "capi/capi_stats.hpp"
-
-#include <kvoffload/block_key.hpp>
-#include <kvoffload/manager.hpp>
-
 #include <cstring>
 #include <memory>
 #include <span>
 #include <string>
+
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/manager.hpp>
+
+#include "capi/capi_handles.hpp"
+#include "capi/capi_internal.hpp"
+#include "capi/capi_stats.hpp"
 
 using kvoffload::BlockKey;
 using kvoffload::capi::enum_value;

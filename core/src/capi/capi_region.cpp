@@ -1,14 +1,14 @@
 // C API over kvoffload::Region.
-#include "capi/capi_handles.hpp"
-#include "capi/capi_internal.hpp"
-
-#include <kvoffload/region.hpp>
-
 #include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+
+#include <kvoffload/region.hpp>
+
+#include "capi/capi_handles.hpp"
+#include "capi/capi_internal.hpp"
 
 using kvoffload::Error;
 using kvoffload::ErrorCode;

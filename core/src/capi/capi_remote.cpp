@@ -1,7 +1,7 @@
 // C API over the remote tier's configuration (kvoffload::RemoteTierOptions).
-#include "capi/capi_internal.hpp"
-
 #include <kvoffload/remote_tier.hpp>
+
+#include "capi/capi_internal.hpp"
 
 using kvoffload::capi::guarded;
 using kvoffload::capi::invalid_arg;

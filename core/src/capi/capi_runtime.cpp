@@ -1,13 +1,13 @@
 // C API over DeviceRuntime: the runtime handle, its streams, events, host registrations and
 // device memory (kvo_runtime_*, kvo_registration_*). The engine half is capi_transfer.cpp.
-#include "capi/capi_handles.hpp"
-#include "capi/capi_internal.hpp"
-
-#include <kvoffload/device_runtime.hpp>
-
 #include <memory>
 #include <string>
 #include <unordered_map>
+
+#include <kvoffload/device_runtime.hpp>
+
+#include "capi/capi_handles.hpp"
+#include "capi/capi_internal.hpp"
 
 using kvoffload::Error;
 using kvoffload::ErrorCode;

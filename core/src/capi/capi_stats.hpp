@@ -2,10 +2,10 @@
 // The C API's copies of the statistics structs: field by field through stats_fields.h, the list
 // kvo_engine_stats and kvo_manager_stats are generated from, so C sees every listed field.
 
-#include <kvoffload/kvoffload.h>
-#include <kvoffload/stats_fields.h>
 #include <kvoffload/eviction_policy.hpp>
+#include <kvoffload/kvoffload.h>
 #include <kvoffload/manager.hpp>
+#include <kvoffload/stats_fields.h>
 #include <kvoffload/transfer_engine.hpp>
 
 namespace kvoffload::capi {

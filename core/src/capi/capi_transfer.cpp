@@ -1,18 +1,18 @@
 // C API over TransferEngine: the engine handle, its options, jobs and stats (kvo_engine_*). The
 // runtime half, whose handle an engine is made on, is capi_runtime.cpp.
-#include "capi/capi_handles.hpp"
-#include "capi/capi_internal.hpp"
-#include "capi/capi_stats.hpp"
-
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/kv_layout.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
 #include <algorithm>
 #include <deque>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include "capi/capi_handles.hpp"
+#include "capi/capi_internal.hpp"
+#include "capi/capi_stats.hpp"
 
 using kvoffload::Error;
 using kvoffload::ErrorCode;

@@ -1,5 +1,4 @@
 #include <kvoffload/block_key.hpp>
-
 #include <kvoffload/error.hpp>
 
 namespace kvoffload {

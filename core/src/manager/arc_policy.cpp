@@ -12,13 +12,13 @@
 // otherwise T2's. Differences from the paper, by design: p adapts when a key is admitted, which
 // for a batch is after the batch's victims were chosen; REPLACE does not look at the incoming key
 // (the "x in B2 and |T1| == p" tie-break), because a batch has many.
-#include "manager/ghost_lists.hpp"
-#include "manager/index_list.hpp"
+#include <algorithm>
+#include <vector>
 
 #include <kvoffload/eviction_policy.hpp>
 
-#include <algorithm>
-#include <vector>
+#include "manager/ghost_lists.hpp"
+#include "manager/index_list.hpp"
 
 namespace kvoffload {
 namespace {

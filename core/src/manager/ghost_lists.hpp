@@ -6,14 +6,14 @@
 // own bounds (which ghost goes when a list or the pool is full) and how a ghost hit adapts its
 // target, so this class only keeps the lists and never drops a ghost on its own.
 
-#include "manager/index_list.hpp"
-#include "manager/key_table.hpp"
-
-#include <kvoffload/block_key.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include <kvoffload/block_key.hpp>
+
+#include "manager/index_list.hpp"
+#include "manager/key_table.hpp"
 
 namespace kvoffload::detail {
 

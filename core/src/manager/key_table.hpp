@@ -5,13 +5,13 @@
 // probe touches one cache line of the table plus one key compare. Linear probing at load <= 1/2,
 // backward-shift deletion (no tombstones, so lookups never slow down with churn).
 
-#include <kvoffload/block_key.hpp>
-
 #include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include <kvoffload/block_key.hpp>
 
 namespace kvoffload::detail {
 

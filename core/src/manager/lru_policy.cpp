@@ -1,9 +1,9 @@
 // LRU over the evictable slots (see Note [Parked slots] in eviction_policy.hpp).
-#include "manager/index_list.hpp"
+#include <vector>
 
 #include <kvoffload/eviction_policy.hpp>
 
-#include <vector>
+#include "manager/index_list.hpp"
 
 namespace kvoffload {
 namespace {

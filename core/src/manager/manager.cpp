@@ -23,23 +23,21 @@
 //  - num_chunks 0 is allowed: vLLM's spec sizes a cache smaller than one block to 0 blocks, and
 //    its manager then refuses every store that needs a slot.
 // Lookups, eviction order and the removed-then-stored event order are the same in both.
-#include <kvoffload/manager.hpp>
-
-#include "manager/key_table.hpp"
-#include "manager/slot_pool.hpp"
-#include "manager/threshold_tracker.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/region.hpp>
-
-#include "region/live_page.hpp"
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <limits>
 #include <memory>
 #include <utility>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/manager.hpp>
+#include <kvoffload/region.hpp>
+
+#include "manager/key_table.hpp"
+#include "manager/slot_pool.hpp"
+#include "manager/threshold_tracker.hpp"
+#include "region/live_page.hpp"
 
 namespace kvoffload {
 

@@ -1,8 +1,8 @@
-#include <kvoffload/error.hpp>
-#include <kvoffload/eviction_policy.hpp>
-
 #include <cctype>
 #include <string>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/eviction_policy.hpp>
 
 namespace kvoffload {
 

@@ -2,10 +2,10 @@
 // The Manager's free slots: which of the ready slots (Note [Ready slots] in manager.cpp) are free,
 // and in which order they are handed out.
 
-#include <kvoffload/eviction_policy.hpp>
-
 #include <cstdint>
 #include <vector>
+
+#include <kvoffload/eviction_policy.hpp>
 
 namespace kvoffload::detail {
 

@@ -2,14 +2,14 @@
 // The store threshold's lookup counts: how often each recently looked-up key was looked up, in a
 // table of bounded size.
 
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
 #include <kvoffload/block_key.hpp>
 
 #include "manager/index_list.hpp"
 #include "manager/key_table.hpp"
-
-#include <cstddef>
-#include <cstdint>
-#include <vector>
 
 namespace kvoffload::detail {
 

@@ -7,16 +7,16 @@
 // and a slot never moves when a load or store ends. vLLM's LRU keeps a separate list of the
 // evictable blocks only (see VllmLruPolicy). Eviction costs O(victims + slots walked past), as
 // vLLM's does; everything else is O(1) per slot.
-#include "manager/ghost_lists.hpp"
-#include "manager/index_list.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/eviction_policy.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/eviction_policy.hpp>
+
+#include "manager/ghost_lists.hpp"
+#include "manager/index_list.hpp"
 
 namespace kvoffload {
 namespace {

@@ -13,10 +13,11 @@
 #include <thread>
 #include <utility>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/log.hpp"
-#include "kvoffload/region.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/syscalls.hpp>
+
 #include "region/header.hpp"
 #include "region/owners.hpp"
 #include "region/region_internal.hpp"

@@ -7,14 +7,15 @@
 #include <optional>
 #include <string>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/log.hpp"
-#include "kvoffload/region.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/syscalls.hpp>
+
 #include "region/header.hpp"
+#include "region/live_page.hpp"
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
-#include "region/live_page.hpp"
 
 // Note [Progressive bring-up]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

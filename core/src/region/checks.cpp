@@ -9,10 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/platform.hpp"
-#include "kvoffload/region.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/platform.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/syscalls.hpp>
+
 #include "region/header.hpp"
 #include "region/region_internal.hpp"
 #include "region/sys.hpp"

@@ -1,9 +1,8 @@
-#include "kvoffload/geometry.hpp"
-
 #include <limits>
 #include <string>
 
-#include "kvoffload/error.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/geometry.hpp>
 
 namespace kvoffload {
 namespace {

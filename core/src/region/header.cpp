@@ -5,9 +5,10 @@
 #include <cstring>
 #include <vector>
 
-#include "kvoffload/error.hpp"
-#include "region/sys.hpp"
+#include <kvoffload/error.hpp>
+
 #include "region/live_page.hpp"
+#include "region/sys.hpp"
 
 namespace kvoffload::detail {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "kvoffload/geometry.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/geometry.hpp>
+#include <kvoffload/syscalls.hpp>
 
 namespace kvoffload::detail {
 

@@ -6,18 +6,20 @@
 // followed), its type is checked with fstat before a byte is read, and a bad entry is reported
 // with its reason while the command goes on with the others. `clean` removes only regular files
 // that carry a region header; everything else is left alone.
+#include "region/listing.hpp"
+
 #include <sys/file.h>
 
 #include <algorithm>
 #include <cerrno>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/geometry.hpp"
-#include "kvoffload/log.hpp"
-#include "kvoffload/region.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/geometry.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/syscalls.hpp>
+
 #include "region/header.hpp"
-#include "region/listing.hpp"
 #include "region/owners.hpp"
 #include "region/proc_locks.hpp"
 #include "region/region_internal.hpp"

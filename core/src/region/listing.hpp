@@ -10,8 +10,9 @@
 #include <functional>
 #include <vector>
 
-#include "kvoffload/region.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/region.hpp>
+#include <kvoffload/syscalls.hpp>
+
 #include "region/header.hpp"
 
 namespace kvoffload::detail {

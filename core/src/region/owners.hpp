@@ -43,9 +43,10 @@
 #include <string_view>
 #include <vector>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/region.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/syscalls.hpp>
+
 #include "region/header.hpp"
 
 namespace kvoffload::detail {

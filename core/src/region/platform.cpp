@@ -1,5 +1,3 @@
-#include "kvoffload/platform.hpp"
-
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -11,8 +9,10 @@
 #include <string>
 #include <string_view>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/platform.hpp>
+#include <kvoffload/syscalls.hpp>
+
 #include "region/populate.hpp"
 #include "region/sys.hpp"
 

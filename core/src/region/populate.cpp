@@ -13,8 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/log.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+
 #include "region/sys.hpp"
 
 namespace kvoffload::detail {

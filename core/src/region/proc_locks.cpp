@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "kvoffload/error.hpp"
+#include <kvoffload/error.hpp>
 
 namespace kvoffload::detail {
 namespace {

@@ -2,8 +2,6 @@
 // the accessors of an open region, and close (bring-up thread, hooks, unmap, role release, the
 // last-out unlink; the Teardown paragraph of Note [Region lifetime] in attach.cpp).
 
-#include "kvoffload/region.hpp"
-
 #include <sys/file.h>
 
 #include <algorithm>
@@ -11,16 +9,18 @@
 #include <thread>
 #include <utility>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/log.hpp"
-#include "kvoffload/platform.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/platform.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/syscalls.hpp>
+
 #include "region/header.hpp"
+#include "region/live_page.hpp"
 #include "region/owners.hpp"
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
 #include "region/sys.hpp"
-#include "region/live_page.hpp"
 #include "util/clock.hpp"
 
 namespace kvoffload {

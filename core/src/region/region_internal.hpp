@@ -18,8 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "kvoffload/region.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/region.hpp>
+#include <kvoffload/syscalls.hpp>
+
 #include "region/header.hpp"
 #include "region/sys.hpp"
 

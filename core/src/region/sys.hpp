@@ -6,7 +6,8 @@
 #include <cstddef>
 #include <utility>
 
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/syscalls.hpp>
+
 #include "util/retry_eintr.hpp"  // retry_eintr, shared with the file tier
 
 namespace kvoffload::detail {

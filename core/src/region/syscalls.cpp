@@ -1,5 +1,3 @@
-#include "kvoffload/syscalls.hpp"
-
 #include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -8,6 +6,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+
+#include <kvoffload/syscalls.hpp>
 
 namespace kvoffload {
 namespace {

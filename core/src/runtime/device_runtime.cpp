@@ -1,14 +1,13 @@
 // Owners of device-runtime handles and the runtime factory.
-#include <kvoffload/device_runtime.hpp>
-
-#include "runtime/backend_factories.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <utility>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+
+#include "runtime/backend_factories.hpp"
 
 namespace kvoffload {
 

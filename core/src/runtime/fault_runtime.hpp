@@ -3,12 +3,12 @@
 // failures on demand, so tests drive registration and copy failures without a GPU. It also counts
 // what passes through (batches per path, descriptors) for tests that check the engine's choices.
 
-#include <kvoffload/device_runtime.hpp>
-
 #include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <unordered_set>
+
+#include <kvoffload/device_runtime.hpp>
 
 namespace kvoffload {
 

@@ -3,13 +3,6 @@
 // split over a small helper pool for large batches. It is the test double for everything above
 // the DeviceRuntime interface and a real fallback, so it keeps the GPU rules that matter: the
 // kernel path refuses host memory that is not registered (a GPU would fault there).
-#include "runtime/backend_factories.hpp"
-#include "runtime/cpu_event.hpp"
-#include "runtime/cpu_stream.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -22,6 +15,13 @@
 #include <shared_mutex>
 #include <thread>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+
+#include "runtime/backend_factories.hpp"
+#include "runtime/cpu_event.hpp"
+#include "runtime/cpu_stream.hpp"
 
 namespace kvoffload::detail {
 namespace {

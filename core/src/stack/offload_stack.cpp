@@ -1,12 +1,11 @@
-#include "kvoffload/offload_stack.hpp"
-
-#include "kvoffload/error.hpp"
-#include "kvoffload/log.hpp"
-
 #include <unistd.h>
 
 #include <set>
 #include <utility>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/offload_stack.hpp>
 
 namespace kvoffload {
 

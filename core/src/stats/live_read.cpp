@@ -1,20 +1,20 @@
 // Reading live statistics pages (Note [Live stats] in live_page.hpp): from another process
 // through a read-only mapping of the region file (snapshot_engines), or from this process's own
 // mapping (read_live_stats).
-#include "kvoffload/live_stats.hpp"
-
 #include <sys/mman.h>
 
 #include <atomic>
 #include <cstring>
 #include <string>
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/syscalls.hpp"
+#include <kvoffload/error.hpp>
+#include <kvoffload/live_stats.hpp>
+#include <kvoffload/syscalls.hpp>
+
 #include "region/header.hpp"
 #include "region/listing.hpp"
-#include "region/sys.hpp"
 #include "region/live_page.hpp"
+#include "region/sys.hpp"
 
 namespace kvoffload {
 namespace {

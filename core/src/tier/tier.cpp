@@ -1,10 +1,9 @@
-#include "kvoffload/tier.hpp"
-
-#include "kvoffload/error.hpp"
-
 #include <condition_variable>
 #include <mutex>
 #include <utility>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/tier.hpp>
 
 namespace kvoffload {
 namespace detail {

@@ -4,13 +4,13 @@
 // synchronised: FileTier::Impl's mutex guards it, and it never does I/O, so contains() answers
 // from memory.
 
-#include <kvoffload/block_key.hpp>
-
 #include <algorithm>
 #include <cstdint>
 #include <list>
 #include <optional>
 #include <unordered_map>
+
+#include <kvoffload/block_key.hpp>
 
 namespace kvoffload::detail {
 

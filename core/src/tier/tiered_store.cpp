@@ -1,16 +1,16 @@
-#include "kvoffload/tiered_store.hpp"
-
-#include "kvoffload/error.hpp"
-#include "kvoffload/log.hpp"
-#include "kvoffload/region.hpp"
-#include "region/live_page.hpp"
-#include "util/rate_limited_log.hpp"
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <unordered_map>
 #include <utility>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/tiered_store.hpp>
+
+#include "region/live_page.hpp"
+#include "util/rate_limited_log.hpp"
 
 namespace kvoffload {
 

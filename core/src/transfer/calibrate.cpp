@@ -2,8 +2,6 @@
 // size and direction, and picks the size below which the kernel wins.
 #include "transfer/calibrate.hpp"
 
-#include <kvoffload/error.hpp>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
@@ -12,6 +10,8 @@
 #include <memory>
 #include <span>
 #include <vector>
+
+#include <kvoffload/error.hpp>
 
 namespace kvoffload::detail {
 

@@ -1,11 +1,11 @@
 #pragma once
 // Calibration of the copy paths (TransferEngine::calibrate): DMA against the copy kernel, per
 // piece size and direction, on scratch buffers of its own.
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
 #include <cstdint>
 #include <functional>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/transfer_engine.hpp>
 
 namespace kvoffload::detail {
 

@@ -1,11 +1,10 @@
 // KV layout validation and host-slot constructors.
-#include <kvoffload/kv_layout.hpp>
-
-#include <kvoffload/error.hpp>
-
 #include <algorithm>
 #include <limits>
 #include <string>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/kv_layout.hpp>
 
 namespace kvoffload {
 

@@ -1,10 +1,10 @@
 #include "transfer/planner.hpp"
 
-#include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
-
 #include <algorithm>
 #include <string>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
 
 namespace kvoffload::detail {
 

@@ -4,14 +4,14 @@
 // batch. Buffers are members reused across plans: after warm-up, planning allocates nothing. Not
 // thread-safe: the engine keeps one planner per direction, used under that direction's lock.
 
-#include <kvoffload/device_runtime.hpp>
-#include <kvoffload/kv_layout.hpp>
-#include <kvoffload/transfer_engine.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
+
+#include <kvoffload/device_runtime.hpp>
+#include <kvoffload/kv_layout.hpp>
+#include <kvoffload/transfer_engine.hpp>
 
 namespace kvoffload::detail {
 

@@ -1,15 +1,7 @@
 // The transfer engine. See Note [Engine ordering] below for how jobs, streams and events fit.
 // Longer than ~500 lines for one idea: the job pipeline (submit, drain, wait, shutdown) of one Impl
 // whose ordering and locks (Note [Engine ordering]) span all of it; calibration is calibrate.cpp.
-#include <kvoffload/transfer_engine.hpp>
-
-#include "region/live_page.hpp"
-#include "transfer/calibrate.hpp"
-#include "transfer/planner.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
-#include <kvoffload/region.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,7 +17,14 @@
 #include <unordered_set>
 #include <vector>
 
-#include <unistd.h>
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/region.hpp>
+#include <kvoffload/transfer_engine.hpp>
+
+#include "region/live_page.hpp"
+#include "transfer/calibrate.hpp"
+#include "transfer/planner.hpp"
 
 namespace kvoffload {
 

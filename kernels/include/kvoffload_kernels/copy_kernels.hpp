@@ -78,8 +78,8 @@ const char* runtime_error_string(int code) noexcept;
 int check_batch_copy() noexcept;
 }  // namespace hip
 
-// The simulated device (core/src/runtime/sim): runs one GPU thread of the kernel on the calling host
-// thread, whose indices, shared arena and barrier the executor set (kernels/sim_thread.hpp).
+// The simulated device (core/src/runtime/sim): runs one GPU thread of the kernel on the calling
+// host thread, whose indices, shared arena and barrier the executor set (kernels/sim_thread.hpp).
 // `descs` are host-addressable (the simulator translated them).
 namespace sim {
 void run_batch_copy_thread(const CopyDesc* descs, std::size_t count);

@@ -14,13 +14,6 @@
 // driver's version (cudaDriverGetVersion works without a GPU, and reports 0 with no driver) with
 // the module's floor, and say which driver was found, which the module needs, and what to do:
 // update the driver, or rebuild kvoffload against the toolkit matching it.
-#include "runtime/backend_factories.hpp"
-#include "runtime/gpu/gpu_runtime.hpp"
-#include "runtime/sim/sim_device.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
-
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -28,6 +21,13 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+
+#include "runtime/backend_factories.hpp"
+#include "runtime/gpu/gpu_runtime.hpp"
+#include "runtime/sim/sim_device.hpp"
 
 namespace kvoffload::detail {
 

@@ -6,12 +6,12 @@
 // (cudaFreeAsync) comes from cudaMallocAsync (device_malloc_async), never from cudaMalloc; the
 // allocations made here remember which they were. A plain free of stream-ordered memory does not
 // wait for the device (the CUDA runtime header says so), so such a free first synchronizes.
-#include "runtime/gpu/gpu_runtime_internal.hpp"
+#include <mutex>
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
 
-#include <mutex>
+#include "runtime/gpu/gpu_runtime_internal.hpp"
 
 namespace kvoffload::gpu {
 

@@ -7,14 +7,14 @@
 // anything else (a bad descriptor, a thread without a current context) concerns that batch only.
 // The driver-level batch call needs a current context on the calling thread, which the device
 // guard guarantees (Note [Device guard] in gpu_runtime.cpp).
-#include "runtime/gpu/gpu_runtime_internal.hpp"
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
 
-#include <cstdint>
-#include <string>
-#include <vector>
+#include "runtime/gpu/gpu_runtime_internal.hpp"
 
 namespace kvoffload::gpu {
 

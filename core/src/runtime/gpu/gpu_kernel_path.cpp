@@ -18,17 +18,17 @@
 // that is gone by then (its work may still run), and the legacy stream does not wait for the
 // non-blocking streams the rings live on. So it synchronizes the device before it frees a retired
 // slot.
-#include "runtime/gpu/gpu_runtime_internal.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+
+#include "runtime/gpu/gpu_runtime_internal.hpp"
 
 namespace kvoffload::gpu {
 

@@ -10,11 +10,6 @@
 // stream capturing in the same context is different: registration synchronizes with the legacy
 // default stream and would break that capture, so registration first asks whether the legacy
 // stream is capturing and refuses (kState, nothing registered) when it is.
-#include "runtime/gpu/gpu_runtime_internal.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
-
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -25,6 +20,11 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+
+#include "runtime/gpu/gpu_runtime_internal.hpp"
 
 namespace kvoffload::gpu {
 

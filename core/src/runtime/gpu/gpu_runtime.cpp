@@ -22,17 +22,17 @@
 // there silently lacked it. A device whose architecture the module lacks (kernel_archs_exact) or
 // whose kernel_check fails is refused when the runtime is made, naming both, unless DMA only is
 // asked for (RuntimeOptions::allow_missing_kernel, KVOFFLOAD_ALLOW_MISSING_KERNEL=1).
-#include "runtime/gpu/gpu_runtime_internal.hpp"
-
-#include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
-
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <new>
 #include <string>
 #include <string_view>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+
+#include "runtime/gpu/gpu_runtime_internal.hpp"
 
 namespace kvoffload::gpu {
 

@@ -4,10 +4,6 @@
 // Implemented by idea: gpu_runtime.cpp (construction, device guard, kernel architectures),
 // gpu_registration.cpp, gpu_streams.cpp, gpu_device_memory.cpp, gpu_dma.cpp, gpu_kernel_path.cpp;
 // gpu_runtime_internal.hpp holds what they share.
-#include "runtime/gpu/vendor_api.hpp"
-
-#include <kvoffload/device_runtime.hpp>
-
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +14,10 @@
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include <kvoffload/device_runtime.hpp>
+
+#include "runtime/gpu/vendor_api.hpp"
 
 namespace kvoffload::gpu {
 

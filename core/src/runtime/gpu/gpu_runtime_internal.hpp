@@ -2,15 +2,15 @@
 // What the pieces of the GPU runtime share: handle and kind conversions, a logger that never
 // throws, the relaxed-capture scope (Note [Registration during capture] in gpu_registration.cpp)
 // and the device guard (Note [Device guard] in gpu_runtime.cpp). Internal to runtime/gpu/.
-#include "runtime/gpu/gpu_runtime.hpp"
-
-#include <kvoffload/log.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <new>
 #include <string>
 #include <utility>
+
+#include <kvoffload/log.hpp>
+
+#include "runtime/gpu/gpu_runtime.hpp"
 
 namespace kvoffload::gpu {
 

@@ -1,13 +1,13 @@
 // The GPU runtime's streams and events, host functions and host flags: each a vendor call made
 // under the device guard (Note [Device guard] in gpu_runtime.cpp).
-#include "runtime/gpu/gpu_runtime_internal.hpp"
+#include <memory>
+#include <mutex>
+#include <utility>
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
 
-#include <memory>
-#include <mutex>
-#include <utility>
+#include "runtime/gpu/gpu_runtime_internal.hpp"
 
 namespace kvoffload::gpu {
 

@@ -1,10 +1,10 @@
 // The simulated device's vendor-table entries for errors, devices and versions, streams and
 // events (Note [Simulated device] in sim_device.hpp): each checks its arguments and the device's
 // state as the CUDA runtime does and enqueues on the stream executor (sim_stream.cpp).
-#include "runtime/sim/sim_device_internal.hpp"
-
 #include <algorithm>
 #include <cstdio>
+
+#include "runtime/sim/sim_device_internal.hpp"
 
 namespace kvoffload::gpu::sim {
 

@@ -1,10 +1,10 @@
 // The simulated device's vendor-table entries that move bytes: memcpy and memset, batched
 // memcpy (source order STREAM or ANY) and the copy kernel's check and launch (Note [Simulated
 // device] in sim_device.hpp).
-#include "runtime/sim/sim_device_internal.hpp"
-
 #include <algorithm>
 #include <cstring>
+
+#include "runtime/sim/sim_device_internal.hpp"
 
 namespace kvoffload::gpu::sim {
 

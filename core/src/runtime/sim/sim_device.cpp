@@ -13,10 +13,6 @@
 // EXCLUSIVE_PROCESS compute mode a context is a lock that one process holds per device
 // (ContextLocks: a lock file per device, held until exit, as the GPU holds the context), so a
 // second process asking for that device is refused, like a real GPU in that mode.
-#include "runtime/sim/sim_device_internal.hpp"
-
-#include <kvoffload/error.hpp>
-
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -28,6 +24,10 @@
 #include <mutex>
 #include <string>
 #include <utility>
+
+#include <kvoffload/error.hpp>
+
+#include "runtime/sim/sim_device_internal.hpp"
 
 namespace kvoffload::gpu::sim {
 

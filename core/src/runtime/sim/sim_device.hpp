@@ -50,13 +50,13 @@
 //   last-error slot before a launch, fail registration at piece N, fail a device-pointer query,
 //   fail the Nth memcpy enqueue, fail event records, fail a flag wait with a driver code, and
 //   delay every stream operation.
-#include "runtime/gpu/vendor_api.hpp"
-
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "runtime/gpu/vendor_api.hpp"
 
 namespace kvoffload::gpu::sim {
 

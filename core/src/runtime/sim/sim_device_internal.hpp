@@ -3,12 +3,6 @@
 // error codes, a stream operation, host mappings, captures and events, the device's state
 // (SimDevice::Impl) and its streams (SimStream), and the helpers of the vendor-table entries.
 // Internal to runtime/sim/; the device is used through sim_device.hpp.
-#include "runtime/cpu_event.hpp"
-#include "runtime/cpu_stream.hpp"
-#include "runtime/sim/sim_address_range.hpp"
-#include "runtime/sim/sim_device.hpp"
-#include "runtime/sim/sim_kernel.hpp"
-
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -21,6 +15,12 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "runtime/cpu_event.hpp"
+#include "runtime/cpu_stream.hpp"
+#include "runtime/sim/sim_address_range.hpp"
+#include "runtime/sim/sim_device.hpp"
+#include "runtime/sim/sim_kernel.hpp"
 
 namespace kvoffload::gpu::sim {
 

@@ -5,15 +5,15 @@
 #include "runtime/sim/sim_device.hpp"
 
 #define KVOFFLOAD_KERNELS_SIM 1
-#include "copy_kernels.cu"  // NOLINT(bugprone-suspicious-include): the kernel body, written once
-
-#include <kvoffload/error.hpp>
-
 #include <sys/mman.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+
+#include <kvoffload/error.hpp>
+
+#include "copy_kernels.cu"  // NOLINT(bugprone-suspicious-include): the kernel body, written once
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>

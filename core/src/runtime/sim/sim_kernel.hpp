@@ -9,13 +9,13 @@
 // instead of waking 256 OS threads. The fibers tell ASan and TSan about each switch.
 // A fault in a GPU thread (a misaligned vector access) stops the kernel as on a GPU: the faulting
 // thread is never resumed, no later thread or CTA runs, and the executor reports the fault.
-#include <kvoffload_kernels/copy_kernels.hpp>
-
 #include <ucontext.h>
 
 #include <cstddef>
 #include <memory>
 #include <vector>
+
+#include <kvoffload_kernels/copy_kernels.hpp>
 
 namespace kvoffload::gpu::sim {
 

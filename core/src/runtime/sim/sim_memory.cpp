@@ -1,14 +1,14 @@
 // The simulated device's memory: address translation (device memory through its alias, host
 // memory mapped for the device), and the vendor-table entries that register, allocate and free
 // (Note [Simulated device] in sim_device.hpp).
-#include "runtime/sim/sim_device_internal.hpp"
-
-#include <kvoffload/log.hpp>
-
 #include <sys/mman.h>
 
 #include <cstdlib>
 #include <iterator>
+
+#include <kvoffload/log.hpp>
+
+#include "runtime/sim/sim_device_internal.hpp"
 
 namespace kvoffload::gpu::sim {
 

@@ -2,13 +2,13 @@
 // kernels run CTA by CTA after the MMU step, events, waits, host functions, frees), how
 // operations are enqueued or captured, and stream capture (Note [Simulated device] in
 // sim_device.hpp).
-#include "runtime/sim/sim_device_internal.hpp"
-
-#include <kvoffload/log.hpp>
-
 #include <sys/mman.h>
 
 #include <cstring>
+
+#include <kvoffload/log.hpp>
+
+#include "runtime/sim/sim_device_internal.hpp"
 
 namespace kvoffload::gpu::sim {
 

@@ -1,14 +1,15 @@
 #include "tier/file/direct_io.hpp"
 
-#include "kvoffload/log.hpp"
-#include "util/retry_eintr.hpp"
-
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include <kvoffload/log.hpp>
+
+#include "util/retry_eintr.hpp"
 
 namespace kvoffload {
 

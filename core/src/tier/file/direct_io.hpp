@@ -3,10 +3,6 @@
 // first refusal (DirectIoMode::kAuto in file_tier.hpp), whole-buffer reads and writes with EINTR
 // retried and partial transfers continued.
 
-#include "kvoffload/file_tier.hpp"
-#include "kvoffload/syscalls.hpp"
-#include "tier/file/file_record.hpp"
-
 #include <atomic>
 #include <cstddef>
 #include <filesystem>
@@ -14,6 +10,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+
+#include <kvoffload/file_tier.hpp>
+#include <kvoffload/syscalls.hpp>
+
+#include "tier/file/file_record.hpp"
 
 namespace kvoffload::detail {
 

@@ -12,13 +12,14 @@
 // buffer (record_split). Format 1 records (an earlier kvoffload) read as misses and are dropped.
 #include "tier/file/file_record.hpp"
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/file_tier.hpp"
-#include "tier/file/crc32c.hpp"
-
 #include <array>
 #include <bit>
 #include <cstring>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/file_tier.hpp>
+
+#include "tier/file/crc32c.hpp"
 
 namespace kvoffload {
 namespace detail {

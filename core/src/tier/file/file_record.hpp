@@ -2,16 +2,16 @@
 // The file tier's on-disk record (Note [File tier record]) and the small pieces every part of the
 // tier shares: names of files and directories, per-item outcomes, errno text.
 
-#include <kvoffload/block_key.hpp>
-#include <kvoffload/error.hpp>
-#include <kvoffload/tier.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/error.hpp>
+#include <kvoffload/tier.hpp>
 
 namespace kvoffload::detail {
 

@@ -1,12 +1,5 @@
 // FileTier: validation, open (the root's lock, recovery, the first capacity), remove, stats and
 // close. The tier's state and the list of its other parts are in file_tier_impl.hpp.
-#include "kvoffload/file_tier.hpp"
-
-#include "kvoffload/error.hpp"
-#include "kvoffload/log.hpp"
-#include "tier/file/file_tier_impl.hpp"
-#include "tier/file/file_tier_recovery.hpp"
-
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/statvfs.h>
@@ -16,8 +9,14 @@
 #include <utility>
 #include <vector>
 
-namespace kvoffload {
+#include <kvoffload/error.hpp>
+#include <kvoffload/file_tier.hpp>
+#include <kvoffload/log.hpp>
 
+#include "tier/file/file_tier_impl.hpp"
+#include "tier/file/file_tier_recovery.hpp"
+
+namespace kvoffload {
 
 // ---- FileTier -------------------------------------------------------------------------------
 

@@ -11,16 +11,6 @@
 //   tier_index.hpp              keys held, LRU order, bytes used, capacity (Note [Full disk])
 //   file_tier_recovery.{hpp,cpp} indexing what a previous owner left at open
 
-#include "kvoffload/error.hpp"
-#include "kvoffload/file_tier.hpp"
-#include "kvoffload/syscalls.hpp"
-#include "region/sys.hpp"
-#include "tier/file/direct_io.hpp"
-#include "tier/file/file_record.hpp"
-#include "tier/file/io_pool.hpp"
-#include "tier/tier_index.hpp"
-#include "util/rate_limited_log.hpp"
-
 #include <array>
 #include <condition_variable>
 #include <cstdint>
@@ -30,6 +20,17 @@
 #include <optional>
 #include <span>
 #include <string>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/file_tier.hpp>
+#include <kvoffload/syscalls.hpp>
+
+#include "region/sys.hpp"
+#include "tier/file/direct_io.hpp"
+#include "tier/file/file_record.hpp"
+#include "tier/file/io_pool.hpp"
+#include "tier/tier_index.hpp"
+#include "util/rate_limited_log.hpp"
 
 namespace kvoffload {
 

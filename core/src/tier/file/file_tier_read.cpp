@@ -1,8 +1,6 @@
 // The file tier's read path: a get batch (a miss for what the index does not hold ready), then on
 // the read lane of the I/O threads each record read and verified (into the destination when it is
 // aligned, else through the bounce buffer), a damaged record counted and dropped.
-#include "tier/file/file_tier_impl.hpp"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 
@@ -10,6 +8,8 @@
 #include <cstring>
 #include <utility>
 #include <vector>
+
+#include "tier/file/file_tier_impl.hpp"
 
 namespace kvoffload {
 

@@ -1,11 +1,12 @@
 #include "tier/file/file_tier_recovery.hpp"
 
-#include "kvoffload/error.hpp"
-#include "tier/file/file_record.hpp"
-
 #include <algorithm>
 #include <cstring>
 #include <string_view>
+
+#include <kvoffload/error.hpp>
+
+#include "tier/file/file_record.hpp"
 
 namespace kvoffload::detail {
 

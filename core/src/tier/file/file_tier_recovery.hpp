@@ -3,14 +3,14 @@
 // oldest first, and its temporary files deleted (the caller holds the root's lock, so no writer
 // is alive).
 
-#include "kvoffload/block_key.hpp"
-#include "kvoffload/file_tier.hpp"
-#include "kvoffload/syscalls.hpp"
-
 #include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include <kvoffload/block_key.hpp>
+#include <kvoffload/file_tier.hpp>
+#include <kvoffload/syscalls.hpp>
 
 namespace kvoffload::detail {
 

@@ -1,8 +1,5 @@
 // The file tier's space: the capacity in force (Note [Full disk]), eviction after ENOSPC, and
 // unlinking records and temp files under the name locks (Note [File tier name locks]).
-#include "kvoffload/log.hpp"
-#include "tier/file/file_tier_impl.hpp"
-
 #include <fcntl.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -10,8 +7,11 @@
 #include <cerrno>
 #include <vector>
 
-namespace kvoffload {
+#include <kvoffload/log.hpp>
 
+#include "tier/file/file_tier_impl.hpp"
+
+namespace kvoffload {
 
 void FileTier::Impl::close_fd(int fd, const std::filesystem::path& path) {
   if (sys.close(sys.context, fd) != 0) {

@@ -1,9 +1,6 @@
 // The file tier's write path: a put batch's admission (eviction to fit, capacity checks) under the
 // index lock, then on the I/O threads each record written to a temp file, synced as the policy
 // says and renamed into place, retried once after ENOSPC (Note [Full disk]).
-#include "kvoffload/log.hpp"
-#include "tier/file/file_tier_impl.hpp"
-
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -13,6 +10,10 @@
 #include <iterator>
 #include <utility>
 #include <vector>
+
+#include <kvoffload/log.hpp>
+
+#include "tier/file/file_tier_impl.hpp"
 
 namespace kvoffload {
 

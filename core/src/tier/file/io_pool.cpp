@@ -1,12 +1,12 @@
 #include "tier/file/io_pool.hpp"
 
-#include "kvoffload/log.hpp"
-
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <new>
 #include <utility>
+
+#include <kvoffload/log.hpp>
 
 namespace kvoffload::detail {
 

@@ -1,12 +1,12 @@
 // A batch from call to completion: its ops (one per chunk row and copy) and rows, the one
 // submit path put() and get() share, routing the ops to nodes and cutting them into tasks
 // (Note [Task size]), cluster redirects, and the completion of a row once its last copy is in.
-#include "remote_tier_impl.hpp"
-
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "remote_tier_impl.hpp"
 
 namespace kvoffload {
 

@@ -1,11 +1,12 @@
 // `kvoffload remote check`: reachability, round trip and (cluster) slot coverage of a store.
-#include "kvoffload/error.hpp"
-#include "kvoffload/remote_tier.hpp"
-#include "remote_ops.hpp"
-
 #include <algorithm>
 #include <string>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/remote_tier.hpp>
+
+#include "remote_ops.hpp"
 
 namespace kvoffload {
 

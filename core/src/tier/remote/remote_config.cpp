@@ -1,11 +1,12 @@
 // RemoteUrl parsing, the geometry fingerprint and option validation (no network here).
-#include "kvoffload/error.hpp"
-#include "kvoffload/remote_tier.hpp"
-#include "remote_value.hpp"
+#include <charconv>
 
 #include <xxhash.h>
 
-#include <charconv>
+#include <kvoffload/error.hpp>
+#include <kvoffload/remote_tier.hpp>
+
+#include "remote_value.hpp"
 
 namespace kvoffload {
 

@@ -2,14 +2,15 @@
 // (the tier routes keys to servers with libmemcached's own ketama hashing, see remote_routing.cpp).
 // libmemcached's timeouts are per poll; before each call the poll timeout is set to what is left
 // of the batch's deadline, so a frozen server costs at most about one deadline.
-#include "kvoffload/error.hpp"
-#include "remote_ops.hpp"
-
-#include <libmemcached/memcached.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include <libmemcached/memcached.h>
+
+#include <kvoffload/error.hpp>
+
+#include "remote_ops.hpp"
 
 namespace kvoffload::detail {
 namespace {

@@ -2,10 +2,6 @@
 // Internals of the remote tier shared by its connections: one network operation per value
 // (ValueOp), the connection interface, the per-node circuit breaker and a rate-limited warning.
 
-#include "kvoffload/log.hpp"
-#include "kvoffload/remote_tier.hpp"
-#include "remote_value.hpp"
-
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -15,6 +11,11 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include <kvoffload/log.hpp>
+#include <kvoffload/remote_tier.hpp>
+
+#include "remote_value.hpp"
 
 namespace kvoffload::detail {
 

@@ -1,9 +1,9 @@
 // The presence cache: what the tier knows of each chunk (present, absent, being checked) from
 // its own puts and gets and from existence checks, so lookup() and known() answer from memory
 // and a chunk is asked about at most once per answer's lifetime (negative_ttl, lookup_timeout).
-#include "remote_tier_impl.hpp"
-
 #include <vector>
+
+#include "remote_tier_impl.hpp"
 
 namespace kvoffload {
 

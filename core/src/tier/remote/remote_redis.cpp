@@ -11,9 +11,6 @@
 //
 // This file: connecting, and writing requests (the pipeline and single commands). The replies are
 // read in remote_redis_replies.cpp, probes and CLUSTER SLOTS in remote_redis_probe.cpp.
-#include "kvoffload/error.hpp"
-#include "remote_redis_connection.hpp"
-
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -23,6 +20,10 @@
 #include <climits>
 #include <cstring>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+
+#include "remote_redis_connection.hpp"
 
 namespace kvoffload::detail {
 

@@ -3,9 +3,6 @@
 // and the names its parts share. Requests and connecting are in remote_redis.cpp, the reply
 // reader in remote_redis_replies.cpp, probes and CLUSTER SLOTS in remote_redis_probe.cpp.
 
-#include "remote_ops.hpp"
-
-#include <hiredis/hiredis.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -19,6 +16,10 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <hiredis/hiredis.h>
+
+#include "remote_ops.hpp"
 
 namespace kvoffload::detail {
 

@@ -1,10 +1,11 @@
 // Redis probes for `kvoffload remote check` (PING round trip, version, cluster mode, role) and
 // the CLUSTER SLOTS map a cluster tier routes by, each on a connection of its own.
-#include "kvoffload/error.hpp"
-#include "remote_redis_connection.hpp"
-
 #include <string>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+
+#include "remote_redis_connection.hpp"
 
 namespace kvoffload::detail {
 namespace {

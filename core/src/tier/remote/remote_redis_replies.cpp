@@ -1,9 +1,6 @@
 // A RESP connection's replies: hiredis's reader for setup and probes, and the data path's own
 // reader (one reply per op: +OK, :n, $-1, $len value received straight into a recycled buffer,
 // -error with MOVED/ASK redirects), all against the caller's deadline.
-#include "remote_redis_connection.hpp"
-#include <kvoffload/error.hpp>
-
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -11,6 +8,10 @@
 #include <charconv>
 #include <cstring>
 #include <string>
+
+#include <kvoffload/error.hpp>
+
+#include "remote_redis_connection.hpp"
 
 namespace kvoffload::detail {
 namespace {

@@ -1,12 +1,13 @@
 // Where a value goes: the tier's nodes (each created with its workers), key -> node routing
 // (standalone: the one node; cluster: CRC16 slot -> master from the CLUSTER SLOTS map;
 // memcached: libmemcached's ketama hash), node failures, and the cluster slot map's refresher.
-#include "kvoffload/log.hpp"
-#include "remote_tier_impl.hpp"
-
 #include <algorithm>
 #include <string>
 #include <vector>
+
+#include <kvoffload/log.hpp>
+
+#include "remote_tier_impl.hpp"
 
 namespace kvoffload {
 

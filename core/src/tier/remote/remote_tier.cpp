@@ -12,15 +12,15 @@
 //
 // The parts live in their own files (the list is in remote_tier_impl.hpp); this one opens and
 // closes the tier and holds its public calls.
-#include "kvoffload/remote_tier.hpp"
-
-#include "kvoffload/error.hpp"
-#include "kvoffload/log.hpp"
-#include "remote_tier_impl.hpp"
-
 #include <algorithm>
 #include <string>
 #include <vector>
+
+#include <kvoffload/error.hpp>
+#include <kvoffload/log.hpp>
+#include <kvoffload/remote_tier.hpp>
+
+#include "remote_tier_impl.hpp"
 
 namespace kvoffload {
 

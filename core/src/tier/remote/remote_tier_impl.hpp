@@ -7,12 +7,6 @@
 //   remote_presence.cpp  the presence cache that lookup() and known() answer from
 //   remote_workers.cpp   the per-connection worker threads that run tasks against a node
 
-#include "kvoffload/remote_tier.hpp"
-#include "remote_ops.hpp"
-#include "util/rate_limited_log.hpp"
-
-#include <libmemcached/memcached.h>
-
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -20,6 +14,13 @@
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
+
+#include <libmemcached/memcached.h>
+
+#include <kvoffload/remote_tier.hpp>
+
+#include "remote_ops.hpp"
+#include "util/rate_limited_log.hpp"
 
 namespace kvoffload {
 

@@ -1,9 +1,9 @@
 #include "remote_value.hpp"
 
-#include <xxhash.h>
-
 #include <bit>
 #include <cstring>
+
+#include <xxhash.h>
 
 namespace kvoffload::detail {
 

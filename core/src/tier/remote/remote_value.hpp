@@ -11,13 +11,13 @@
 // another key (a bug, or a store that mixes keys up) fails the key echo; a torn, truncated or
 // bit-flipped value fails the length or a checksum. Every failure is a counted miss.
 
-#include <kvoffload/block_key.hpp>
-
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
+
+#include <kvoffload/block_key.hpp>
 
 namespace kvoffload::detail {
 

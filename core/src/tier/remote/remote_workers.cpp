@@ -1,12 +1,12 @@
 // The worker threads (Note [Remote tier threads]): each owns one connection to its node, takes
 // tasks from the node's queue, pipelines a task against the batch's deadline, reconnects after
 // a failure of the node, and hands each op's answer back to its batch.
-#include "remote_tier_impl.hpp"
-
 #include <algorithm>
 #include <exception>
 #include <string>
 #include <vector>
+
+#include "remote_tier_impl.hpp"
 
 namespace kvoffload {
 
