@@ -1,5 +1,8 @@
 """kvoffload as a drop-in backend for vLLM's OffloadingConnector.
 
+(Over ~500 lines: the three classes vLLM loads from this one module path, the spec, its manager
+and its worker, share the import checks of vLLM's interface and the metric names below.)
+
 Select it with ``spec_name="KvoffloadSpec"`` and ``spec_module_path="kvoffload.vllm"`` in the
 connector's ``kv_connector_extra_config`` (the README's "vLLM integration" section has the whole
 ``--kv-transfer-config``).

@@ -1,4 +1,6 @@
 // kvoffload._kvoffload.VllmManagerCore: the batched binding under kvoffload.vllm.KvoffloadManager.
+// (Over ~500 lines for one idea: one class binding vLLM's whole manager interface, each call a
+// short loop over a batch.)
 //
 // vLLM names a block by an OffloadKey, a bytes object (a block hash, 32 bytes for SHA-256, plus 4
 // bytes of KV-group index). The Manager keys are 128 bits, so each key's bytes are hashed to 128

@@ -1,3 +1,4 @@
+# (Over ~500 lines: every case shares the layout model below; split, each file would carry it.)
 # kvoffload.vllm.KvoffloadSpec / KvoffloadWorker with vLLM's real types (OffloadingConfig,
 # CanonicalKVCaches, GPULoadStoreSpec, CPULoadStoreSpec from the tree named by KVOFFLOAD_VLLM_SRC):
 # every byte that crosses is checked against a model of vLLM's CPU layout (one section per unique

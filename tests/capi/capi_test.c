@@ -1,4 +1,5 @@
-/* Exercises every function of kvoffload.h from C, error paths included. Exits non-zero on the
+/* (Over ~500 lines: one C program walks the whole C API in order, as an engine would.)
+ * Exercises every function of kvoffload.h from C, error paths included. Exits non-zero on the
  * first failure with the file:line and the library's last error message. */
 /* NOLINTNEXTLINE(bugprone-reserved-identifier): the POSIX feature macro */
 #define _POSIX_C_SOURCE 200809L

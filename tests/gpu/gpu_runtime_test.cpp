@@ -1,3 +1,4 @@
+// (Over ~500 lines: one suite built twice, for sim and for real GPUs, from one source file.)
 // The GPU runtime (core/src/runtime/gpu): which path ran, the descriptor rings, registration in
 // pieces, big kernel batches, and the fixes of the review, each against the simulated device's
 // fault knobs. Built twice: "sim" (label cpu; CI runs it, also under ASan and TSan) and "cuda,hip"

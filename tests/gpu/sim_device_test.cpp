@@ -1,3 +1,4 @@
+// (Over ~500 lines: each case is one rule of the real device, checked against the same fixture.)
 // The simulated device as strict as a GPU (Note [Simulated device]), and the GPU runtime's fixes
 // that only such a device can show (issue 16): one context per device and rank, the device guard
 // on every call, host functions after a sticky error, stream-ordered frees of stream-ordered
