@@ -34,7 +34,9 @@
 
 namespace kvoffload {
 
-struct FileTier::Impl {
+// Hidden explicitly: a class nested in an exported one (FileTier is KVOFFLOAD_API) takes its
+// visibility, and with its members defined in several files they would be exported.
+struct __attribute__((visibility("hidden"))) FileTier::Impl {
   Impl(const FileTierOptions& o, const Syscalls& sys_in)
       : options(o),
         sys(sys_in),

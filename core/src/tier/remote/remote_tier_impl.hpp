@@ -24,7 +24,9 @@
 
 namespace kvoffload {
 
-struct RemoteTier::Impl {
+// Hidden explicitly: a class nested in an exported one (RemoteTier is KVOFFLOAD_API) takes its
+// visibility, and with its members defined in several files they would be exported.
+struct __attribute__((visibility("hidden"))) RemoteTier::Impl {
   using ValueOp = detail::ValueOp;
   using OpKind = detail::OpKind;
   using OpStatus = detail::OpStatus;
