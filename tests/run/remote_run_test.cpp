@@ -35,14 +35,6 @@ using kvoffload::test::RedisCluster;
 using kvoffload::test::ServerProcess;
 using ::testing::HasSubstr;
 
-#define SKIP_WITHOUT(...)                                                       \
-  do {                                                                          \
-    const std::string missing = kvoffload::test::missing_binary({__VA_ARGS__}); \
-    if (!missing.empty())                                                       \
-      KVO_SKIP("no-servers") << missing << " is not installed (Debian: "        \
-                             << "redis-server, redis-tools, memcached)";        \
-  } while (0)
-
 class RemoteRunTest : public ::testing::Test {
  protected:
   void SetUp() override {

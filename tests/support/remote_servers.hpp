@@ -8,7 +8,8 @@
 //   FakeResp        a scriptable RESP server in a thread, for protocol faults and for cluster
 //                   redirects (its script sees each command's connection and the command before
 //                   it on that connection, and every command is logged).
-// missing_binary() names a server binary that is not installed, so a test can GTEST_SKIP with it.
+// missing_binary() names a server binary that is not installed, so a test can GTEST_SKIP with it;
+// SKIP_WITHOUT("redis-server", ...) skips the test (reason no-servers) naming the first one.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -34,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "skip.hpp"
+
 namespace kvoffload::test {
 
 inline std::string which(const std::string& name) {
@@ -51,6 +54,16 @@ inline std::string missing_binary(std::initializer_list<const char*> names) {
   }
   return {};
 }
+
+// Skips the calling test when a server binary it needs is missing, naming it and the Debian
+// packages to install.
+#define SKIP_WITHOUT(...)                                                       \
+  do {                                                                          \
+    const std::string missing = kvoffload::test::missing_binary({__VA_ARGS__}); \
+    if (!missing.empty())                                                       \
+      KVO_SKIP("no-servers") << missing << " is not installed (Debian: "        \
+                             << "redis-server, redis-tools, memcached)";        \
+  } while (0)
 
 // A free loopback TCP port (bound, read back, closed; the kernel does not hand it out again soon).
 inline int free_port() {

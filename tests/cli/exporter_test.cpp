@@ -1,21 +1,15 @@
-// Watching engines from outside, as an operator does: `kvoffload region list` with occupancy,
-// `kvoffload top` under a real pseudo-terminal (frames, q, signals, the terminal given back) and
-// without one, and `kvoffload exporter` scraped over HTTP (its text checked by the Prometheus
-// client's own parser and naming rules: check_prometheus.py), also while a `kvoffload run` goes,
-// against that run's JSON. Every test uses its own shm dir; the engines are forked children of the
-// test that publish a scripted state (or a real `kvoffload run`).
-#include <fcntl.h>
+// `kvoffload exporter` scraped over HTTP: bad --listen values named, a port in use, every region of
+// the node in Prometheus format (checked by the Prometheus client's own parser and naming rules:
+// check_prometheus.py), and a real `kvoffload run` scraped while it goes and against its JSON.
+//
+// Watching engines from outside, as an operator does; every test uses its own shm dir, and the
+// engines are forked children of the test that publish a scripted state (or a real `kvoffload
+// run`). The suite: region_list_test.cpp, top_test.cpp, exporter_test.cpp; its kit:
+// monitor_test_util.hpp.
+
 #include <httplib.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <pty.h>
 #include <signal.h>
 #include <sys/file.h>
-#include <sys/ioctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <termios.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -23,7 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,11 +25,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <kvoffload/manager.hpp>
-#include <kvoffload/offload_stack.hpp>
-#include <kvoffload/region.hpp>
-
 #include "child_process.hpp"
+#include "monitor_test_util.hpp"
 #include "test_env.hpp"
 
 namespace {
@@ -43,314 +34,12 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using kvoffload::test::ChildProcess;
-using kvoffload::test::ChildSpec;
 using kvoffload::test::read_text;
+using kvoffload::test::ScriptedEngine;
+using kvoffload::test::spawn;
 using kvoffload::test::TempDir;
 using kvoffload::test::unique_id;
 using Clock = std::chrono::steady_clock;
-
-constexpr const char* kEnter = "\x1b[?1049h\x1b[?25l";
-constexpr const char* kLeave = "\x1b[?25h\x1b[?1049l";
-
-std::size_t occurrences(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
-// The program in its own process group, stdout to a file in `dir` (or to a pipe, read with
-// read_line), stderr to a file in `dir`.
-std::unique_ptr<ChildProcess> spawn(const std::vector<std::string>& args, const fs::path& dir,
-                                    bool pipe_stdout = false) {
-  static int counter = 0;
-  const std::string tag = std::to_string(counter++);
-  ChildSpec spec;
-  spec.args = args;
-  spec.out_file = dir / ("out" + tag);
-  spec.err_file = dir / ("err" + tag);
-  spec.pipe_stdout = pipe_stdout;
-  spec.own_process_group = true;
-  return std::make_unique<ChildProcess>(spec);
-}
-
-// An engine's scheduler in a child process: an OffloadStack over a region of 8 chunks (2 ranks),
-// which looks up 5 keys (misses), stores them and pins 2 for a load, then holds until released.
-// With `tier_root`, a file tier named `tier_name` sits behind the region.
-class ScriptedEngine {
- public:
-  ScriptedEngine(const fs::path& shm_dir, std::string id, const fs::path& tier_root = {},
-                 const std::string& tier_name = "file")
-      : id_(std::move(id)) {
-    int ready[2];
-    int hold[2];
-    if (::pipe(ready) != 0 || ::pipe(hold) != 0) throw std::runtime_error("pipe");
-    pid_ = kvoffload::test::fork_child([&] {
-      ::close(ready[0]);
-      ::close(hold[1]);
-      kvoffload::StackConfig config;
-      config.region.engine_id = id_;
-      config.region.layout = {.num_chunks = 8, .slot_bytes = 4096, .world_size = 2};
-      config.region.shm_dir = shm_dir;
-      if (!tier_root.empty()) {
-        config.file_tiers.push_back(
-            {.root = tier_root, .capacity_bytes = 1 << 20, .name = tier_name});
-      }
-      auto stack = kvoffload::OffloadStack::build(config);
-      kvoffload::Manager& m = stack->manager();
-      std::vector<kvoffload::BlockKey> keys;
-      for (std::uint64_t i = 0; i < 5; ++i) keys.emplace_back(i + 1, i * 3);
-      (void)stack->store().lookup(keys);
-      const kvoffload::StorePlan plan = m.prepare_store(keys);
-      stack->store().complete_store(plan.keys, true);
-      (void)stack->store().drain();
-      (void)m.prepare_load(std::span(keys).first(2));
-      char byte = 1;
-      if (::write(ready[1], &byte, 1) != 1) return 2;
-      (void)::read(hold[0], &byte, 1);  // EOF: released
-      m.complete_load(std::span(keys).first(2));
-      return stack->close() ? 0 : 3;
-    });
-    ::close(ready[1]);
-    ::close(hold[0]);
-    hold_ = hold[1];
-    char byte = 0;
-    if (::read(ready[0], &byte, 1) != 1) ADD_FAILURE() << "the scripted engine did not start";
-    ::close(ready[0]);
-  }
-  ~ScriptedEngine() { release(); }
-  ScriptedEngine(const ScriptedEngine&) = delete;
-  ScriptedEngine& operator=(const ScriptedEngine&) = delete;
-
-  void release() {
-    if (hold_ < 0) return;
-    ::close(hold_);
-    hold_ = -1;
-    const int status = kvoffload::test::wait_child(pid_);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
-  }
-  [[nodiscard]] const std::string& id() const { return id_; }
-  [[nodiscard]] pid_t pid() const { return pid_; }
-
- private:
-  std::string id_;
-  pid_t pid_ = -1;
-  int hold_ = -1;
-};
-
-// ---- region list ----
-
-TEST(RegionList, ShowsEachEnginesOccupancyInTextAndJson) {
-  TempDir shm;
-  TempDir work;
-  ScriptedEngine engine(shm.path(), unique_id("list"));
-  auto p = spawn({"region", "list", "--shm-dir", shm.path().string(), "--json"}, work.path());
-  ASSERT_EQ(p->wait(), 0) << p->err();
-  const json j = json::parse(p->out());
-  ASSERT_EQ(j["regions"].size(), 1U);
-  const json& live = j["regions"][0]["live"];
-  const json& s = live["scheduler"];
-  EXPECT_TRUE(s["attached"].get<bool>());
-  EXPECT_EQ(s["pid"], engine.pid());
-  EXPECT_EQ(s["chunks"], 8);
-  EXPECT_EQ(s["used"], 5);
-  EXPECT_EQ(s["pinned"], 2);
-  EXPECT_EQ(s["write_pending"], 0);
-  EXPECT_EQ(s["misses"], 5);
-  EXPECT_EQ(s["stores_completed"], 5);
-  EXPECT_EQ(live["ranks"].size(), 2U);
-  EXPECT_EQ(live["ranks"][0]["bringup"]["state"], "pending");
-
-  auto text = spawn({"region", "list", "--shm-dir", shm.path().string()}, work.path());
-  ASSERT_EQ(text->wait(), 0) << text->err();
-  EXPECT_NE(text->out().find("used 5 of 8 chunks (62.5 %), 0 write-pending, 2 pinned, 8 "
-                             "ready; hits 0, misses 5 (0.0 % hit); 0 evictions; bring-up "
-                             "0 of 2 ranks ready"),
-            std::string::npos)
-      << text->out();
-}
-
-// ---- top ----
-
-TEST(Top, WithoutATerminalPrintsOneSnapshotAsPlainText) {
-  TempDir shm;
-  TempDir work;
-  ScriptedEngine engine(shm.path(), unique_id("plain"));
-  auto p = spawn({"top", "--shm-dir", shm.path().string()}, work.path());
-  ASSERT_EQ(p->wait(), 0) << p->err();
-  const std::string out = p->out();
-  EXPECT_EQ(out.find('\x1b'), std::string::npos) << "no escape sequences into a pipe or file";
-  EXPECT_NE(out.find(engine.id()), std::string::npos) << out;
-  EXPECT_NE(out.find("used 5/8 (62.5 %)  write-pending 0  pinned 2  ready 8/8"), std::string::npos)
-      << out;
-  EXPECT_NE(out.find("1 engine"), std::string::npos) << out;
-}
-
-TEST(Top, JsonListsEveryEngine) {
-  TempDir shm;
-  TempDir work;
-  ScriptedEngine engine(shm.path(), unique_id("json"));
-  auto p = spawn({"top", "--shm-dir", shm.path().string(), "--json"}, work.path());
-  ASSERT_EQ(p->wait(), 0) << p->err();
-  const json j = json::parse(p->out());
-  ASSERT_EQ(j["engines"].size(), 1U);
-  EXPECT_EQ(j["engines"][0]["engine_id"], engine.id());
-  EXPECT_EQ(j["engines"][0]["live"]["scheduler"]["used"], 5);
-}
-
-TEST(Top, RejectsBadOptionsNamingThem) {
-  TempDir work;
-  for (const std::vector<std::string>& args : {std::vector<std::string>{"top", "--interval", "0"},
-                                               {"top", "--interval", "abc"},
-                                               {"top", "--frames", "0"}}) {
-    auto p = spawn(args, work.path());
-    EXPECT_EQ(p->wait(), 2) << args[1] << " " << args[2];
-    EXPECT_NE(p->err().find(args[1]), std::string::npos) << p->err();
-  }
-}
-
-// `top` on a pseudo-terminal: the child gets the slave as its controlling terminal; the test
-// reads the master (everything top wrote) and keeps the slave to check the terminal's settings
-// after top has gone.
-class PtyTop {
- public:
-  PtyTop(const std::vector<std::string>& args) {
-    winsize ws{};
-    ws.ws_row = 40;
-    ws.ws_col = 200;
-    if (::openpty(&master_, &slave_, nullptr, nullptr, &ws) != 0)
-      throw std::runtime_error("openpty");
-    ::fcntl(master_, F_SETFD, FD_CLOEXEC);  // top holds the slave only
-    termios t{};
-    ::tcgetattr(slave_, &t);
-    original_lflag_ = t.c_lflag;
-    ChildSpec spec;
-    spec.args = args;
-    spec.terminal = slave_;
-    child_ = std::make_unique<ChildProcess>(spec);
-  }
-  ~PtyTop() {
-    child_.reset();  // killed when still running
-    ::close(master_);
-    ::close(slave_);
-  }
-  PtyTop(const PtyTop&) = delete;
-  PtyTop& operator=(const PtyTop&) = delete;
-
-  // Reads what top wrote until `what` appears (true) or the time is up.
-  bool read_until(const std::string& what,
-                  std::chrono::seconds timeout = std::chrono::seconds(60)) {
-    const auto deadline = Clock::now() + timeout;
-    while (output_.find(what) == std::string::npos) {
-      if (Clock::now() > deadline) return false;
-      if (!pump(100)) return output_.find(what) != std::string::npos;
-    }
-    return true;
-  }
-  void send(const std::string& keys) {
-    ASSERT_EQ(::write(master_, keys.data(), keys.size()), static_cast<ssize_t>(keys.size()));
-  }
-  void signal(int signo) { child_->signal(signo); }
-
-  // Exit status (code, or -signal), draining the output meanwhile.
-  int wait(std::chrono::seconds timeout = std::chrono::seconds(60)) {
-    const auto deadline = Clock::now() + timeout;
-    std::optional<int> status;
-    for (;;) {
-      (void)pump(20);
-      status = child_->poll();
-      if (status) break;
-      if (Clock::now() > deadline) {
-        ADD_FAILURE() << "top did not exit; output so far: " << printable();
-        status = child_->kill();
-        break;
-      }
-    }
-    while (pump(50)) {
-    }
-    return *status;
-  }
-
-  [[nodiscard]] const std::string& output() const { return output_; }
-  [[nodiscard]] std::string printable() const {
-    std::string s;
-    for (const char c : output_) s += c == '\x1b' ? std::string("\\e") : std::string(1, c);
-    return s;
-  }
-  // The terminal's local modes now, and as they were before top started.
-  [[nodiscard]] tcflag_t lflag() const {
-    termios t{};
-    ::tcgetattr(slave_, &t);
-    return t.c_lflag;
-  }
-  [[nodiscard]] tcflag_t original_lflag() const { return original_lflag_; }
-
- private:
-  // One read of the master; false when nothing more can come.
-  bool pump(int timeout_ms) {
-    pollfd p{master_, POLLIN, 0};
-    if (::poll(&p, 1, timeout_ms) <= 0) return !child_->ended();
-    char buf[8192];
-    const ssize_t n = ::read(master_, buf, sizeof buf);
-    if (n <= 0) return false;
-    output_.append(buf, static_cast<std::size_t>(n));
-    return true;
-  }
-
-  int master_ = -1;
-  int slave_ = -1;
-  std::unique_ptr<ChildProcess> child_;
-  tcflag_t original_lflag_ = 0;
-  std::string output_;
-};
-
-TEST(Top, DrawsFramesInPlaceOnATerminalAndGivesItBack) {
-  TempDir shm;
-  ScriptedEngine engine(shm.path(), unique_id("pty"));
-  PtyTop top({"top", "--shm-dir", shm.path().string(), "--interval", "0.1", "--frames", "3"});
-  ASSERT_EQ(top.wait(), 0) << top.printable();
-  const std::string& out = top.output();
-  ASSERT_EQ(out.rfind(kEnter, 0), 0U) << "the alternate screen first: " << top.printable();
-  EXPECT_EQ(occurrences(out, "\x1b[2J"), 1U) << "the screen is cleared once, never per frame";
-  EXPECT_EQ(occurrences(out, "\x1b[H\x1b[2J"), 1U);
-  EXPECT_EQ(occurrences(out, "\x1b[J"), 3U) << "three frames, each ending in clear-to-end";
-  EXPECT_GE(occurrences(out, "\x1b[K"), 3U * 8U) << "every line clears its own tail";
-  EXPECT_NE(out.find("used 5/8 (62.5 %)  write-pending 0  pinned 2  ready 8/8"), std::string::npos)
-      << top.printable();
-  EXPECT_NE(out.find("(q quits)"), std::string::npos);
-  ASSERT_GE(out.size(), std::string(kLeave).size());
-  EXPECT_EQ(out.substr(out.size() - std::string(kLeave).size()), kLeave)
-      << "the terminal is given back last: " << top.printable();
-  EXPECT_EQ(top.lflag() & (ICANON | ECHO), top.original_lflag() & (ICANON | ECHO))
-      << "line mode and echo restored";
-}
-
-TEST(Top, QuitsOnQ) {
-  TempDir shm;
-  ScriptedEngine engine(shm.path(), unique_id("q"));
-  PtyTop top({"top", "--shm-dir", shm.path().string(), "--interval", "30"});
-  ASSERT_TRUE(top.read_until("\x1b[J")) << top.printable();
-  EXPECT_EQ(top.lflag() & (ICANON | ECHO), 0U) << "keys are read one at a time, unechoed";
-  top.send("q");
-  EXPECT_EQ(top.wait(), 0) << top.printable();
-  const std::string& out = top.output();
-  EXPECT_EQ(out.substr(out.size() - std::string(kLeave).size()), kLeave) << top.printable();
-  EXPECT_EQ(top.lflag() & (ICANON | ECHO), top.original_lflag() & (ICANON | ECHO));
-}
-
-TEST(Top, GivesTheTerminalBackOnSignals) {
-  for (const int signo : {SIGTERM, SIGINT, SIGHUP}) {
-    SCOPED_TRACE(signo);
-    TempDir shm;
-    PtyTop top({"top", "--shm-dir", shm.path().string(), "--interval", "30"});
-    ASSERT_TRUE(top.read_until("no engines")) << top.printable();
-    top.signal(signo);
-    EXPECT_EQ(top.wait(), 128 + signo) << top.printable();
-    const std::string& out = top.output();
-    ASSERT_GE(out.size(), std::string(kLeave).size());
-    EXPECT_EQ(out.substr(out.size() - std::string(kLeave).size()), kLeave) << top.printable();
-    EXPECT_EQ(top.lflag() & (ICANON | ECHO), top.original_lflag() & (ICANON | ECHO));
-  }
-}
 
 // ---- exporter ----
 
