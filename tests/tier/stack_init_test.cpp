@@ -20,7 +20,6 @@ namespace {
 using test::Injected;
 using test::kChunks;
 using test::kSlotBytes;
-using test::kWorld;
 using test::Snapshot;
 using test::TieredFixture;
 
@@ -231,7 +230,7 @@ TEST_F(TieredFixture, FailureInsideATierStepReleasesEarlierTiersAndRegion) {
 }
 
 TEST_F(TieredFixture, InvalidConfigurationCreatesNothing) {
-  auto expect_invalid = [&](StackConfig c, std::string_view needle) {
+  auto expect_invalid = [&](const StackConfig& c, std::string_view needle) {
     ASSERT_FALSE(needle.empty()) << "an empty needle matches any message";
     bool region_factory_called = false;
     InitHooks hooks;

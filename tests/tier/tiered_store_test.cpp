@@ -17,11 +17,7 @@
 namespace kvoffload {
 namespace {
 
-using test::kChunks;
 using test::keys_of;
-using test::kSlotBytes;
-using test::kWorld;
-using test::pattern;
 using test::TieredFixture;
 
 TEST_F(TieredFixture, StoredChunksReachTheFileTierAndPromoteBackIdentical) {
