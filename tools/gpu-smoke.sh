@@ -137,11 +137,19 @@ rm -rf "$pkgcfg_dir"
 say "built in $((SECONDS - start)) s"
 
 status=0
-# 2. The gpu-labelled suites (transfer engine and GPU runtime on the real device).
-if ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1; then
-  say "gpu tests passed ($(grep -c '\[       OK \]' "$out/ctest.log") cases ok, $(grep -c 'SKIPPED \]' "$out/ctest.log") skipped)"
+# 2. The gpu-labelled suites (transfer engine and GPU runtime on the real device). ctest -V keeps
+# every case's verdict in the log: a suite that ran none of its GPU cases (all skipped) fails the
+# run, because a green run that tested nothing is what a first GPU run must never be (issue 25).
+if ctest --test-dir "$build" -L gpu -V --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1; then
+  say "gpu tests passed"
 else
   say "gpu tests FAILED (ctest.log)"
+  status=1
+fi
+if cases=$(/usr/bin/python3 tools/gpu_cases.py --backend "$backend" "$out/ctest.log"); then
+  say "gpu cases run: ${cases//$'\n'/; }"
+else
+  say "gpu cases run: ${cases//$'\n'/; } (FAILED: a GPU suite ran no GPU case)"
   status=1
 fi
 if [[ $backend == cuda ]]; then
@@ -157,7 +165,13 @@ if [[ $backend == cuda ]]; then
     say "compute-sanitizer memcheck skipped: not found on PATH or under $nvcc_dir/.. or /usr/local/cuda"
   elif "$sanitizer" --tool memcheck --error-exitcode 1 \
     "$build/tests/gpu/gpu_runtime_gpu_test" --gtest_filter='*Kernel*:*Paths*:*Ring*' >"$out/memcheck.log" 2>&1; then
-    say "compute-sanitizer memcheck clean on the kernel cases ($sanitizer)"
+    # Clean only counts when its cases ran: cases that all skipped are clean and checked nothing.
+    if memcheck_cases=$(/usr/bin/python3 tools/gpu_cases.py --backend cuda --suite memcheck "$out/memcheck.log"); then
+      say "compute-sanitizer memcheck clean on the kernel cases ($memcheck_cases; $sanitizer)"
+    else
+      say "compute-sanitizer memcheck FAILED: $memcheck_cases (memcheck.log)"
+      status=1
+    fi
   else
     say "compute-sanitizer memcheck FAILED (memcheck.log)"
     status=1
