@@ -23,10 +23,10 @@
 #include <kvoffload/kv_layout.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
+#include "gpu_skip.hpp"
 #include "gpu_test_util.hpp"
 #include "runtime/backend_factories.hpp"
 #include "runtime/sim/sim_device.hpp"
-#include "gpu_skip.hpp"
 #include "skip.hpp"
 
 #ifndef KVOFFLOAD_TEST_BACKENDS

@@ -42,9 +42,10 @@ inline bool module_fault(std::string_view what) {
 }  // namespace kvoffload::test
 
 // In SetUp, for an Error(kNotAvailable) from make_runtime(backend): fail or skip as above.
-#define KVO_SKIP_OR_FAIL_GPU(backend, what)                                                     \
-  do {                                                                                          \
-    if (::kvoffload::test::backend_built(backend) && ::kvoffload::test::module_fault(what))     \
-      FAIL() << "the " << (backend) << " backend was built but its module is unusable: " << (what); \
-    KVO_SKIP("no-gpu") << (what);                                                               \
+#define KVO_SKIP_OR_FAIL_GPU(backend, what)                                                 \
+  do {                                                                                      \
+    if (::kvoffload::test::backend_built(backend) && ::kvoffload::test::module_fault(what)) \
+      FAIL() << "the " << (backend)                                                         \
+             << " backend was built but its module is unusable: " << (what);                \
+    KVO_SKIP("no-gpu") << (what);                                                           \
   } while (0)

@@ -95,8 +95,8 @@ Module open_module(std::string_view name) {
   }
   if (handle == nullptr) {
     if (errors.empty()) {
-      m.why = "this build of kvoffload does not include it (no " + file + "; configure with -DKVOFFLOAD_" +
-              (name == "cuda" ? "CUDA" : "HIP") + "=ON)";
+      m.why = "this build of kvoffload does not include it (no " + file +
+              "; configure with -DKVOFFLOAD_" + (name == "cuda" ? "CUDA" : "HIP") + "=ON)";
     } else {
       std::string tried;
       for (const std::string& path : candidates) tried += (tried.empty() ? "" : ", ") + path;
@@ -232,8 +232,8 @@ std::unique_ptr<DeviceRuntime> make_on(const gpu::VendorApi& api, const RuntimeO
   std::string why;
   const int count = device_count(api, why);
   if (count < 0) {
-    throw Error(ErrorCode::kNotAvailable,
-                "device runtime '" + std::string(api.name) + "' is not available: " + why);
+    throw Error(ErrorCode::kNotAvailable, "device runtime '" + std::string(api.name) +
+                                              "' is not available: no usable device: " + why);
   }
   if (count == 0) {
     throw Error(ErrorCode::kNotAvailable, "device runtime '" + std::string(api.name) +
@@ -263,8 +263,7 @@ std::unique_ptr<DeviceRuntime> make_vendor_runtime(std::string_view name,
 BackendInfo probe_vendor(std::string_view name) {
   try {
     const Module& m = module(name);
-    if (m.api == nullptr)
-      return BackendInfo{std::string(name), m.built, 0, m.why};
+    if (m.api == nullptr) return BackendInfo{std::string(name), m.built, 0, m.why};
     return probe_api(*m.api);
   } catch (...) {
     return BackendInfo{std::string(name), false, 0, "probe failed"};
