@@ -302,6 +302,9 @@ int device_malloc_async(void*, void** p, std::size_t n, void* s) {
 int device_free_async(void*, void* p, void* s) {
   return rc(g_free_async(p, st(s)));
 }
+int memory_pools_supported(void*, int d, int* supported) {
+  return rc(hipDeviceGetAttribute(supported, hipDeviceAttributeMemoryPoolsSupported, d));
+}
 int memcpy_batch_async(void*, void** dsts, const void** srcs, std::size_t* sizes, std::size_t count,
                        int /*source_in_stream_order: HIP takes no attributes*/, void* stream,
                        std::size_t* fail_index) {
@@ -342,6 +345,7 @@ VendorApi make_table() {
   const bool async = g_malloc_async != nullptr && g_free_async != nullptr;
   a.device_malloc_async = async ? device_malloc_async : nullptr;
   a.device_free_async = async ? device_free_async : nullptr;
+  a.memory_pools_supported = async ? memory_pools_supported : nullptr;
   a.memcpy_batch_async = g_batch != nullptr ? memcpy_batch_async : nullptr;
   a.batch_detail = g_batch_detail.c_str();
   a.kernel_threads = kernels::kBatchCopyThreads;

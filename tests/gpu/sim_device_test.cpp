@@ -449,6 +449,38 @@ TEST_F(SimDeviceTest, StagedDescriptorsAreFreedInStreamOrderTheWayTheyWereAlloca
   EXPECT_EQ(sim().counters().live_device_allocations.load(), live);
 }
 
+// Issue 25 (6): a device without memory pools (cudaDevAttrMemoryPoolsSupported 0, some vGPUs)
+// has the stream-ordered calls, but they answer "not supported": device buffers and staged kernel
+// descriptors fall back to plain allocation, and jobs still copy exactly.
+TEST_F(SimDeviceTest, ADeviceWithoutMemoryPoolsAllocatesPlainly) {
+  SimOptions no_pools;
+  no_pools.memory_pools = false;
+  RuntimeOptions ro;
+  ro.kernel_stage_descriptors = true;
+  make(ro, no_pools);
+  void* p = nullptr;
+  EXPECT_EQ(api().device_malloc_async(ctx(), &p, 4096, nullptr), 801) << "the device's refusal";
+  (void)api().get_last_error(ctx());
+  const std::int64_t live = sim().counters().live_device_allocations.load();
+  {
+    KvRig s(rt(), 8, 4096, 4);
+    {
+      TransferEngine e(rt(), s.layout, kernel_only());
+      submit_load(e, 1, {0, 3}, {2, 6});
+      ASSERT_TRUE(e.wait_all().at(0).success);
+    }
+    EXPECT_EQ(rt().counters().kernel_launches, 1u);
+    EXPECT_TRUE(s.device_block_equals_slot(2, 0));
+    EXPECT_TRUE(s.device_block_equals_slot(6, 3));
+    DeviceBuffer scratch = rt().allocate_device(4096);
+    Stream st = rt().create_stream();
+    scratch.release_async(st.view());
+    rt().synchronize_stream(st.view());
+  }
+  EXPECT_EQ(sim().counters().live_device_allocations.load(), live);
+  EXPECT_EQ(sim().sticky_error(), 0);
+}
+
 // N7: a submit that waits on a capturing stream is refused before anything is enqueued, and the
 // caller's capture survives; after the capture the same submit runs.
 TEST_F(SimDeviceTest, ASubmitWaitingOnACapturingStreamIsRefused) {

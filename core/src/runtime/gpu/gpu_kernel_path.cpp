@@ -56,7 +56,7 @@ GpuRuntime::DescSlot GpuRuntime::make_slot(void* stream) {
     // Used on this stream only, and freed on it in stream order: so allocated on it in stream
     // order too (Note [Freeing] in gpu_device_memory.cpp).
     void* staged = nullptr;
-    if (api_.device_malloc_async != nullptr) {
+    if (async_alloc_) {
       err = api_.device_malloc_async(ctx_, &staged, bytes, stream);
       call = "device_malloc_async";
       slot.staged_async = err == 0;

@@ -147,6 +147,9 @@ class GpuRuntime final : public DeviceRuntime {
   bool kernel_ok_ = false;
   std::string kernel_detail_;
   void* sync_stream_ = nullptr;  // memcpy_sync / memset_sync
+  // Stream-ordered allocation: the table has it and the device has memory pools (Note [Freeing]
+  // in gpu_device_memory.cpp).
+  bool async_alloc_ = false;
 
   std::atomic<bool> batch_enabled_{false};
   std::atomic<std::uint64_t> dma_batched_calls_{0};

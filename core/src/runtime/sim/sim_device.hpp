@@ -44,6 +44,9 @@
 // - HIP's differences are knobs (SimOptions): host functions still run after an error
 //   (hipStreamAddCallback passes the error to them), and hipStreamWaitValue32 accepts only
 //   signal memory.
+// - A device without memory pools (SimOptions::memory_pools false) refuses stream-ordered
+//   allocation with "not supported" (801), as cudaMallocAsync does where
+//   cudaDevAttrMemoryPoolsSupported is 0.
 // - A driver older than the runtime's major version (CUDA's minor-version compatibility floor)
 //   makes get_device_count fail with "insufficient driver", as CUDA does.
 // - Fault knobs let tests refuse batches, fail launches, leave a stale error in a thread's
@@ -70,6 +73,9 @@ struct SimOptions {
   bool batch_memcpy = true;
   // Stream-ordered allocation (cudaMallocAsync / cudaFreeAsync); false: the runtime has none.
   bool async_allocator = true;
+  // false: the stream-ordered calls exist but the device has no memory pools
+  // (cudaDevAttrMemoryPoolsSupported 0, some vGPUs): they answer "not supported" (801).
+  bool memory_pools = true;
   // Versions in CUDA's encoding (1000 * major + 10 * minor). A driver older than the runtime's
   // major (13000 for 13.x) makes get_device_count fail with "insufficient driver" (35).
   int driver_version = 13000;

@@ -208,6 +208,8 @@ int sim_device_malloc_async(void* ctx, void** ptr, std::size_t bytes, void* stre
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
   KVO_SIM_STICKY(d);
+  // A device without memory pools refuses, as cudaMallocAsync does there.
+  if (!d.options.memory_pools) return d.fail(kNotSupported);
   // Stream-ordered: the simulator hands the memory out at once (a valid, stricter-than-needed
   // reading; a GPU may reuse memory freed earlier in the same stream).
   (void)d.stream_of(stream, cur);
@@ -273,6 +275,12 @@ int sim_device_free_async(void* ctx, void* ptr, void* stream) {
     return d.fail(err);
   return kSuccess;
 }
+int sim_memory_pools_supported(void* ctx, int device, int* supported) {
+  auto& d = dev(ctx);
+  if (device < 0 || device >= d.options.device_count) return d.fail(kInvalidDevice);
+  *supported = d.options.memory_pools ? 1 : 0;
+  return kSuccess;
+}
 int sim_pointer_is_device(void* ctx, const void* ptr, int* is_device) {
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
@@ -294,6 +302,7 @@ void install_memory_entries(VendorApi& a, const SimOptions& options) {
   a.device_free = sim_device_free;
   a.device_malloc_async = options.async_allocator ? sim_device_malloc_async : nullptr;
   a.device_free_async = options.async_allocator ? sim_device_free_async : nullptr;
+  a.memory_pools_supported = options.async_allocator ? sim_memory_pools_supported : nullptr;
   a.pointer_is_device = sim_pointer_is_device;
 }
 

@@ -41,20 +41,20 @@
 // NOLINTBEGIN: ROCm's names and C declarations, as ROCm spells them.
 extern "C" {
 
-typedef enum [[nodiscard]] hipError_t {
-  hipSuccess = 0,
-  hipErrorInvalidValue = 1,
-  hipErrorOutOfMemory = 2,
-  hipErrorNoDevice = 100,
-  hipErrorInvalidDevice = 101,
-  hipErrorNotReady = 600,
-  hipErrorIllegalAddress = 700,
-  hipErrorNotSupported = 801,
-  hipErrorStreamCaptureUnsupported = 900,
-  hipErrorStreamCaptureInvalidated = 901,
-  hipErrorStreamCaptureImplicit = 906,
-  hipErrorCapturedEvent = 907,
-  hipErrorUnknown = 999,
+typedef enum [[nodiscard]] hipError_t{
+    hipSuccess = 0,
+    hipErrorInvalidValue = 1,
+    hipErrorOutOfMemory = 2,
+    hipErrorNoDevice = 100,
+    hipErrorInvalidDevice = 101,
+    hipErrorNotReady = 600,
+    hipErrorIllegalAddress = 700,
+    hipErrorNotSupported = 801,
+    hipErrorStreamCaptureUnsupported = 900,
+    hipErrorStreamCaptureInvalidated = 901,
+    hipErrorStreamCaptureImplicit = 906,
+    hipErrorCapturedEvent = 907,
+    hipErrorUnknown = 999,
 } hipError_t;
 
 typedef enum hipMemoryType {
@@ -95,8 +95,9 @@ typedef enum hipStreamCaptureStatus {
   hipStreamCaptureStatusInvalidated
 } hipStreamCaptureStatus;
 
-// Only the attribute the table reads (its value is ROCm 6's).
+// Only the attributes the table reads (their values are ROCm 6's).
 typedef enum hipDeviceAttribute_t {
+  hipDeviceAttributeMemoryPoolsSupported = 88,
   hipDeviceAttributeCanUseStreamWaitValue = 10013,
 } hipDeviceAttribute_t;
 
