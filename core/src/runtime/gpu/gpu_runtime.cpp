@@ -172,6 +172,8 @@ GpuRuntime::~GpuRuntime() {
       destroy_ring(*ring, stream, /*stream_alive=*/false);  // foreign streams may be gone
     rings_.clear();
   }
+  for (void* host : spare_host_) (void)api_.host_free(ctx_, host);
+  spare_host_.clear();
   for (auto& [handle, reg] : registrations_) {
     log_noexcept(spdlog::level::warn,
                  "{}: runtime destroyed with {} still registered; unregistering it", api_.name,

@@ -158,6 +158,10 @@ int sim_host_free(void* ctx, void* ptr) {
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
   KVO_SIM_CAPTURE_SAFE(d);
+  // cudaFreeHost synchronizes the device first, as cudaFree does for cudaMalloc memory.
+  d.counters.device_syncs.fetch_add(1);
+  d.counters.pinned_free_syncs.fetch_add(1);
+  d.synchronize_all();
   if (const int err = unmap_host(d, ptr, HostMapping::Kind::kPinned); err != kSuccess) return err;
   // Unmapped for the device at once (a kernel reading it later faults), but the bytes stay
   // allocated until the device goes: a copy queued before the free may still read them, which
@@ -182,6 +186,9 @@ int sim_flag_free(void* ctx, std::uint32_t* flag) {
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
   KVO_SIM_CAPTURE_SAFE(d);
+  d.counters.device_syncs.fetch_add(1);  // a pinned free (cudaFreeHost / hipFree) synchronizes
+  d.counters.pinned_free_syncs.fetch_add(1);
+  d.synchronize_all();
   if (const int err = unmap_host(d, flag, HostMapping::Kind::kSignal); err != kSuccess) return err;
   std::lock_guard lock(d.mu);
   d.freed_pinned.push_back(flag);  // as host_free: a queued wait may still read it
