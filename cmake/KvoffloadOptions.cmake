@@ -12,6 +12,10 @@ option(KVOFFLOAD_BUILD_PYTHON "Build the pybind11 module" ON)
 # module does not need numpy, the tests do). See cmake/KvoffloadPython.cmake.
 option(KVOFFLOAD_PYTHON_NEEDS_NUMPY "Require numpy in the Python the module is built for" ON)
 option(KVOFFLOAD_WERROR "Treat warnings as errors" OFF)
+# OFF: no `kvoffload exporter` subcommand, so no cpp-httplib (and what its .pc requires: OpenSSL,
+# zlib, Brotli); for a host that lacks them, e.g. a GPU host's smoke run (tools/gpu-smoke.sh
+# --no-exporter).
+option(KVOFFLOAD_EXPORTER "Build the Prometheus exporter subcommand (needs cpp-httplib)" ON)
 set(KVOFFLOAD_SANITIZE "" CACHE STRING "Sanitizers: empty, 'address;undefined' or 'thread'")
 
 set(KVOFFLOAD_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures for the kernels")

@@ -6,18 +6,40 @@
 # recording which processes hold a context on which GPU, and writes logs and JSON under OUT_DIR
 # (at most eight files, none in subfolders). Sized for under 8 minutes on a 16-core machine.
 #
-#   tools/gpu-smoke.sh OUT_DIR [cuda|hip]        # backend: detected when not given
+#   tools/gpu-smoke.sh [--check-deps-only] [--no-exporter] OUT_DIR [cuda|hip]
+#
+# --check-deps-only: check the dependencies, print the configure command it would run, build
+# nothing (CI runs it: the gpu_smoke_deps ctest). --no-exporter: build without the `kvoffload
+# exporter` subcommand (-DKVOFFLOAD_EXPORTER=OFF), so cpp-httplib and what its .pc requires
+# (OpenSSL, zlib, Brotli) are not needed. The backend is detected when not given (not with
+# --check-deps-only, which needs no GPU: give it).
 #
 # OUT_DIR may be relative: it is resolved against the directory the script was started from.
 # Dependencies may come from extracted .deb files: point CMAKE_PREFIX_PATH at the prefix (e.g.
 # /opt/kvo-deps/usr: `apt-get download` the .debs, `dpkg-deb -x` each there); its bin/ goes on PATH
-# and its pkg-config files are relocated to it.
+# and its pkg-config files are relocated to it. The build runs with -DKVOFFLOAD_WERROR=OFF: the
+# GPU host's compiler is not CI's, and a warning it adds must not stop the one run it gets.
 #
 # Environment: KVOFFLOAD_SMOKE_ARCH (CUDA architectures, default: the device's own, e.g. 90),
-# KVOFFLOAD_SMOKE_BENCH_FILTER (a transfer_bench filter, default: the README's cases).
+# KVOFFLOAD_SMOKE_BENCH_FILTER (a transfer_bench filter, default: the README's cases),
+# KVOFFLOAD_SMOKE_SYSTEM_PREFIXES (where the system's packages are, default "/usr /usr/local";
+# the dependency check's own test empties it).
 set -uo pipefail
 
-out_arg=${1:?usage: tools/gpu-smoke.sh OUT_DIR [cuda|hip]}
+check_only=0
+exporter=ON
+while [[ ${1:-} == --* ]]; do
+  case $1 in
+    --check-deps-only) check_only=1 ;;
+    --no-exporter) exporter=OFF ;;
+    *)
+      echo "gpu-smoke: unknown option '$1' (--check-deps-only, --no-exporter)" >&2
+      exit 2
+      ;;
+  esac
+  shift
+done
+out_arg=${1:?usage: tools/gpu-smoke.sh [--check-deps-only] [--no-exporter] OUT_DIR [cuda|hip]}
 backend=${2:-}
 mkdir -p "$out_arg" || exit 2
 out=$(cd "$out_arg" && pwd)  # before the cd below: a relative OUT_DIR is the caller's
@@ -28,7 +50,10 @@ say() { echo "gpu-smoke: $*" | tee -a "$summary"; }
 start=$SECONDS
 
 if [[ -z $backend ]]; then
-  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  if ((check_only)); then
+    say "--check-deps-only needs the backend (cuda or hip): it does not look for a GPU"
+    exit 2
+  elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     backend=cuda
   elif [[ -e /dev/kfd ]]; then
     backend=hip
@@ -50,22 +75,36 @@ say "backend $backend, $(date -u +%FT%TZ), $(nproc) cores"
 # .debs), then the system's. Each line: what, marker files (any, relative to a prefix), the Debian
 # packages that provide it (what to download with `apt-get download` into .gpu-deps/).
 IFS=: read -r -a prefixes <<<"${CMAKE_PREFIX_PATH:-}"
-prefixes+=(/usr /usr/local)
+read -r -a system_prefixes <<<"${KVOFFLOAD_SMOKE_SYSTEM_PREFIXES-/usr /usr/local}"
+prefixes+=("${system_prefixes[@]}")
 for p in "${prefixes[@]}"; do
   [[ -n $p && -d $p/bin && $p != /usr && $p != /usr/local ]] && PATH="$p/bin:$PATH"
 done
 export PATH="$PATH:/usr/local/cuda/bin${CUDA_HOME:+:$CUDA_HOME/bin}"
+# Every .pc a pkg_check_modules of the build reads, and every .pc those require (pkg-config fails
+# on a missing Requires.private too): libmemcached's requires libsasl2 and libcrypto.
+mlib=lib/x86_64-linux-gnu
 deps=(
-  "spdlog|lib/x86_64-linux-gnu/cmake/spdlog/spdlogConfig.cmake|libspdlog-dev libspdlog1.10"
-  "fmt|lib/x86_64-linux-gnu/cmake/fmt/fmt-config.cmake|libfmt-dev libfmt9"
+  "spdlog|$mlib/cmake/spdlog/spdlogConfig.cmake|libspdlog-dev libspdlog1.10"
+  "fmt|$mlib/cmake/fmt/fmt-config.cmake|libfmt-dev libfmt9"
   "CLI11|share/cmake/CLI11/CLI11Config.cmake lib/cmake/CLI11/CLI11Config.cmake|libcli11-dev"
   "nlohmann_json|share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake|nlohmann-json3-dev"
-  "GoogleTest|lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake|libgtest-dev libgmock-dev googletest"
-  "Google Benchmark|lib/x86_64-linux-gnu/cmake/benchmark/benchmarkConfig.cmake|libbenchmark-dev libbenchmark1debian"
-  "hiredis|lib/x86_64-linux-gnu/pkgconfig/hiredis.pc|libhiredis-dev libhiredis0.14"
-  "libmemcached|lib/x86_64-linux-gnu/pkgconfig/libmemcached.pc|libmemcached-dev libmemcached11 libmemcachedutil2 libhashkit-dev libhashkit2"
-  "xxhash|lib/x86_64-linux-gnu/pkgconfig/libxxhash.pc|libxxhash-dev libxxhash0"
+  "GoogleTest|$mlib/cmake/GTest/GTestConfig.cmake|libgtest-dev libgmock-dev googletest"
+  "Google Benchmark|$mlib/cmake/benchmark/benchmarkConfig.cmake|libbenchmark-dev libbenchmark1debian"
+  "hiredis|$mlib/pkgconfig/hiredis.pc|libhiredis-dev libhiredis0.14"
+  "libmemcached|$mlib/pkgconfig/libmemcached.pc|libmemcached-dev libmemcached11 libmemcachedutil2 libhashkit-dev libhashkit2"
+  "libsasl2 (libmemcached.pc requires it)|$mlib/pkgconfig/libsasl2.pc|libsasl2-dev libsasl2-2 libsasl2-modules-db libdb5.3"
+  "OpenSSL's libcrypto (libmemcached.pc requires it)|$mlib/pkgconfig/libcrypto.pc|libssl-dev libssl3"
+  "xxhash|$mlib/pkgconfig/libxxhash.pc|libxxhash-dev libxxhash0"
 )
+if [[ $exporter == ON ]]; then
+  deps+=(
+    "cpp-httplib (the exporter; --no-exporter builds without it)|$mlib/pkgconfig/cpp-httplib.pc|libcpp-httplib-dev libcpp-httplib0.11"
+    "OpenSSL (cpp-httplib.pc requires it)|$mlib/pkgconfig/openssl.pc|libssl-dev libssl3"
+    "zlib (cpp-httplib.pc requires it)|$mlib/pkgconfig/zlib.pc|zlib1g-dev zlib1g"
+    "Brotli (cpp-httplib.pc requires libbrotlicommon, libbrotlidec, libbrotlienc)|$mlib/pkgconfig/libbrotlidec.pc|libbrotli-dev libbrotli1"
+  )
+fi
 missing=()
 for d in "${deps[@]}"; do
   IFS='|' read -r what markers debs <<<"$d"
@@ -88,6 +127,10 @@ if [[ $backend == cuda ]]; then
 else
   tool_missing hipcc "hipcc (ROCm, or Debian's hipcc libamdhip64-dev librocprim-dev)"
 fi
+# The configure it runs (Python off: the GPU host may lack its dev packages).
+build=build/$backend
+configure=(cmake --preset "$backend" -DKVOFFLOAD_WERROR=OFF -DKVOFFLOAD_BUILD_PYTHON=OFF
+  -DKVOFFLOAD_EXPORTER="$exporter")
 if ((${#missing[@]} > 0)); then
   say "missing build dependencies, nothing was built:"
   for m in "${missing[@]}"; do say "  $m"; done
@@ -96,6 +139,10 @@ if ((${#missing[@]} > 0)); then
   exit 2
 fi
 say "build dependencies found (prefixes: ${prefixes[*]})"
+if ((check_only)); then
+  say "would configure: ${configure[*]}"
+  exit 0
+fi
 
 # pkg-config files of extracted .debs name /usr: copies that name their real prefix.
 pkgcfg_dir="$PWD/build/smoke-pkgconfig"
@@ -124,10 +171,9 @@ else
   arch_flag=()
 fi
 
-# 1. Build: only what the checks need, Python off (the GPU host may lack its dev packages).
-build=build/$backend
+# 1. Build: only what the checks need.
 targets=(kvoffload "kvoffload_$backend" kvoffload_cli transfer_gpu_test gpu_runtime_gpu_test transfer_bench)
-if ! { cmake --preset "$backend" -DKVOFFLOAD_BUILD_PYTHON=OFF "${arch_flag[@]}" "${pkg_args[@]}" &&
+if ! { "${configure[@]}" "${arch_flag[@]}" "${pkg_args[@]}" &&
   cmake --build --preset "$backend" -j"$(nproc)" --target "${targets[@]}"; } >"$out/build.log" 2>&1; then
   say "build FAILED (build.log)"
   tail -30 "$out/build.log"
@@ -137,11 +183,19 @@ rm -rf "$pkgcfg_dir"
 say "built in $((SECONDS - start)) s"
 
 status=0
-# 2. The gpu-labelled suites (transfer engine and GPU runtime on the real device).
-if ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1; then
-  say "gpu tests passed ($(grep -c '\[       OK \]' "$out/ctest.log") cases ok, $(grep -c 'SKIPPED \]' "$out/ctest.log") skipped)"
+# 2. The gpu-labelled suites (transfer engine and GPU runtime on the real device). ctest -V keeps
+# every case's verdict in the log: a suite that ran none of its GPU cases (all skipped) fails the
+# run, because a green run that tested nothing is what a first GPU run must never be (issue 25).
+if ctest --test-dir "$build" -L gpu -V --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1; then
+  say "gpu tests passed"
 else
   say "gpu tests FAILED (ctest.log)"
+  status=1
+fi
+if cases=$(/usr/bin/python3 tools/gpu_cases.py --backend "$backend" "$out/ctest.log"); then
+  say "gpu cases run: ${cases//$'\n'/; }"
+else
+  say "gpu cases run: ${cases//$'\n'/; } (FAILED: a GPU suite ran no GPU case)"
   status=1
 fi
 if [[ $backend == cuda ]]; then
@@ -157,7 +211,13 @@ if [[ $backend == cuda ]]; then
     say "compute-sanitizer memcheck skipped: not found on PATH or under $nvcc_dir/.. or /usr/local/cuda"
   elif "$sanitizer" --tool memcheck --error-exitcode 1 \
     "$build/tests/gpu/gpu_runtime_gpu_test" --gtest_filter='*Kernel*:*Paths*:*Ring*' >"$out/memcheck.log" 2>&1; then
-    say "compute-sanitizer memcheck clean on the kernel cases ($sanitizer)"
+    # Clean only counts when its cases ran: cases that all skipped are clean and checked nothing.
+    if memcheck_cases=$(/usr/bin/python3 tools/gpu_cases.py --backend cuda --suite memcheck "$out/memcheck.log"); then
+      say "compute-sanitizer memcheck clean on the kernel cases ($memcheck_cases; $sanitizer)"
+    else
+      say "compute-sanitizer memcheck FAILED: $memcheck_cases (memcheck.log)"
+      status=1
+    fi
   else
     say "compute-sanitizer memcheck FAILED (memcheck.log)"
     status=1

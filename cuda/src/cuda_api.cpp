@@ -171,6 +171,9 @@ int device_malloc_async(void*, void** p, std::size_t n, void* s) {
 int device_free_async(void*, void* p, void* s) {
   return rc(cudaFreeAsync(p, st(s)));
 }
+int memory_pools_supported(void*, int d, int* supported) {
+  return rc(cudaDeviceGetAttribute(supported, cudaDevAttrMemoryPoolsSupported, d));
+}
 // Pinned, device-mapped: what cuStreamWaitValue32 may wait on.
 int flag_alloc(void*, std::uint32_t** flag) {
   return rc(cudaHostAlloc(reinterpret_cast<void**>(flag), 64,
@@ -360,6 +363,7 @@ VendorApi make_table() {
   KVOFFLOAD_VENDOR_TABLE_CALLS(a);
   a.device_malloc_async = device_malloc_async;
   a.device_free_async = device_free_async;
+  a.memory_pools_supported = memory_pools_supported;
   resolve_driver_entries();
 #if KVOFFLOAD_CUDA_API >= 12080
   a.memcpy_batch_async = g_batch != nullptr ? memcpy_batch_async : nullptr;

@@ -29,6 +29,21 @@
 //   that library's own handle (dladdr of hipGetDeviceCount, then dlopen RTLD_NOLOAD):
 //   dlsym(RTLD_DEFAULT) misses when Python loaded us RTLD_LOCAL.
 // - The signature is trusted only on the HIP major that published it (7.x).
+//
+// Note [ROCm versions]
+// The table builds with ROCm 5.2 (Debian's) through 7.x. What changed on the way, and how the
+// table meets it:
+// - ROCm 6.0 renamed hipPointerAttribute_t::memoryType to `type` and renumbered hipMemoryType
+//   (Unregistered 0, Host 1, Device 2, Managed 3; 5.x: Host 0, Device 1, and no Unregistered or
+//   Managed): memory_type() reads whichever field the headers have, and the table compares
+//   enumerators by name, never by value. ROCm 6 answers plain host memory with hipSuccess and
+//   Unregistered where 5.x returned an error: both read "not device".
+// - ROCm 6.0 made hipDeviceProp_t and hipGetDeviceProperties macros for their R0600 versions:
+//   the table uses the names only.
+// - HIP 6.3 deprecated hipHostMalloc/hipHostFree for hipHostAlloc/hipFreeHost, which 5.2 and 6.2
+//   deprecate the other way round: host_alloc_mapped and host_free pick the pair by version.
+// CI compiles this file against ROCm 6 and 7 declarations written for the purpose
+// (tests/gpu/rocm_api, the hip_api_rocm targets), and against the installed ROCm 5.2.
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -191,12 +206,21 @@ int host_unregister(void*, void* p) {
 int host_device_pointer(void*, void** d, void* h) {
   return rc(hipHostGetDevicePointer(d, h, 0));
 }
+// The undeprecated pair of this ROCm (Note [ROCm versions]); the flags have the same values.
 int host_alloc_mapped(void*, void** p, std::size_t n) {
-  return rc(
-      hipHostMalloc(p, n, hipHostMallocMapped | hipHostMallocPortable | hipHostMallocCoherent));
+  constexpr unsigned flags = hipHostMallocMapped | hipHostMallocPortable | hipHostMallocCoherent;
+#if HIP_VERSION >= 60300000
+  return rc(hipHostAlloc(p, n, flags));
+#else
+  return rc(hipHostMalloc(p, n, flags));
+#endif
 }
 int host_free(void*, void* p) {
+#if HIP_VERSION >= 60300000
+  return rc(hipFreeHost(p));
+#else
   return rc(hipHostFree(p));
+#endif
 }
 int device_malloc(void*, void** p, std::size_t n) {
   return rc(hipMalloc(p, n));
@@ -204,10 +228,17 @@ int device_malloc(void*, void** p, std::size_t n) {
 int device_free(void*, void* p) {
   return rc(hipFree(p));
 }
+hipMemoryType memory_type(const hipPointerAttribute_t& attr) {
+#if HIP_VERSION_MAJOR >= 6
+  return attr.type;  // Note [ROCm versions]
+#else
+  return attr.memoryType;
+#endif
+}
 int pointer_is_device(void*, const void* p, int* is_device) {
   hipPointerAttribute_t attr{};
   const hipError_t e = hipPointerGetAttributes(&attr, p);
-  *is_device = e == hipSuccess && (attr.memoryType == hipMemoryTypeDevice || attr.isManaged);
+  *is_device = e == hipSuccess && (memory_type(attr) == hipMemoryTypeDevice || attr.isManaged);
   return rc(e);
 }
 int memcpy_async(void*, void* d, const void* s, std::size_t n, int kind, void* stream) {
@@ -271,6 +302,9 @@ int device_malloc_async(void*, void** p, std::size_t n, void* s) {
 int device_free_async(void*, void* p, void* s) {
   return rc(g_free_async(p, st(s)));
 }
+int memory_pools_supported(void*, int d, int* supported) {
+  return rc(hipDeviceGetAttribute(supported, hipDeviceAttributeMemoryPoolsSupported, d));
+}
 int memcpy_batch_async(void*, void** dsts, const void** srcs, std::size_t* sizes, std::size_t count,
                        int /*source_in_stream_order: HIP takes no attributes*/, void* stream,
                        std::size_t* fail_index) {
@@ -311,6 +345,7 @@ VendorApi make_table() {
   const bool async = g_malloc_async != nullptr && g_free_async != nullptr;
   a.device_malloc_async = async ? device_malloc_async : nullptr;
   a.device_free_async = async ? device_free_async : nullptr;
+  a.memory_pools_supported = async ? memory_pools_supported : nullptr;
   a.memcpy_batch_async = g_batch != nullptr ? memcpy_batch_async : nullptr;
   a.batch_detail = g_batch_detail.c_str();
   a.kernel_threads = kernels::kBatchCopyThreads;

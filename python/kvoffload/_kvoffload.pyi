@@ -219,6 +219,9 @@ class BackendInfo:
 def list_backends() -> List[BackendInfo]:
     """Every backend this library knows, built or not"""
 
+def probe_backend(name: str) -> BackendInfo:
+    """What make_runtime(name) would use, opening only that backend (no device is touched)"""
+
 class Stream:
     @property
     def native(self) -> int: ...

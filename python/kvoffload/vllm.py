@@ -337,27 +337,42 @@ def _device_of(kv_caches) -> tuple[str, int | None]:
     return devices.pop()
 
 
+# The backends make_runtime knows; "host" and "sim" are for tests.
+_BACKENDS = ("auto", "cuda", "hip", "host", "sim")
+
+
+def _torch_gpu_backend() -> str:
+    """The GPU backend matching torch's build: a ROCm torch names its devices "cuda" too, and
+    only torch.version.hip tells it apart. Opening the other vendor's module would load a second
+    GPU runtime into the engine's process."""
+    import torch
+
+    version = getattr(torch, "version", None)
+    return "hip" if getattr(version, "hip", None) else "cuda"
+
+
 def _select_backend(requested: str, device_type: str, device_name: str) -> str:
-    """The backend to run, refusing any that cannot address the tensors' memory."""
-    built = {b.name: b for b in _ext.list_backends()}
-    gpu_backends = ("cuda", "hip")
+    """The backend to run, refusing any that cannot address the tensors' memory. Only the module
+    of the backend chosen is opened (probe_backend), never every module, and "auto" never
+    creates a simulated device in the engine's process."""
+    if requested not in _BACKENDS:
+        raise ValueError(f"KvoffloadSpec: kvoffload_backend={requested!r} is not one of "
+                         f"{list(_BACKENDS)}")
     if requested == "auto":
         if device_type == "cpu":
             return "host"
-        usable = [n for n in gpu_backends if built[n].built and built[n].device_count > 0]
-        if not usable:
-            why = "; ".join(f"{n}: {built[n].detail or 'not built'}" for n in gpu_backends)
+        gpu = _torch_gpu_backend()
+        info = _ext.probe_backend(gpu)
+        if not info.built or info.device_count <= 0:
             raise ValueError(
-                f"KvoffloadWorker: the KV-cache tensors are on {device_name}, but this kvoffload "
-                f"has no usable GPU backend ({why}), and the host backend would memcpy from "
-                "device pointers. Install a kvoffload built with CUDA (or HIP) for this machine "
-                "(README: 'Building for a vLLM environment': pip install . with nvcc on PATH), "
-                "or set KVOFFLOAD_BACKEND_DIR to the directory holding libkvoffload_cuda.so"
+                f"KvoffloadWorker: the KV-cache tensors are on {device_name} (torch built for "
+                f"{gpu.upper()}), but this kvoffload has no usable {gpu} backend ({gpu}: "
+                f"{info.detail or 'not built'}), and the host backend would memcpy from device "
+                f"pointers. Install a kvoffload built with {gpu.upper()} for this machine "
+                "(README: 'Building for a vLLM environment': pip install . with nvcc or hipcc on "
+                f"PATH), or set KVOFFLOAD_BACKEND_DIR to the directory holding libkvoffload_{gpu}.so"
             )
-        return usable[0]
-    if requested not in built:
-        raise ValueError(f"KvoffloadSpec: kvoffload_backend={requested!r} is not one of "
-                         f"{['auto', *sorted(built)]}")
+        return gpu
     if requested == "host" and device_type != "cpu":
         raise ValueError(
             f"KvoffloadWorker: kvoffload_backend='host' copies with memcpy, but the KV-cache "
@@ -367,6 +382,12 @@ def _select_backend(requested: str, device_type: str, device_name: str) -> str:
         raise ValueError(
             f"KvoffloadWorker: kvoffload_backend={requested!r} needs KV-cache tensors on a GPU; "
             "they are on the CPU (use 'host' for host tensors)"
+        )
+    if requested in ("cuda", "hip") and requested != (gpu := _torch_gpu_backend()):
+        raise ValueError(
+            f"KvoffloadWorker: kvoffload_backend={requested!r}, but torch is built for "
+            f"{gpu.upper()}: the KV-cache tensors on {device_name} are {gpu} memory; use 'auto' "
+            f"(or {gpu!r})"
         )
     return requested
 
@@ -414,6 +435,14 @@ class KvoffloadWorker(OffloadingWorker):
                 f"from vLLM's worker_kv_bytes_per_block, is {slot_bytes} bytes"
             )
         self._backend = _select_backend(backend, device_type, device_name)
+        if device is not None and device_index is not None and int(device) != device_index:
+            # The engine copies from and to the tensors' own memory: a runtime on another device
+            # would hand the kernel and the DMA engine addresses of another GPU.
+            raise ValueError(
+                f"KvoffloadWorker: kvoffload_device={int(device)}, but the KV-cache tensors are "
+                f"on {device_name}; leave kvoffload_device unset (it defaults to the tensors' "
+                f"device) or set it to {device_index}"
+            )
         if device is None:
             device = device_index or 0
         self._runtime = _ext.make_runtime(self._backend, device=int(device))

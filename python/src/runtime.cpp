@@ -49,6 +49,8 @@ void bind_runtime(py::module_& m) {
                ", device_count=" + std::to_string(b.device_count) + ")";
       });
   m.def("list_backends", &list_backends, "Every backend this library knows, built or not");
+  m.def("probe_backend", &probe_backend, py::arg("name"),
+        "What make_runtime(name) would use, opening only that backend (no device is touched)");
 
   // Owners keep their runtime alive (keep_alive below): the runtime must outlive them.
   py::class_<Stream>(m, "Stream")

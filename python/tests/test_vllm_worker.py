@@ -380,9 +380,56 @@ def test_device_defaults_to_the_tensors_device(shm_dir, monkeypatch):
     assert calls == [("sim", 3)]
     worker.shutdown()
     calls.clear()
-    worker = KvoffloadSpec(offloading_config(shm_dir, kv, "sim", kvoffload_device=1)).get_worker(kv.caches)
-    assert calls == [("sim", 1)]
+    worker = KvoffloadSpec(offloading_config(shm_dir, kv, "sim", kvoffload_device=3)).get_worker(kv.caches)
+    assert calls == [("sim", 3)]
     worker.shutdown()
+
+
+def test_a_device_other_than_the_tensors_is_refused(shm_dir, monkeypatch):
+    # Issue 25 (7): a runtime on another GPU would hand its kernel and DMA engine addresses of
+    # the tensors' GPU.
+    made = []
+    monkeypatch.setattr(kv_vllm._ext, "make_runtime", lambda *a, **k: made.append(a))
+    kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)
+    for t in kv.caches.tensors:
+        t.tensor.device = torch.device("cuda", 3)
+    with pytest.raises(ValueError, match=r"kvoffload_device=1, but the KV-cache tensors are on "
+                       r"cuda:3; leave kvoffload_device unset .* or set it to 3"):
+        KvoffloadSpec(offloading_config(shm_dir, kv, "sim", kvoffload_device=1)).get_worker(kv.caches)
+    assert made == [], "refused before any runtime was made"
+
+
+@pytest.mark.parametrize("torch_hip", [None, "6.4.1"])
+def test_auto_opens_only_the_module_matching_torchs_build(shm_dir, monkeypatch, torch_hip):
+    # Issue 25 (7): never every module (two vendors' runtimes in one process), never a simulated
+    # device in the engine's process: list_backends would do both.
+    monkeypatch.setattr(torch.version, "hip", torch_hip)
+    expected = "hip" if torch_hip else "cuda"
+
+    def no_list():
+        raise AssertionError("list_backends opens every module and the simulated device")
+
+    probed = []
+    real_probe = kv_vllm._ext.probe_backend
+
+    def probe(name):
+        probed.append(name)
+        return real_probe(name)
+
+    monkeypatch.setattr(kv_vllm._ext, "list_backends", no_list)
+    monkeypatch.setattr(kv_vllm._ext, "probe_backend", probe)
+    if (b := real_probe(expected)).built and b.device_count > 0:
+        pytest.skip(f"[gpu-present] a usable {expected} backend: auto would take it")
+    kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)  # cuda:0 tensors
+    with pytest.raises(ValueError, match=rf"on cuda:0 \(torch built for {expected.upper()}\), but "
+                       rf"this kvoffload has no usable {expected} backend"):
+        KvoffloadSpec(offloading_config(shm_dir, kv, "auto")).get_worker(kv.caches)
+    assert probed == [expected]
+    other = "cuda" if torch_hip else "hip"
+    with pytest.raises(ValueError, match=rf"kvoffload_backend='{other}', but torch is built for "
+                       rf"{expected.upper()}"):
+        KvoffloadSpec(offloading_config(shm_dir, kv, other)).get_worker(kv.caches)
+    assert probed == [expected]
 
 
 def test_backend_must_reach_the_tensors_memory(shm_dir):
@@ -391,7 +438,7 @@ def test_backend_must_reach_the_tensors_memory(shm_dir):
     gpu_built = [b for b in kvoffload.list_backends() if b.name in ("cuda", "hip") and b.built and b.device_count]
     if not gpu_built:
         # auto would fall back to host and memcpy from device pointers: refused, saying why.
-        with pytest.raises(ValueError, match=r"tensors are on cuda:0, but this kvoffload has no usable GPU backend"):
+        with pytest.raises(ValueError, match=r"tensors are on cuda:0 \(torch built for CUDA\), but this kvoffload has no usable cuda backend"):
             KvoffloadSpec(offloading_config(shm_dir, cuda_kv, "auto")).get_worker(cuda_kv.caches)
     with pytest.raises(ValueError, match=r"kvoffload_backend='host' copies with memcpy, but the KV-cache tensors are on cuda:0"):
         KvoffloadSpec(offloading_config(shm_dir, cuda_kv, "host")).get_worker(cuda_kv.caches)

@@ -23,6 +23,7 @@
 #include <kvoffload/kv_layout.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
+#include "gpu_skip.hpp"
 #include "gpu_test_util.hpp"
 #include "runtime/backend_factories.hpp"
 #include "runtime/sim/sim_device.hpp"
@@ -69,7 +70,7 @@ class GpuRuntimeTest : public ::testing::TestWithParam<std::string> {
     } catch (const Error& e) {
       // Only a GPU backend may be missing: sim is always built, so there it fails.
       if (e.code() == ErrorCode::kNotAvailable && GetParam() != "sim")
-        KVO_SKIP("no-gpu") << e.what();
+        KVO_SKIP_OR_FAIL_GPU(GetParam(), e.what());
       throw;
     }
   }

@@ -123,6 +123,124 @@ TEST_F(SimDeviceTest, ContextsArePerDeviceWithCudasMultiDeviceRules) {
   EXPECT_EQ(api().stream_destroy(ctx(), s1), 0);
 }
 
+// Issue 25 (9): cudaStreamDestroy returns at once, while work queued on the stream still runs
+// (it completes, then the stream's resources go); device synchronization waits for that work.
+TEST_F(SimDeviceTest, DestroyingAStreamReturnsBeforeItsWorkEnds) {
+  make();
+  void* s = nullptr;
+  std::uint32_t* flag = nullptr;
+  void* src = nullptr;
+  void* dst = nullptr;
+  ASSERT_EQ(api().stream_create(ctx(), &s), 0);
+  ASSERT_EQ(api().flag_alloc(ctx(), &flag), 0);
+  ASSERT_EQ(api().host_alloc_mapped(ctx(), &src, 4096), 0);
+  ASSERT_EQ(api().host_alloc_mapped(ctx(), &dst, 4096), 0);
+  *flag = 0;
+  std::memset(src, 9, 4096);
+  std::memset(dst, 0, 4096);
+  ASSERT_EQ(api().stream_wait_value32(ctx(), s, flag, 1), 0);  // holds the stream
+  ASSERT_EQ(api().memcpy_async(ctx(), dst, src, 4096, gpu::kMemcpyHostToHost, s), 0);
+  auto destroyed = std::async(std::launch::async, [&] { return api().stream_destroy(ctx(), s); });
+  const bool returned = eventually(
+      [&] { return destroyed.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+  std::atomic_ref<std::uint32_t>(*flag).store(1);  // opens the stream either way
+  ASSERT_TRUE(returned) << "stream_destroy waited for the stream's work";
+  EXPECT_EQ(destroyed.get(), 0);
+  ASSERT_EQ(api().device_synchronize(ctx()), 0);
+  EXPECT_EQ(static_cast<int>(static_cast<std::byte*>(dst)[4095]), 9) << "the queued copy ran";
+  EXPECT_EQ(api().host_free(ctx(), src), 0);
+  EXPECT_EQ(api().host_free(ctx(), dst), 0);
+  EXPECT_EQ(api().flag_free(ctx(), flag), 0);
+}
+
+// Issue 25 (9): a pinned free (cudaFreeHost) synchronizes the device first: work queued before it
+// has finished when it returns, and it counts as a device-wide synchronization.
+TEST_F(SimDeviceTest, APinnedFreeSynchronizesTheDevice) {
+  make();
+  void* s = nullptr;
+  void* pinned = nullptr;
+  void* out = nullptr;
+  ASSERT_EQ(api().stream_create(ctx(), &s), 0);
+  ASSERT_EQ(api().host_alloc_mapped(ctx(), &pinned, 4096), 0);
+  ASSERT_EQ(api().host_alloc_mapped(ctx(), &out, 4096), 0);
+  std::memset(pinned, 7, 4096);
+  std::memset(out, 0, 4096);
+  const std::uint64_t syncs = sim().counters().device_syncs.load();
+  sim().faults().op_delay_us = 20000;
+  ASSERT_EQ(api().memcpy_async(ctx(), out, pinned, 4096, gpu::kMemcpyHostToHost, s), 0);
+  EXPECT_EQ(api().host_free(ctx(), pinned), 0);
+  sim().faults().op_delay_us = 0;
+  EXPECT_EQ(sim().counters().device_syncs.load(), syncs + 1);
+  EXPECT_EQ(static_cast<int>(static_cast<std::byte*>(out)[4095]), 7) << "the copy had finished";
+  EXPECT_EQ(api().host_free(ctx(), out), 0);
+  EXPECT_EQ(api().stream_destroy(ctx(), s), 0);
+}
+
+// Issue 25 (9): a batched copy (a driver call, in the current context) into another device's
+// stream is refused, as a kernel launch there is; the same batch on the current device's stream
+// runs.
+TEST_F(SimDeviceTest, ABatchedCopyIntoAnotherDevicesStreamIsRefused) {
+  SimOptions o;
+  o.device_count = 2;
+  make({}, o);
+  void* s1 = nullptr;
+  on_fresh_thread([&] {
+    ASSERT_EQ(api().set_device(ctx(), 1), 0);
+    ASSERT_EQ(api().stream_create(ctx(), &s1), 0);
+  });
+  on_fresh_thread([&] {
+    ASSERT_EQ(api().set_device(ctx(), 0), 0);
+    HostMem a(64);
+    HostMem b(64);
+    std::memset(a.data(), 5, 64);
+    std::memset(b.data(), 0, 64);
+    void* dsts[] = {b.data()};
+    const void* srcs[] = {a.data()};
+    std::size_t sizes[] = {64};
+    std::size_t fail = 0;
+    EXPECT_EQ(api().memcpy_batch_async(ctx(), dsts, srcs, sizes, 1, 1, s1, &fail), kInvalidHandle);
+    void* s0 = nullptr;
+    ASSERT_EQ(api().stream_create(ctx(), &s0), 0);
+    EXPECT_EQ(api().memcpy_batch_async(ctx(), dsts, srcs, sizes, 1, 1, s0, &fail), 0);
+    EXPECT_EQ(api().stream_synchronize(ctx(), s0), 0);
+    EXPECT_EQ(static_cast<int>(b.data()[63]), 5);
+    EXPECT_EQ(api().stream_destroy(ctx(), s0), 0);
+  });
+  EXPECT_EQ(api().stream_destroy(ctx(), s1), 0);
+}
+
+// Issue 25 (9): an event last recorded in a capture that has ended belongs to that graph: a wait
+// on it, a query, a synchronize and an elapsed time fail with cudaErrorCapturedEvent (907) until
+// it is recorded again outside a capture.
+TEST_F(SimDeviceTest, AnEventLastRecordedInAnEndedCaptureCannotBeWaitedOn) {
+  constexpr int kCapturedEvent = 907;
+  make();
+  void* origin = nullptr;
+  void* other = nullptr;
+  void* e = nullptr;
+  void* t = nullptr;
+  ASSERT_EQ(api().stream_create(ctx(), &origin), 0);
+  ASSERT_EQ(api().stream_create(ctx(), &other), 0);
+  ASSERT_EQ(api().event_create(ctx(), &e, 1), 0);
+  ASSERT_EQ(api().event_create(ctx(), &t, 1), 0);
+  ASSERT_EQ(api().event_record(ctx(), t, origin), 0);
+  ASSERT_EQ(sim().begin_capture(origin, gpu::kCaptureModeGlobal), 0);
+  ASSERT_EQ(api().event_record(ctx(), e, origin), 0);
+  ASSERT_EQ(sim().end_capture(origin), 0);
+  EXPECT_EQ(api().stream_wait_event(ctx(), other, e), kCapturedEvent);
+  EXPECT_EQ(api().event_query(ctx(), e), kCapturedEvent);
+  EXPECT_EQ(api().event_synchronize(ctx(), e), kCapturedEvent);
+  float ms = 0;
+  EXPECT_EQ(api().event_elapsed_ms(ctx(), &ms, t, e), kCapturedEvent);
+  (void)api().get_last_error(ctx());
+  ASSERT_EQ(api().event_record(ctx(), e, origin), 0);  // outside a capture: an event again
+  EXPECT_EQ(api().stream_wait_event(ctx(), other, e), 0);
+  EXPECT_EQ(api().event_synchronize(ctx(), e), 0);
+  EXPECT_EQ(api().event_query(ctx(), e), 0);
+  for (void* ev : {e, t}) EXPECT_EQ(api().event_destroy(ctx(), ev), 0);
+  for (void* st : {origin, other}) EXPECT_EQ(api().stream_destroy(ctx(), st), 0);
+}
+
 // cudaLaunchHostFunc: "the function will not be called in the event of an error in the CUDA
 // context". HIP's callbacks still run (a knob).
 void set_flag(void* p) {
@@ -430,7 +548,12 @@ TEST_F(SimDeviceTest, StagedDescriptorsAreFreedInStreamOrderTheWayTheyWereAlloca
   const std::int64_t live = sim().counters().live_device_allocations.load();
   {
     KvRig s(rt(), 8, 4096, 4);
-    const std::uint64_t syncs = sim().counters().device_syncs.load();
+    // Pinned frees synchronize (cudaFreeHost), the ring's host buffers included: only the
+    // device-memory frees must not.
+    const auto device_memory_syncs = [&] {
+      return sim().counters().device_syncs.load() - sim().counters().pinned_free_syncs.load();
+    };
+    const std::uint64_t syncs = device_memory_syncs();
     {
       TransferEngine e(rt(), s.layout, kernel_only());
       submit_load(e, 1, {0, 3}, {2, 6});
@@ -439,7 +562,7 @@ TEST_F(SimDeviceTest, StagedDescriptorsAreFreedInStreamOrderTheWayTheyWereAlloca
     }  // the engine's lanes go: their rings are freed
     EXPECT_EQ(sim().counters().mismatched_frees.load(), 0u)
         << "cudaFreeAsync of memory that cudaMallocAsync did not allocate";
-    EXPECT_EQ(sim().counters().device_syncs.load(), syncs) << "a device-wide free";
+    EXPECT_EQ(device_memory_syncs(), syncs) << "a device-wide free of device memory";
     DeviceBuffer scratch = rt().allocate_device(4096);
     Stream st = rt().create_stream();
     scratch.release_async(st.view());
@@ -447,6 +570,38 @@ TEST_F(SimDeviceTest, StagedDescriptorsAreFreedInStreamOrderTheWayTheyWereAlloca
     EXPECT_EQ(sim().counters().mismatched_frees.load(), 0u);
   }
   EXPECT_EQ(sim().counters().live_device_allocations.load(), live);
+}
+
+// Issue 25 (6): a device without memory pools (cudaDevAttrMemoryPoolsSupported 0, some vGPUs)
+// has the stream-ordered calls, but they answer "not supported": device buffers and staged kernel
+// descriptors fall back to plain allocation, and jobs still copy exactly.
+TEST_F(SimDeviceTest, ADeviceWithoutMemoryPoolsAllocatesPlainly) {
+  SimOptions no_pools;
+  no_pools.memory_pools = false;
+  RuntimeOptions ro;
+  ro.kernel_stage_descriptors = true;
+  make(ro, no_pools);
+  void* p = nullptr;
+  EXPECT_EQ(api().device_malloc_async(ctx(), &p, 4096, nullptr), 801) << "the device's refusal";
+  (void)api().get_last_error(ctx());
+  const std::int64_t live = sim().counters().live_device_allocations.load();
+  {
+    KvRig s(rt(), 8, 4096, 4);
+    {
+      TransferEngine e(rt(), s.layout, kernel_only());
+      submit_load(e, 1, {0, 3}, {2, 6});
+      ASSERT_TRUE(e.wait_all().at(0).success);
+    }
+    EXPECT_EQ(rt().counters().kernel_launches, 1u);
+    EXPECT_TRUE(s.device_block_equals_slot(2, 0));
+    EXPECT_TRUE(s.device_block_equals_slot(6, 3));
+    DeviceBuffer scratch = rt().allocate_device(4096);
+    Stream st = rt().create_stream();
+    scratch.release_async(st.view());
+    rt().synchronize_stream(st.view());
+  }
+  EXPECT_EQ(sim().counters().live_device_allocations.load(), live);
+  EXPECT_EQ(sim().sticky_error(), 0);
 }
 
 // N7: a submit that waits on a capturing stream is refused before anything is enqueued, and the

@@ -25,6 +25,7 @@
 #include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
+#include "gpu_skip.hpp"
 #include "skip.hpp"
 
 #ifndef KVOFFLOAD_TEST_BACKENDS
@@ -206,7 +207,7 @@ class TransferTest : public ::testing::TestWithParam<std::string> {
     } catch (const Error& e) {
       // Only a GPU backend may be missing: host and sim are always built, so there it fails.
       if (e.code() == ErrorCode::kNotAvailable && GetParam() != "host" && GetParam() != "sim")
-        KVO_SKIP("no-gpu") << e.what();
+        KVO_SKIP_OR_FAIL_GPU(GetParam(), e.what());
       throw;
     }
   }

@@ -26,3 +26,16 @@ set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/sim/sim_kernel.cpp PROPERT
   COMPILE_OPTIONS "$<$<CXX_COMPILER_ID:GNU>:-Wno-unknown-pragmas>"
   SKIP_PRECOMPILE_HEADERS ON)
 target_link_libraries(kvoffload_objects PUBLIC ${CMAKE_DL_LIBS})
+# Which modules this build makes (Note [Not built vs not loadable] in gpu/backend_modules.cpp): a
+# built one that does not load is an error naming the paths, never "not built". On this one file,
+# so reconfiguring with a GPU backend recompiles one file.
+set(_kvo_built_cuda 0)
+set(_kvo_built_hip 0)
+if(KVOFFLOAD_WITH_CUDA)
+  set(_kvo_built_cuda 1)
+endif()
+if(KVOFFLOAD_WITH_HIP)
+  set(_kvo_built_hip 1)
+endif()
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/gpu/backend_modules.cpp PROPERTIES
+  COMPILE_DEFINITIONS "KVOFFLOAD_BUILT_CUDA=${_kvo_built_cuda};KVOFFLOAD_BUILT_HIP=${_kvo_built_hip}")

@@ -173,6 +173,11 @@ cuda.current_stream = lambda device=None: _no_gpu("torch.cuda.current_stream")
 cuda.current_device = lambda: _no_gpu("torch.cuda.current_device")
 cuda.cudart = lambda: _no_gpu("torch.cuda.cudart")
 
+# A CUDA build of torch (tests set hip to a version string for a ROCm build).
+version = types.ModuleType("torch.version")
+version.cuda = "13.0"
+version.hip = None
+
 accelerator = types.ModuleType("torch.accelerator")
 accelerator.current_device_index = lambda: _no_gpu("torch.accelerator.current_device_index")
 accelerator.synchronize = lambda *a, **k: _no_gpu("torch.accelerator.synchronize")

@@ -4,7 +4,16 @@
 // process that never asks for a GPU backend pays nothing for loading them.
 //
 // Search order for a module: $KVOFFLOAD_BACKEND_DIR, the directory libkvoffload was loaded from,
-// then the dynamic linker's own search (LD_LIBRARY_PATH, rpath, system directories).
+// then the dynamic linker's own search (LD_LIBRARY_PATH, rpath, system directories). Programs and
+// test suites that link the objects instead of libkvoffload (the INTERNAL suites, the benchmark)
+// are executables in bin/: the build gives every target a build RPATH to the modules' directory
+// (core/, CMAKE_BUILD_RPATH in the top CMakeLists.txt), so the linker's search finds them there.
+//
+// Note [Not built vs not loadable]
+// The build says which modules it made (KVOFFLOAD_BUILT_CUDA / KVOFFLOAD_BUILT_HIP, set on this
+// file only). A backend that was not built reads "does not include it"; a backend that was built
+// and whose module cannot be found or loaded (a missing libcudart, a stale copy) names every path
+// tried and each dlerror(): it is a fault to fix, never a "not built" that suites skip over.
 //
 // Note [Driver floor]
 // A module runs on drivers of its toolkit's major version and newer: CUDA's minor-version
@@ -35,7 +44,8 @@ namespace {
 
 struct Module {
   const gpu::VendorApi* api = nullptr;
-  std::string why;  // when api is null
+  std::string why;     // when api is null
+  bool built = false;  // this build made the module, or it was found anyway
 };
 
 std::string library_dir() {
@@ -45,8 +55,20 @@ std::string library_dir() {
   return std::filesystem::path(info.dli_fname).parent_path().string();
 }
 
+#ifndef KVOFFLOAD_BUILT_CUDA
+#define KVOFFLOAD_BUILT_CUDA 0
+#endif
+#ifndef KVOFFLOAD_BUILT_HIP
+#define KVOFFLOAD_BUILT_HIP 0
+#endif
+
+bool module_built(std::string_view name) {
+  return name == "cuda" ? KVOFFLOAD_BUILT_CUDA != 0 : KVOFFLOAD_BUILT_HIP != 0;
+}
+
 Module open_module(std::string_view name) {
   Module m;
+  const bool built = module_built(name);
   const std::string file = "libkvoffload_" + std::string(name) + ".so";
   std::vector<std::string> candidates;
   if (const char* dir = std::getenv("KVOFFLOAD_BACKEND_DIR"); dir != nullptr && *dir != '\0') {
@@ -65,17 +87,25 @@ Module open_module(std::string_view name) {
     if (handle != nullptr) break;
     const char* err = ::dlerror();
     const std::string text = err != nullptr ? err : path;
-    // The bare name not found on the linker's path means "not built", not "failed to load".
-    if (bare && text.find("cannot open shared object file") != std::string::npos) continue;
-    errors += (errors.empty() ? "" : "; ") + text;
+    // Not built, and the bare name is not on the linker's path either: nothing to report. A
+    // built module is always reported (Note [Not built vs not loadable]).
+    if (!built && bare && text.find(file + ": cannot open shared object file") != std::string::npos)
+      continue;
+    errors += (errors.empty() ? "" : "; ") + (bare ? "dlopen(" + path + "): " : "") + text;
   }
   if (handle == nullptr) {
-    m.why = errors.empty()
-                ? "this build of kvoffload does not include it (no " + file +
-                      "; configure with -DKVOFFLOAD_" + (name == "cuda" ? "CUDA" : "HIP") + "=ON)"
-                : "its module could not be loaded: " + errors;
+    if (errors.empty()) {
+      m.why = "this build of kvoffload does not include it (no " + file +
+              "; configure with -DKVOFFLOAD_" + (name == "cuda" ? "CUDA" : "HIP") + "=ON)";
+    } else {
+      std::string tried;
+      for (const std::string& path : candidates) tried += (tried.empty() ? "" : ", ") + path;
+      m.why = "its module could not be loaded (tried " + tried + "): " + errors;
+    }
+    m.built = built || !errors.empty();  // a module that is there but does not load
     return m;
   }
+  m.built = true;
   auto entry = reinterpret_cast<gpu::VendorApiEntry>(::dlsym(handle, gpu::kVendorApiEntrySymbol));
   if (entry == nullptr) {
     m.why = file + " exports no " + gpu::kVendorApiEntrySymbol;
@@ -202,8 +232,8 @@ std::unique_ptr<DeviceRuntime> make_on(const gpu::VendorApi& api, const RuntimeO
   std::string why;
   const int count = device_count(api, why);
   if (count < 0) {
-    throw Error(ErrorCode::kNotAvailable,
-                "device runtime '" + std::string(api.name) + "' is not available: " + why);
+    throw Error(ErrorCode::kNotAvailable, "device runtime '" + std::string(api.name) +
+                                              "' is not available: no usable device: " + why);
   }
   if (count == 0) {
     throw Error(ErrorCode::kNotAvailable, "device runtime '" + std::string(api.name) +
@@ -233,9 +263,7 @@ std::unique_ptr<DeviceRuntime> make_vendor_runtime(std::string_view name,
 BackendInfo probe_vendor(std::string_view name) {
   try {
     const Module& m = module(name);
-    if (m.api == nullptr)
-      return BackendInfo{std::string(name), m.why.find("does not include") == std::string::npos, 0,
-                         m.why};
+    if (m.api == nullptr) return BackendInfo{std::string(name), m.built, 0, m.why};
     return probe_api(*m.api);
   } catch (...) {
     return BackendInfo{std::string(name), false, 0, "probe failed"};

@@ -6,6 +6,8 @@
 // (cudaFreeAsync) comes from cudaMallocAsync (device_malloc_async), never from cudaMalloc; the
 // allocations made here remember which they were. A plain free of stream-ordered memory does not
 // wait for the device (the CUDA runtime header says so), so such a free first synchronizes.
+// Where the device has no memory pools (cudaDevAttrMemoryPoolsSupported 0, some vGPUs) the
+// stream-ordered calls answer "not supported": the runtime then allocates plainly (async_alloc_).
 #include <mutex>
 
 #include <kvoffload/error.hpp>
@@ -19,7 +21,7 @@ void* GpuRuntime::do_allocate_device(std::size_t bytes) {
   Guard guard(api_, device_);
   RelaxedCapture relaxed(api_);
   void* ptr = nullptr;
-  if (api_.device_malloc_async != nullptr) {
+  if (async_alloc_) {
     // Stream-ordered, so that release_async can free it in stream order; synchronized here so
     // that it is usable on every stream, as cudaMalloc memory is.
     check_vendor(api_, api_.device_malloc_async(ctx_, &ptr, bytes, sync_stream_),

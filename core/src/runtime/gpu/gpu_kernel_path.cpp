@@ -9,7 +9,10 @@
 // error (which may hold an earlier, unrelated error of the engine's other CUDA code): a good
 // launch that looked failed would free a slot the running kernel still reads. Each stream has its
 // own ring and lock, so a store lane waiting for a slot (its stream held by the model's compute)
-// never blocks a load lane.
+// never blocks a load lane. A pinned free synchronizes the whole device (cudaFreeHost), so the
+// pinned buffers of a ring whose stream goes (an engine's lane, calibration's stream) are kept
+// for later rings of this runtime and freed only with it: nothing that can run while another
+// engine serves waits for the device.
 //
 // Note [Retired slots]
 // A descriptor slot whose closing event could not be recorded is retired: work that reads it may
@@ -46,8 +49,17 @@ GpuRuntime::DescSlot GpuRuntime::make_slot(void* stream) {
   DescSlot slot;
   const std::size_t bytes = slot_descs_ * sizeof(VendorCopyDesc);
   void* host = nullptr;
-  check_vendor(api_, api_.host_alloc_mapped(ctx_, &host, bytes), "host_alloc_mapped",
-               "kernel descriptor buffer");
+  {
+    std::lock_guard lock(spare_mu_);
+    if (!spare_host_.empty()) {
+      host = spare_host_.back();
+      spare_host_.pop_back();
+    }
+  }
+  if (host == nullptr) {
+    check_vendor(api_, api_.host_alloc_mapped(ctx_, &host, bytes), "host_alloc_mapped",
+                 "kernel descriptor buffer");
+  }
   slot.host = static_cast<VendorCopyDesc*>(host);
   void* view = nullptr;
   int err = api_.host_device_pointer(ctx_, &view, host);
@@ -56,7 +68,7 @@ GpuRuntime::DescSlot GpuRuntime::make_slot(void* stream) {
     // Used on this stream only, and freed on it in stream order: so allocated on it in stream
     // order too (Note [Freeing] in gpu_device_memory.cpp).
     void* staged = nullptr;
-    if (api_.device_malloc_async != nullptr) {
+    if (async_alloc_) {
       err = api_.device_malloc_async(ctx_, &staged, bytes, stream);
       call = "device_malloc_async";
       slot.staged_async = err == 0;
@@ -79,7 +91,8 @@ GpuRuntime::DescSlot GpuRuntime::make_slot(void* stream) {
   return slot;
 }
 
-void GpuRuntime::free_slot(DescSlot& slot, void* stream, bool stream_alive) noexcept {
+void GpuRuntime::free_slot(DescSlot& slot, void* stream, bool stream_alive,
+                           bool keep_host) noexcept {
   if (slot.done != nullptr) (void)api_.event_destroy(ctx_, slot.done);
   if (slot.staged != nullptr) {
     // Stream-ordered memory in stream order (a plain free of it needs no device-wide wait once
@@ -89,7 +102,16 @@ void GpuRuntime::free_slot(DescSlot& slot, void* stream, bool stream_alive) noex
         slot.staged_async && stream_alive && api_.device_free_async(ctx_, slot.staged, stream) == 0;
     if (!in_order) (void)api_.device_free(ctx_, slot.staged);
   }
-  if (slot.host != nullptr) (void)api_.host_free(ctx_, slot.host);
+  if (slot.host != nullptr) {
+    if (keep_host) {
+      // Nothing reads it any more (its event completed): kept, since freeing it would
+      // synchronize the device (Note [Descriptor rings]).
+      std::lock_guard lock(spare_mu_);
+      spare_host_.push_back(slot.host);
+    } else {
+      (void)api_.host_free(ctx_, slot.host);
+    }
+  }
   (void)api_.get_last_error(ctx_);
   slot = DescSlot{};
 }
@@ -110,7 +132,8 @@ void GpuRuntime::destroy_ring(Ring& ring, void* stream, bool stream_alive) noexc
       (void)api_.device_synchronize(ctx_);
     }
   }
-  for (DescSlot& slot : ring.slots) free_slot(slot, stream, stream_alive);
+  // A stream that goes while the runtime lives: its slots' pinned buffers are kept for reuse.
+  for (DescSlot& slot : ring.slots) free_slot(slot, stream, stream_alive, stream_alive);
   ring.slots.clear();
 }
 

@@ -122,6 +122,21 @@ GpuRuntime::GpuRuntime(const VendorApi& api, const RuntimeOptions& options,
   }
 
   batch_enabled_.store(api_.memcpy_batch_async != nullptr, std::memory_order_relaxed);
+  if (api_.device_malloc_async != nullptr && api_.device_free_async != nullptr) {
+    int pools = 0;
+    if (api_.memory_pools_supported == nullptr ||
+        api_.memory_pools_supported(ctx_, device_, &pools) != 0) {
+      (void)api_.get_last_error(ctx_);
+      pools = 0;
+    }
+    async_alloc_ = pools != 0;
+    if (!async_alloc_) {
+      log().info(
+          "{}: device {} has no memory pools (stream-ordered allocation unsupported): "
+          "device buffers and staged descriptors use plain allocation",
+          api_.name, device_);
+    }
+  }
   if (std::string why = kernel_unavailable_reason(); why.empty()) {
     kernel_ok_ = true;
     kernel_detail_ = fmt::format("batch copy kernel, up to {} CTAs x {} threads{}",
@@ -157,6 +172,8 @@ GpuRuntime::~GpuRuntime() {
       destroy_ring(*ring, stream, /*stream_alive=*/false);  // foreign streams may be gone
     rings_.clear();
   }
+  for (void* host : spare_host_) (void)api_.host_free(ctx_, host);
+  spare_host_.clear();
   for (auto& [handle, reg] : registrations_) {
     log_noexcept(spdlog::level::warn,
                  "{}: runtime destroyed with {} still registered; unregistering it", api_.name,

@@ -126,7 +126,9 @@ class GpuRuntime final : public DeviceRuntime {
   DescSlot make_slot(void* stream);
   // Frees the slot's buffers: the staged buffer in `stream` order when the stream still exists
   // (stream_alive), else plainly (everything that read it has finished).
-  void free_slot(DescSlot& slot, void* stream, bool stream_alive) noexcept;
+  // keep_host: the pinned buffer goes to spare_host_ instead of host_free (Note [Descriptor
+  // rings]); only for a slot whose readers are known to be done.
+  void free_slot(DescSlot& slot, void* stream, bool stream_alive, bool keep_host = false) noexcept;
   // Waits for the work that reads the ring's slots, then frees them. `stream_alive`: false at
   // runtime destruction, where a foreign stream may be gone (Note [Retired slots] in
   // gpu_kernel_path.cpp).
@@ -147,6 +149,9 @@ class GpuRuntime final : public DeviceRuntime {
   bool kernel_ok_ = false;
   std::string kernel_detail_;
   void* sync_stream_ = nullptr;  // memcpy_sync / memset_sync
+  // Stream-ordered allocation: the table has it and the device has memory pools (Note [Freeing]
+  // in gpu_device_memory.cpp).
+  bool async_alloc_ = false;
 
   std::atomic<bool> batch_enabled_{false};
   std::atomic<std::uint64_t> dma_batched_calls_{0};
@@ -161,6 +166,9 @@ class GpuRuntime final : public DeviceRuntime {
 
   std::mutex rings_mu_;  // the map only; each ring has its own lock
   std::unordered_map<void*, std::unique_ptr<Ring>> rings_;
+
+  std::mutex spare_mu_;
+  std::vector<void*> spare_host_;  // pinned descriptor buffers of rings gone, freed with us
 
   std::mutex alloc_mu_;
   // From device_malloc_async (Note [Freeing] in gpu_device_memory.cpp).

@@ -24,7 +24,7 @@
 namespace kvoffload::gpu {
 
 // Bumped on any change to the layout below; a module reporting another version is refused.
-inline constexpr std::uint32_t kVendorApiVersion = 2;
+inline constexpr std::uint32_t kVendorApiVersion = 3;
 
 // Driver-level results (CUresult) carried in the table's int codes: see the conventions above.
 inline constexpr int kDriverResultBase = 1 << 20;
@@ -154,6 +154,10 @@ struct VendorApi {
   // Null where missing (both or neither).
   int (*device_malloc_async)(void* ctx, void** ptr, std::size_t bytes, void* stream);
   int (*device_free_async)(void* ctx, void* ptr, void* stream);
+  // Whether `device` has memory pools (cudaDevAttrMemoryPoolsSupported): where it has not (some
+  // vGPUs), the stream-ordered calls exist but answer "not supported", and the runtime
+  // allocates plainly. Set with the pair above; null with them.
+  int (*memory_pools_supported)(void* ctx, int device, int* supported);
   // 1 when ptr is device (or managed) memory.
   int (*pointer_is_device)(void* ctx, const void* ptr, int* is_device);
   int (*memcpy_async)(void* ctx, void* dst, const void* src, std::size_t bytes, int kind,

@@ -54,6 +54,8 @@ constexpr ErrorText kErrors[] = {
      "dependency created on uncaptured work in another stream"},
     {kCaptureImplicit, "simErrorStreamCaptureImplicit",
      "operation would make the legacy stream depend on a capturing blocking stream"},
+    {kCapturedEvent, "simErrorCapturedEvent",
+     "operation not permitted on an event last recorded in a capturing stream"},
     {kCaptureWrongThread, "simErrorStreamCaptureWrongThread",
      "capture not initiated in relaxed mode was ended by another thread"},
 };
@@ -183,7 +185,7 @@ int sim_stream_destroy(void* ctx, void* stream) {
     std::lock_guard lock(d.mu);
     if (d.streams.erase(s) == 0) return d.fail(kInvalidHandle);
   }
-  delete s;  // drains first
+  d.retire(s);  // returns before the stream's work ends, as cudaStreamDestroy does
   return kSuccess;
 }
 int sim_stream_synchronize(void* ctx, void* stream) {
@@ -212,6 +214,9 @@ int sim_stream_wait_event(void* ctx, void* stream, void* event) {
   std::shared_ptr<Marker> m;
   {
     std::lock_guard lock(d.mu);
+    // Last recorded in a capture that has ended: its record is a node of a graph, and nothing
+    // outside that graph may wait on it until it is recorded again (cudaErrorCapturedEvent).
+    if (e->capture && !d.captures.contains(e->capture)) return d.fail(kCapturedEvent);
     if (e->capture && d.captures.contains(e->capture)) {
       Capture& c = *e->capture;
       if (!s->capture) {
@@ -346,6 +351,7 @@ int sim_event_query(void* ctx, void* event) {
   {
     std::lock_guard lock(d.mu);
     if (e->capture && d.captures.contains(e->capture)) return d.fail(kCaptureUnsupported);
+    if (e->capture) return d.fail(kCapturedEvent);  // its capture has ended (see stream_wait_event)
   }
   std::shared_ptr<Marker> m = e->cpu.current();
   if (m && !m->is_done()) return d.fail(kNotReady);
@@ -358,6 +364,7 @@ int sim_event_synchronize(void* ctx, void* event) {
   {
     std::lock_guard lock(d.mu);
     if (e->capture && d.captures.contains(e->capture)) return d.fail(kCaptureUnsupported);
+    if (e->capture) return d.fail(kCapturedEvent);  // its capture has ended (see stream_wait_event)
   }
   if (std::shared_ptr<Marker> m = e->cpu.current()) m->wait();
   KVO_SIM_STICKY(d);
@@ -370,6 +377,10 @@ int sim_event_elapsed_ms(void* ctx, float* ms, void* start, void* end) {
   auto* a = static_cast<SimEvent*>(start);
   auto* b = static_cast<SimEvent*>(end);
   if (a->device != b->device) return d.fail(kInvalidHandle);
+  {
+    std::lock_guard lock(d.mu);
+    if (a->capture || b->capture) return d.fail(kCapturedEvent);
+  }
   const auto ma = a->cpu.current();
   const auto mb = b->cpu.current();
   if (!a->cpu.timing || !b->cpu.timing || !ma || !mb) return d.fail(kInvalidHandle);

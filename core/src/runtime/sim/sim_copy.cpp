@@ -100,6 +100,12 @@ int sim_memcpy_batch_async(void* ctx, void** dsts, const void** srcs, std::size_
     return d.faults.refuse_batch_code.load();
   }
   if (stream == nullptr || count == 0) return kInvalidValue;  // the legacy stream is refused
+  // A driver call works in the current context: a stream of another device's context is refused
+  // as an invalid handle, as a kernel launch into it is (a runtime memcpy into it is allowed).
+  if (d.stream_of(stream, cur)->device != cur) {
+    d.counters.batch_refused.fetch_add(1);
+    return kInvalidHandle;
+  }
   Op op;
   op.kind = Op::Kind::kCopy;
   op.pieces.resize(count);

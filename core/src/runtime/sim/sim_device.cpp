@@ -126,6 +126,7 @@ SimDevice::Impl::Impl(SimOptions o) : options(std::move(o)) {
 }
 
 SimDevice::Impl::~Impl() {
+  wait_retired();
   legacy.clear();
   for (auto& [host, m] : host_maps) {
     if (m.kind != HostMapping::Kind::kRegistered) std::free(reinterpret_cast<void*>(host));

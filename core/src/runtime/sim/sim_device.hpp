@@ -44,6 +44,15 @@
 // - HIP's differences are knobs (SimOptions): host functions still run after an error
 //   (hipStreamAddCallback passes the error to them), and hipStreamWaitValue32 accepts only
 //   signal memory.
+// - Stricter where a GPU is (issue 25): destroying a stream returns before its work ends (a
+//   thread of its own drains it; device synchronization waits for it); a pinned free
+//   (host_free, flag_free) synchronizes the device, as cudaFreeHost does; a batched copy (a
+//   driver call) into another device's stream is refused (invalid handle); an event last
+//   recorded in a capture that has ended cannot be waited on, queried, synchronized or timed
+//   (cudaErrorCapturedEvent, 907) until it is recorded again outside a capture.
+// - A device without memory pools (SimOptions::memory_pools false) refuses stream-ordered
+//   allocation with "not supported" (801), as cudaMallocAsync does where
+//   cudaDevAttrMemoryPoolsSupported is 0.
 // - A driver older than the runtime's major version (CUDA's minor-version compatibility floor)
 //   makes get_device_count fail with "insufficient driver", as CUDA does.
 // - Fault knobs let tests refuse batches, fail launches, leave a stale error in a thread's
@@ -70,6 +79,9 @@ struct SimOptions {
   bool batch_memcpy = true;
   // Stream-ordered allocation (cudaMallocAsync / cudaFreeAsync); false: the runtime has none.
   bool async_allocator = true;
+  // false: the stream-ordered calls exist but the device has no memory pools
+  // (cudaDevAttrMemoryPoolsSupported 0, some vGPUs): they answer "not supported" (801).
+  bool memory_pools = true;
   // Versions in CUDA's encoding (1000 * major + 10 * minor). A driver older than the runtime's
   // major (13000 for 13.x) makes get_device_count fail with "insufficient driver" (35).
   int driver_version = 13000;
@@ -128,6 +140,7 @@ struct SimCounters {
   std::atomic<std::int64_t> live_registrations{0};
   std::atomic<std::int64_t> live_device_allocations{0};
   std::atomic<std::uint64_t> device_syncs{0};  // device-wide synchronizations (a blocking free)
+  std::atomic<std::uint64_t> pinned_free_syncs{0};  // of those, by pinned frees (cudaFreeHost)
   std::atomic<std::uint64_t> illegal_accesses{0};
   std::atomic<std::uint64_t> host_funcs_run{0};
   std::atomic<std::uint64_t> host_funcs_skipped{0};  // after a sticky error (CUDA)

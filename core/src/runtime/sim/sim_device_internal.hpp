@@ -5,6 +5,7 @@
 // Internal to runtime/sim/; the device is used through sim_device.hpp.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -50,6 +51,7 @@ enum SimError : int {
   kCaptureUnjoined = 904,
   kCaptureIsolation = 905,
   kCaptureImplicit = 906,
+  kCapturedEvent = 907,
   kCaptureWrongThread = 908,
 };
 
@@ -182,6 +184,11 @@ struct SimDevice::Impl {
   // Enqueues on `s`, or records a node when it captures; 0 or an error code.
   int enqueue(SimStream* s, Op op);
   void synchronize_all();
+  // cudaStreamDestroy returns at once, while the stream's work still runs: the stream is
+  // drained and freed by a thread of its own. device_synchronize and the device's end wait for
+  // every retiring stream (mu not held).
+  void retire(SimStream* s);
+  void wait_retired();
   // Whether a potentially unsafe call (register, malloc, free) is prohibited for this thread by
   // a capture in progress; invalidates the captures it would break (mu held).
   bool unsafe_prohibited(const ThreadState& t);
@@ -200,7 +207,9 @@ struct SimDevice::Impl {
   std::string arch_text;
   std::string kernel_archs;
 
-  std::mutex mu;  // memory maps, streams, captures, sticky_reason
+  std::mutex mu;                       // memory maps, streams, captures, sticky_reason
+  std::condition_variable retired_cv;  // (mu) retiring reached 0
+  std::size_t retiring = 0;            // (mu) destroyed streams whose work may still run
   std::string sticky_reason;
   void* device_reservation = nullptr;  // PROT_NONE: the device addresses
   void* alias = nullptr;               // read-write: what the simulator copies through

@@ -158,6 +158,10 @@ int sim_host_free(void* ctx, void* ptr) {
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
   KVO_SIM_CAPTURE_SAFE(d);
+  // cudaFreeHost synchronizes the device first, as cudaFree does for cudaMalloc memory.
+  d.counters.device_syncs.fetch_add(1);
+  d.counters.pinned_free_syncs.fetch_add(1);
+  d.synchronize_all();
   if (const int err = unmap_host(d, ptr, HostMapping::Kind::kPinned); err != kSuccess) return err;
   // Unmapped for the device at once (a kernel reading it later faults), but the bytes stay
   // allocated until the device goes: a copy queued before the free may still read them, which
@@ -182,6 +186,9 @@ int sim_flag_free(void* ctx, std::uint32_t* flag) {
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
   KVO_SIM_CAPTURE_SAFE(d);
+  d.counters.device_syncs.fetch_add(1);  // a pinned free (cudaFreeHost / hipFree) synchronizes
+  d.counters.pinned_free_syncs.fetch_add(1);
+  d.synchronize_all();
   if (const int err = unmap_host(d, flag, HostMapping::Kind::kSignal); err != kSuccess) return err;
   std::lock_guard lock(d.mu);
   d.freed_pinned.push_back(flag);  // as host_free: a queued wait may still read it
@@ -208,6 +215,8 @@ int sim_device_malloc_async(void* ctx, void** ptr, std::size_t bytes, void* stre
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
   KVO_SIM_STICKY(d);
+  // A device without memory pools refuses, as cudaMallocAsync does there.
+  if (!d.options.memory_pools) return d.fail(kNotSupported);
   // Stream-ordered: the simulator hands the memory out at once (a valid, stricter-than-needed
   // reading; a GPU may reuse memory freed earlier in the same stream).
   (void)d.stream_of(stream, cur);
@@ -273,6 +282,12 @@ int sim_device_free_async(void* ctx, void* ptr, void* stream) {
     return d.fail(err);
   return kSuccess;
 }
+int sim_memory_pools_supported(void* ctx, int device, int* supported) {
+  auto& d = dev(ctx);
+  if (device < 0 || device >= d.options.device_count) return d.fail(kInvalidDevice);
+  *supported = d.options.memory_pools ? 1 : 0;
+  return kSuccess;
+}
 int sim_pointer_is_device(void* ctx, const void* ptr, int* is_device) {
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
@@ -294,6 +309,7 @@ void install_memory_entries(VendorApi& a, const SimOptions& options) {
   a.device_free = sim_device_free;
   a.device_malloc_async = options.async_allocator ? sim_device_malloc_async : nullptr;
   a.device_free_async = options.async_allocator ? sim_device_free_async : nullptr;
+  a.memory_pools_supported = options.async_allocator ? sim_memory_pools_supported : nullptr;
   a.pointer_is_device = sim_pointer_is_device;
 }
 

@@ -191,6 +191,24 @@ void SimDevice::Impl::synchronize_all() {
     }
   }
   for (SimStream* s : all) s->synchronize();
+  wait_retired();
+}
+
+void SimDevice::Impl::retire(SimStream* s) {
+  {
+    std::lock_guard lock(mu);
+    ++retiring;
+  }
+  std::thread([this, s] {
+    delete s;  // drains the stream's queue, then joins its worker
+    std::lock_guard lock(mu);
+    if (--retiring == 0) retired_cv.notify_all();
+  }).detach();
+}
+
+void SimDevice::Impl::wait_retired() {
+  std::unique_lock lock(mu);
+  retired_cv.wait(lock, [this] { return retiring == 0; });
 }
 
 int SimDevice::begin_capture(void* stream, int mode) {
