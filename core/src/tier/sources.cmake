@@ -22,6 +22,7 @@ pkg_check_modules(KVO_HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 pkg_check_modules(KVO_MEMCACHED REQUIRED IMPORTED_TARGET libmemcached)
 pkg_check_modules(KVO_XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 target_sources(kvoffload_objects PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_url.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_value.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis.cpp
