@@ -114,6 +114,10 @@ struct RemoteStats {
   std::uint64_t breaker_opens = 0;  // a node's circuit opened
   std::uint64_t nodes = 0;          // nodes known
   std::uint64_t nodes_open = 0;     // nodes whose circuit is open now
+  // Connections and requests the store refused for their credentials (WRONGPASS, NOAUTH,
+  // NOPERM) or, over TLS, because its certificate did not verify. Any is a misconfiguration:
+  // `kvoffload run` fails with first_auth_failure().
+  std::uint64_t auth_failures = 0;
   // The run's summary: misses = get_misses + lookup_absent; errors = put + get + lookup errors.
   [[nodiscard]] std::uint64_t misses() const noexcept { return get_misses + lookup_absent; }
   [[nodiscard]] std::uint64_t errors() const noexcept {
@@ -145,6 +149,8 @@ class KVOFFLOAD_API RemoteTier final : public SecondaryTier {
   bool close() noexcept override;
 
   [[nodiscard]] RemoteStats remote_stats() const;
+  // The message of the first refusal counted in auth_failures (empty: none).
+  [[nodiscard]] std::string first_auth_failure() const;
   [[nodiscard]] const RemoteTierOptions& options() const noexcept;
   // The store key of one value (for tools and tests).
   [[nodiscard]] std::string store_key(const BlockKey& key, std::uint32_t copy) const;
@@ -177,6 +183,8 @@ struct KVOFFLOAD_API RemoteCheckReport {
   std::uint32_t slots_assigned = 0;  // cluster: slots the slot map gives a master
   std::uint32_t slots_covered = 0;   // cluster: slots whose master answered (16384: complete)
   [[nodiscard]] bool reachable() const noexcept;  // at least one node answered
+  // A node refused the credentials (or their absence), or its TLS certificate did not verify.
+  [[nodiscard]] bool refused() const noexcept;
   // Empty when the store can serve every key as given: a cluster whose every slot has a
   // reachable master, every memcached server reachable, a standalone Redis reachable and not in
   // cluster mode. Otherwise one sentence saying what is wrong.
