@@ -257,5 +257,43 @@ TEST_F(RedisTlsTest, ClientCertificatesAndWrongPorts) {
   EXPECT_THAT(r.nodes[0].error, HasSubstr("is it a TLS port?"));
 }
 
+// memcached -S with a sasldb the test writes (saslpasswd2, Debian: sasl2-bin): SASL PLAIN over
+// the binary protocol, which libmemcached uses for a URL with credentials.
+TEST(MemcachedSaslTest, CredentialsAreSaslPlain) {
+  SKIP_WITHOUT("memcached", "saslpasswd2");
+  std::string tmpl = (std::filesystem::temp_directory_path() / "kvo-sasl-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::filesystem::path dir = tmpl;
+  std::string out;
+  ASSERT_EQ(test::run_command(
+                {"/bin/sh", "-c",
+                 "printf %s 'mc-" + std::string(kPassword) + "' | " + test::which("saslpasswd2") +
+                     " -p -a memcached -c -f " + (dir / "sasldb").string() + " alice"},
+                &out),
+            0)
+      << out;
+  std::ofstream(dir / "memcached.conf")
+      << "mech_list: plain\nsasldb_path: " << (dir / "sasldb").string() << "\n";
+  // The server reads its SASL configuration from SASL_CONF_PATH, inherited at its start.
+  ::setenv("SASL_CONF_PATH", dir.c_str(), 1);
+  ServerProcess mc(ServerProcess::Kind::kMemcached, {"-S"});
+  ::unsetenv("SASL_CONF_PATH");
+
+  const std::string good = "memcached://alice:mc-" + std::string(kPassword) + "@" + at(mc);
+  auto tier = RemoteTier::open(options(good));
+  expect_round_trip(*tier);
+  EXPECT_EQ(tier->options().url.to_string(), "memcached://alice:***@" + at(mc));
+
+  const std::string wrong = open_refusal("memcached://alice:not-it@" + at(mc));
+  EXPECT_THAT(wrong, HasSubstr("authentication failed at " + at(mc) + " as user 'alice'"));
+  EXPECT_THAT(wrong, HasSubstr("AUTHENTICATION FAILURE"));
+  EXPECT_THAT(wrong, Not(HasSubstr("not-it")));
+  const RemoteCheckReport report =
+      check_remote(RemoteUrl::parse("memcached://alice:not-it@" + at(mc)), std::chrono::seconds(1));
+  EXPECT_TRUE(report.refused());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 }  // namespace
 }  // namespace kvoffload

@@ -223,13 +223,15 @@ memcached_st* make_client(const RemoteEndpoint& ep, const RemoteUrl& url, long t
 [[noreturn]] void throw_connect_failure(memcached_st* mc, const RemoteEndpoint& ep,
                                         const RemoteUrl& url, memcached_return_t rc) {
   const std::string why = memcached_last_error_message(mc);
+  // VERSION reports a failed SASL exchange as a plain failure; the last error says what it was.
+  const memcached_return_t last = memcached_last_error(mc);
   memcached_free(mc);
-  if (auth_result(rc)) {
-    throw Error(ErrorCode::kPermission, "authentication failed at " + ep.to_string() +
-                                            " as user '" + url.user + "' with the password from " +
-                                            url.password_source() + ": the server answered " +
-                                            memcached_strerror(nullptr, rc) +
-                                            "; check the user name and the password (SASL PLAIN)");
+  if (auth_result(rc) || auth_result(last)) {
+    throw Error(ErrorCode::kPermission,
+                "authentication failed at " + ep.to_string() + " as user '" + url.user +
+                    "' with the password from " + url.password_source() + ": the server answered " +
+                    memcached_strerror(nullptr, auth_result(rc) ? rc : last) +
+                    "; check the user name and the password (SASL PLAIN)");
   }
   throw Error(ErrorCode::kNotAvailable, "connect " + ep.to_string() + ": " + why);
 }
