@@ -24,7 +24,9 @@ struct CheckArgs {
 nlohmann::json to_json(const RemoteCheckReport& r) {
   nlohmann::json nodes = nlohmann::json::array();
   for (const auto& n : r.nodes) {
-    nlohmann::json j{{"endpoint", n.endpoint.to_string()}, {"reachable", n.reachable}};
+    nlohmann::json j{{"endpoint", n.endpoint.to_string()},
+                     {"reachable", n.reachable},
+                     {"auth_failed", n.auth_failed}};
     if (n.reachable) {
       j["rtt_ms"] = n.rtt_ms;
       j["role"] = n.role;
@@ -54,10 +56,12 @@ std::string human(const RemoteCheckReport& r) {
       out << n.role << (n.version.empty() ? "" : " " + n.version) << ", round trip " << n.rtt_ms
           << " ms";
       if (r.url.kind == RemoteKind::kRedisCluster) out << ", " << n.slots << " slots";
+    } else if (n.auth_failed) {
+      out << n.error;  // "authentication failed at ...", or the certificate that did not verify
     } else {
       out << "unreachable";
     }
-    if (!n.error.empty()) out << " (" << n.error << ")";
+    if (!n.error.empty() && !n.auth_failed) out << " (" << n.error << ")";
     out << "\n";
   }
   if (r.url.kind == RemoteKind::kRedisCluster) {
@@ -83,29 +87,33 @@ const CommandRegistrar kRegisterRemote("remote", [](CLI::App& top) {
   check->add_option("--timeout-ms", args->timeout_ms, "Connect and reply deadline per node")
       ->capture_default_str();
   check->add_flag("--json", args->json, "Print one JSON object");
-  return Command{app, [args] {
-                   const RemoteUrl url = RemoteUrl::parse(args->url);  // kInvalidArgument: exit 2
-                   if (args->timeout_ms == 0)
-                     throw_invalid("--timeout-ms 0: it must be at least 1");
-                   const RemoteCheckReport report =
-                       check_remote(url, std::chrono::milliseconds(args->timeout_ms));
-                   if (!report.reachable()) {
-                     std::string why;
-                     for (const auto& n : report.nodes)
-                       why += "; " + n.endpoint.to_string() + ": " + n.error;
-                     throw Error(ErrorCode::kNotAvailable,
-                                 "remote store " + url.to_string() + " is unreachable" + why +
-                                     ". Is the server running and listening on that address?");
-                   }
-                   if (const std::string problem = report.problem(); !problem.empty()) {
-                     return emit_failure(args->json, to_json(report), human(report),
-                                         to_string(ErrorCode::kNotAvailable),
-                                         "remote store " + url.to_string() + ": " + problem,
-                                         kExitError);
-                   }
-                   emit(args->json, to_json(report), human(report));
-                   return kExitOk;
-                 }};
+  return Command{
+      app, [args] {
+        const RemoteUrl url = RemoteUrl::parse(args->url);  // kInvalidArgument: exit 2
+        if (args->timeout_ms == 0) throw_invalid("--timeout-ms 0: it must be at least 1");
+        const RemoteCheckReport report =
+            check_remote(url, std::chrono::milliseconds(args->timeout_ms));
+        if (report.refused()) {
+          // Not "unreachable": the server answered, and refused us.
+          return emit_failure(
+              args->json, to_json(report), human(report), to_string(ErrorCode::kPermission),
+              "remote store " + url.to_string() + ": " + report.problem(), kExitError);
+        }
+        if (!report.reachable()) {
+          std::string why;
+          for (const auto& n : report.nodes) why += "; " + n.endpoint.to_string() + ": " + n.error;
+          throw Error(ErrorCode::kNotAvailable,
+                      "remote store " + url.to_string() + " is unreachable" + why +
+                          ". Is the server running and listening on that address?");
+        }
+        if (const std::string problem = report.problem(); !problem.empty()) {
+          return emit_failure(args->json, to_json(report), human(report),
+                              to_string(ErrorCode::kNotAvailable),
+                              "remote store " + url.to_string() + ": " + problem, kExitError);
+        }
+        emit(args->json, to_json(report), human(report));
+        return kExitOk;
+      }};
 });
 
 }  // namespace

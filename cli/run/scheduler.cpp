@@ -446,12 +446,18 @@ RunOutcome run_scheduler(const RunConfig& config) {
   const ManagerStats ms = stack->manager().stats();
   const TieredStats ts = stack->store().stats();
   nlohmann::json remote_json;
+  std::string remote_refused;  // the store refused the credentials during the run
   nlohmann::json promoted_from = nlohmann::json::object();
   for (const auto& tier : stack->tiers()) {
     // In this run a tier's gets are its promotions (nothing else reads the tiers).
     promoted_from[tier->name()] = tier->stats().gets_ok;
     if (const auto* remote = dynamic_cast<const RemoteTier*>(tier.get())) {
       const RemoteStats rs = remote->remote_stats();
+      if (rs.auth_failures > 0) {
+        remote_refused = "the remote tier's store refused the credentials " +
+                         std::to_string(rs.auth_failures) +
+                         " time(s); first: " + remote->first_auth_failure();
+      }
       remote_json = {{"url", remote->options().url.to_string()},
                      {"promoted", rs.loaded},
                      {"stored", rs.stored},
@@ -469,7 +475,8 @@ RunOutcome run_scheduler(const RunConfig& config) {
                      {"breaker_opens", rs.breaker_opens},
                      {"lookup_budget_ms", config.remote_lookup_budget_ms},
                      {"nodes", rs.nodes},
-                     {"nodes_open", rs.nodes_open}};
+                     {"nodes_open", rs.nodes_open},
+                     {"auth_failures", rs.auth_failures}};
     }
   }
   const bool closed = stack->close();
@@ -551,6 +558,9 @@ RunOutcome run_scheduler(const RunConfig& config) {
     (void)std::snprintf(after, sizeof after, "stopped after %.1f s: ", seconds);
     outcome.failure = after + never_ready_verdict;
     outcome.verdict_only = true;
+  } else if (!remote_refused.empty()) {
+    outcome.exit_code = 1;
+    outcome.failure = "failed: " + remote_refused;
   } else if (!all_verified || !region_removed || !pool_ready_seconds) {
     outcome.exit_code = 1;
     std::vector<std::string> why;

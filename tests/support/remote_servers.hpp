@@ -4,7 +4,9 @@
 //                   temporary directory; stopped (SIGKILL, then reaped) by its destructor, so a
 //                   failing test never leaves a server behind. kill9(), stop()/cont() (SIGSTOP,
 //                   SIGCONT) and restart() (same port, empty) drive the failure tests.
-//   RedisCluster    three cluster-enabled redis-servers joined by `redis-cli --cluster create`.
+//   RedisCluster    three cluster-enabled redis-servers joined by `redis-cli --cluster create`
+//                   (optionally with more server arguments, e.g. a password, and the redis-cli
+//                   arguments that go with them).
 //   FakeResp        a scriptable RESP server in a thread, for protocol faults and for cluster
 //                   redirects (its script sees each command's connection and the command before
 //                   it on that connection, and every command is logged).
@@ -195,10 +197,15 @@ class ServerProcess {
     start();
   }
 
+  // Arguments every later cli() call adds (credentials, TLS), e.g. {"--pass", "pw",
+  // "--no-auth-warning"}.
+  void set_cli_args(std::vector<std::string> args) { cli_args_ = std::move(args); }
+
   // redis-cli against this server; returns the output (trimmed).
   std::string cli(const std::vector<std::string>& args) const {
     std::vector<std::string> argv = {which("redis-cli"), "-h", "127.0.0.1", "-p",
                                      std::to_string(port_)};
+    argv.insert(argv.end(), cli_args_.begin(), cli_args_.end());
     argv.insert(argv.end(), args.begin(), args.end());
     std::string out;
     run_command(argv, &out);
@@ -281,6 +288,7 @@ class ServerProcess {
 
   Kind kind_;
   std::vector<std::string> extra_;
+  std::vector<std::string> cli_args_;
   std::filesystem::path dir_;
   int port_ = 0;
   pid_t pid_ = -1;
@@ -288,15 +296,22 @@ class ServerProcess {
 
 class RedisCluster {
  public:
-  explicit RedisCluster(int masters = 3) {
+  // server_extra: more redis-server arguments for every node; cli_args: what redis-cli needs to
+  // talk to them (ServerProcess::set_cli_args).
+  explicit RedisCluster(int masters = 3, const std::vector<std::string>& server_extra = {},
+                        const std::vector<std::string>& cli_args = {}) {
     for (int i = 0; i < masters; ++i) {
-      nodes_.push_back(std::make_unique<ServerProcess>(
-          ServerProcess::Kind::kRedis,
-          std::vector<std::string>{"--cluster-enabled", "yes", "--cluster-config-file",
-                                   "nodes.conf", "--cluster-node-timeout", "5000"},
-          free_cluster_port()));
+      std::vector<std::string> extra = {"--cluster-enabled",      "yes",
+                                        "--cluster-config-file",  "nodes.conf",
+                                        "--cluster-node-timeout", "5000"};
+      extra.insert(extra.end(), server_extra.begin(), server_extra.end());
+      nodes_.push_back(
+          std::make_unique<ServerProcess>(ServerProcess::Kind::kRedis, extra, free_cluster_port()));
+      nodes_.back()->set_cli_args(cli_args);
     }
-    std::vector<std::string> argv = {which("redis-cli"), "--cluster", "create"};
+    std::vector<std::string> argv = {which("redis-cli")};
+    argv.insert(argv.end(), cli_args.begin(), cli_args.end());
+    argv.insert(argv.end(), {"--cluster", "create"});
     for (const auto& n : nodes_) argv.push_back(n->endpoint());
     argv.insert(argv.end(), {"--cluster-replicas", "0", "--cluster-yes"});
     std::string out;

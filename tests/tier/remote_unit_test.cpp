@@ -53,7 +53,7 @@ TEST(RemoteUrl, ParsesEachScheme) {
 }
 
 TEST(RemoteUrl, ErrorsNameWhatIsWrong) {
-  EXPECT_THAT(url_error("rediss://h:1"), HasSubstr("unknown scheme 'rediss'"));
+  EXPECT_THAT(url_error("redisx://h:1"), HasSubstr("unknown scheme 'redisx'"));
   EXPECT_THAT(url_error("h:6379"), HasSubstr("no scheme"));
   EXPECT_THAT(url_error("redis://"), HasSubstr("no host:port"));
   EXPECT_THAT(url_error("redis://:6379"), HasSubstr("has no host"));

@@ -26,6 +26,8 @@ packages=(
   clang-tidy clang-format
   hipcc libamdhip64-dev librocprim-dev
   libhiredis-dev libmemcached-dev libxxhash-dev redis-server redis-tools memcached
+  libssl-dev openssl   # TLS to Redis (rediss://); the TLS tests make their certificates with openssl
+  sasl2-bin            # saslpasswd2: the memcached SASL test writes its server's sasldb
   libcpp-httplib-dev python3-prometheus-client
   pyflakes3   # the Python linter (tools/ci/lint-python.sh, ctest python_lint)
 )

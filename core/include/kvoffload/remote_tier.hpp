@@ -18,7 +18,9 @@
 // operation has a deadline; per node the requests are pipelined with at most
 // `max_inflight_bytes` in flight, and a node that fails `breaker_failures` operations in a row is
 // skipped (misses) for a backoff that doubles up to `breaker_backoff_max`. An unreachable store
-// at open() is a warning, not an error: the tier answers misses until a node comes back.
+// at open() is a warning, not an error: the tier answers misses until a node comes back; a store
+// that refuses the credentials (or their absence) is an error (kPermission) at open().
+// The URL, with credentials and TLS, is described in remote_url.hpp.
 
 #include <chrono>
 #include <cstdint>
@@ -28,35 +30,10 @@
 #include <string_view>
 #include <vector>
 
+#include <kvoffload/remote_url.hpp>
 #include <kvoffload/tier.hpp>
 
 namespace kvoffload {
-
-enum class RemoteKind : std::uint8_t { kRedis = 0, kRedisCluster = 1, kMemcached = 2 };
-KVOFFLOAD_API std::string_view to_string(RemoteKind kind) noexcept;  // URL scheme: "redis" | ...
-
-struct KVOFFLOAD_API RemoteEndpoint {
-  std::string host;
-  std::uint16_t port = 0;
-  [[nodiscard]] std::string to_string() const;  // host:port ([v6]:port)
-  friend bool operator==(const RemoteEndpoint&, const RemoteEndpoint&) = default;
-};
-
-// A store address:
-//   redis://host:port[/db]                       standalone Redis or Valkey (db 0..15, default 0)
-//   redis-cluster://host:port[,host:port...]     Redis Cluster seed nodes
-//   memcached://host:port[,host:port...]         memcached servers
-// Hosts are names, IPv4 addresses or [IPv6]; the port is required (1..65535).
-struct KVOFFLOAD_API RemoteUrl {
-  RemoteKind kind = RemoteKind::kRedis;
-  std::vector<RemoteEndpoint> nodes;
-  unsigned db = 0;
-
-  // Throws Error(kInvalidArgument) naming what is wrong: an unknown scheme, a missing host or
-  // port, a port out of range, a bad db, a db on a cluster or memcached URL, an empty node.
-  static RemoteUrl parse(std::string_view text);
-  [[nodiscard]] std::string to_string() const;
-};
 
 // What makes two engines' chunk bytes interchangeable. Engines with different fingerprints never
 // read each other's values (their keys differ, and the header is checked again on read).
@@ -137,6 +114,10 @@ struct RemoteStats {
   std::uint64_t breaker_opens = 0;  // a node's circuit opened
   std::uint64_t nodes = 0;          // nodes known
   std::uint64_t nodes_open = 0;     // nodes whose circuit is open now
+  // Connections and requests the store refused for their credentials (WRONGPASS, NOAUTH,
+  // NOPERM) or, over TLS, because its certificate did not verify. Any is a misconfiguration:
+  // `kvoffload run` fails with first_auth_failure().
+  std::uint64_t auth_failures = 0;
   // The run's summary: misses = get_misses + lookup_absent; errors = put + get + lookup errors.
   [[nodiscard]] std::uint64_t misses() const noexcept { return get_misses + lookup_absent; }
   [[nodiscard]] std::uint64_t errors() const noexcept {
@@ -168,6 +149,8 @@ class KVOFFLOAD_API RemoteTier final : public SecondaryTier {
   bool close() noexcept override;
 
   [[nodiscard]] RemoteStats remote_stats() const;
+  // The message of the first refusal counted in auth_failures (empty: none).
+  [[nodiscard]] std::string first_auth_failure() const;
   [[nodiscard]] const RemoteTierOptions& options() const noexcept;
   // The store key of one value (for tools and tests).
   [[nodiscard]] std::string store_key(const BlockKey& key, std::uint32_t copy) const;
@@ -188,7 +171,10 @@ struct RemoteNodeReport {
   std::string role;         // "standalone" | "master" | "replica" | "memcached"
   std::string version;      // server version when known
   std::uint32_t slots = 0;  // cluster: hash slots this node serves as master
-  std::string error;        // why it is unreachable
+  std::string error;        // why it is unreachable or unusable
+  // It answered, but refused the credentials (WRONGPASS, NOAUTH) or the TLS handshake failed:
+  // reachable is false, and `error` says which.
+  bool auth_failed = false;
 };
 
 struct KVOFFLOAD_API RemoteCheckReport {
@@ -197,6 +183,8 @@ struct KVOFFLOAD_API RemoteCheckReport {
   std::uint32_t slots_assigned = 0;  // cluster: slots the slot map gives a master
   std::uint32_t slots_covered = 0;   // cluster: slots whose master answered (16384: complete)
   [[nodiscard]] bool reachable() const noexcept;  // at least one node answered
+  // A node refused the credentials (or their absence), or its TLS certificate did not verify.
+  [[nodiscard]] bool refused() const noexcept;
   // Empty when the store can serve every key as given: a cluster whose every slot has a
   // reachable master, every memcached server reachable, a standalone Redis reachable and not in
   // cluster mode. Otherwise one sentence saying what is wrong.

@@ -99,7 +99,8 @@
   X(U64, tasks)                          \
   X(U64, breaker_opens)                  \
   X(U64, nodes)                          \
-  X(U64, nodes_open)
+  X(U64, nodes_open)                     \
+  X(U64, auth_failures)
 
 /* clang-format on */
 

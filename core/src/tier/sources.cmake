@@ -15,15 +15,18 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/file/file_tier_read.cpp)
 
 # The distributed tier: Redis (standalone, Cluster) through hiredis, memcached through
-# libmemcached, value checksums with libxxhash (Debian: libhiredis-dev libmemcached-dev
-# libxxhash-dev).
+# libmemcached, value checksums with libxxhash, TLS with OpenSSL (Debian: libhiredis-dev
+# libmemcached-dev libxxhash-dev libssl-dev).
 find_package(PkgConfig REQUIRED)
+find_package(OpenSSL REQUIRED)
 pkg_check_modules(KVO_HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 pkg_check_modules(KVO_MEMCACHED REQUIRED IMPORTED_TARGET libmemcached)
 pkg_check_modules(KVO_XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 target_sources(kvoffload_objects PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_url.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_value.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/remote/remote_tls.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis_replies.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_redis_probe.cpp
@@ -35,4 +38,4 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_workers.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_check.cpp)
 target_link_libraries(kvoffload_objects PUBLIC PkgConfig::KVO_HIREDIS PkgConfig::KVO_MEMCACHED
-                                               PkgConfig::KVO_XXHASH)
+                                               PkgConfig::KVO_XXHASH OpenSSL::SSL OpenSSL::Crypto)

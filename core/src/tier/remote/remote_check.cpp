@@ -17,7 +17,16 @@ bool RemoteCheckReport::reachable() const noexcept {
                      [](const RemoteNodeReport& n) { return n.reachable; });
 }
 
+bool RemoteCheckReport::refused() const noexcept {
+  return std::any_of(nodes.begin(), nodes.end(),
+                     [](const RemoteNodeReport& n) { return n.auth_failed; });
+}
+
 std::string RemoteCheckReport::problem() const {
+  // Credentials (or a certificate) refused: the one thing to fix, whatever else is wrong.
+  for (const auto& n : nodes) {
+    if (n.auth_failed) return n.error;
+  }
   std::vector<std::string> down;
   for (const auto& n : nodes) {
     if (!n.reachable) down.push_back(n.endpoint.to_string());
@@ -74,12 +83,12 @@ RemoteNodeReport probe(const RemoteUrl& url, const RemoteEndpoint& ep,
   r.endpoint = ep;
   try {
     if (url.kind == RemoteKind::kMemcached) {
-      const MemcachedProbe p = probe_memcached(ep, timeout);
+      const MemcachedProbe p = probe_memcached(ep, url, timeout);
       r.rtt_ms = p.rtt_ms;
       r.version = p.version;
       r.role = "memcached";
     } else {
-      const RedisProbe p = probe_redis(ep, url.db, timeout);
+      const RedisProbe p = probe_redis(ep, url, timeout);
       r.rtt_ms = p.rtt_ms;
       r.version = p.version;
       r.role = url.kind == RemoteKind::kRedis ? (p.cluster_enabled ? "cluster-node" : "standalone")
@@ -89,6 +98,9 @@ RemoteNodeReport probe(const RemoteUrl& url, const RemoteEndpoint& ep,
       }
     }
     r.reachable = true;
+  } catch (const Error& e) {
+    r.error = e.what();
+    r.auth_failed = e.code() == ErrorCode::kPermission;
   } catch (const std::exception& e) {
     r.error = e.what();
   }
@@ -111,7 +123,13 @@ RemoteCheckReport check_remote(const RemoteUrl& url, std::chrono::milliseconds t
     seeds.push_back(probe(url, ep, timeout));
     if (!seeds.back().reachable || !ranges.empty()) continue;
     try {
-      ranges = cluster_slots(ep, timeout);
+      ranges = cluster_slots(ep, url, timeout);
+    } catch (const Error& e) {
+      seeds.back().error = e.what();
+      if (e.code() == ErrorCode::kPermission) {
+        seeds.back().auth_failed = true;
+        seeds.back().reachable = false;
+      }
     } catch (const std::exception& e) {
       seeds.back().error = e.what();
     }

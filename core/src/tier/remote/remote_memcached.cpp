@@ -2,6 +2,8 @@
 // (the tier routes keys to servers with libmemcached's own ketama hashing, see remote_routing.cpp).
 // libmemcached's timeouts are per poll; before each call the poll timeout is set to what is left
 // of the batch's deadline, so a frozen server costs at most about one deadline.
+// Credentials (memcached://user:password@) are SASL PLAIN, which libmemcached speaks over the
+// binary protocol only: a tier with credentials uses it for every request.
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -22,6 +24,11 @@ long remaining_ms(RemoteClock::time_point deadline) {
 }
 
 // Results that mean the connection can no longer be trusted (as opposed to an answer).
+bool auth_result(memcached_return_t rc) {
+  return rc == MEMCACHED_AUTH_FAILURE || rc == MEMCACHED_AUTH_PROBLEM ||
+         rc == MEMCACHED_AUTH_CONTINUE;
+}
+
 bool transport_failure(memcached_return_t rc) {
   switch (rc) {
     case MEMCACHED_SUCCESS:
@@ -71,7 +78,8 @@ class MemcachedConnection final : public StoreConnection {
 
   bool check(memcached_return_t rc, std::string& error) {
     if (!transport_failure(rc)) return true;
-    error = std::string("memcached: ") + memcached_last_error_message(mc_);
+    error = std::string(auth_result(rc) ? "authentication failed: " : "") +
+            "memcached: " + memcached_last_error_message(mc_);
     return false;
   }
 
@@ -177,7 +185,7 @@ class MemcachedConnection final : public StoreConnection {
   std::vector<char> scratch_;
 };
 
-memcached_st* make_client(const RemoteEndpoint& ep, long timeout_ms) {
+memcached_st* make_client(const RemoteEndpoint& ep, const RemoteUrl& url, long timeout_ms) {
   memcached_st* mc = memcached_create(nullptr);
   if (mc == nullptr) throw Error(ErrorCode::kSystem, "memcached_create: out of memory");
   const auto t = static_cast<uint64_t>(std::max(1L, timeout_ms));
@@ -193,35 +201,61 @@ memcached_st* make_client(const RemoteEndpoint& ep, long timeout_ms) {
     memcached_free(mc);
     throw Error(ErrorCode::kInvalidArgument, "memcached server " + ep.to_string() + ": " + why);
   }
+  if (url.authenticates()) {
+#if LIBMEMCACHED_WITH_SASL_SUPPORT
+    memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_BINARY_PROTOCOL, 1);
+    if (memcached_set_sasl_auth_data(mc, url.user.c_str(), url.password.reveal().c_str()) !=
+        MEMCACHED_SUCCESS) {
+      memcached_free(mc);
+      throw Error(ErrorCode::kSystem, "memcached SASL setup for " + ep.to_string() + " failed");
+    }
+#else
+    memcached_free(mc);
+    throw Error(ErrorCode::kNotAvailable,
+                "memcached credentials need SASL, and this libmemcached was built without it");
+#endif
+  }
   return mc;
+}
+
+// A failed VERSION (the connect, and with credentials the SASL exchange) as the exception it
+// means.
+[[noreturn]] void throw_connect_failure(memcached_st* mc, const RemoteEndpoint& ep,
+                                        const RemoteUrl& url, memcached_return_t rc) {
+  const std::string why = memcached_last_error_message(mc);
+  // VERSION reports a failed SASL exchange as a plain failure; the last error says what it was.
+  const memcached_return_t last = memcached_last_error(mc);
+  memcached_free(mc);
+  if (auth_result(rc) || auth_result(last)) {
+    throw Error(ErrorCode::kPermission,
+                "authentication failed at " + ep.to_string() + " as user '" + url.user +
+                    "' with the password from " + url.password_source() + ": the server answered " +
+                    memcached_strerror(nullptr, auth_result(rc) ? rc : last) +
+                    "; check the user name and the password (SASL PLAIN)");
+  }
+  throw Error(ErrorCode::kNotAvailable, "connect " + ep.to_string() + ": " + why);
 }
 
 }  // namespace
 
 std::unique_ptr<StoreConnection> connect_memcached(const RemoteEndpoint& endpoint,
+                                                   const RemoteUrl& url,
                                                    RemoteClock::time_point deadline) {
-  memcached_st* mc = make_client(endpoint, std::max(1L, remaining_ms(deadline)));
+  memcached_st* mc = make_client(endpoint, url, std::max(1L, remaining_ms(deadline)));
   // libmemcached connects lazily; VERSION makes the connect (and its failure) happen now.
   const memcached_return_t rc = memcached_version(mc);
-  if (rc != MEMCACHED_SUCCESS) {
-    const std::string why = memcached_last_error_message(mc);
-    memcached_free(mc);
-    throw Error(ErrorCode::kNotAvailable, "connect " + endpoint.to_string() + ": " + why);
-  }
+  if (rc != MEMCACHED_SUCCESS) throw_connect_failure(mc, endpoint, url, rc);
   return std::make_unique<MemcachedConnection>(mc);
 }
 
-MemcachedProbe probe_memcached(const RemoteEndpoint& endpoint, std::chrono::milliseconds timeout) {
-  memcached_st* mc = make_client(endpoint, static_cast<long>(timeout.count()));
+MemcachedProbe probe_memcached(const RemoteEndpoint& endpoint, const RemoteUrl& url,
+                               std::chrono::milliseconds timeout) {
+  memcached_st* mc = make_client(endpoint, url, static_cast<long>(timeout.count()));
   MemcachedProbe p;
   const auto t0 = RemoteClock::now();
   const memcached_return_t rc = memcached_version(mc);
   p.rtt_ms = std::chrono::duration<double, std::milli>(RemoteClock::now() - t0).count();
-  if (rc != MEMCACHED_SUCCESS) {
-    const std::string why = memcached_last_error_message(mc);
-    memcached_free(mc);
-    throw Error(ErrorCode::kNotAvailable, "connect " + endpoint.to_string() + ": " + why);
-  }
+  if (rc != MEMCACHED_SUCCESS) throw_connect_failure(mc, endpoint, url, rc);
   const memcached_instance_st* s = memcached_server_instance_by_position(mc, 0);
   if (s != nullptr) {
     p.version = std::to_string(memcached_server_major_version(s)) + "." +

@@ -221,13 +221,30 @@ class CircuitBreaker {
   RemoteClock::time_point retry_at_{};
 };
 
-// Connections (remote_redis*.cpp, remote_memcached.cpp). Throw kvoffload::Error on failure.
-// `pool` (may be null: plain malloc) holds GET values; it must outlive the connection's values.
-std::unique_ptr<StoreConnection> connect_redis(const RemoteEndpoint& endpoint, unsigned db,
+// Connections (remote_redis*.cpp, remote_memcached.cpp). Throw kvoffload::Error on failure:
+// kPermission when the store refuses the credentials (or their absence) or, over TLS, its
+// certificate does not verify; kNotAvailable when it cannot be reached. `url` gives the db, the
+// credentials and TLS. `pool` (may be null: plain malloc) holds GET values; it must outlive the
+// connection's values.
+std::unique_ptr<StoreConnection> connect_redis(const RemoteEndpoint& endpoint, const RemoteUrl& url,
                                                RemoteClock::time_point deadline,
                                                ValuePool* pool = nullptr);
 std::unique_ptr<StoreConnection> connect_memcached(const RemoteEndpoint& endpoint,
+                                                   const RemoteUrl& url,
                                                    RemoteClock::time_point deadline);
+// connect_redis, then one PING: a server that wants a password the URL does not give answers
+// NOAUTH only to a command, so connecting alone cannot tell.
+void verify_redis(const RemoteEndpoint& endpoint, const RemoteUrl& url,
+                  RemoteClock::time_point deadline);
+
+// A server's error reply that refuses the client's credentials: NOAUTH, WRONGPASS, NOPERM, and
+// the ERR forms of AUTH refusals (a password sent to a server without one, Redis < 6's
+// "invalid password").
+bool is_auth_refusal(std::string_view reply) noexcept;
+// The message of an authentication failure at `endpoint`: who tried (user, where the password
+// came from), what the server answered, and what to do.
+std::string auth_failure_text(const RemoteEndpoint& endpoint, const RemoteUrl& url,
+                              std::string_view answer);
 
 // A parsed CLUSTER SLOTS range.
 struct SlotRange {
@@ -241,15 +258,16 @@ struct RedisProbe {
   bool cluster_enabled = false;
   std::string role;
 };
-RedisProbe probe_redis(const RemoteEndpoint& endpoint, unsigned db,
+RedisProbe probe_redis(const RemoteEndpoint& endpoint, const RemoteUrl& url,
                        std::chrono::milliseconds timeout);
-std::vector<SlotRange> cluster_slots(const RemoteEndpoint& endpoint,
+std::vector<SlotRange> cluster_slots(const RemoteEndpoint& endpoint, const RemoteUrl& url,
                                      std::chrono::milliseconds timeout);
 struct MemcachedProbe {
   double rtt_ms = 0;
   std::string version;
   std::uint64_t item_size_max = 0;  // 0: unknown
 };
-MemcachedProbe probe_memcached(const RemoteEndpoint& endpoint, std::chrono::milliseconds timeout);
+MemcachedProbe probe_memcached(const RemoteEndpoint& endpoint, const RemoteUrl& url,
+                               std::chrono::milliseconds timeout);
 
 }  // namespace kvoffload::detail

@@ -111,6 +111,7 @@ bool RedisConnection::write_requests(std::span<ValueOp* const> ops,
 
 bool RedisConnection::write_all(iovec* iov, std::size_t count, RemoteClock::time_point deadline,
                                 std::string& error) {
+  if (tls_) return tls_->write_all(iov, count, deadline, error);
   while (count > 0) {
     // Send first and wait (poll) only for a full socket buffer: one syscall per send, not two.
     if (RemoteClock::now() >= deadline) {
@@ -144,7 +145,54 @@ bool RedisConnection::write_all(iovec* iov, std::size_t count, RemoteClock::time
   return true;
 }
 
-std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, unsigned db,
+bool is_auth_refusal(std::string_view reply) noexcept {
+  if (reply.starts_with("NOAUTH") || reply.starts_with("WRONGPASS") ||
+      reply.starts_with("NOPERM")) {
+    return true;
+  }
+  // "ERR AUTH <password> called without any password configured for the default user" (Redis
+  // 6+), "ERR Client sent AUTH, but no password is set" and "ERR invalid password" (Redis < 6).
+  return reply.starts_with("ERR") && (reply.find("AUTH") != std::string_view::npos ||
+                                      reply.find("invalid password") != std::string_view::npos);
+}
+
+std::string auth_failure_text(const RemoteEndpoint& endpoint, const RemoteUrl& url,
+                              std::string_view answer) {
+  std::string who;
+  if (url.authenticates()) {
+    who = " as " +
+          (url.user.empty() ? std::string("the default user") : "user '" + url.user + "'") +
+          " with the password from " + url.password_source();
+  } else {
+    who = " without a password";
+  }
+  std::string hint;
+  if (answer.starts_with("NOAUTH")) {
+    hint =
+        "; the server wants a password: redis://:PASSWORD@host:port (or user:PASSWORD@ for an "
+        "ACL user), or password_file= / password_env=";
+  } else if (answer.starts_with("WRONGPASS") || answer.find("invalid password") != answer.npos) {
+    hint = "; check the user name and the password";
+  } else if (answer.starts_with("NOPERM")) {
+    hint =
+        "; the ACL user may not run the commands the tier needs (GET, SET, EXISTS, PING, "
+        "SELECT, CLUSTER SLOTS, INFO, ROLE) on keys kvo1:*";
+  } else if (answer.find("without any password configured") != answer.npos ||
+             answer.find("no password is set") != answer.npos) {
+    hint = "; the server has no password: drop the credentials from the URL";
+  }
+  return "authentication failed at " + endpoint.to_string() + who + ": the server answered " +
+         std::string(answer) + hint;
+}
+
+void throw_reply_error(const RemoteEndpoint& ep, const RemoteUrl& url, const std::string& what,
+                       std::string_view reply, ErrorCode code) {
+  if (is_auth_refusal(reply))
+    throw Error(ErrorCode::kPermission, auth_failure_text(ep, url, reply));
+  throw Error(code, what + " on " + ep.to_string() + ": " + std::string(reply));
+}
+
+std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, const RemoteUrl& url,
                                             RemoteClock::time_point deadline, ValuePool* pool) {
   const int ms = std::max(1, remaining_ms(deadline));
   const timeval tv{ms / 1000, (ms % 1000) * 1000};
@@ -157,21 +205,50 @@ std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, unsigned d
     throw Error(ErrorCode::kNotAvailable, "connect " + ep.to_string() + ": " + why);
   }
   auto conn = std::make_unique<RedisConnection>(c, pool);
-  if (db != 0) {
-    std::string error;
-    ReplyPtr r = conn->command({"SELECT", std::to_string(db)}, deadline, error);
-    if (!r || r->type == REDIS_REPLY_ERROR) {
-      throw Error(ErrorCode::kNotAvailable, "SELECT " + std::to_string(db) + " on " +
-                                                ep.to_string() + ": " +
-                                                (r ? std::string(r->str, r->len) : error));
+  if (url.tls.enabled) conn->start_tls(url.tls, ep, deadline);
+  std::string error;
+  auto reply_text = [](const ReplyPtr& r) { return std::string(r->str, r->len); };
+  if (url.authenticates()) {
+    ReplyPtr r = url.user.empty()
+                     ? conn->command({"AUTH", url.password.reveal()}, deadline, error)
+                     : conn->command({"AUTH", url.user, url.password.reveal()}, deadline, error);
+    if (!r) throw Error(ErrorCode::kNotAvailable, "AUTH on " + ep.to_string() + ": " + error);
+    if (r->type == REDIS_REPLY_ERROR) {
+      // Whatever the refusal says, it refuses these credentials.
+      throw Error(ErrorCode::kPermission, auth_failure_text(ep, url, reply_text(r)));
+    }
+  }
+  if (url.db != 0) {
+    ReplyPtr r = conn->command({"SELECT", std::to_string(url.db)}, deadline, error);
+    if (!r) {
+      throw Error(ErrorCode::kNotAvailable,
+                  "SELECT " + std::to_string(url.db) + " on " + ep.to_string() + ": " + error);
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+      throw_reply_error(ep, url, "SELECT " + std::to_string(url.db), reply_text(r),
+                        ErrorCode::kNotAvailable);
     }
   }
   return conn;
 }
 
-std::unique_ptr<StoreConnection> connect_redis(const RemoteEndpoint& endpoint, unsigned db,
+std::unique_ptr<StoreConnection> connect_redis(const RemoteEndpoint& endpoint, const RemoteUrl& url,
                                                RemoteClock::time_point deadline, ValuePool* pool) {
-  return open_redis(endpoint, db, deadline, pool);
+  return open_redis(endpoint, url, deadline, pool);
+}
+
+void verify_redis(const RemoteEndpoint& endpoint, const RemoteUrl& url,
+                  RemoteClock::time_point deadline) {
+  auto conn = open_redis(endpoint, url, deadline);
+  std::string error;
+  ReplyPtr r = conn->command({"PING"}, deadline, error);
+  if (!r) throw Error(ErrorCode::kNotAvailable, "PING " + endpoint.to_string() + ": " + error);
+  // Only a refusal of the credentials matters here; what else a server answers to PING is for
+  // `remote check` to judge.
+  if (r->type == REDIS_REPLY_ERROR && is_auth_refusal(std::string_view(r->str, r->len))) {
+    throw Error(ErrorCode::kPermission,
+                auth_failure_text(endpoint, url, std::string_view(r->str, r->len)));
+  }
 }
 
 }  // namespace kvoffload::detail

@@ -19,7 +19,10 @@
 
 #include <hiredis/hiredis.h>
 
+#include <kvoffload/error.hpp>
+
 #include "remote_ops.hpp"
+#include "remote_tls.hpp"
 
 namespace kvoffload::detail {
 
@@ -39,7 +42,16 @@ inline int remaining_ms(RemoteClock::time_point deadline) {
 class RedisConnection final : public StoreConnection {
  public:
   RedisConnection(redisContext* c, ValuePool* pool) : c_(c), pool_(pool), buffer_(256 * 1024) {}
-  ~RedisConnection() override { redisFree(c_); }
+  ~RedisConnection() override {
+    tls_.reset();  // its close_notify goes out before the socket closes
+    redisFree(c_);
+  }
+
+  // From now on every byte goes through TLS (rediss://): handshakes on the connected socket.
+  void start_tls(const RemoteTls& tls, const RemoteEndpoint& endpoint,
+                 RemoteClock::time_point deadline) {
+    tls_ = std::make_unique<TlsStream>(c_->fd, tls, endpoint, deadline);
+  }
 
   bool run(std::span<ValueOp* const> ops, RemoteClock::time_point deadline,
            std::string& error) override;
@@ -69,6 +81,7 @@ class RedisConnection final : public StoreConnection {
   static void apply_error(ValueOp& op, std::string_view text);
 
   redisContext* c_;
+  std::unique_ptr<TlsStream> tls_;  // null: plain TCP
   ValuePool* pool_;
   ValuePool plain_{0, 0};     // without a tier's pool: keeps nothing, frees every buffer
   std::vector<char> buffer_;  // hiredis reader input (command())
@@ -78,9 +91,16 @@ class RedisConnection final : public StoreConnection {
   std::vector<iovec> iov_;
 };
 
-// Connects (and SELECTs `db`) before `deadline`; throws Error(kNotAvailable) when it cannot.
-std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, unsigned db,
+// Connects, handshakes TLS (rediss), authenticates (AUTH [user] password) and SELECTs the URL's
+// db before `deadline`. Throws Error: kNotAvailable when it cannot reach the server, kPermission
+// when the server refuses the credentials or (TLS) its certificate does not verify.
+std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, const RemoteUrl& url,
                                             RemoteClock::time_point deadline,
                                             ValuePool* pool = nullptr);
+// An error reply as the exception it means: kPermission (auth_failure_text) for a refusal of the
+// credentials, else `code` with "<what> on <ep>: <reply>".
+[[noreturn]] void throw_reply_error(const RemoteEndpoint& ep, const RemoteUrl& url,
+                                    const std::string& what, std::string_view reply,
+                                    ErrorCode code);
 
 }  // namespace kvoffload::detail

@@ -16,17 +16,17 @@ std::string reply_text(const redisReply* r) {
 
 }  // namespace
 
-RedisProbe probe_redis(const RemoteEndpoint& endpoint, unsigned db,
+RedisProbe probe_redis(const RemoteEndpoint& endpoint, const RemoteUrl& url,
                        std::chrono::milliseconds timeout) {
   const auto deadline = RemoteClock::now() + timeout;
-  auto conn = open_redis(endpoint, db, deadline);
+  auto conn = open_redis(endpoint, url, deadline);
   RedisProbe p;
   std::string error;
   const auto t0 = RemoteClock::now();
   ReplyPtr pong = conn->command({"PING"}, deadline, error);
-  if (!pong || pong->type == REDIS_REPLY_ERROR) {
-    throw Error(ErrorCode::kNotAvailable,
-                "PING " + endpoint.to_string() + ": " + (pong ? reply_text(pong.get()) : error));
+  if (!pong) throw Error(ErrorCode::kNotAvailable, "PING " + endpoint.to_string() + ": " + error);
+  if (pong->type == REDIS_REPLY_ERROR) {
+    throw_reply_error(endpoint, url, "PING", reply_text(pong.get()), ErrorCode::kNotAvailable);
   }
   p.rtt_ms = std::chrono::duration<double, std::milli>(RemoteClock::now() - t0).count();
   ReplyPtr info = conn->command({"INFO", "server"}, deadline, error);
@@ -49,15 +49,20 @@ RedisProbe probe_redis(const RemoteEndpoint& endpoint, unsigned db,
   return p;
 }
 
-std::vector<SlotRange> cluster_slots(const RemoteEndpoint& endpoint,
+std::vector<SlotRange> cluster_slots(const RemoteEndpoint& endpoint, const RemoteUrl& url,
                                      std::chrono::milliseconds timeout) {
   const auto deadline = RemoteClock::now() + timeout;
-  auto conn = open_redis(endpoint, 0, deadline);
+  RemoteUrl no_db = url;  // a cluster has no databases
+  no_db.db = 0;
+  auto conn = open_redis(endpoint, no_db, deadline);
   std::string error;
   ReplyPtr r = conn->command({"CLUSTER", "SLOTS"}, deadline, error);
   if (!r)
     throw Error(ErrorCode::kNotAvailable,
                 "CLUSTER SLOTS on " + endpoint.to_string() + ": " + error);
+  if (r->type == REDIS_REPLY_ERROR && is_auth_refusal(reply_text(r.get()))) {
+    throw Error(ErrorCode::kPermission, auth_failure_text(endpoint, url, reply_text(r.get())));
+  }
   if (r->type == REDIS_REPLY_ERROR) {
     throw Error(ErrorCode::kMismatch,
                 "CLUSTER SLOTS on " + endpoint.to_string() + ": " + reply_text(r.get()) +

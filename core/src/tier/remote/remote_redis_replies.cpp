@@ -92,6 +92,7 @@ ssize_t RedisConnection::recv_some(char* dst, std::size_t len, RemoteClock::time
       error = "deadline passed waiting for a reply";
       return -1;
     }
+    if (tls_) return tls_->read_some(dst, len, deadline, error);
     const ssize_t n = ::recv(c_->fd, dst, len, MSG_DONTWAIT);
     if (n > 0) return n;
     if (n == 0) {
@@ -168,6 +169,12 @@ bool RedisConnection::read_value_reply(ValueOp& op, RemoteClock::time_point dead
   const char type = line.front();
   const std::string_view rest = line.substr(1);
   if (type == '-') {
+    if (is_auth_refusal(rest)) {
+      // Every later command on this connection is refused too: the connection fails (and is
+      // reopened, with AUTH, by the worker).
+      error = "authentication failed: the server answered " + std::string(rest);
+      return false;
+    }
     apply_error(op, rest);
     return true;
   }

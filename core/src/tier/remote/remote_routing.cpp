@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
 
 #include "remote_tier_impl.hpp"
@@ -55,6 +56,21 @@ std::uint32_t RemoteTier::Impl::route(const StoreKey& key) {
   return kNoNode;
 }
 
+bool RemoteTier::Impl::is_auth_failure(const std::exception& e) noexcept {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  return error != nullptr && error->code() == ErrorCode::kPermission;
+}
+
+bool RemoteTier::Impl::is_auth_failure(const std::string& error) noexcept {
+  return error.find("authentication failed") != std::string::npos;
+}
+
+void RemoteTier::Impl::auth_failed(const std::string& why) {
+  ++auth_failures;
+  std::lock_guard lock(auth_mutex);
+  if (first_auth_failure.empty()) first_auth_failure = why;
+}
+
 void RemoteTier::Impl::node_failed(Node& node, const std::string& error) {
   node.generation.fetch_add(1);
   if (node.breaker.on_failure(RemoteClock::now())) {
@@ -96,7 +112,8 @@ bool RemoteTier::Impl::refresh_map() {
   std::string errors;
   for (const auto& ep : candidates) {
     try {
-      const std::vector<SlotRange> ranges = cluster_slots(ep, o.connect_timeout + o.lookup_timeout);
+      const std::vector<SlotRange> ranges =
+          cluster_slots(ep, o.url, o.connect_timeout + o.lookup_timeout);
       if (ranges.empty()) {
         errors += " " + ep.to_string() + ": no slots assigned;";
         continue;
@@ -113,6 +130,7 @@ bool RemoteTier::Impl::refresh_map() {
       ++map_refreshes;
       return true;
     } catch (const std::exception& e) {
+      if (is_auth_failure(e)) auth_failed(e.what());
       errors += std::string(" ") + e.what() + ";";
     }
   }

@@ -59,7 +59,14 @@ void RemoteTier::Impl::start() {
   }
   if (o.url.kind == RemoteKind::kRedisCluster) {
     for (const auto& ep : o.url.nodes) (void)node_for(ep);
-    if (!refresh_map()) {
+    const bool mapped = refresh_map();
+    if (auth_failures > 0) {
+      // A cluster that refuses the credentials refuses them on every node: fail now, not with
+      // a run of misses.
+      std::lock_guard lock(auth_mutex);
+      throw Error(ErrorCode::kPermission, "remote tier " + o.name + ": " + first_auth_failure);
+    }
+    if (!mapped) {
       log().warn("remote tier {}: the cluster at {} is unreachable; chunks miss until it answers",
                  o.name, o.url.to_string());
     }
@@ -67,14 +74,28 @@ void RemoteTier::Impl::start() {
     return;
   }
   for (const auto& ep : o.url.nodes) (void)node_for(ep);
-  // Probe each node once: an unreachable store warns and degrades (its circuit opens).
+  // Probe each node once: an unreachable store warns and degrades (its circuit opens); one that
+  // refuses the credentials (or their absence), or whose certificate does not verify, is a
+  // misconfiguration and fails the open.
   for (std::uint32_t n = 0; n < o.url.nodes.size(); ++n) {
     Node& node = *node_at(n);
     try {
       const auto deadline = RemoteClock::now() + o.connect_timeout;
-      (void)(o.url.kind == RemoteKind::kMemcached
-                 ? connect_memcached(node.endpoint, deadline)
-                 : connect_redis(node.endpoint, o.url.db, deadline));
+      if (o.url.kind == RemoteKind::kMemcached) {
+        (void)connect_memcached(node.endpoint, o.url, deadline);
+      } else {
+        verify_redis(node.endpoint, o.url, deadline);
+      }
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kPermission || e.code() == ErrorCode::kInvalidArgument) {
+        throw Error(e.code(), "remote tier " + o.name + ": " + e.what());
+      }
+      log().warn(
+          "remote tier {}: {} is unreachable at start ({}); its chunks miss until it answers",
+          o.name, node.name, e.what());
+      for (unsigned f = 0; f < o.breaker_failures; ++f) {
+        if (node.breaker.on_failure(RemoteClock::now())) ++breaker_opens;
+      }
     } catch (const std::exception& e) {
       log().warn(
           "remote tier {}: {} is unreachable at start ({}); its chunks miss until it answers",
@@ -237,10 +258,16 @@ RemoteStats RemoteTier::remote_stats() const {
   s.map_refreshes = m.map_refreshes;
   s.tasks = m.tasks_sent;
   s.breaker_opens = m.breaker_opens;
+  s.auth_failures = m.auth_failures;
   std::shared_lock lock(m.nodes_mutex);
   s.nodes = m.nodes.size();
   for (const auto& n : m.nodes) s.nodes_open += n->breaker.open() ? 1 : 0;
   return s;
+}
+
+std::string RemoteTier::first_auth_failure() const {
+  std::lock_guard lock(impl_->auth_mutex);
+  return impl_->first_auth_failure;
 }
 
 TierStats RemoteTier::stats() const {

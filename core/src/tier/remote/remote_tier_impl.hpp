@@ -139,7 +139,15 @@ struct __attribute__((visibility("hidden"))) RemoteTier::Impl {
   std::atomic<std::uint64_t> stored{0}, put_errors{0}, loaded{0}, get_misses{0}, corrupt{0},
       get_errors{0}, lookups{0}, lookup_present{0}, lookup_absent{0}, lookup_timeouts{0},
       lookup_errors{0}, redirects{0}, map_refreshes{0}, breaker_opens{0}, in_flight{0},
-      tasks_sent{0};
+      tasks_sent{0}, auth_failures{0};
+  mutable std::mutex auth_mutex;
+  std::string first_auth_failure;  // auth_mutex; the first refusal of the credentials
+
+  // Counts a refusal of the credentials (a connect that threw kPermission, a NOAUTH reply).
+  void auth_failed(const std::string& why);
+  // Whether a connect's exception or a connection's error text is such a refusal.
+  static bool is_auth_failure(const std::exception& e) noexcept;
+  static bool is_auth_failure(const std::string& error) noexcept;
 
   explicit Impl(const RemoteTierOptions& options);
 

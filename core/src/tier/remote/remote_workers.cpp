@@ -49,9 +49,10 @@ void RemoteTier::Impl::process(Node& node, Task& task, WorkerConnection& wc,
       wc.generation = node.generation.load();
       const auto deadline = std::min(ctx->deadline, now + o.connect_timeout);
       conn = o.url.kind == RemoteKind::kMemcached
-                 ? connect_memcached(node.endpoint, deadline)
-                 : connect_redis(node.endpoint, o.url.db, deadline, pool.get());
+                 ? connect_memcached(node.endpoint, o.url, deadline)
+                 : connect_redis(node.endpoint, o.url, deadline, pool.get());
     } catch (const std::exception& e) {
+      if (is_auth_failure(e)) auth_failed(e.what());
       node_failed(node, e.what());
       for (const std::uint32_t i : task.ops) fail_op(ctx, i, e.what());
       return;
@@ -71,6 +72,7 @@ void RemoteTier::Impl::process(Node& node, Task& task, WorkerConnection& wc,
   const bool ok = conn->run(ptrs, ctx->deadline, error);
   if (!ok) {
     conn.reset();
+    if (is_auth_failure(error)) auth_failed("node " + node.name + ": " + error);
     node_failed(node, error);
   } else {
     node.breaker.on_success();
