@@ -359,6 +359,50 @@ TEST_F(RunTest, ASecondRunWithTheSameEngineIdIsRefusedAndTheFirstIsUndisturbed) 
   EXPECT_TRUE(shm_empty());
 }
 
+// The rank processes of run `job`, in the order they were spawned (rank 0 first).
+std::vector<pid_t> rank_pids(pid_t job) {
+  std::vector<pid_t> pids;
+  std::ifstream in("/proc/" + std::to_string(job) + "/task/" + std::to_string(job) + "/children");
+  for (pid_t p = 0; in >> p;) pids.push_back(p);
+  return pids;
+}
+
+// Note [Run stopped early]: SIGKILL of a real rank mid-run. The run fails quickly, names the rank,
+// its PID and the signal from the wait status, and still reports what it measured: the text
+// summary, and the --json report with an `error` member.
+TEST_F(RunTest, AKilledRankIsNamedWithPidAndSignalAndTheRunStillReports) {
+  for (const bool as_json : {false, true}) {
+    SCOPED_TRACE(as_json ? "--json" : "text");
+    const std::string tag = as_json ? "j" : "t";
+    std::vector<std::string> args = {"--backend", "host", "--duration", "60", "--world-size", "2"};
+    if (as_json) args.push_back("--json");
+    ChildProcess& job = start(args, tag);
+    for (int i = 0; i < 400 && err(tag).find("run:") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_THAT(err(tag), HasSubstr("run:")) << "the run is serving";
+    const std::vector<pid_t> pids = rank_pids(job.pid());
+    ASSERT_EQ(pids.size(), 2U);
+    ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+    EXPECT_EQ(finish(job), 1) << err(tag);
+    const std::string named =
+        "rank 1 (PID " + std::to_string(pids[1]) + ") was killed by signal 9 (SIGKILL)";
+    EXPECT_THAT(err(tag), HasSubstr(named));
+    if (as_json) {
+      const json r = report(tag);
+      ASSERT_TRUE(r.contains("error")) << r.dump();
+      EXPECT_THAT(r["error"]["message"].get<std::string>(), HasSubstr(named));
+      EXPECT_GT(r["requests"].get<std::uint64_t>(), 0U) << "what was measured is reported";
+      EXPECT_EQ(r["mismatched_bytes"], 0);
+      EXPECT_TRUE(r["region_removed"].get<bool>());
+    } else {
+      EXPECT_THAT(out(tag), HasSubstr("kvoffload run: engine "));
+      EXPECT_THAT(out(tag), HasSubstr("  requests        "));
+    }
+    EXPECT_TRUE(shm_empty()) << "the region is removed after a lost rank too";
+  }
+}
+
 // One rule for junk (Note [What is ours to remove]): `region clean` and `run` judge the same
 // entries alike. An 8-byte file nothing holds and a bad-magic file are both "not a region":
 // clean skips them (never "kept (in use)") and run refuses with the same reason instead of
