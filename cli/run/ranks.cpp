@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -60,18 +61,56 @@ void stop_ranks(std::vector<RankProcess>& ranks, bool graceful, nlohmann::json* 
     if (r.channel) r.channel->close();  // EOF ends a rank that did not get "exit"
   }
   for (auto& r : ranks) {
-    if (r.pid <= 0) continue;
+    if (r.pid <= 0 || r.wait_status) continue;
     int status = 0;
     for (int i = 0; i < 300; ++i) {  // up to 30 s, then SIGKILL
       const pid_t done = ::waitpid(r.pid, &status, WNOHANG);
-      if (done == r.pid || done < 0) break;
+      if (done == r.pid) {
+        r.wait_status = status;
+        break;
+      }
+      if (done < 0) break;
       if (i == 299) {
         ::kill(r.pid, SIGKILL);
-        ::waitpid(r.pid, &status, 0);
+        if (::waitpid(r.pid, &status, 0) == r.pid) r.wait_status = status;
       }
       ::usleep(100'000);
     }
-    r.pid = -1;
+  }
+}
+
+std::string describe_wait_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = ::sigabbrev_np(sig);
+    return "was killed by signal " + std::to_string(sig) +
+           (abbrev != nullptr ? " (SIG" + std::string(abbrev) + ")" : std::string()) +
+           (WCOREDUMP(status) ? ", core dumped" : "");
+  }
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  return "ended with wait status " + std::to_string(status);
+}
+
+std::string describe_lost_ranks(const std::vector<RankProcess>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const RankProcess& r = ranks[i];
+    if (!r.lost) continue;
+    out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(i) + " (PID " +
+           std::to_string(r.pid) + ") " +
+           (r.wait_status ? describe_wait_status(*r.wait_status)
+                          : std::string("closed its channel and could not be reaped"));
+  }
+  return out;
+}
+
+void send_to(RankProcess& rank, std::uint32_t index, const nlohmann::json& message) {
+  try {
+    rank.channel->send(message);
+  } catch (const Error& e) {
+    rank.lost = true;
+    throw Error(e.code(), "rank " + std::to_string(index) + ": " + e.what(), e.sys_errno(),
+                e.call());
   }
 }
 
@@ -82,6 +121,7 @@ nlohmann::json receive_from(RankProcess& rank, std::uint32_t index, std::chrono:
     try {
       m = rank.channel->receive(std::chrono::milliseconds(200));
     } catch (const Error& e) {
+      rank.lost = true;
       throw Error(e.code(), "rank " + std::to_string(index) + ": " + e.what(), e.sys_errno(),
                   e.call());
     }

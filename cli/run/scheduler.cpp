@@ -59,6 +59,11 @@ nlohmann::json job_json(std::uint64_t job, const Slots& slots,
 // paced: it waits (paced_seconds) until the rows ready on every rank can hold one request, and
 // then serves while the rest of the pool comes up. The report keeps the requests served while the
 // pool was coming up apart from those served once it was ready on every rank.
+// Note [Run stopped early]: a rank can die under the run (SIGKILL, the OOM killer, a crash). The
+// scheduler learns it from the rank's channel (EOF or ECONNRESET on the next receive or send),
+// stops the other ranks, reaps them all, and names the lost rank with its PID and what its wait
+// status says (killed by signal N, exited with status N). The run then reports what it measured
+// up to that point, as text and as the --json report with an `error` member, and exits 1.
 struct Phase {
   std::uint64_t requests = 0, chunks_looked_up = 0, hits = 0, cannot_store = 0;
 
@@ -196,11 +201,12 @@ RunOutcome run_scheduler(const RunConfig& config) {
   nlohmann::json byes = nlohmann::json::array();
   nlohmann::json rank_reports = nlohmann::json::array();
   bool graceful = true;
+  std::string stopped_early;  // why the run ended before its end (a rank died, a failure)
   const std::uint64_t need = config.max_request_chunks();
   try {
     ranks = spawn_ranks(config.world_size);
     for (std::uint32_t r = 0; r < config.world_size; ++r) {
-      ranks[r].channel->send({{"op", "config"}, {"rank", r}, {"config", config}});
+      send_to(ranks[r], r, {{"op", "config"}, {"rank", r}, {"config", config}});
     }
     for (std::uint32_t r = 0; r < config.world_size; ++r) {
       rank_reports.push_back(receive_from(ranks[r], r, std::chrono::seconds(120)));
@@ -356,7 +362,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
         continue;
       }
 
-      for (auto& r : ranks) r.channel->send(request);
+      for (std::uint32_t r = 0; r < config.world_size; ++r) send_to(ranks[r], r, request);
       bool load_ok = true;
       bool store_ok = true;
       double load_s = 0, store_s = 0;
@@ -432,14 +438,20 @@ RunOutcome run_scheduler(const RunConfig& config) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-  } catch (...) {
+  } catch (const std::exception& e) {
+    // A rank died (SIGKILL, a crash) or the scheduler failed mid-run: stop the others, then
+    // report what was measured until then with the cause (Note [Run stopped early]).
     graceful = false;
-    stop_ranks(ranks, false);
-    stack->close();
-    throw;
+    stopped_early = e.what();
   }
 
   stop_ranks(ranks, graceful, &byes);
+  if (!stopped_early.empty()) {
+    // Note [Run stopped early]: the channel error ("closed its channel", ECONNRESET) says only
+    // that a rank is gone; its wait status says which rank, which PID and how it ended.
+    const std::string lost = describe_lost_ranks(ranks);
+    if (!lost.empty()) stopped_early = lost + " (the scheduler saw: " + stopped_early + ")";
+  }
   const std::string never_ready_verdict =
       never_serves ? never_serves_verdict(config.world_size, byes, stack->region(), need)
                    : std::string();
@@ -550,7 +562,15 @@ RunOutcome run_scheduler(const RunConfig& config) {
   report["rank_bringup"] = byes;
 
   RunOutcome outcome{report, 0, {}, false};
-  if (interrupted()) {
+  if (!stopped_early.empty()) {
+    outcome.exit_code = 1;
+    char after[64];
+    (void)std::snprintf(after, sizeof after, "stopped after %.1f s and %llu requests: ", seconds,
+                        static_cast<unsigned long long>(t.requests));
+    outcome.failure = after + stopped_early;
+    // Before the first request there is nothing measured to show: the line says it all.
+    outcome.verdict_only = t.requests == 0;
+  } else if (interrupted()) {
     outcome.exit_code = 130;
   } else if (!never_ready_verdict.empty()) {
     outcome.exit_code = 1;

@@ -412,7 +412,10 @@ TEST(Region, AnotherUsersRegionIsRefusedAndNeverReclaimed) {
   EXPECT_THAT(e.what(), AllOf(HasSubstr("uid 12345"), HasSubstr(path.string())));
   const auto cleaned = clean_regions(dir.path());
   EXPECT_TRUE(cleaned.removed.empty());
-  EXPECT_THAT(cleaned.kept, ElementsAre(path));
+  EXPECT_TRUE(cleaned.kept.empty());  // kept means in use; this one is not ours (skipped)
+  ASSERT_EQ(cleaned.skipped.size(), 1U);
+  EXPECT_EQ(cleaned.skipped[0].path, path);
+  EXPECT_THAT(cleaned.skipped[0].reason, HasSubstr("uid 12345"));
   EXPECT_TRUE(std::filesystem::exists(path));
 }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -355,6 +356,96 @@ TEST_F(RunTest, ASecondRunWithTheSameEngineIdIsRefusedAndTheFirstIsUndisturbed) 
   EXPECT_EQ(r["mismatched_bytes"], 0);
   EXPECT_EQ(r["failed_jobs"], 0);
   EXPECT_TRUE(r["region_removed"].get<bool>());
+  EXPECT_TRUE(shm_empty());
+}
+
+// The rank processes of run `job`, in the order they were spawned (rank 0 first).
+std::vector<pid_t> rank_pids(pid_t job) {
+  std::vector<pid_t> pids;
+  std::ifstream in("/proc/" + std::to_string(job) + "/task/" + std::to_string(job) + "/children");
+  for (pid_t p = 0; in >> p;) pids.push_back(p);
+  return pids;
+}
+
+// Note [Run stopped early]: SIGKILL of a real rank mid-run. The run fails quickly, names the rank,
+// its PID and the signal from the wait status, and still reports what it measured: the text
+// summary, and the --json report with an `error` member.
+TEST_F(RunTest, AKilledRankIsNamedWithPidAndSignalAndTheRunStillReports) {
+  for (const bool as_json : {false, true}) {
+    SCOPED_TRACE(as_json ? "--json" : "text");
+    const std::string tag = as_json ? "j" : "t";
+    std::vector<std::string> args = {"--backend", "host", "--duration", "60", "--world-size", "2"};
+    if (as_json) args.push_back("--json");
+    ChildProcess& job = start(args, tag);
+    for (int i = 0; i < 400 && err(tag).find("run:") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_THAT(err(tag), HasSubstr("run:")) << "the run is serving";
+    const std::vector<pid_t> pids = rank_pids(job.pid());
+    ASSERT_EQ(pids.size(), 2U);
+    ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+    EXPECT_EQ(finish(job), 1) << err(tag);
+    const std::string named =
+        "rank 1 (PID " + std::to_string(pids[1]) + ") was killed by signal 9 (SIGKILL)";
+    EXPECT_THAT(err(tag), HasSubstr(named));
+    if (as_json) {
+      const json r = report(tag);
+      ASSERT_TRUE(r.contains("error")) << r.dump();
+      EXPECT_THAT(r["error"]["message"].get<std::string>(), HasSubstr(named));
+      EXPECT_GT(r["requests"].get<std::uint64_t>(), 0U) << "what was measured is reported";
+      EXPECT_EQ(r["mismatched_bytes"], 0);
+      EXPECT_TRUE(r["region_removed"].get<bool>());
+    } else {
+      EXPECT_THAT(out(tag), HasSubstr("kvoffload run: engine "));
+      EXPECT_THAT(out(tag), HasSubstr("  requests        "));
+    }
+    EXPECT_TRUE(shm_empty()) << "the region is removed after a lost rank too";
+  }
+}
+
+// One rule for junk (Note [What is ours to remove]): `region clean` and `run` judge the same
+// entries alike. An 8-byte file nothing holds and a bad-magic file are both "not a region":
+// clean skips them (never "kept (in use)") and run refuses with the same reason instead of
+// deleting one as stale; an intact stale region is removed by clean and reclaimed by run.
+TEST_F(RunTest, RunAndRegionCleanAgreeOnWhatIsJunk) {
+  const auto put = [&](const std::string& id, const std::string& bytes, fs::perms mode) {
+    const fs::path p = shm_ / ("kvoffload_" + id + ".region");
+    { std::ofstream(p, std::ios::binary) << bytes; }
+    fs::permissions(p, mode);
+    return p;
+  };
+  const fs::path eight = put("eight", "12345678",
+                             fs::perms::owner_read | fs::perms::owner_write |
+                                 fs::perms::group_read | fs::perms::others_read);
+  const fs::path magic =
+      put("magic", std::string(65536, 'x'), fs::perms::owner_read | fs::perms::owner_write);
+
+  ChildSpec clean;
+  clean.args = {"region", "clean", "--shm-dir", shm_.string(), "--json"};
+  clean.out_file = dir_ / "clean_out";
+  clean.err_file = dir_ / "clean_err";
+  ASSERT_EQ(ChildProcess(clean).wait(), 0) << read_text(dir_ / "clean_err");
+  const json c = json::parse(read_text(dir_ / "clean_out"));
+  EXPECT_EQ(c["removed"], json::array());
+  EXPECT_EQ(c["kept"], json::array()) << "kept means in use; nothing holds these";
+  ASSERT_EQ(c["skipped"].size(), 2U) << c.dump();
+  EXPECT_EQ(c["skipped"][0]["path"], eight.string());
+  EXPECT_THAT(c["skipped"][0]["reason"].get<std::string>(), HasSubstr("has mode 0644"));
+  EXPECT_EQ(c["skipped"][1]["path"], magic.string());
+  EXPECT_THAT(c["skipped"][1]["reason"].get<std::string>(), HasSubstr("bad magic"));
+
+  std::vector<std::string> args = kSmall;
+  args.insert(args.end(), {"--engine-id", "magic"});
+  EXPECT_EQ(run(args), 1) << err();
+  EXPECT_THAT(err(), HasSubstr(magic.string() + " is in the way and was left alone"));
+  EXPECT_THAT(err(), HasSubstr("bad magic"));
+  EXPECT_EQ(fs::file_size(magic), 65536U) << "run must not delete what clean skips";
+  args.back() = "eight";
+  EXPECT_EQ(run(args), 1) << err();
+  EXPECT_THAT(err(), HasSubstr("has mode 0644"));
+  EXPECT_EQ(fs::file_size(eight), 8U);
+  fs::remove(eight);
+  fs::remove(magic);
   EXPECT_TRUE(shm_empty());
 }
 

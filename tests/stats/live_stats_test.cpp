@@ -99,7 +99,7 @@ TEST(LiveStats, RegionLayoutKeepsTheDataPageAlignedAfterTheStatsArea) {
   detail::RegionHeader h{};
   std::ifstream in(region.path(), std::ios::binary);
   in.read(reinterpret_cast<char*>(&h), sizeof h);
-  EXPECT_EQ(h.version, 3U);
+  EXPECT_EQ(h.version, 4U);
   EXPECT_EQ(h.stats_offset, detail::stats_offset_for(page, 3));
   EXPECT_EQ(h.data_offset, h.stats_offset + h.stats_bytes);
   EXPECT_EQ(h.stats_bytes % page, 0U);

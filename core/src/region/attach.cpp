@@ -20,6 +20,7 @@
 
 #include "region/header.hpp"
 #include "region/owners.hpp"
+#include "region/ownership.hpp"
 #include "region/region_internal.hpp"
 #include "region/sys.hpp"
 #include "util/clock.hpp"
@@ -240,7 +241,14 @@ Step try_join(Attempt& a, Attached& out) {
   detail::check_owner_and_mode(st, a.path);
 
   if (sys.flock(sys.context, fd.get(), LOCK_EX | LOCK_NB) == 0) {
-    // No process holds the liveness lock: stale. Reclaim it and go around to create.
+    // No process holds the liveness lock: stale. Reclaim it and go around to create, but only
+    // when it is provably a region (Note [What is ours to remove], the rule `region clean` uses).
+    if (const std::string why = detail::why_not_ours(sys, fd.get(), st, a.path); !why.empty()) {
+      throw Error(ErrorCode::kMismatch,
+                  a.path + " is in the way and was left alone: " + why +
+                      ". Only a file that is provably a stale kvoffload region of this user is "
+                      "removed; if this one is junk, remove it by hand");
+    }
     log().warn("region {}: no process is attached (stale); reclaiming it", a.path);
     if (detail::path_names_inode(sys, a.dirfd, a.name, st) &&
         sys.unlinkat(sys.context, a.dirfd, a.name.c_str(), 0) != 0 && errno != ENOENT) {

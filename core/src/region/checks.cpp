@@ -168,18 +168,24 @@ void check_capacity(const Attempt& a) {
 // Validates a header against our geometry; throws kMismatch naming both values.
 void check_header(const Attempt& a, const detail::RegionHeader& h) {
   const auto layout = detail::header_layout(h);
-  if (layout && layout->slot_align != a.geometry.slot_align()) {
-    throw Error(
-        ErrorCode::kMismatch,
-        "region " + a.path + " was created with slot_align=" + std::to_string(layout->slot_align) +
-            " but this process asks for slot_align=" + std::to_string(a.geometry.slot_align()) +
-            "; every rank must use the same slot alignment");
-  }
   if (!layout) {
     throw Error(ErrorCode::kMismatch, a.path + " is not a kvoffload region of format version " +
                                           std::to_string(detail::kRegionVersion) +
                                           " (bad magic or version " + std::to_string(h.version) +
                                           "); refused");
+  }
+  if (h.checksum != detail::header_checksum(h)) {
+    throw Error(ErrorCode::kMismatch,
+                "region " + a.path +
+                    " has a corrupt header (its checksum does not match its fields: changed "
+                    "after creation); refused");
+  }
+  if (layout->slot_align != a.geometry.slot_align()) {
+    throw Error(
+        ErrorCode::kMismatch,
+        "region " + a.path + " was created with slot_align=" + std::to_string(layout->slot_align) +
+            " but this process asks for slot_align=" + std::to_string(a.geometry.slot_align()) +
+            "; every rank must use the same slot alignment");
   }
   if (!(*layout == a.geometry.layout())) {
     throw Error(ErrorCode::kMismatch, "region " + a.path + " has geometry " +

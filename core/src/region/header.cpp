@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/hash.hpp>
 
 #include "region/live_page.hpp"
 #include "region/sys.hpp"
@@ -58,7 +59,47 @@ RegionHeader make_header(const RegionGeometry& g, std::string_view engine_id) {
   h.stats_bytes = stats_bytes_for(g.page_size(), g.world_size());
   const std::size_t n = std::min(engine_id.size(), sizeof h.engine_id - 1);
   std::memcpy(h.engine_id, engine_id.data(), n);
+  h.checksum = header_checksum(h);
   return h;
+}
+
+std::uint64_t header_checksum(const RegionHeader& header) noexcept {
+  RegionHeader fixed = header;
+  fixed.state = 0;
+  fixed.checksum = 0;
+  return hash_bytes_128(&fixed, sizeof fixed).lo;
+}
+
+std::string header_problem(const RegionHeader& h, std::uint64_t file_bytes) {
+  const auto layout = header_layout(h);
+  if (!layout) return "no region header (bad magic or version); not a region file";
+  if (h.checksum != header_checksum(h)) {
+    return "corrupt header (its checksum does not match its fields: changed after creation); "
+           "not a region file";
+  }
+  std::optional<RegionGeometry> g;
+  try {
+    g = RegionGeometry::compute(*layout, static_cast<std::size_t>(h.page_size));
+  } catch (const Error& e) {
+    return std::string("corrupt header (") + e.what() + "); not a region file";
+  }
+  if (h.row_stride != g->row_stride() || h.data_bytes != g->data_bytes() ||
+      h.slot_stride != g->slot_stride() ||
+      h.data_offset != data_offset_for(g->page_size(), g->world_size()) ||
+      h.readiness_offset != kReadinessOffset ||
+      h.owners_offset != owners_offset_for(g->world_size()) ||
+      h.stats_offset != stats_offset_for(g->page_size(), g->world_size()) ||
+      h.stats_bytes != stats_bytes_for(g->page_size(), g->world_size())) {
+    return "corrupt header (its offsets and strides disagree with its geometry); not a region "
+           "file";
+  }
+  const std::uint64_t needed = h.data_offset + h.data_bytes;
+  if (file_bytes != needed) {
+    return "the file is " + std::to_string(file_bytes) + " bytes but its header's geometry (" +
+           std::to_string(h.num_chunks) + " chunks, world_size " + std::to_string(h.world_size) +
+           ") needs " + std::to_string(needed) + "; not a region file";
+  }
+  return {};
 }
 
 std::optional<RegionLayout> header_layout(const RegionHeader& h) noexcept {

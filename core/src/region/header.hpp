@@ -16,8 +16,9 @@ namespace kvoffload::detail {
 inline constexpr char kRegionMagic[8] = {'K', 'V', 'O', 'F', 'F', 'R', 'G', 'N'};
 // Version 2 added slot_align (Note [Slot alignment] in geometry.hpp); version 3 the owner table
 // (owners_offset, Note [Owners] in owners.hpp) and the live statistics area (stats_offset,
-// stats_bytes; Note [Live stats] in core/src/region/live_page.hpp).
-inline constexpr std::uint32_t kRegionVersion = 3;
+// stats_bytes; Note [Live stats] in core/src/region/live_page.hpp); version 4 the checksum over
+// the fixed fields (Note [Header checksum]).
+inline constexpr std::uint32_t kRegionVersion = 4;
 
 enum class RegionState : std::uint32_t { kCreating = 1, kReady = 2 };
 
@@ -41,6 +42,8 @@ struct RegionHeader {
   // ---- live statistics (version 3) ----
   std::uint64_t stats_offset;  // page-aligned start of the live statistics area
   std::uint64_t stats_bytes;   // its length, a page multiple; the data starts right after it
+  // ---- integrity (version 4) ----
+  std::uint64_t checksum;  // header_checksum() of every field but `state` and itself
 };
 
 // Note [Progressive bring-up] (bringup.cpp): one entry per rank, after the header and before the
@@ -85,6 +88,20 @@ RegionHeader make_header(const RegionGeometry& geometry, std::string_view engine
 
 // Layout recorded in the header; nullopt when the magic or version is not ours.
 std::optional<RegionLayout> header_layout(const RegionHeader& header) noexcept;
+
+// Note [Header checksum]: the creator writes every field once, before publication, except
+// `state` (creating -> ready). A 64-bit hash of the header with `state` and `checksum` zeroed
+// lets a reader tell a header that was changed afterwards (by hand, by a stray write, by a
+// different program) from one the creator wrote, so a damaged header reads as "not a region"
+// instead of a region of the wrong geometry.
+std::uint64_t header_checksum(const RegionHeader& header) noexcept;
+
+// Why `header`, read from a file of `file_bytes` bytes, is not an intact region header of ours:
+// bad magic or version, a checksum that does not match, a geometry that does not compute or
+// whose derived fields disagree, or a file size other than the one the geometry needs. "" when
+// it is intact; otherwise a reason ending in "not a region file", for `region list`, `region
+// clean` and the reclaim of a stale file alike (Note [What is ours to remove] in ownership.hpp).
+std::string header_problem(const RegionHeader& header, std::uint64_t file_bytes);
 
 // pread of the whole header. Returns false when the file is shorter than a header; throws
 // Error(kSystem) when pread fails.

@@ -4,8 +4,8 @@
 // directory, a symbolic link, a socket, a file someone else wrote. Every candidate is opened with
 // O_NONBLOCK (a FIFO would block open() until a writer comes) and O_NOFOLLOW (a link is never
 // followed), its type is checked with fstat before a byte is read, and a bad entry is reported
-// with its reason while the command goes on with the others. `clean` removes only regular files
-// that carry a region header; everything else is left alone.
+// with its reason while the command goes on with the others. `clean` removes only what Note
+// [What is ours to remove] (ownership.hpp) allows; everything else is skipped with its reason.
 #include "region/listing.hpp"
 
 #include <sys/file.h>
@@ -21,6 +21,7 @@
 
 #include "region/header.hpp"
 #include "region/owners.hpp"
+#include "region/ownership.hpp"
 #include "region/proc_locks.hpp"
 #include "region/region_internal.hpp"
 #include "region/sys.hpp"
@@ -121,10 +122,8 @@ std::optional<detail::RegionHeader> candidate_header(const Syscalls& sys, const 
     problem = "cannot read its header: " + errno_name(e.sys_errno());
     return std::nullopt;
   }
-  if (!detail::header_layout(header)) {
-    problem = "no region header (bad magic or version); not a region file";
-    return std::nullopt;
-  }
+  problem = detail::header_problem(header, static_cast<std::uint64_t>(c.st.st_size));
+  if (!problem.empty()) return std::nullopt;
   return header;
 }
 
@@ -198,25 +197,14 @@ CleanResult clean_regions(const std::filesystem::path& shm_dir,
       log().info("clean: leaving {} alone: {}", path.string(), reason);
       result.skipped.push_back({path, std::move(reason)});
     };
-    if (!c.problem.empty()) {
-      if (c.have_stat && S_ISREG(c.st.st_mode)) {
-        log().info("clean: keeping {}: {}", path.string(), c.problem);
-        result.kept.push_back(path);  // a region we cannot open (another user's): not ours
-      } else {
-        skip(std::move(c.problem));
-      }
+    if (!c.problem.empty()) {  // not a regular file, or one we cannot open: not provably ours
+      skip(std::move(c.problem));
       continue;
     }
-    try {
-      detail::check_owner_and_mode(c.st, path.string());  // before the stale test
-    } catch (const Error& e) {
-      log().info("clean: keeping {}: {}", path.string(), e.what());
-      result.kept.push_back(path);
-      continue;
-    }
-    std::string problem;
-    if (!candidate_header(sys, c, path.string(), problem)) {
-      skip(std::move(problem));
+    // Note [What is ours to remove]: the same rule as the reclaim in attach.cpp.
+    if (std::string why = detail::why_not_ours(sys, c.fd.get(), c.st, path.string());
+        !why.empty()) {
+      skip(std::move(why));
       continue;
     }
     // clean may lock: winning the exclusive lock means no one is attached, and it unlinks.

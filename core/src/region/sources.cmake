@@ -7,6 +7,7 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/header.cpp
   ${CMAKE_CURRENT_LIST_DIR}/proc_locks.cpp
   ${CMAKE_CURRENT_LIST_DIR}/owners.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ownership.cpp
   ${CMAKE_CURRENT_LIST_DIR}/populate.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checks.cpp
   ${CMAKE_CURRENT_LIST_DIR}/attach.cpp
