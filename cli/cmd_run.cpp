@@ -98,6 +98,9 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
       ->capture_default_str();
   add_size_option(*app, "--bringup-piece", config->bringup_piece_bytes,
                   "Region bytes per bring-up piece (default 1G)", 1, std::uint64_t{1} << 50);
+  app->add_flag("--wait-for-tiers", config->wait_for_tiers,
+                "Wait for the secondary tiers' writes after every request (with --bringup "
+                "blocking the same seed then makes the same decisions on any machine)");
   app->add_flag("--json", config->json, "Print one JSON object");
   return Command{app, [config] {
                    if (config->engine_id.empty())

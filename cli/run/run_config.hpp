@@ -37,6 +37,12 @@ struct RunConfig {
   // memcached's item size limit (its -I) for a memcached:// remote tier; 0: not given, memcached's
   // default of 1 MiB (RemoteTierOptions::memcached_item_max).
   std::uint64_t memcached_item_bytes = 0;
+  // Wait after every request until the secondary tiers finished writing what it stored (and its
+  // offload pins are released) before the next request. Without it the next requests race the
+  // tiers' asynchronous writes: a chunk still being written is pinned, so what is evicted (and
+  // later promoted) depends on the machine's speed. With it (and --bringup blocking) the same
+  // seed makes the same decisions on any machine; the tiers' write time then counts in the run.
+  bool wait_for_tiers = false;
   unsigned populate_threads = 1;
   // Note [Progressive bring-up]: "background" serves from the start on the rows every rank made
   // ready; "blocking" populates and registers everything before the first request.

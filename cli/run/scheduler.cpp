@@ -403,7 +403,14 @@ RunOutcome run_scheduler(const RunConfig& config) {
         store.complete_store(store_keys, store_ok);
         if (!store_ok) ++t.failed_jobs;
       }
-      (void)store.poll();
+      // --wait-for-tiers (RunConfig::wait_for_tiers) finishes the tiers' writes, releasing their
+      // offload pins, before the next request looks anything up: what is evicted next, and so
+      // what is promoted later, no longer depends on how fast the tiers write.
+      if (config.wait_for_tiers) {
+        (void)store.drain();
+      } else {
+        (void)store.poll();
+      }
       const ManagerStats ms = manager.stats();
       progress.update(t.requests, elapsed,
                       t.chunks_looked_up ? double(t.hits) / double(t.chunks_looked_up) : 0.0,
@@ -508,6 +515,8 @@ RunOutcome run_scheduler(const RunConfig& config) {
       {"block_bytes", config.block_bytes},
       {"blocks_per_chunk", config.blocks_per_chunk},
       {"chunks", config.num_chunks},
+      // The rows the scheduler could hand out by the end: those ready on every rank.
+      {"ready_chunks", ms.ready_chunks},
       {"slot_bytes", config.slot_bytes},
       {"host_pool_bytes", config.host_pool_bytes},
       {"region_path", region_path.string()},
@@ -545,6 +554,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
   if (!remote_json.is_null()) report["remote"] = remote_json;
   report["bringup"] = config.bringup;
   report["bringup_piece_bytes"] = config.bringup_piece_bytes;
+  report["wait_for_tiers"] = config.wait_for_tiers;
   report["first_request_seconds"] =
       first_request_seconds ? nlohmann::json(*first_request_seconds) : nlohmann::json();
   report["pool_ready_seconds"] =

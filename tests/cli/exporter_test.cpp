@@ -181,10 +181,19 @@ TEST(Exporter, ServesEveryRegionOfTheNodeInPrometheusFormat) {
             0);
   EXPECT_EQ(value(samples, sample("kvoffload_region_attached_processes", {{"engine_id", id}})), 1);
   EXPECT_EQ(value(samples, sample("kvoffload_scheduler_attached", {{"engine_id", id}})), 1);
-  EXPECT_EQ(value(samples, sample("kvoffload_lookup_keys_total",
-                                  {{"engine_id", id}, {"tier", "region"}, {"result", "miss"}})),
-            5);
+  // Each result and each store outcome has its own count in the scripted engine.
+  for (const auto& [result, n] : {std::pair{"hit", 3}, {"pending", 1}, {"miss", 5}}) {
+    EXPECT_EQ(value(samples, sample("kvoffload_lookup_keys_total",
+                                    {{"engine_id", id}, {"tier", "region"}, {"result", result}})),
+              n)
+        << result;
+  }
+  EXPECT_EQ(value(samples, sample("kvoffload_stores_prepared_total", {{"engine_id", id}})), 7);
   EXPECT_EQ(value(samples, sample("kvoffload_stores_completed_total", {{"engine_id", id}})), 5);
+  EXPECT_EQ(value(samples, sample("kvoffload_stores_failed_total", {{"engine_id", id}})), 2);
+  // Pins: the 5 offloads' (released when the tier's writes finished) and the load's 2.
+  EXPECT_EQ(value(samples, sample("kvoffload_loads_prepared_total", {{"engine_id", id}})), 7);
+  EXPECT_EQ(value(samples, sample("kvoffload_loads_completed_total", {{"engine_id", id}})), 5);
   EXPECT_EQ(value(samples, sample("kvoffload_tier_offloaded_total",
                                   {{"engine_id", id}, {"tier", tier_name}})),
             5);

@@ -51,8 +51,10 @@ inline std::unique_ptr<ChildProcess> spawn(const std::vector<std::string>& args,
 }
 
 // An engine's scheduler in a child process: an OffloadStack over a region of 8 chunks (2 ranks),
-// which looks up 5 keys (misses), stores them and pins 2 for a load, then holds until released.
-// With `tier_root`, a file tier named `tier_name` sits behind the region.
+// which looks up 5 keys (misses), stores them, fails 2 more stores (one key looked up while in
+// flight: a pending hit), looks up 3 of the 5 (hits) and pins 2 for a load, then holds until
+// released: misses 5, hits 3, pending 1, stores prepared 7, completed 5, failed 2, used 5,
+// pinned 2. With `tier_root`, a file tier named `tier_name` sits behind the region.
 class ScriptedEngine {
  public:
   ScriptedEngine(const std::filesystem::path& shm_dir, std::string id,
@@ -80,6 +82,14 @@ class ScriptedEngine {
       const kvoffload::StorePlan plan = m.prepare_store(keys);
       stack->store().complete_store(plan.keys, true);
       (void)stack->store().drain();
+      // Two stores that fail, one of them looked up while in flight (a pending hit), then 3 hits:
+      // every lookup result and store outcome is a different non-zero count.
+      const std::vector<kvoffload::BlockKey> failing = {kvoffload::BlockKey(100, 1),
+                                                        kvoffload::BlockKey(101, 2)};
+      if (m.prepare_store(failing).keys.size() != 2) return 4;
+      (void)m.lookup(std::span(failing).first(1));
+      stack->store().complete_store(failing, false);
+      (void)m.lookup(std::span(keys).first(3));
       (void)m.prepare_load(std::span(keys).first(2));
       char byte = 1;
       if (::write(ready[1], &byte, 1) != 1) return 2;

@@ -48,7 +48,7 @@ TEST(RegionList, ShowsEachEnginesOccupancyInTextAndJson) {
   auto text = spawn({"region", "list", "--shm-dir", shm.path().string()}, work.path());
   ASSERT_EQ(text->wait(), 0) << text->err();
   EXPECT_NE(text->out().find("used 5 of 8 chunks (62.5 %), 0 write-pending, 2 pinned, 8 "
-                             "ready; hits 0, misses 5 (0.0 % hit); 0 evictions; bring-up "
+                             "ready; hits 3, misses 5 (37.5 % hit); 0 evictions; bring-up "
                              "0 of 2 ranks ready"),
             std::string::npos)
       << text->out();

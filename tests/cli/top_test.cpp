@@ -14,6 +14,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -110,15 +111,22 @@ class PtyTop {
   PtyTop(const PtyTop&) = delete;
   PtyTop& operator=(const PtyTop&) = delete;
 
-  // Reads what top wrote until `what` appears (true) or the time is up.
-  bool read_until(const std::string& what,
-                  std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  // Reads what top wrote until `what` appears (`times` times in all: true) or the time is up.
+  bool read_until(const std::string& what, std::chrono::seconds timeout = std::chrono::seconds(60),
+                  std::size_t times = 1) {
     const auto deadline = Clock::now() + timeout;
-    while (output_.find(what) == std::string::npos) {
+    while (occurrences(output_, what) < times) {
       if (Clock::now() > deadline) return false;
-      if (!pump(100)) return output_.find(what) != std::string::npos;
+      if (!pump(100)) return occurrences(output_, what) >= times;
     }
     return true;
+  }
+  // Resizes the terminal: the kernel sends SIGWINCH to its foreground process group (top).
+  void resize(unsigned short rows, unsigned short columns) {
+    winsize ws{};
+    ws.ws_row = rows;
+    ws.ws_col = columns;
+    ASSERT_EQ(::ioctl(master_, TIOCSWINSZ, &ws), 0);
   }
   void send(const std::string& keys) {
     ASSERT_EQ(::write(master_, keys.data(), keys.size()), static_cast<ssize_t>(keys.size()));
@@ -209,6 +217,42 @@ TEST(Top, QuitsOnQ) {
   const std::string& out = top.output();
   EXPECT_EQ(out.substr(out.size() - std::string(kLeave).size()), kLeave) << top.printable();
   EXPECT_EQ(top.lflag() & (ICANON | ECHO), top.original_lflag() & (ICANON | ECHO));
+}
+
+// A resize (SIGWINCH) redraws at once, at the new width, and never ends top. The interval is
+// longer than the test waits, so the second frame can only come from the resize.
+TEST(Top, RedrawsAtTheNewWidthWhenTheTerminalIsResized) {
+  TempDir shm;
+  ScriptedEngine engine(shm.path(), unique_id("winch"));
+  PtyTop top({"top", "--shm-dir", shm.path().string(), "--interval", "600"});
+  ASSERT_TRUE(top.read_until("\x1b[J")) << top.printable();
+  const std::string first = top.output();
+  ASSERT_NE(first.find("(q quits)"), std::string::npos) << "200 columns hold the whole header";
+  top.resize(40, 30);
+  ASSERT_TRUE(top.read_until("\x1b[J", std::chrono::seconds(60), 2))
+      << "no frame after the resize: " << top.printable();
+  // The second frame: every line cut to 30 columns, the header's first 30 characters first.
+  std::string second = top.output().substr(first.size());
+  second = second.substr(0, second.find("\x1b[J"));
+  ASSERT_EQ(second.rfind("\x1b[H", 0), 0U) << top.printable();
+  second.erase(0, 3);
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; at <= second.size();) {
+    const std::size_t end = std::min(second.find('\n', at), second.size());
+    std::string line = second.substr(at, end - at);
+    while (!line.empty() && line.back() == '\r') line.pop_back();  // the terminal adds one too
+    ASSERT_GE(line.size(), 3U) << "each line ends in clear-to-end-of-line";
+    EXPECT_EQ(line.substr(line.size() - 3), "\x1b[K");
+    lines.push_back(line.substr(0, line.size() - 3));
+    at = end + 1;
+  }
+  ASSERT_GE(lines.size(), 2U);
+  const std::size_t header_start = first.find("kvoffload top");
+  ASSERT_NE(header_start, std::string::npos);
+  EXPECT_EQ(lines[0], first.substr(header_start, 30));
+  for (const std::string& line : lines) EXPECT_LE(line.size(), 30U) << line;
+  top.send("q");
+  EXPECT_EQ(top.wait(), 0) << "a resize is not a signal to end: " << top.printable();
 }
 
 TEST(Top, GivesTheTerminalBackOnSignals) {

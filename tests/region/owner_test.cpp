@@ -566,6 +566,51 @@ TEST(Owners, ReplicatedLayoutHasOneHolderPerRankToo) {
   EXPECT_EQ(e.code(), ErrorCode::kInUse) << e.what();
 }
 
+// Note [Owners]: a leaver gives up "recorded" (byte 1) first, clears its PID, and only then the
+// role (byte 0), so no claimant can take the role while the leaver's record is still trusted.
+// Watched from another open file description at the record's write (the middle step).
+TEST(Owners, AReleaseDropsTheRecordedByteBeforeTheRole) {
+  const TempDir dir;
+  const std::string path = (dir.path() / "owners").string();
+  const detail::Role role{.world_size = 2, .rank = 1};
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(role.record_offset() + 64)), 0);
+  const int watcher = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(watcher, 0);
+  auto held = [&](std::uint64_t offset) {
+    struct flock l {};
+    l.l_type = F_WRLCK;
+    l.l_whence = SEEK_SET;
+    l.l_start = static_cast<off_t>(offset);
+    l.l_len = 1;
+    EXPECT_EQ(::fcntl(watcher, F_OFD_GETLK, &l), 0) << std::strerror(errno);
+    return l.l_type != F_UNLCK;
+  };
+  ASSERT_FALSE(detail::claim_role(real_syscalls(), fd, role, path));
+  EXPECT_TRUE(held(role.record_offset()));
+  EXPECT_TRUE(held(role.record_offset() + 1));
+
+  FaultSyscalls sys;
+  bool role_held_then = false;
+  bool recorded_held_then = true;
+  sys.before(Op::kPwrite, 1, [&] {
+    role_held_then = held(role.record_offset());
+    recorded_held_then = held(role.record_offset() + 1);
+  });
+  EXPECT_EQ(detail::release_role(*sys.get(), fd, role), 0);
+  EXPECT_TRUE(role_held_then) << "the role is given up last";
+  EXPECT_FALSE(recorded_held_then) << "\"recorded\" is given up first";
+  EXPECT_FALSE(held(role.record_offset()));
+  EXPECT_FALSE(held(role.record_offset() + 1));
+  detail::OwnerRecord record{.pid = 1, .reserved = 1};
+  ASSERT_EQ(::pread(watcher, &record, sizeof record, static_cast<off_t>(role.record_offset())),
+            static_cast<ssize_t>(sizeof record));
+  EXPECT_EQ(record.pid, 0U) << "the PID is cleared";
+  ::close(watcher);
+  ::close(fd);
+}
+
 TEST(Owners, RolesAreNotCountedAsAttachedAndDoNotChangeWhoUnlinks) {
   const TempDir dir;
   const std::string id = test::unique_id("live");

@@ -242,9 +242,69 @@ TEST_F(RunTest, BringupFailedOnEveryRankStopsEarlyWithAVerdict) {
   EXPECT_EQ(r["error"]["code"], "run_failed");
   EXPECT_THAT(r["error"]["message"].get<std::string>(), HasSubstr("bring-up failed on every rank"));
   EXPECT_EQ(r["requests"], 0);
+  // The whole wait for room is pacing: counted, and within the run.
+  EXPECT_GT(r["paced_seconds"].get<double>(), 0.0);
+  EXPECT_LE(r["paced_seconds"].get<double>(), r["seconds"].get<double>());
   EXPECT_TRUE(r["pool_ready_seconds"].is_null());
   ASSERT_EQ(r["rank_bringup"].size(), 2u);
   for (const auto& b : r["rank_bringup"]) EXPECT_EQ(b["bringup"]["state"], "failed");
+  EXPECT_TRUE(shm_empty());
+}
+
+// Note [Run phases]: the scheduler serves on the rows ready on every rank, and a pool that holds
+// exactly one request (5 chunks) serves. Rank 1's simulated device refuses its 6th piece (one
+// 64 KiB row each), so rank 1 has 5 rows and rank 0 all 8: the scheduler hands out 5 (never
+// rank 0's 8), every request is served on them and every loaded byte verifies; the run then
+// says the pool never became ready on every rank (exit 1).
+TEST_F(RunTest, ServesOnTheRowsReadyOnEveryRankAndAPoolOfOneRequestServes) {
+  std::vector<std::string> args = kSmall;
+  args[1] = "sim";
+  *std::find(args.begin(), args.end(), "blocking") = "background";
+  *std::find(args.begin(), args.end(), "120") = "12";
+  *(std::find(args.begin(), args.end(), "--duration") + 1) = "60";  // ends a run that never serves
+  args.insert(args.end(), {"--bringup-piece", "64K"});
+  ::setenv("KVOFFLOAD_SIM_DEVICES", "2", 1);
+  ::setenv("KVOFFLOAD_SIM_FAIL_REGISTER_AT", "6", 1);
+  ::setenv("KVOFFLOAD_SIM_FAIL_REGISTER_DEVICE", "1", 1);
+  const int rc = run(args);
+  ::unsetenv("KVOFFLOAD_SIM_DEVICES");
+  ::unsetenv("KVOFFLOAD_SIM_FAIL_REGISTER_AT");
+  ::unsetenv("KVOFFLOAD_SIM_FAIL_REGISTER_DEVICE");
+  EXPECT_EQ(rc, 1) << err();
+  const json r = report();
+  ASSERT_EQ(r["rank_bringup"].size(), 2u);
+  EXPECT_EQ(r["rank_bringup"][0]["bringup"]["state"], "ready");
+  EXPECT_EQ(r["rank_bringup"][0]["bringup"]["ready_chunks"], 8);
+  EXPECT_EQ(r["rank_bringup"][1]["bringup"]["state"], "failed");
+  EXPECT_EQ(r["rank_bringup"][1]["bringup"]["ready_chunks"], 5);
+  EXPECT_EQ(r["ready_chunks"], 5) << "the rows ready on every rank, not on rank 0";
+  EXPECT_EQ(r["requests"], 12) << "5 rows hold one request of 5 chunks";
+  EXPECT_EQ(r["failed_jobs"], 0);
+  EXPECT_EQ(r["mismatched_bytes"], 0);
+  EXPECT_EQ(r["verified_bytes"], r["load_bytes"]);
+  EXPECT_GT(r["load_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_TRUE(r["pool_ready_seconds"].is_null());
+  EXPECT_THAT(r["error"]["message"].get<std::string>(),
+              HasSubstr("the pool never became ready on every rank"));
+  EXPECT_TRUE(shm_empty());
+}
+
+// A run that fails on a system call reports it in its JSON error object: the errno's name and
+// the call, beside the code and the message. (The file tier's lock file is a symbolic link: its
+// O_NOFOLLOW open fails with ELOOP.) Nothing is left in the shm dir.
+TEST_F(RunTest, ASystemErrorNamesItsErrnoAndCallInTheJson) {
+  std::vector<std::string> args = kSmall;
+  fs::create_directory(dir_ / "tier");
+  fs::create_symlink(dir_ / "nowhere", dir_ / "tier" / ".kvoffload-tier.lock");
+  args.insert(args.end(), {"--file-tier", (dir_ / "tier").string()});
+  EXPECT_EQ(run(args), 1) << err();
+  const json r = report();
+  EXPECT_EQ(r["error"]["code"], "system") << r.dump();
+  EXPECT_EQ(r["error"]["errno"], "ELOOP") << r.dump();
+  EXPECT_EQ(r["error"]["call"], "open") << r.dump();
+  EXPECT_EQ(r["error"]["exit_code"], 1) << r.dump();
+  EXPECT_THAT(r["error"]["message"].get<std::string>(),
+              HasSubstr((dir_ / "tier" / ".kvoffload-tier.lock").string()));
   EXPECT_TRUE(shm_empty());
 }
 
@@ -273,22 +333,39 @@ TEST_F(RunTest, OddBlockSizesAndOneRankVerify) {
   EXPECT_TRUE(shm_empty());
 }
 
+// --wait-for-tiers: the tier's writes finish (and release their offload pins) before the next
+// request, so what is evicted, and so what comes back, does not depend on the machine's speed
+// (without it a loaded machine could keep every chunk pinned and promote nothing). Two runs of
+// one seed, each with an empty tier, make the same decisions to the chunk.
 TEST_F(RunTest, EvictedChunksComeBackFromTheFileTier) {
-  std::vector<std::string> args = kSmall;
-  args.insert(args.end(), {"--file-tier", (dir_ / "tier").string()});
-  fs::create_directory(dir_ / "tier");
-  ASSERT_EQ(run(args), 0) << err();
-  const json r = report();
-  EXPECT_TRUE(r["all_verified"].get<bool>());
-  EXPECT_GT(r["tier_offloads"].get<std::uint64_t>(), 0u);
-  EXPECT_GT(r["promoted"].get<std::uint64_t>(), 0u) << "evicted prefixes are requested again";
-  EXPECT_TRUE(shm_empty());
+  json first;
+  for (const char* tier : {"tier1", "tier2"}) {
+    std::vector<std::string> args = kSmall;
+    args.insert(args.end(), {"--file-tier", (dir_ / tier).string(), "--wait-for-tiers"});
+    fs::create_directory(dir_ / tier);
+    ASSERT_EQ(run(args), 0) << err();
+    const json r = report();
+    EXPECT_TRUE(r["all_verified"].get<bool>());
+    EXPECT_TRUE(r["wait_for_tiers"].get<bool>());
+    EXPECT_GT(r["tier_offloads"].get<std::uint64_t>(), 0u);
+    EXPECT_GT(r["promoted"].get<std::uint64_t>(), 0u) << "evicted prefixes are requested again";
+    EXPECT_EQ(r["promoted_from"]["file"], r["promoted"]) << "the run's only tier";
+    EXPECT_TRUE(shm_empty());
+    if (first.is_null()) {
+      first = r;
+      continue;
+    }
+    for (const char* field : {"hits", "misses", "evictions", "cannot_store", "promoted",
+                              "tier_offloads", "store_bytes", "load_bytes"}) {
+      EXPECT_EQ(r[field], first[field]) << field << ": the same seed, the same decisions";
+    }
+  }
 }
 
 TEST_F(RunTest, HumanOutputWithoutJson) {
   std::vector<std::string> args = kSmall;
   args.pop_back();  // --json
-  args.insert(args.end(), {"--file-tier", (dir_ / "tier").string()});
+  args.insert(args.end(), {"--wait-for-tiers", "--file-tier", (dir_ / "tier").string()});
   fs::create_directory(dir_ / "tier");
   ASSERT_EQ(run(args), 0) << err();
   const std::string text = out();

@@ -2,12 +2,15 @@
 // counters for a scripted sequence of operations, read back exactly through the reader that
 // `region list`, `top` and the exporter use; a reader in another process; no lock taken by a
 // reader (the last process out still unlinks); a writer killed mid-write reported, not waited for.
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -165,7 +168,12 @@ TEST(LiveStats, ManagerPublishesExactCountsForAScriptedSequence) {
   EXPECT_EQ(s.scheduler.allocation_failures, 1U);
   EXPECT_EQ(s.scheduler.used, 3U);
 
+  // complete_load publishes the occupancy itself: the pins are gone before the next store.
   manager.complete_load(std::vector<BlockKey>{key(0), key(1)});
+  s = snapshot_of(dir, id);
+  EXPECT_EQ(s.scheduler.pinned, 0U);
+  EXPECT_EQ(s.scheduler.loads_completed, 2U);
+  EXPECT_EQ(s.scheduler.used, 3U);
   const auto b = keys(200, 6);  // 5 free slots + 1 eviction
   ASSERT_TRUE(manager.prepare_store(b).ok());
   s = snapshot_of(dir, id);
@@ -304,7 +312,9 @@ TEST(LiveStats, TransferEnginePublishesJobsBytesAndFailuresPerDirection) {
   RegionOptions o = options(dir, id, 8, 1);  // rank 1 of 2, slot = 4 blocks of 1 KiB
   Region region = Region::create_or_join(o);
   auto host = make_runtime("host");
-  FaultInjectingRuntime rt(*host);
+  // Every job's copy time is 0.25 s (exact in ns and in a double): the page must carry the
+  // same figure in seconds, not in another unit.
+  FaultInjectingRuntime rt(*host, FaultPlan{.elapsed_seconds = 0.25});
   Cache cache(rt, 16);
   std::optional<TransferEngine> engine;
   engine.emplace(rt, region, 1, std::vector<KvGroup>{cache.group}, 4);
@@ -324,7 +334,7 @@ TEST(LiveStats, TransferEnginePublishesJobsBytesAndFailuresPerDirection) {
   const JobId second[] = {JobId{2}};
   ASSERT_TRUE(engine->wait(second).front().success);
   // The next batch fails at enqueue: a failed job, never a completed one.
-  rt.set_plan(FaultPlan{.fail_batch = 2});
+  rt.set_plan(FaultPlan{.fail_batch = 2, .elapsed_seconds = 0.25});
   engine->submit(JobId{3}, Direction::kLoad, {.chunks = one_chunk, .group_blocks = load_groups});
   const JobId third[] = {JobId{3}};
   ASSERT_FALSE(engine->wait(third).front().success);
@@ -338,7 +348,8 @@ TEST(LiveStats, TransferEnginePublishesJobsBytesAndFailuresPerDirection) {
   EXPECT_EQ(r.store.jobs_succeeded, 1U);
   EXPECT_EQ(r.store.jobs_failed, 0U);
   EXPECT_EQ(r.store.bytes, 8U * 1024U);
-  EXPECT_GE(r.store.copy_seconds, 0.0);
+  EXPECT_EQ(r.store.copy_seconds, 0.25);
+  EXPECT_EQ(r.load.copy_seconds, 0.25) << "the failed job's time does not count";
   EXPECT_EQ(r.load.jobs_submitted, 2U);
   EXPECT_EQ(r.load.jobs_succeeded, 1U);
   EXPECT_EQ(r.load.jobs_failed, 1U);
@@ -456,6 +467,131 @@ TEST(LiveStats, ATornBlockIsReportedNotWaitedFor) {
   EXPECT_FALSE(s.consistent);
   EXPECT_EQ(s.scheduler.misses, 3U);
   std::atomic_ref(block.seq).fetch_add(1);
+  EXPECT_TRUE(snapshot_of(dir, id).consistent);
+}
+
+// A write that began and ended while a reader copied the block (the sequence number even before
+// and after, but not the same) must not be accepted. Made deterministic: the block straddles two
+// pages, the second unreadable; the reader's first load there faults, and the fault handler does
+// one whole write (every value 1 -> 2, the number 0 -> 2) and makes the page readable before the
+// load is retried. The first copy then holds 1s from the first page and 2s from the second; the
+// reader must try again and return a copy of the new write alone.
+struct TwoPageBlock {
+  std::uint64_t seq;
+  std::uint64_t values[31];
+};
+struct FaultWrite {
+  TwoPageBlock* block = nullptr;
+  char* second_page = nullptr;
+  std::size_t page = 0;
+  int faults = 0;
+};
+FaultWrite g_fault_write;
+
+void write_on_fault(int /*signo*/, siginfo_t* info, void* /*context*/) {
+  FaultWrite& f = g_fault_write;
+  char* at = static_cast<char*>(info->si_addr);
+  if (at < f.second_page || at >= f.second_page + f.page) {
+    (void)::signal(SIGSEGV, SIG_DFL);  // not ours: the retried access crashes as it should
+    return;
+  }
+  (void)::mprotect(f.second_page, f.page, PROT_READ | PROT_WRITE);
+  f.block->seq += 1;  // a whole write, begun and ended inside the reader's copy
+  for (std::uint64_t& v : f.block->values) v = 2;
+  f.block->seq += 1;
+  ++f.faults;
+}
+
+TEST(LiveStats, AWriteThatBeganAndEndedDuringTheCopyIsNotAccepted) {
+  const std::size_t page = platform::page_size();
+  void* map = ::mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  char* base = static_cast<char*>(map);
+  // The number and 7 values on the first page, 24 values on the second.
+  auto* block = reinterpret_cast<TwoPageBlock*>(base + page - 64);
+  block->seq = 0;
+  for (std::uint64_t& v : block->values) v = 1;
+  g_fault_write = {.block = block, .second_page = base + page, .page = page, .faults = 0};
+  ASSERT_EQ(::mprotect(base + page, page, PROT_NONE), 0);
+  struct sigaction action {};
+  struct sigaction previous {};
+  action.sa_sigaction = write_on_fault;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  ASSERT_EQ(::sigaction(SIGSEGV, &action, &previous), 0);
+  TwoPageBlock copy{};
+  const bool consistent = detail::live_read(*block, copy);
+  (void)::sigaction(SIGSEGV, &previous, nullptr);
+  const int faults = g_fault_write.faults;
+  g_fault_write = {};
+  ::munmap(map, 2 * page);
+  EXPECT_EQ(faults, 1) << "the write happened inside the copy";
+  EXPECT_TRUE(consistent);
+  EXPECT_EQ(copy.seq, 2U);
+  for (std::size_t i = 0; i < std::size(copy.values); ++i) {
+    EXPECT_EQ(copy.values[i], 2U) << "word " << i << ": a copy that mixes two writes";
+  }
+}
+
+// A page whose tier count is beyond the tiers block (corrupt, or written by something else) is
+// read up to the block's 8 entries, never past them.
+TEST(LiveStats, ATierCountBeyondTheTiersBlockIsBounded) {
+  TempDir dir;
+  const std::string id = unique_id("tiers");
+  Region region = Region::create_or_join(options(dir, id, 8, std::nullopt));
+  detail::TiersBlock& block = region.live_page()->tiers;
+  for (std::uint32_t t = 0; t < detail::kLiveMaxTiers; ++t) {
+    detail::put_tier_name(block.tiers[t], "t" + std::to_string(t));
+    block.tiers[t].lookups = t + 1;
+  }
+  block.count = detail::kLiveMaxTiers + 1;
+  const LiveStats s = snapshot_of(dir, id);
+  ASSERT_EQ(s.tiers.size(), detail::kLiveMaxTiers);
+  EXPECT_EQ(s.tiers.back().name, "t7");
+  EXPECT_EQ(s.tiers.back().lookups, 8U);
+  EXPECT_EQ(read_live_stats(region).tiers.size(), detail::kLiveMaxTiers);
+}
+
+// A page a reader cannot trust is reported, never read: another magic, another version, or a
+// layout that disagrees with the region header (each field the reader checks, one at a time).
+TEST(LiveStats, APageThatDoesNotMatchItsRegionIsReportedNotRead) {
+  TempDir dir;
+  const std::string id = unique_id("badpage");
+  Region region = Region::create_or_join(options(dir, id, 8, std::nullopt));
+  detail::LivePageHeader& h = region.live_page()->header;
+  const detail::LivePageHeader good = h;
+  auto problem = [&]() -> std::string {
+    for (const EngineSnapshot& e : snapshot_engines(dir.path())) {
+      if (e.region.engine_id != id) continue;
+      EXPECT_FALSE(e.live.has_value());
+      return e.live_problem;
+    }
+    return "no region " + id;
+  };
+  const std::string corrupt = "live statistics page does not match its region header (corrupt)";
+  h.magic[0] = 'X';
+  EXPECT_EQ(problem(), "no live statistics page (bad magic)");
+  h = good;
+  h.version = detail::kLiveVersion + 1;
+  EXPECT_EQ(problem(), "live statistics page of version " +
+                           std::to_string(detail::kLiveVersion + 1) + "; this reader knows " +
+                           std::to_string(detail::kLiveVersion));
+  h = good;
+  h.world_size = 3;
+  EXPECT_EQ(problem(), corrupt) << "world_size";
+  h = good;
+  h.max_tiers = detail::kLiveMaxTiers + 1;
+  EXPECT_EQ(problem(), corrupt) << "max_tiers";
+  h = good;
+  h.rank_stride += 64;
+  EXPECT_EQ(problem(), corrupt) << "rank_stride";
+  h = good;
+  h.ranks_offset += 64;
+  EXPECT_EQ(problem(), corrupt) << "ranks_offset";
+  h = good;
+  h.bytes += 64;
+  EXPECT_EQ(problem(), corrupt) << "bytes";
+  h = good;
   EXPECT_TRUE(snapshot_of(dir, id).consistent);
 }
 

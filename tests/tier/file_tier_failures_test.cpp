@@ -1,13 +1,16 @@
 // FileTier when the disk goes wrong: every kind of damaged record (flipped bytes, truncation, a
 // missing file, another key's record, a wrong length) is a miss, and failed, partial, interrupted
-// reads and writes and a failed rename are reported per item and leave no temporary file.
+// reads and writes and a failed rename are reported per item and leave no temporary file; a key
+// removed while its write is in flight is never renamed into place.
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <set>
 #include <string>
@@ -213,6 +216,45 @@ TEST(FileTier, InterruptedReadsAndWritesAreRetried) {
   EXPECT_LE(reads.load(), 3);
   EXPECT_EQ(tier->stats().puts_failed, 0u);
   EXPECT_EQ(tier->stats().gets_failed, 0u);
+}
+
+// A key removed while its put is writing: the put fails (ECANCELED, "removed while being stored")
+// instead of renaming its record into place, and leaves no file. The put's write waits, inside
+// its first pwrite, until the remove has finished.
+TEST(FileTier, APutWhoseKeyIsRemovedDuringItsWriteIsNotRenamedIntoPlace) {
+  TempDir dir;
+  auto io = std::make_shared<FaultSyscalls>();
+  auto o = options_for(dir.path() / "t");
+  o.syscalls = io->get();
+  auto tier = FileTier::open(o);
+  const BlockKey key = BlockKey::from_u64(5);
+  const std::string hex = key.to_hex();
+  std::promise<void> writing;
+  std::promise<void> removed;
+  std::shared_future<void> removed_done = removed.get_future().share();
+  std::atomic<int> writes{0};
+  io->set_rule([&](const FaultSyscalls::Call& c) {
+    if (c.op == Op::kPwrite && c.path.find(hex) != std::string::npos && ++writes == 1) {
+      writing.set_value();
+      removed_done.wait();
+    }
+    return 0;
+  });
+  const auto d = pattern(6000, 3);
+  const TierPut p{key, d};
+  TierBatch put = tier->put(std::span(&p, 1));
+  writing.get_future().wait();
+  EXPECT_EQ(tier->remove(std::span(&key, 1)).wait()[0].status, TierItemStatus::kOk);
+  removed.set_value();
+  const auto r = put.wait()[0];
+  EXPECT_EQ(r.status, TierItemStatus::kFailed);
+  EXPECT_EQ(r.sys_errno, ECANCELED);
+  EXPECT_EQ(r.detail, "removed while being stored");
+  tier->drain();
+  io->set_rule(nullptr);
+  EXPECT_FALSE(tier->contains(key));
+  EXPECT_FALSE(std::filesystem::exists(tier->record_path(key)));
+  EXPECT_EQ(test::files_under(dir.path() / "t"), std::set<std::string>{".kvoffload-tier.lock"});
 }
 
 TEST(FileTier, RenameFailureIsReportedAndLeavesNoTemp) {

@@ -167,6 +167,29 @@ TEST(FileTier, VerifyingInTheDestinationStillMissesADamagedRecord) {
   EXPECT_EQ(tier->stats().corrupt, 1u);
 }
 
+// Without verify_in_destination a get keeps the TierGet contract even into aligned memory: the
+// record is verified in the bounce buffer, so a damaged one leaves the destination untouched.
+TEST(FileTier, WithoutVerifyInDestinationADamagedRecordLeavesAnAlignedDestinationUntouched) {
+  TempDir dir;
+  auto tier = FileTier::open(options_for(dir.path() / "t"));  // verify_in_destination off
+  const AlignedBytes src(8192 + 300, 5);
+  const TierPut p{BlockKey::from_u64(7), src.span()};
+  ASSERT_EQ(tier->put(std::span(&p, 1)).wait()[0].status, TierItemStatus::kOk);
+  {
+    std::fstream f(tier->record_path(BlockKey::from_u64(7)),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');  // inside the payload's first block
+  }
+  const AlignedBytes into(src.size, 1);
+  const std::vector<std::byte> before(into.data, into.data + into.size);
+  const auto r = get_one(*tier, BlockKey::from_u64(7), into.span());
+  EXPECT_EQ(r.status, TierItemStatus::kMiss);
+  EXPECT_EQ(r.detail, "payload checksum mismatch");
+  EXPECT_EQ(std::memcmp(into.data, before.data(), before.size()), 0)
+      << "the damaged record's bytes reached the destination";
+}
+
 TEST(TierBatch, FinishedAtIsSetWithTheLastItem) {
   const BlockKey keys[] = {BlockKey::from_u64(1), BlockKey::from_u64(2)};
   TierBatchPromise promise(keys);

@@ -44,6 +44,31 @@ TEST(RemoteFaults, ErrorRepliesFailTheItemAndKeepTheConnection) {
   EXPECT_EQ(fake.connections(), 2);                // the open() probe and the one worker connection
 }
 
+// A get that failed on a node error forgets that the key was present (its own put said so):
+// known() no longer answers "present" for a chunk that could not be read, and the next lookup asks
+// the store again (which says absent here).
+TEST(RemoteFaults, AFailedGetForgetsThatTheKeyWasPresent) {
+  FakeResp fake([](const std::vector<std::string>& argv) -> FakeResp::Reply {
+    if (argv[0] == "SET") return {"+OK\r\n"};
+    if (argv[0] == "GET") return {"-ERR wrong kind\r\n"};
+    return {":0\r\n"};
+  });
+  RemoteTierOptions o = options(fake.url());
+  o.connections_per_node = 1;
+  o.lookup_timeout = 30s;
+  auto tier = RemoteTier::open(o);
+  const auto keys = keys_from(1, 2);
+  ASSERT_EQ(count(put_rows(*tier, keys), TierItemStatus::kOk), 2u);
+  EXPECT_EQ(tier->known(keys[0]), TierPresence::kPresent);
+  const GetResult g = get_rows(*tier, keys);
+  EXPECT_EQ(count(g.items, TierItemStatus::kFailed), 2u);
+  EXPECT_EQ(tier->remote_stats().get_errors, 2u);
+  EXPECT_FALSE(tier->known(keys[0]).has_value());
+  EXPECT_FALSE(tier->known(keys[1]).has_value());
+  for (const auto p : resolve(*tier, keys)) EXPECT_EQ(p, TierPresence::kAbsent);
+  EXPECT_EQ(tier->remote_stats().lookups, 2u) << "asked again";
+}
+
 TEST(RemoteFaults, PartialReplyThenSilenceFailsAtTheDeadline) {
   FakeResp fake([](const std::vector<std::string>& argv) -> FakeResp::Reply {
     if (argv[0] == "GET") return {"$5064\r\nonly-the-start", false, /*stall=*/true};

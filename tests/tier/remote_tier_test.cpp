@@ -109,6 +109,32 @@ TEST(RemoteRedis, KnownAnswersFromMemoryAndNeverStartsACheck) {
 }
 
 // put() and get() share one submit path; its row-size check fails only the item it concerns.
+// A full presence cache makes room from settled answers, never from the checks in flight: with
+// room for 4 keys and 4 settled answers, two new keys are still asked and found. (Dropping the
+// checks in flight instead leaves no room, and every new key would answer "absent" unasked.)
+TEST(RemoteRedis, AFullPresenceCacheDropsSettledAnswersNotChecksInFlight) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  auto writer = RemoteTier::open(options(redis.url()));
+  const auto keys = keys_from(700, 6);
+  ASSERT_EQ(count(put_rows(*writer, keys), TierItemStatus::kOk), keys.size());
+
+  RemoteTierOptions o = options(redis.url());
+  o.presence_capacity = 4;
+  o.lookup_timeout = 30s;  // every answer is the store's, however loaded the machine
+  auto reader = RemoteTier::open(o);
+  const std::vector<BlockKey> first(keys.begin(), keys.begin() + 4);
+  for (const auto p : resolve(*reader, first)) EXPECT_EQ(p, TierPresence::kPresent);
+  const std::vector<BlockKey> more(keys.begin() + 4, keys.end());
+  std::vector<TierPresence> now(more.size());
+  reader->lookup(more, now);
+  EXPECT_EQ(now[0], TierPresence::kPending) << "asked, not refused for want of room";
+  EXPECT_EQ(now[1], TierPresence::kPending);
+  for (const auto p : resolve(*reader, more)) EXPECT_EQ(p, TierPresence::kPresent);
+  EXPECT_EQ(reader->remote_stats().lookups, keys.size());
+  EXPECT_EQ(reader->remote_stats().lookup_present, keys.size());
+}
+
 TEST(RemoteRedis, APutRowOfTheWrongSizeFailsOnlyItsItem) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis);

@@ -24,6 +24,9 @@ struct FaultPlan {
   // false: enqueue_copies throws (a launch error). true: the enqueue succeeds and the next event
   // recorded on that stream reports the error from query/synchronize (an asynchronous fault).
   bool async = false;
+  // Timing: >= 0 answers every elapsed_seconds call with this copy time (a figure a test knows
+  // exactly, where the real one is a few microseconds); < 0: the inner runtime's measurement.
+  double elapsed_seconds = -1;
 };
 
 class FaultInjectingRuntime final : public DeviceRuntime {
@@ -78,7 +81,9 @@ class FaultInjectingRuntime final : public DeviceRuntime {
     inner_.do_synchronize_stream(stream);
   }
   double do_elapsed_seconds(std::uintptr_t start, std::uintptr_t end) override {
-    return inner_.do_elapsed_seconds(start, end);
+    const double measured = inner_.do_elapsed_seconds(start, end);  // its errors stay errors
+    std::lock_guard lock(mutex_);
+    return plan_.elapsed_seconds >= 0 ? plan_.elapsed_seconds : measured;
   }
   void do_launch_host_func(std::uintptr_t stream, void (*fn)(void*), void* arg) override {
     inner_.do_launch_host_func(stream, fn, arg);

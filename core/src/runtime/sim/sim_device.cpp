@@ -97,6 +97,7 @@ SimDevice::Impl::Impl(SimOptions o) : options(std::move(o)) {
   devices = std::make_unique<DeviceState[]>(static_cast<std::size_t>(options.device_count));
   legacy.resize(static_cast<std::size_t>(options.device_count));
   faults.fail_register_at = options.fail_register_at;
+  faults.fail_register_device = options.fail_register_device;
   reservation_bytes = options.device_memory_bytes;
   device_reservation = ::mmap(nullptr, reservation_bytes, PROT_NONE,
                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -187,6 +188,8 @@ SimOptions SimOptions::from_env() {
                   "' is not a compute mode (default or exclusive_process)");
   }
   o.fail_register_at = env_int("KVOFFLOAD_SIM_FAIL_REGISTER_AT", 0, 1'000'000, o.fail_register_at);
+  o.fail_register_device =
+      env_int("KVOFFLOAD_SIM_FAIL_REGISTER_DEVICE", -1, 63, o.fail_register_device);
   return o;
 }
 

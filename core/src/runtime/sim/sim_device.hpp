@@ -104,7 +104,11 @@ struct SimOptions {
   // registration does (SimFaults::fail_register_at, from the start). For processes a test
   // cannot reach into, such as the ranks of `kvoffload run`.
   int fail_register_at = 0;
+  // Only host registrations on this device count toward fail_register_at (-1: every device's), so
+  // one rank of a run can fail its bring-up while the others complete theirs.
+  int fail_register_device = -1;
   // Defaults from the environment: KVOFFLOAD_SIM_DEVICES (count), KVOFFLOAD_SIM_FAIL_REGISTER_AT,
+  // KVOFFLOAD_SIM_FAIL_REGISTER_DEVICE,
   // KVOFFLOAD_SIM_COMPUTE_MODE (default | exclusive_process) with KVOFFLOAD_SIM_LOCK_DIR,
   // KVOFFLOAD_SIM_CONTEXT_LOG, KVOFFLOAD_SIM_DRIVER_VERSION, KVOFFLOAD_SIM_ARCH and
   // KVOFFLOAD_SIM_KERNEL_ARCHS.
@@ -119,13 +123,14 @@ struct SimFaults {
   std::atomic<int> refuse_batch_code{1};  // ... with this code (1 invalid value, 801 not supported)
   std::atomic<int> fail_launches{0};      // the next N kernel launches fail (701)
   std::atomic<int> stale_error_before_launch{
-      0};                                   // set this error in the launching thread's slot first
-  std::atomic<int> fail_register_at{0};     // the Nth host_register call from now fails (1-based)
-  std::atomic<int> fail_device_pointer{0};  // the next N host_device_pointer calls fail
-  std::atomic<int> fail_memcpy_at{0};       // the Nth memcpy_async enqueue from now fails
-  std::atomic<int> fail_event_records{0};   // the next N event records fail (invalid value)
-  std::atomic<int> fail_wait_value{0};      // the next flag wait fails with this driver code
-  std::atomic<int> op_delay_us{0};          // every stream operation sleeps this long first
+      0};                                     // set this error in the launching thread's slot first
+  std::atomic<int> fail_register_at{0};       // the Nth host_register call from now fails (1-based)
+  std::atomic<int> fail_register_device{-1};  // ... counting only this device's calls (-1: all)
+  std::atomic<int> fail_device_pointer{0};    // the next N host_device_pointer calls fail
+  std::atomic<int> fail_memcpy_at{0};         // the Nth memcpy_async enqueue from now fails
+  std::atomic<int> fail_event_records{0};     // the next N event records fail (invalid value)
+  std::atomic<int> fail_wait_value{0};        // the next flag wait fails with this driver code
+  std::atomic<int> op_delay_us{0};            // every stream operation sleeps this long first
 };
 
 // What the device saw.

@@ -101,8 +101,9 @@ int sim_host_register(void* ctx, void* ptr, std::size_t bytes) {
   KVO_SIM_STICKY(d);
   KVO_SIM_CAPTURE_SAFE(d);
   d.counters.host_register_calls.fetch_add(1);
+  const int only = d.faults.fail_register_device.load();
   if (int n = d.faults.fail_register_at.load();
-      n > 0 && d.faults.fail_register_at.fetch_sub(1) == 1) {
+      n > 0 && (only < 0 || only == cur) && d.faults.fail_register_at.fetch_sub(1) == 1) {
     return d.fail(kOutOfMemory);
   }
   if (ptr == nullptr || bytes == 0) return d.fail(kInvalidValue);
