@@ -17,6 +17,7 @@ from ._kvoffload import region_path as region_path
 from ._kvoffload import default_shm_dir as default_shm_dir
 from ._kvoffload import BackendInfo as BackendInfo
 from ._kvoffload import list_backends as list_backends
+from ._kvoffload import probe_backend as probe_backend
 from ._kvoffload import Stream as Stream
 from ._kvoffload import Event as Event
 from ._kvoffload import HostRegistration as HostRegistration

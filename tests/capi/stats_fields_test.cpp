@@ -143,11 +143,12 @@ TEST(StatsFields, TheListsKeepTheirReleasedOrder) {
             (std::vector<std::string>{"entries", "bytes", "capacity_bytes", "puts_ok",
                                       "puts_failed", "gets_ok", "gets_miss", "gets_failed",
                                       "corrupt", "evictions", "in_flight", "direct_io"}));
-  EXPECT_EQ((std::vector<std::string>{KVOFFLOAD_REMOTE_STATS_FIELDS(KVO_TEST_NAME_)}),
-            (std::vector<std::string>{
-                "stored", "put_errors", "loaded", "get_misses", "corrupt", "get_errors", "lookups",
-                "lookup_present", "lookup_absent", "lookup_timeouts", "lookup_errors", "redirects",
-                "map_refreshes", "tasks", "breaker_opens", "nodes", "nodes_open"}));
+  EXPECT_EQ(
+      (std::vector<std::string>{KVOFFLOAD_REMOTE_STATS_FIELDS(KVO_TEST_NAME_)}),
+      (std::vector<std::string>{"stored", "put_errors", "loaded", "get_misses", "corrupt",
+                                "get_errors", "lookups", "lookup_present", "lookup_absent",
+                                "lookup_timeouts", "lookup_errors", "redirects", "map_refreshes",
+                                "tasks", "breaker_opens", "nodes", "nodes_open", "auth_failures"}));
 }
 #undef KVO_TEST_NAME_
 

@@ -132,7 +132,8 @@ TEST_F(RunTest, OnTheSimulatedGpuEveryByteVerifiesAndRanksSpreadOverDevices) {
   EXPECT_THAT(err(), HasSubstr("would use device 3"));
   // The error is the first thing on stderr: the other rank, told to stop, leaves quietly (it
   // used to warn about a broken pipe before the real error).
-  EXPECT_EQ(err().rfind("kvoffload: rank ", 0), 0u) << err();
+  EXPECT_EQ(err().rfind("kvoffload: run: stopped after ", 0), 0u) << err();
+  EXPECT_THAT(err(), HasSubstr("rank 0 failed to start: --devices 3"));
   EXPECT_THAT(err(), ::testing::Not(HasSubstr("EPIPE")));
   EXPECT_TRUE(shm_empty());
 }
