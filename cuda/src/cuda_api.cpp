@@ -124,9 +124,10 @@ int stream_wait_event(void*, void* s, void* e) {
 int launch_host_func(void*, void* s, void (*fn)(void*), void* arg) {
   return rc(cudaLaunchHostFunc(st(s), fn, arg));
 }
-int event_create(void*, void** e, int timing) {
-  return rc(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e),
-                                     timing != 0 ? cudaEventDefault : cudaEventDisableTiming));
+int event_create(void*, void** e, int flags) {
+  const unsigned f = ((flags & kEventTiming) != 0 ? cudaEventDefault : cudaEventDisableTiming) |
+                     ((flags & kEventBlockingSync) != 0 ? cudaEventBlockingSync : 0u);
+  return rc(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e), f));
 }
 int event_destroy(void*, void* e) {
   return rc(cudaEventDestroy(ev(e)));

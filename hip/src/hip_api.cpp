@@ -177,9 +177,10 @@ int launch_host_func(void*, void* s, void (*fn)(void*), void* arg) {
   if (e == hipSuccess) (void)call.release();  // the callback owns it now
   return rc(e);
 }
-int event_create(void*, void** e, int timing) {
-  return rc(hipEventCreateWithFlags(reinterpret_cast<hipEvent_t*>(e),
-                                    timing != 0 ? hipEventDefault : hipEventDisableTiming));
+int event_create(void*, void** e, int flags) {
+  const unsigned f = ((flags & kEventTiming) != 0 ? hipEventDefault : hipEventDisableTiming) |
+                     ((flags & kEventBlockingSync) != 0 ? hipEventBlockingSync : 0u);
+  return rc(hipEventCreateWithFlags(reinterpret_cast<hipEvent_t*>(e), f));
 }
 int event_destroy(void*, void* e) {
   return rc(hipEventDestroy(ev(e)));

@@ -123,6 +123,37 @@ TEST_F(SimDeviceTest, ContextsArePerDeviceWithCudasMultiDeviceRules) {
   EXPECT_EQ(api().stream_destroy(ctx(), s1), 0);
 }
 
+// Issue 25 (8): a host wait on the runtime's events sleeps (cudaEventBlockingSync) instead of
+// spinning a core: the engine's waits, synchronize_event and a full descriptor ring.
+TEST_F(SimDeviceTest, HostWaitsOnTheRuntimesEventsDoNotSpin) {
+  make();
+  Stream st = rt().create_stream();
+  Event e = rt().create_event(/*timing=*/true);
+  {
+    FlagGate gate(rt());
+    gate.hold(st.view());
+    rt().record_event(e.view(), st.view());
+    std::thread waiter([&] { rt().synchronize_event(e.view()); });
+    const bool waiting = eventually([&] { return sim().counters().host_waits.load() >= 1; });
+    gate.open();
+    waiter.join();
+    ASSERT_TRUE(waiting);
+  }
+  EXPECT_EQ(sim().counters().spinning_waits.load(), 0u);
+  KvRig s(rt(), 8, 4096, 4);
+  sim().faults().op_delay_us = 2000;  // the jobs are still running when the engine waits
+  {
+    TransferEngine ek(rt(), s.layout, kernel_only());
+    TransferEngine ed(rt(), s.layout, dma_only());
+    submit_load(ek, 1, {0, 1}, {2, 3});
+    submit_load(ed, 2, {2, 3}, {4, 5});
+    ASSERT_TRUE(ek.wait_all().at(0).success);
+    ASSERT_TRUE(ed.wait_all().at(0).success);
+  }
+  sim().faults().op_delay_us = 0;
+  EXPECT_EQ(sim().counters().spinning_waits.load(), 0u);
+}
+
 // Issue 25 (9): cudaStreamDestroy returns at once, while work queued on the stream still runs
 // (it completes, then the stream's resources go); device synchronization waits for that work.
 TEST_F(SimDeviceTest, DestroyingAStreamReturnsBeforeItsWorkEnds) {

@@ -50,6 +50,8 @@
 //   driver call) into another device's stream is refused (invalid handle); an event last
 //   recorded in a capture that has ended cannot be waited on, queried, synchronized or timed
 //   (cudaErrorCapturedEvent, 907) until it is recorded again outside a capture.
+// - A host wait (event_synchronize) on an unfinished event created without blocking sync spins
+//   a core on a GPU: counted (SimCounters::spinning_waits).
 // - A device without memory pools (SimOptions::memory_pools false) refuses stream-ordered
 //   allocation with "not supported" (801), as cudaMallocAsync does where
 //   cudaDevAttrMemoryPoolsSupported is 0.
@@ -147,6 +149,10 @@ struct SimCounters {
   // cudaFreeAsync of memory cudaMallocAsync did not allocate (refused with invalid value).
   std::atomic<std::uint64_t> mismatched_frees{0};
   std::atomic<std::uint64_t> captures_invalidated{0};
+  // Host waits (event_synchronize) on an unfinished event created without kEventBlockingSync:
+  // on a GPU each spins a core until the event completes.
+  std::atomic<std::uint64_t> spinning_waits{0};
+  std::atomic<std::uint64_t> host_waits{0};  // every such wait, spinning or not
 };
 
 class SimDevice {
