@@ -357,6 +357,36 @@ TEST_F(SimDeviceTest, MisalignedVectorAccessFaultsStickily) {
   EXPECT_EQ(api().stream_destroy(ctx(), s), 0);
 }
 
+// Issue 25 (9): 8-, 4- and 2-byte word accesses fault too when their address is not a multiple of
+// their size (the kernel's narrow path), aligned ones do not.
+struct WordArgs {
+  std::byte* buffer;
+  std::size_t width;
+  std::atomic<int> after_fault{0};
+};
+void misaligned_word_body(void* p) {
+  auto* a = static_cast<WordArgs*>(p);
+  gpu::sim::word_copy(a->buffer, a->buffer + 64, a->width);                  // aligned: fine
+  gpu::sim::word_copy(a->buffer + 128, a->buffer + a->width / 2, a->width);  // faults
+  a->after_fault.fetch_add(1);
+}
+TEST_F(SimDeviceTest, MisalignedWordAccessesFault) {
+  for (const std::size_t width : {8, 4, 2}) {
+    SCOPED_TRACE(width);
+    make();
+    alignas(16) std::byte buffer[256] = {};
+    WordArgs args{buffer, width};
+    void* s = nullptr;
+    ASSERT_EQ(api().stream_create(ctx(), &s), 0);
+    ASSERT_EQ(sim().launch_body(s, &misaligned_word_body, &args, 1), 0);
+    EXPECT_EQ(api().stream_synchronize(ctx(), s), kMisalignedAddress);
+    EXPECT_THAT(sim().sticky_reason(), HasSubstr("not " + std::to_string(width) + "-byte aligned"));
+    EXPECT_EQ(args.after_fault.load(), 0);
+    (void)api().get_last_error(ctx());
+    EXPECT_EQ(api().stream_destroy(ctx(), s), 0);
+  }
+}
+
 // The copy kernel's own alignment logic under the strict simulator: pieces at every alignment
 // copy exactly and never fault (its vector path runs only where both sides are aligned).
 TEST_F(SimDeviceTest, TheCopyKernelNeverMakesAMisalignedVectorAccess) {
