@@ -711,6 +711,39 @@ TEST_F(SimDeviceTest, AJobWaitingOnAnEventRecordedInACaptureFails) {
   EXPECT_TRUE(s.device_block_equals_slot(3, 1));
 }
 
+// Issue 25 (4): while the caller's capture still runs, the lane it pulled in captures too: a
+// later submit on that lane would become graph nodes that never run. It is refused, naming the
+// capture, and nothing is enqueued; after the caller's capture ends the lane works again.
+TEST_F(SimDeviceTest, ASubmitOnALaneStillInTheCallersCaptureIsRefused) {
+  make();
+  KvRig s(rt(), 8, 4096, 4);
+  TransferEngine e(rt(), s.layout, dma_only());
+  Stream compute = rt().create_stream();
+  Event captured = rt().create_event();
+  void* cs = reinterpret_cast<void*>(compute.native());
+  ASSERT_EQ(sim().begin_capture(cs, gpu::kCaptureModeGlobal), 0);
+  rt().record_event(captured.view(), compute.view());
+  submit_load(e, 1, {0, 2}, {1, 5}, WaitOn::event(captured.view()));
+  const std::uint64_t copies =
+      sim().counters().memcpy_calls.load() + sim().counters().batch_calls.load();
+  try {
+    submit_load(e, 2, {1}, {3});
+    ADD_FAILURE() << "a submit on a capturing lane was accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kState);
+    EXPECT_THAT(err.what(), HasSubstr("lane's stream is part of a graph capture"));
+  }
+  EXPECT_EQ(sim().counters().memcpy_calls.load() + sim().counters().batch_calls.load(), copies)
+      << "the refused job enqueued copies";
+  EXPECT_EQ(sim().end_capture(cs), kCaptureUnjoined);
+  const auto r = e.wait_all();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_FALSE(r[0].success);
+  submit_load(e, 3, {1}, {3});
+  ASSERT_TRUE(e.wait_all().at(0).success);
+  EXPECT_TRUE(s.device_block_equals_slot(3, 1));
+}
+
 // N8: with HIP's semantics the flag a stream waits on must be signal memory; the runtime's
 // flags are, so a gate works, and a word of registered memory is refused.
 TEST_F(SimDeviceTest, HipFlagWaitsUseSignalMemory) {
