@@ -81,8 +81,8 @@ int device_describe(void*, int d, char* name, std::size_t name_len, char* arch,
                     std::size_t arch_len) {
   cudaDeviceProp prop{};
   if (const cudaError_t e = cudaGetDeviceProperties(&prop, d); e != cudaSuccess) return rc(e);
-  std::snprintf(name, name_len, "%s", prop.name);
-  std::snprintf(arch, arch_len, "sm_%d%d", prop.major, prop.minor);
+  (void)std::snprintf(name, name_len, "%s", prop.name);
+  (void)std::snprintf(arch, arch_len, "sm_%d%d", prop.major, prop.minor);
   return 0;
 }
 int driver_version(void*, int* v) {
@@ -93,7 +93,7 @@ int runtime_version(void*, int* v) {
 }
 // CUDA_VERSION encoding: major * 1000 + minor * 10.
 void version_text(void*, int v, char* out, std::size_t len) {
-  std::snprintf(out, len, "%d.%d", v / 1000, (v % 1000) / 10);
+  (void)std::snprintf(out, len, "%d.%d", v / 1000, (v % 1000) / 10);
 }
 int exchange_capture_mode(void*, int* mode, int relaxed) {
   auto m = relaxed != 0 ? cudaStreamCaptureModeRelaxed : static_cast<cudaStreamCaptureMode>(*mode);
