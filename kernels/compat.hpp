@@ -10,6 +10,8 @@
 // - kvo_load_stream / kvo_store_stream: 16-byte accesses with a streaming ("evict first") cache
 //   hint, so a KV copy does not push the model's working set out of L2: ld.global.cs /
 //   st.global.cs through __ldcs/__stcs on CUDA, nontemporal loads/stores on AMD.
+// - kvo_copy_word<T>: one aligned 8-, 4- or 2-byte word copied (the kernel's narrow path); on
+//   sim it faults when misaligned, as the GPU's narrow loads and stores do.
 // - kvo_block_scan<Threads>: a block-wide inclusive sum from the vendors' own libraries
 //   (cub::BlockScan from CCCL on CUDA, rocprim::block_scan on HIP; hipCUB is not packaged in
 //   Debian), and a plain scan over the CTA's shared arena on sim.
@@ -41,6 +43,11 @@ __device__ __forceinline__ kvo_vec16 kvo_load_stream(const kvo_vec16* p) {
 }
 __device__ __forceinline__ void kvo_store_stream(kvo_vec16* p, kvo_vec16 v) {
   __builtin_nontemporal_store(v, p);
+}
+
+template <typename T>
+__device__ __forceinline__ void kvo_copy_word(unsigned char* dst, const unsigned char* src) {
+  *reinterpret_cast<T*>(dst) = *reinterpret_cast<const T*>(src);
 }
 
 template <int Threads>
@@ -89,6 +96,10 @@ inline kvo_vec16 kvo_load_stream(const kvo_vec16* p) {
 inline void kvo_store_stream(kvo_vec16* p, kvo_vec16 v) {
   ::kvoffload::kernels::sim::vector_store(p, &v);
 }
+template <typename T>
+inline void kvo_copy_word(unsigned char* dst, const unsigned char* src) {
+  ::kvoffload::kernels::sim::word_copy(dst, src, sizeof(T));
+}
 
 template <int Threads>
 struct kvo_block_scan {
@@ -130,6 +141,11 @@ __device__ __forceinline__ kvo_vec16 kvo_load_stream(const kvo_vec16* p) {
 }
 __device__ __forceinline__ void kvo_store_stream(kvo_vec16* p, kvo_vec16 v) {
   __stcs(p, v);
+}
+
+template <typename T>
+__device__ __forceinline__ void kvo_copy_word(unsigned char* dst, const unsigned char* src) {
+  *reinterpret_cast<T*>(dst) = *reinterpret_cast<const T*>(src);
 }
 
 template <int Threads>

@@ -52,16 +52,15 @@ __device__ __forceinline__ void copy_small(unsigned char* dst, const unsigned ch
   unsigned i = 0;
   if ((mis & 7u) == 0) {
     for (; i + 8 <= n; i += 8) {
-      *reinterpret_cast<u64*>(dst + i) = *reinterpret_cast<const u64*>(src + i);
+      kvo_copy_word<u64>(dst + i, src + i);
     }
   } else if ((mis & 3u) == 0) {
     for (; i + 4 <= n; i += 4) {
-      *reinterpret_cast<unsigned*>(dst + i) = *reinterpret_cast<const unsigned*>(src + i);
+      kvo_copy_word<unsigned>(dst + i, src + i);
     }
   } else if ((mis & 1u) == 0) {
     for (; i + 2 <= n; i += 2) {
-      *reinterpret_cast<unsigned short*>(dst + i) =
-          *reinterpret_cast<const unsigned short*>(src + i);
+      kvo_copy_word<unsigned short>(dst + i, src + i);
     }
   }
   for (; i < n; ++i) {

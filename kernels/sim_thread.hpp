@@ -29,6 +29,8 @@ ThreadContext& this_thread() noexcept;
 // the kernel stops there, as on a GPU. Defined by the CTA executor (core/src/runtime/sim).
 void vector_load(const void* src, void* out16);
 void vector_store(void* dst, const void* in16);
+// One 8-, 4- or 2-byte word copied: each address must be a multiple of `bytes`, or it faults.
+void word_copy(void* dst, const void* src, std::size_t bytes);
 
 inline void sync_threads() {
   ThreadContext& t = this_thread();

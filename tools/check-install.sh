@@ -44,6 +44,14 @@ for f in include/kvoffload/kvoffload.h include/kvoffload/region.hpp include/kvof
   [[ -e $prefix/$f ]] || die "missing from the install: $f"
 done
 
+# An installed CUDA module carries its runtime: it must load beside a torch built for another
+# CUDA runtime, on a system path without this toolkit's libcudart (issue 25).
+for module in "$prefix/$libdir"/libkvoffload_cuda.so; do
+  [[ -e $module ]] || continue
+  step "the installed $(basename "$module") needs no libcudart (readelf -d)"
+  "$src/tools/ci/check-module-deps.sh" "$module" || die "$module links the CUDA runtime dynamically"
+done
+
 step "build examples/ against the installed package (find_package(kvoffload))"
 cmake -S "$src/examples" -B "$work/example" "${generator[@]}" -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_BUILD_TYPE=Release >"$work/example-configure.log" 2>&1 \

@@ -81,8 +81,8 @@ int device_describe(void*, int d, char* name, std::size_t name_len, char* arch,
                     std::size_t arch_len) {
   cudaDeviceProp prop{};
   if (const cudaError_t e = cudaGetDeviceProperties(&prop, d); e != cudaSuccess) return rc(e);
-  std::snprintf(name, name_len, "%s", prop.name);
-  std::snprintf(arch, arch_len, "sm_%d%d", prop.major, prop.minor);
+  (void)std::snprintf(name, name_len, "%s", prop.name);
+  (void)std::snprintf(arch, arch_len, "sm_%d%d", prop.major, prop.minor);
   return 0;
 }
 int driver_version(void*, int* v) {
@@ -93,7 +93,7 @@ int runtime_version(void*, int* v) {
 }
 // CUDA_VERSION encoding: major * 1000 + minor * 10.
 void version_text(void*, int v, char* out, std::size_t len) {
-  std::snprintf(out, len, "%d.%d", v / 1000, (v % 1000) / 10);
+  (void)std::snprintf(out, len, "%d.%d", v / 1000, (v % 1000) / 10);
 }
 int exchange_capture_mode(void*, int* mode, int relaxed) {
   auto m = relaxed != 0 ? cudaStreamCaptureModeRelaxed : static_cast<cudaStreamCaptureMode>(*mode);
@@ -124,9 +124,10 @@ int stream_wait_event(void*, void* s, void* e) {
 int launch_host_func(void*, void* s, void (*fn)(void*), void* arg) {
   return rc(cudaLaunchHostFunc(st(s), fn, arg));
 }
-int event_create(void*, void** e, int timing) {
-  return rc(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e),
-                                     timing != 0 ? cudaEventDefault : cudaEventDisableTiming));
+int event_create(void*, void** e, int flags) {
+  const unsigned f = ((flags & kEventTiming) != 0 ? cudaEventDefault : cudaEventDisableTiming) |
+                     ((flags & kEventBlockingSync) != 0 ? cudaEventBlockingSync : 0u);
+  return rc(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e), f));
 }
 int event_destroy(void*, void* e) {
   return rc(cudaEventDestroy(ev(e)));

@@ -102,8 +102,8 @@ int device_describe(void*, int d, char* name, std::size_t name_len, char* arch,
                     std::size_t arch_len) {
   hipDeviceProp_t prop{};
   if (const hipError_t e = hipGetDeviceProperties(&prop, d); e != hipSuccess) return rc(e);
-  std::snprintf(name, name_len, "%s", prop.name);
-  std::snprintf(arch, arch_len, "%s", prop.gcnArchName);
+  (void)std::snprintf(name, name_len, "%s", prop.name);
+  (void)std::snprintf(arch, arch_len, "%s", prop.gcnArchName);
   return 0;
 }
 int driver_version(void*, int* v) {
@@ -114,7 +114,7 @@ int runtime_version(void*, int* v) {
 }
 // HIP_VERSION encoding: major * 10000000 + minor * 100000 + patch.
 void version_text(void*, int v, char* out, std::size_t len) {
-  std::snprintf(out, len, "%d.%d", v / 10000000, (v / 100000) % 100);
+  (void)std::snprintf(out, len, "%d.%d", v / 10000000, (v / 100000) % 100);
 }
 int exchange_capture_mode(void*, int* mode, int relaxed) {
   auto m = relaxed != 0 ? hipStreamCaptureModeRelaxed : static_cast<hipStreamCaptureMode>(*mode);
@@ -177,9 +177,10 @@ int launch_host_func(void*, void* s, void (*fn)(void*), void* arg) {
   if (e == hipSuccess) (void)call.release();  // the callback owns it now
   return rc(e);
 }
-int event_create(void*, void** e, int timing) {
-  return rc(hipEventCreateWithFlags(reinterpret_cast<hipEvent_t*>(e),
-                                    timing != 0 ? hipEventDefault : hipEventDisableTiming));
+int event_create(void*, void** e, int flags) {
+  const unsigned f = ((flags & kEventTiming) != 0 ? hipEventDefault : hipEventDisableTiming) |
+                     ((flags & kEventBlockingSync) != 0 ? hipEventBlockingSync : 0u);
+  return rc(hipEventCreateWithFlags(reinterpret_cast<hipEvent_t*>(e), f));
 }
 int event_destroy(void*, void* e) {
   return rc(hipEventDestroy(ev(e)));

@@ -123,6 +123,37 @@ TEST_F(SimDeviceTest, ContextsArePerDeviceWithCudasMultiDeviceRules) {
   EXPECT_EQ(api().stream_destroy(ctx(), s1), 0);
 }
 
+// Issue 25 (8): a host wait on the runtime's events sleeps (cudaEventBlockingSync) instead of
+// spinning a core: the engine's waits, synchronize_event and a full descriptor ring.
+TEST_F(SimDeviceTest, HostWaitsOnTheRuntimesEventsDoNotSpin) {
+  make();
+  Stream st = rt().create_stream();
+  Event e = rt().create_event(/*timing=*/true);
+  {
+    FlagGate gate(rt());
+    gate.hold(st.view());
+    rt().record_event(e.view(), st.view());
+    std::thread waiter([&] { rt().synchronize_event(e.view()); });
+    const bool waiting = eventually([&] { return sim().counters().host_waits.load() >= 1; });
+    gate.open();
+    waiter.join();
+    ASSERT_TRUE(waiting);
+  }
+  EXPECT_EQ(sim().counters().spinning_waits.load(), 0u);
+  KvRig s(rt(), 8, 4096, 4);
+  sim().faults().op_delay_us = 2000;  // the jobs are still running when the engine waits
+  {
+    TransferEngine ek(rt(), s.layout, kernel_only());
+    TransferEngine ed(rt(), s.layout, dma_only());
+    submit_load(ek, 1, {0, 1}, {2, 3});
+    submit_load(ed, 2, {2, 3}, {4, 5});
+    ASSERT_TRUE(ek.wait_all().at(0).success);
+    ASSERT_TRUE(ed.wait_all().at(0).success);
+  }
+  sim().faults().op_delay_us = 0;
+  EXPECT_EQ(sim().counters().spinning_waits.load(), 0u);
+}
+
 // Issue 25 (9): cudaStreamDestroy returns at once, while work queued on the stream still runs
 // (it completes, then the stream's resources go); device synchronization waits for that work.
 TEST_F(SimDeviceTest, DestroyingAStreamReturnsBeforeItsWorkEnds) {
@@ -324,6 +355,36 @@ TEST_F(SimDeviceTest, MisalignedVectorAccessFaultsStickily) {
   EXPECT_EQ(api().event_create(ctx(), &e, 0), kMisalignedAddress) << "the error is sticky";
   (void)api().get_last_error(ctx());
   EXPECT_EQ(api().stream_destroy(ctx(), s), 0);
+}
+
+// Issue 25 (9): 8-, 4- and 2-byte word accesses fault too when their address is not a multiple of
+// their size (the kernel's narrow path), aligned ones do not.
+struct WordArgs {
+  std::byte* buffer;
+  std::size_t width;
+  std::atomic<int> after_fault{0};
+};
+void misaligned_word_body(void* p) {
+  auto* a = static_cast<WordArgs*>(p);
+  gpu::sim::word_copy(a->buffer, a->buffer + 64, a->width);                  // aligned: fine
+  gpu::sim::word_copy(a->buffer + 128, a->buffer + a->width / 2, a->width);  // faults
+  a->after_fault.fetch_add(1);
+}
+TEST_F(SimDeviceTest, MisalignedWordAccessesFault) {
+  for (const std::size_t width : {8, 4, 2}) {
+    SCOPED_TRACE(width);
+    make();
+    alignas(16) std::byte buffer[256] = {};
+    WordArgs args{buffer, width};
+    void* s = nullptr;
+    ASSERT_EQ(api().stream_create(ctx(), &s), 0);
+    ASSERT_EQ(sim().launch_body(s, &misaligned_word_body, &args, 1), 0);
+    EXPECT_EQ(api().stream_synchronize(ctx(), s), kMisalignedAddress);
+    EXPECT_THAT(sim().sticky_reason(), HasSubstr("not " + std::to_string(width) + "-byte aligned"));
+    EXPECT_EQ(args.after_fault.load(), 0);
+    (void)api().get_last_error(ctx());
+    EXPECT_EQ(api().stream_destroy(ctx(), s), 0);
+  }
 }
 
 // The copy kernel's own alignment logic under the strict simulator: pieces at every alignment
@@ -646,6 +707,39 @@ TEST_F(SimDeviceTest, AJobWaitingOnAnEventRecordedInACaptureFails) {
   EXPECT_FALSE(r[0].success);
   EXPECT_THAT(r[0].error, HasSubstr("graph capture"));
   submit_load(e, 2, {1}, {3});
+  ASSERT_TRUE(e.wait_all().at(0).success);
+  EXPECT_TRUE(s.device_block_equals_slot(3, 1));
+}
+
+// Issue 25 (4): while the caller's capture still runs, the lane it pulled in captures too: a
+// later submit on that lane would become graph nodes that never run. It is refused, naming the
+// capture, and nothing is enqueued; after the caller's capture ends the lane works again.
+TEST_F(SimDeviceTest, ASubmitOnALaneStillInTheCallersCaptureIsRefused) {
+  make();
+  KvRig s(rt(), 8, 4096, 4);
+  TransferEngine e(rt(), s.layout, dma_only());
+  Stream compute = rt().create_stream();
+  Event captured = rt().create_event();
+  void* cs = reinterpret_cast<void*>(compute.native());
+  ASSERT_EQ(sim().begin_capture(cs, gpu::kCaptureModeGlobal), 0);
+  rt().record_event(captured.view(), compute.view());
+  submit_load(e, 1, {0, 2}, {1, 5}, WaitOn::event(captured.view()));
+  const std::uint64_t copies =
+      sim().counters().memcpy_calls.load() + sim().counters().batch_calls.load();
+  try {
+    submit_load(e, 2, {1}, {3});
+    ADD_FAILURE() << "a submit on a capturing lane was accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kState);
+    EXPECT_THAT(err.what(), HasSubstr("lane's stream is part of a graph capture"));
+  }
+  EXPECT_EQ(sim().counters().memcpy_calls.load() + sim().counters().batch_calls.load(), copies)
+      << "the refused job enqueued copies";
+  EXPECT_EQ(sim().end_capture(cs), kCaptureUnjoined);
+  const auto r = e.wait_all();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_FALSE(r[0].success);
+  submit_load(e, 3, {1}, {3});
   ASSERT_TRUE(e.wait_all().at(0).success);
   EXPECT_TRUE(s.device_block_equals_slot(3, 1));
 }

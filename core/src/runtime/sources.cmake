@@ -29,13 +29,19 @@ target_link_libraries(kvoffload_objects PUBLIC ${CMAKE_DL_LIBS})
 # Which modules this build makes (Note [Not built vs not loadable] in gpu/backend_modules.cpp): a
 # built one that does not load is an error naming the paths, never "not built". On this one file,
 # so reconfiguring with a GPU backend recompiles one file.
+# A module a previous configuration built stays in core/ when its backend is switched off, and
+# every target's build RPATH would find it: removed, so the build tree holds only what it builds.
 set(_kvo_built_cuda 0)
 set(_kvo_built_hip 0)
 if(KVOFFLOAD_WITH_CUDA)
   set(_kvo_built_cuda 1)
+else()
+  file(REMOVE ${PROJECT_BINARY_DIR}/core/libkvoffload_cuda.so)
 endif()
 if(KVOFFLOAD_WITH_HIP)
   set(_kvo_built_hip 1)
+else()
+  file(REMOVE ${PROJECT_BINARY_DIR}/core/libkvoffload_hip.so)
 endif()
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/gpu/backend_modules.cpp PROPERTIES
   COMPILE_DEFINITIONS "KVOFFLOAD_BUILT_CUDA=${_kvo_built_cuda};KVOFFLOAD_BUILT_HIP=${_kvo_built_hip}")

@@ -55,7 +55,8 @@ namespace kvoffload {
 // graph nodes that never run, and the caller's capture fails at its end (unjoined). So a submit
 // that waits on a capturing stream is refused before anything is enqueued. A job that waits on
 // an event recorded during a capture is found out after the wait (the lane now captures) and
-// failed; the caller's capture is lost by then, which the message says.
+// failed; the caller's capture is lost by then, which the message says. Until that capture ends
+// the lane captures too, so later submits on it are refused; once it ends the lane runs again.
 
 struct TransferEngine::Impl {
   struct Inflight {
@@ -188,6 +189,17 @@ struct TransferEngine::Impl {
     }
     Lane& ln = lane(direction);
     std::lock_guard submit_lock(ln.submit_mutex);
+    if (runtime.stream_capturing(ln.stream.view())) {
+      // Pulled into a caller's capture by an earlier job's wait, and that capture still runs.
+      throw Error(ErrorCode::kState,
+                  fmt::format("transfer engine: job {} refused: the {} lane's stream is part of a "
+                              "graph capture it was pulled into (an earlier job waited on an "
+                              "event recorded during that capture), so its copies would become "
+                              "graph nodes that never run. Submit after the capture ends (Note "
+                              "[Capturing streams])",
+                              static_cast<std::uint64_t>(id), to_string(direction)),
+                  0, "stream_capturing");
+    }
     {
       std::lock_guard lock(state_mutex);
       if (closed) throw Error(ErrorCode::kState, "transfer engine: submit after shutdown");

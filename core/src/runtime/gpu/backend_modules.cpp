@@ -62,8 +62,12 @@ std::string library_dir() {
 #define KVOFFLOAD_BUILT_HIP 0
 #endif
 
+constexpr bool kBuiltCuda = KVOFFLOAD_BUILT_CUDA != 0;
+constexpr bool kBuiltHip = KVOFFLOAD_BUILT_HIP != 0;
+
 bool module_built(std::string_view name) {
-  return name == "cuda" ? KVOFFLOAD_BUILT_CUDA != 0 : KVOFFLOAD_BUILT_HIP != 0;
+  if (name == "cuda") return kBuiltCuda;
+  return kBuiltHip;
 }
 
 Module open_module(std::string_view name) {
@@ -91,7 +95,9 @@ Module open_module(std::string_view name) {
     // built module is always reported (Note [Not built vs not loadable]).
     if (!built && bare && text.find(file + ": cannot open shared object file") != std::string::npos)
       continue;
-    errors += (errors.empty() ? "" : "; ") + (bare ? "dlopen(" + path + "): " : "") + text;
+    if (!errors.empty()) errors += "; ";
+    if (bare) errors.append("dlopen(").append(path).append("): ");
+    errors += text;
   }
   if (handle == nullptr) {
     if (errors.empty()) {

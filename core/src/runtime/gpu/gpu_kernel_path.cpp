@@ -79,7 +79,7 @@ GpuRuntime::DescSlot GpuRuntime::make_slot(void* stream) {
     slot.staged = static_cast<VendorCopyDesc*>(staged);
   }
   if (err == 0) {
-    err = api_.event_create(ctx_, &slot.done, 0);
+    err = api_.event_create(ctx_, &slot.done, kEventBlockingSync);  // a full ring waits on it
     call = "event_create";
   }
   if (err != 0) {

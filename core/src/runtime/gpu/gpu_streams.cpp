@@ -42,7 +42,10 @@ void GpuRuntime::do_destroy_stream(std::uintptr_t stream) noexcept {
 std::uintptr_t GpuRuntime::do_create_event(bool timing) {
   Guard guard(api_, device_);
   void* event = nullptr;
-  check_vendor(api_, api_.event_create(ctx_, &event, timing ? 1 : 0), "event_create");
+  // Blocking sync: the engine's waits and synchronize_event sleep instead of spinning a core.
+  check_vendor(api_,
+               api_.event_create(ctx_, &event, kEventBlockingSync | (timing ? kEventTiming : 0)),
+               "event_create");
   return reinterpret_cast<std::uintptr_t>(event);
 }
 

@@ -64,6 +64,14 @@ enum VendorCaps : std::uint32_t {
   kCapRegistrationMayMigrate = 1u << 1,
 };
 
+// event_create's flags. Without kEventTiming the event cannot time (cudaEventDisableTiming,
+// cheaper); with kEventBlockingSync a host thread synchronizing on it sleeps until it completes
+// instead of spinning a core (cudaEventBlockingSync).
+enum EventFlags : int {
+  kEventTiming = 1 << 0,
+  kEventBlockingSync = 1 << 1,
+};
+
 // A kernel copy descriptor, identical to kernels::CopyDesc and CopyDescriptor.
 struct VendorCopyDesc {
   const void* src;
@@ -133,7 +141,7 @@ struct VendorApi {
   int (*flag_alloc)(void* ctx, std::uint32_t** flag);
   int (*flag_free)(void* ctx, std::uint32_t* flag);
   int (*launch_host_func)(void* ctx, void* stream, void (*fn)(void*), void* arg);
-  int (*event_create)(void* ctx, void** event, int timing);
+  int (*event_create)(void* ctx, void** event, int flags);  // EventFlags
   int (*event_destroy)(void* ctx, void* event);
   int (*event_record)(void* ctx, void* event, void* stream);
   int (*event_query)(void* ctx, void* event);

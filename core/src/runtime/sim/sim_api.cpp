@@ -294,12 +294,13 @@ int sim_launch_host_func(void* ctx, void* stream, void (*fn)(void*), void* arg) 
     return d.fail(err);
   return kSuccess;
 }
-int sim_event_create(void* ctx, void** event, int timing) {
+int sim_event_create(void* ctx, void** event, int flags) {
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
   KVO_SIM_STICKY(d);
   auto* e = new SimEvent();
-  e->cpu.timing = timing != 0;
+  e->cpu.timing = (flags & kEventTiming) != 0;
+  e->blocking_sync = (flags & kEventBlockingSync) != 0;
   e->device = cur;
   *event = e;
   return kSuccess;
@@ -366,7 +367,15 @@ int sim_event_synchronize(void* ctx, void* event) {
     if (e->capture && d.captures.contains(e->capture)) return d.fail(kCaptureUnsupported);
     if (e->capture) return d.fail(kCapturedEvent);  // its capture has ended (see stream_wait_event)
   }
-  if (std::shared_ptr<Marker> m = e->cpu.current()) m->wait();
+  if (std::shared_ptr<Marker> m = e->cpu.current()) {
+    // On a GPU, synchronizing on an event without cudaEventBlockingSync spins a core until it
+    // completes (the default scheduling): counted, so tests can require that host waits sleep.
+    if (!m->is_done()) {
+      if (!e->blocking_sync) d.counters.spinning_waits.fetch_add(1);
+      d.counters.host_waits.fetch_add(1);
+    }
+    m->wait();
+  }
   KVO_SIM_STICKY(d);
   return kSuccess;
 }

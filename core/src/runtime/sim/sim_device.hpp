@@ -18,7 +18,8 @@
 //   through compat.hpp and executed CTA by CTA with one fiber per GPU thread and a barrier for
 //   __syncthreads, so its indexing, alignment and tail logic run on the CPU. A 16-byte vector
 //   access at an address that is not 16-byte aligned faults (misaligned address, sticky) and
-//   stops the kernel, as on a GPU.
+//   stops the kernel, as on a GPU; so does an 8-, 4- or 2-byte word access at an address that is
+//   not a multiple of its size (the kernel's narrow path, kvo_copy_word).
 // - Batched memcpy with source order ANY may read its sources at the call, before earlier work
 //   in the stream (the header allows it); the simulator does exactly that, so relying on ANY
 //   where it is not allowed reads stale bytes here too.
@@ -50,6 +51,8 @@
 //   driver call) into another device's stream is refused (invalid handle); an event last
 //   recorded in a capture that has ended cannot be waited on, queried, synchronized or timed
 //   (cudaErrorCapturedEvent, 907) until it is recorded again outside a capture.
+// - A host wait (event_synchronize) on an unfinished event created without blocking sync spins
+//   a core on a GPU: counted (SimCounters::spinning_waits).
 // - A device without memory pools (SimOptions::memory_pools false) refuses stream-ordered
 //   allocation with "not supported" (801), as cudaMallocAsync does where
 //   cudaDevAttrMemoryPoolsSupported is 0.
@@ -152,6 +155,10 @@ struct SimCounters {
   // cudaFreeAsync of memory cudaMallocAsync did not allocate (refused with invalid value).
   std::atomic<std::uint64_t> mismatched_frees{0};
   std::atomic<std::uint64_t> captures_invalidated{0};
+  // Host waits (event_synchronize) on an unfinished event created without kEventBlockingSync:
+  // on a GPU each spins a core until the event completes.
+  std::atomic<std::uint64_t> spinning_waits{0};
+  std::atomic<std::uint64_t> host_waits{0};  // every such wait, spinning or not
 };
 
 class SimDevice {
@@ -196,6 +203,9 @@ class SimDevice {
 // In a body run by launch_body: one 16-byte vector load from `src` and store to `dst` (host
 // addresses), faulting as the GPU does when either is not 16-byte aligned.
 void vector_copy16(void* dst, const void* src);
+// In such a body: one `bytes`-byte word (8, 4 or 2) copied, faulting when either address is not
+// a multiple of `bytes`, as the GPU's narrow loads and stores do.
+void word_copy(void* dst, const void* src, std::size_t bytes);
 
 // The process-wide device behind make_runtime("sim") (SimOptions::from_env()).
 std::shared_ptr<SimDevice> default_device();

@@ -135,6 +135,7 @@ struct Capture {
 struct SimEvent {
   CpuEvent cpu;
   int device = 0;
+  bool blocking_sync = false;        // kEventBlockingSync: a host wait on it sleeps
   std::shared_ptr<Capture> capture;  // recorded during this capture (then `cpu` is untouched)
   SimStream* capture_stream = nullptr;
   std::uint64_t capture_seq = 0;

@@ -52,6 +52,15 @@ void vector_store(void* dst, const void* in16) {
   check_vector_address(dst);
   std::memcpy(dst, in16, 16);
 }
+void word_copy(void* dst, const void* src, std::size_t bytes) {
+  // An 8-, 4- or 2-byte ld/st.global at an address that is not a multiple of its size faults too.
+  for (const void* p : {src, static_cast<const void*>(dst)}) {
+    if ((reinterpret_cast<std::uintptr_t>(p) & (bytes - 1)) != 0) {
+      gpu::sim::g_executor->raise(gpu::sim::kMisalignedAddress, p, static_cast<unsigned>(bytes));
+    }
+  }
+  std::memcpy(dst, src, bytes);
+}
 }  // namespace kvoffload::kernels::sim
 
 namespace kvoffload::gpu::sim {
@@ -117,8 +126,8 @@ void CtaExecutor::fiber_main() {
   self->leave();  // never resumed: the next CTA makes a new context on this stack
 }
 
-void CtaExecutor::raise(int code, const void* address) {
-  fault_ = Fault{code, address, current_->thread.block_idx.x, current_->thread.thread_idx.x};
+void CtaExecutor::raise(int code, const void* address, unsigned width) {
+  fault_ = Fault{code, address, current_->thread.block_idx.x, current_->thread.thread_idx.x, width};
   current_->state = Fiber::State::kFaulted;
   leave();  // never resumed: the kernel stops here
   __builtin_unreachable();
@@ -166,6 +175,9 @@ void vector_copy16(void* dst, const void* src) {
   unsigned char v[16];
   kernels::sim::vector_load(src, v);
   kernels::sim::vector_store(dst, v);
+}
+void word_copy(void* dst, const void* src, std::size_t bytes) {
+  kernels::sim::word_copy(dst, src, bytes);
 }
 
 void CtaExecutor::run(const kernels::CopyDesc* descs, std::size_t count, unsigned grid) {

@@ -37,11 +37,12 @@ class CtaExecutor {
     const void* address = nullptr;
     unsigned block = 0;
     unsigned thread = 0;
+    unsigned width = 16;  // bytes of the access that faulted
   };
   // The fault that stopped the last run, if any.
   [[nodiscard]] const Fault& fault() const noexcept { return fault_; }
   // Called by a GPU thread of this executor: stops the kernel (never returns to the thread).
-  [[noreturn]] void raise(int code, const void* address);
+  [[noreturn]] void raise(int code, const void* address, unsigned width = 16);
 
   struct Fiber;
 

@@ -75,9 +75,9 @@ void SimStream::execute(Op& op) {
 void SimStream::report_fault(const char* what) {
   const CtaExecutor::Fault& f = executor_->fault();
   if (f.code == 0) return;
-  dev_.poison(f.code, fmt::format("{}: thread {} of block {} made a 16-byte vector access at {}, "
-                                  "which is not 16-byte aligned (a GPU faults here)",
-                                  what, f.thread, f.block, f.address));
+  dev_.poison(f.code, fmt::format("{}: thread {} of block {} made a {}-byte access at {}, which "
+                                  "is not {}-byte aligned (a GPU faults here)",
+                                  what, f.thread, f.block, f.width, f.address, f.width));
 }
 
 // The MMU step: read the descriptors where the device would (translating their address), rewrite

@@ -27,7 +27,7 @@
 #define HIP_VERSION_MINOR KVOFFLOAD_FAKE_HIP_MINOR
 #define HIP_VERSION_PATCH 0
 #define HIP_VERSION (HIP_VERSION_MAJOR * 10000000 + HIP_VERSION_MINOR * 100000 + HIP_VERSION_PATCH)
-#define __HIP_PLATFORM_AMD__ 1
+#define __HIP_PLATFORM_AMD__ 1  // NOLINT(bugprone-reserved-identifier): ROCm's own name
 
 #define HIP_DEPRECATED(msg) __attribute__((deprecated(msg)))
 #if HIP_VERSION >= 60300000
