@@ -257,6 +257,33 @@ TEST_F(RedisTlsTest, ClientCertificatesAndWrongPorts) {
   EXPECT_THAT(r.nodes[0].error, HasSubstr("is it a TLS port?"));
 }
 
+// A Redis Cluster on TLS only (tls-port, tls-cluster) with a password: the slot map and every
+// master are reached over verified TLS with AUTH.
+TEST_F(RedisTlsTest, ClusterOverTlsWithAPassword) {
+  const TestCertificates certs;
+  const auto tls_node = [&](int port) {
+    std::vector<std::string> a = certs.redis_args(port, false);
+    a.insert(a.end(), {"--tls-cluster", "yes"});
+    return a;
+  };
+  RedisCluster cluster(3, {"--requirepass", kPassword, "--masterauth", kPassword},
+                       {"--tls", "--cacert", certs.ca(), "--pass", kPassword, "--no-auth-warning"},
+                       tls_node);
+  const std::string nodes = cluster.url().substr(std::string("redis-cluster://").size());
+  const std::string url =
+      "rediss-cluster://:" + std::string(kPassword) + "@" + nodes + "?tls_ca=" + certs.ca();
+  auto tier = RemoteTier::open(options(url));
+  expect_round_trip(*tier);
+  EXPECT_EQ(tier->remote_stats().nodes, 3u);
+  const RemoteCheckReport report = check_remote(RemoteUrl::parse(url), std::chrono::seconds(1));
+  EXPECT_EQ(report.slots_covered, 16384u) << report.problem();
+  // Without TLS the nodes answer nothing a client can use: no slot map, and no secret shown.
+  const std::string plain = "redis-cluster://:" + std::string(kPassword) + "@" + nodes;
+  const RemoteCheckReport none = check_remote(RemoteUrl::parse(plain), std::chrono::seconds(1));
+  EXPECT_FALSE(none.problem().empty());
+  EXPECT_THAT(none.problem(), Not(HasSubstr(kPassword)));
+}
+
 // memcached -S with a sasldb the test writes (saslpasswd2, Debian: sasl2-bin): SASL PLAIN over
 // the binary protocol, which libmemcached uses for a URL with credentials.
 TEST(MemcachedSaslTest, CredentialsAreSaslPlain) {
