@@ -154,16 +154,21 @@ TlsStream::TlsStream(int fd, const RemoteTls& tls, const RemoteEndpoint& endpoin
     const long verify = SSL_get_verify_result(ssl);
     if (verify != X509_V_OK) {
       ERR_clear_error();
-      throw Error(ErrorCode::kPermission,
-                  where + ": the server's certificate did not verify (" +
-                      X509_verify_cert_error_string(verify) + "; checked against " +
-                      (tls.ca_file.empty() ? std::string("the system's trust store")
-                                           : "tls_ca " + tls.ca_file) +
-                      " and the name '" + name + "')");
+      std::string why = where + ": the server's certificate did not verify (";
+      why += X509_verify_cert_error_string(verify);
+      why += "; checked against ";
+      why +=
+          tls.ca_file.empty() ? std::string("the system's trust store") : "tls_ca " + tls.ca_file;
+      why += " and the name '";
+      why += name;
+      why += "')";
+      throw Error(ErrorCode::kPermission, why);
     }
     if (!s_->wait_for(rc, deadline, "handshake", error)) {
-      throw Error(ErrorCode::kNotAvailable,
-                  where + ": the handshake failed: " + error + " (is it a TLS port?)");
+      std::string why = where + ": the handshake failed: ";
+      why += error;
+      why += " (is it a TLS port?)";
+      throw Error(ErrorCode::kNotAvailable, why);
     }
   }
 }
