@@ -163,6 +163,12 @@ TEST_F(RemoteAuthRunTest, RemoteCheckSaysAuthenticationFailedNotUnreachable) {
   EXPECT_THAT(err("bad") + out("bad"), HasSubstr("IPv6 host in brackets"));
   EXPECT_EQ(
       exec(run_args("redis://:" + std::string(kSecret) + "@::1:6379", "engine-bad"), "badrun"), 2);
+  // A usage error of the option parser quotes the words it refuses: redacted too.
+  EXPECT_EQ(exec({"remote", "check", "redis://:" + std::string(kSecret) + "@" + at,
+                  "redis://u:" + std::string(kSecret) + "@h:1"},
+                 "usage"),
+            2);
+  EXPECT_THAT(err("usage"), HasSubstr("redis://u:***@h:1"));
   expect_no_secret();
 }
 
@@ -217,6 +223,9 @@ TEST_F(RemoteAuthRunTest, NoChannelEverShowsTheSecret) {
     if (!stored) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_TRUE(stored) << err("live");
+  // The process list: argv was scrubbed once parsed (15 '*' for the 15 characters of kSecret).
+  const std::string cmdline = read_text("/proc/" + std::to_string(job.pid()) + "/cmdline");
+  EXPECT_THAT(cmdline, HasSubstr("redis://:***************@127.0.0.1"));
   EXPECT_EQ(exec({"region", "list", "--shm-dir", shm_.string()}, "list"), 0) << err("list");
   EXPECT_THAT(out("list"), HasSubstr("engine-live"));
   EXPECT_EQ(exec({"region", "list", "--shm-dir", shm_.string(), "--json"}, "listjson"), 0);
@@ -237,7 +246,7 @@ TEST_F(RemoteAuthRunTest, NoChannelEverShowsTheSecret) {
   EXPECT_GT(r["remote"]["stored"].get<std::uint64_t>(), 0u);
   EXPECT_EQ(r["remote"]["auth_failures"], 0);
   EXPECT_THAT(err("live"), HasSubstr(":***@127.0.0.1"));  // the tier's open line names the store
-  expect_no_secret({metrics, page, *line});
+  expect_no_secret({metrics, page, *line, cmdline});
 }
 
 }  // namespace
