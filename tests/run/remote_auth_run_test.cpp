@@ -2,7 +2,8 @@
 // credentials, driven as a user runs them: a refusal says "authentication failed" (never
 // "unreachable"), a run whose store refuses its requests fails, and the password never appears
 // on any channel -- stdout, stderr with every log line (KVOFFLOAD_LOG_LEVEL=trace), the --json
-// report or error, `region list`, and the exporter's /metrics and page while the run is live.
+// report or error, `region list`, `top`, the process list, and the exporter's /metrics and page
+// while the run is live.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -207,8 +208,8 @@ TEST_F(RemoteAuthRunTest, RunWhoseStoreRefusesEveryPutEndsNonZero) {
 }
 
 // Every channel while an authenticated run is live and after it: the run's own stdout, stderr
-// (every log line), --json report; `region list` (text and JSON); the exporter's /metrics and
-// page.
+// (every log line), --json report, its argv in the process list; `region list` and `top --once`
+// (text and JSON); the exporter's /metrics and page.
 TEST_F(RemoteAuthRunTest, NoChannelEverShowsTheSecret) {
   ServerProcess redis(ServerProcess::Kind::kRedis, {"--requirepass", kSecret});
   redis.set_cli_args({"--pass", kSecret, "--no-auth-warning"});
@@ -229,6 +230,9 @@ TEST_F(RemoteAuthRunTest, NoChannelEverShowsTheSecret) {
   EXPECT_EQ(exec({"region", "list", "--shm-dir", shm_.string()}, "list"), 0) << err("list");
   EXPECT_THAT(out("list"), HasSubstr("engine-live"));
   EXPECT_EQ(exec({"region", "list", "--shm-dir", shm_.string(), "--json"}, "listjson"), 0);
+  EXPECT_EQ(exec({"top", "--once", "--shm-dir", shm_.string()}, "top"), 0) << err("top");
+  EXPECT_THAT(out("top"), HasSubstr("engine-live"));
+  EXPECT_EQ(exec({"top", "--once", "--json", "--shm-dir", shm_.string()}, "topjson"), 0);
   ChildProcess& exporter =
       start({"exporter", "--listen", "127.0.0.1:0", "--shm-dir", shm_.string(), "--json"},
             "exporter", /*pipe_stdout=*/true);
