@@ -99,6 +99,11 @@ TEST_F(RedisAuthTest, RequirepassServerWorksWithThePasswordAndRefusesWithoutIt) 
   EXPECT_THAT(wrong, HasSubstr("WRONGPASS"));
   EXPECT_THAT(wrong, Not(HasSubstr("Wrong-Guess-42")));
 
+  // A password for a server that has none is refused too, saying so.
+  ServerProcess open_server(ServerProcess::Kind::kRedis);
+  EXPECT_THAT(open_refusal("redis://:" + std::string(kPassword) + "@" + at(open_server)),
+              HasSubstr("the server has no password: drop the credentials"));
+
   // remote check: the node answered, so it is not "unreachable"; it refused us.
   const RemoteCheckReport report = check_remote(RemoteUrl::parse("redis://" + at(redis)), kCheck);
   EXPECT_TRUE(report.refused());
