@@ -12,6 +12,7 @@
 // the same number of connections per node and a pipeline depth of 8; its requests/s x value bytes
 // is reported as the "bytes_per_second" counter (compare with the remote tier's).
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -194,14 +195,19 @@ int main(int argc, char** argv) {
         missing.c_str());
     return 1;
   }
-  g_redis = std::make_unique<ServerProcess>(ServerProcess::Kind::kRedis,
-                                            std::vector<std::string>{"--maxmemory", "2gb"});
-  g_cluster = std::make_unique<RedisCluster>();
-  g_certs = std::make_unique<kvoffload::test::TestCertificates>();
-  const int tls_port = kvoffload::test::free_port();
-  std::vector<std::string> tls_args = g_certs->redis_args(tls_port, false);
-  tls_args.insert(tls_args.end(), {"--maxmemory", "2gb", "--requirepass", kTlsPassword});
-  g_tls = std::make_unique<ServerProcess>(ServerProcess::Kind::kRedis, tls_args, tls_port);
+  try {
+    g_redis = std::make_unique<ServerProcess>(ServerProcess::Kind::kRedis,
+                                              std::vector<std::string>{"--maxmemory", "2gb"});
+    g_cluster = std::make_unique<RedisCluster>();
+    g_certs = std::make_unique<kvoffload::test::TestCertificates>();
+    const int tls_port = kvoffload::test::free_port();
+    std::vector<std::string> tls_args = g_certs->redis_args(tls_port, false);
+    tls_args.insert(tls_args.end(), {"--maxmemory", "2gb", "--requirepass", kTlsPassword});
+    g_tls = std::make_unique<ServerProcess>(ServerProcess::Kind::kRedis, tls_args, tls_port);
+  } catch (const std::exception& e) {  // a server or the certificates could not be made
+    (void)std::fprintf(stderr, "remote_bench: %s\n", e.what());
+    return 1;
+  }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   g_tls.reset();
