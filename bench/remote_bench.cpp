@@ -1,15 +1,18 @@
 // Remote tier throughput on loopback, beside redis-benchmark's own SET/GET for the same value
-// size. The bench starts its servers itself (one redis-server, and a 3-master Redis Cluster made
-// with `redis-cli --cluster create`) on free loopback ports and stops them at exit.
+// size. The bench starts its servers itself (one redis-server, a 3-master Redis Cluster made
+// with `redis-cli --cluster create`, and a redis-server on a TLS port only with a password, its
+// certificates made with openssl) on free loopback ports and stops them at exit.
 //
 //   build/cpu/bin/remote_bench --benchmark_counters_tabular=true
 //
 // BM_RemotePut / BM_RemoteGet: a batch of 32 chunks (one value each, world size 1) per iteration,
-// args = {chunk bytes, store: 0 standalone, 1 cluster}; bytes/s counts payload bytes.
+// args = {chunk bytes, store: 0 standalone, 1 cluster, 2 standalone over TLS with AUTH}; bytes/s
+// counts payload bytes.
 // BM_RedisBenchmark: one redis-benchmark run per {test 0 SET / 1 GET, value bytes, store}, with
 // the same number of connections per node and a pipeline depth of 8; its requests/s x value bytes
 // is reported as the "bytes_per_second" counter (compare with the remote tier's).
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -20,6 +23,7 @@
 #include <kvoffload/remote_tier.hpp>
 
 #include "remote_servers.hpp"
+#include "test_certs.hpp"
 
 namespace {
 
@@ -30,10 +34,18 @@ using kvoffload::test::ServerProcess;
 constexpr std::size_t kBatch = 32;
 constexpr unsigned kConnections = 4;
 
+constexpr const char* kTlsPassword = "remote-bench-pw";
+
 std::unique_ptr<ServerProcess> g_redis;
 std::unique_ptr<RedisCluster> g_cluster;
+std::unique_ptr<kvoffload::test::TestCertificates> g_certs;
+std::unique_ptr<ServerProcess> g_tls;
 
 std::string url_of(int store) {
+  if (store == 2) {
+    return "rediss://:" + std::string(kTlsPassword) +
+           "@127.0.0.1:" + std::to_string(g_tls->port()) + "?tls_ca=" + g_certs->ca();
+  }
   return store == 0 ? g_redis->url() : g_cluster->url();
 }
 
@@ -147,7 +159,7 @@ void BM_RedisBenchmark(benchmark::State& state) {
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
-  for (const std::int64_t store : {0, 1}) {
+  for (const std::int64_t store : {0, 1, 2}) {
     for (const std::int64_t bytes : {256 << 10, 512 << 10, 1 << 20, 2 << 20})
       b->Args({bytes, store});
   }
@@ -163,8 +175,8 @@ void redis_benchmark_sizes(benchmark::internal::Benchmark* b) {
   }
 }
 
-BENCHMARK(BM_RemotePut)->Apply(sizes)->ArgNames({"bytes", "cluster"})->UseRealTime()->MinTime(1.0);
-BENCHMARK(BM_RemoteGet)->Apply(sizes)->ArgNames({"bytes", "cluster"})->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_RemotePut)->Apply(sizes)->ArgNames({"bytes", "store"})->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_RemoteGet)->Apply(sizes)->ArgNames({"bytes", "store"})->UseRealTime()->MinTime(1.0);
 BENCHMARK(BM_RedisBenchmark)
     ->Apply(redis_benchmark_sizes)
     ->ArgNames({"get", "bytes", "cluster"})
@@ -176,18 +188,30 @@ BENCHMARK(BM_RedisBenchmark)
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   const std::string missing =
-      kvoffload::test::missing_binary({"redis-server", "redis-cli", "redis-benchmark"});
+      kvoffload::test::missing_binary({"redis-server", "redis-cli", "redis-benchmark", "openssl"});
   if (!missing.empty()) {
-    (void)std::fprintf(stderr,
-                       "remote_bench: %s is not installed (Debian: redis-server redis-tools)\n",
-                       missing.c_str());
+    (void)std::fprintf(
+        stderr, "remote_bench: %s is not installed (Debian: redis-server redis-tools openssl)\n",
+        missing.c_str());
     return 1;
   }
-  g_redis = std::make_unique<ServerProcess>(ServerProcess::Kind::kRedis,
-                                            std::vector<std::string>{"--maxmemory", "2gb"});
-  g_cluster = std::make_unique<RedisCluster>();
+  try {
+    g_redis = std::make_unique<ServerProcess>(ServerProcess::Kind::kRedis,
+                                              std::vector<std::string>{"--maxmemory", "2gb"});
+    g_cluster = std::make_unique<RedisCluster>();
+    g_certs = std::make_unique<kvoffload::test::TestCertificates>();
+    const int tls_port = kvoffload::test::free_port();
+    std::vector<std::string> tls_args = g_certs->redis_args(tls_port, false);
+    tls_args.insert(tls_args.end(), {"--maxmemory", "2gb", "--requirepass", kTlsPassword});
+    g_tls = std::make_unique<ServerProcess>(ServerProcess::Kind::kRedis, tls_args, tls_port);
+  } catch (const std::exception& e) {  // a server or the certificates could not be made
+    (void)std::fprintf(stderr, "remote_bench: %s\n", e.what());
+    return 1;
+  }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  g_tls.reset();
+  g_certs.reset();
   g_cluster.reset();  // stops the servers
   g_redis.reset();
   return 0;

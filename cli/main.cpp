@@ -9,6 +9,7 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/version.hpp>
 
+#include "argv_secrets.hpp"
 #include "cli.hpp"
 
 namespace kvoffload::cli {
@@ -56,7 +57,7 @@ int run_program(int argc, char** argv, bool json) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
     return report_failure(json, "usage",
-                          std::string(e.what()) +
+                          redact_argv_secrets(e.what(), argc, argv) +
                               "\nRun 'kvoffload --help' or 'kvoffload <command> --help' for usage.",
                           kExitUsage);
   } catch (const kvoffload::Error& e) {
@@ -65,6 +66,7 @@ int run_program(int argc, char** argv, bool json) {
                           e.call());
   }
 
+  scrub_argv_secrets(argc, argv);  // parsed: from now on `ps` shows "***"
   try {
     for (const Command& command : commands) {
       if (command.app->parsed()) return command.run();

@@ -30,6 +30,11 @@ py::dict url_dict(const RemoteUrl& u) {
   d["kind"] = std::string(to_string(u.kind));
   d["nodes"] = nodes;
   d["db"] = u.db;
+  // Never the password: whether there is one, and where it came from.
+  d["user"] = u.user;
+  d["authenticates"] = u.authenticates();
+  d["password_source"] = u.password_source();
+  d["tls"] = u.tls.enabled;
   d["url"] = u.to_string();
   return d;
 }

@@ -38,3 +38,18 @@ def test_bad_urls_and_fields_name_what_is_wrong():
         o.validate()
     assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
     assert kvoffload.parse_remote_url("redis-cluster://a:1,b:2")["nodes"] == [("a", 1), ("b", 2)]
+
+
+def test_credentials_are_parsed_and_never_shown(monkeypatch):
+    d = kvoffload.parse_remote_url("rediss://alice:S3cret-pw@h:6380")
+    assert d["user"] == "alice" and d["authenticates"] and d["tls"]
+    assert d["password_source"] == "the URL"
+    assert d["url"] == "rediss://alice:***@h:6380"
+    assert "S3cret-pw" not in repr(d)
+    monkeypatch.setenv("KVO_PY_TEST_PW", "S3cret-pw")
+    o = kvoffload.RemoteTierOptions("redis://h:1?password_env=KVO_PY_TEST_PW", slot_bytes=1)
+    assert o.url == "redis://h:1?password_env=KVO_PY_TEST_PW"
+    with pytest.raises(kvoffload.Error, match="IPv6 host in brackets") as e:
+        kvoffload.parse_remote_url("redis://:S3cret-pw@::1:6379")
+    assert "S3cret-pw" not in str(e.value)
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT

@@ -2,7 +2,8 @@
 // credentials, driven as a user runs them: a refusal says "authentication failed" (never
 // "unreachable"), a run whose store refuses its requests fails, and the password never appears
 // on any channel -- stdout, stderr with every log line (KVOFFLOAD_LOG_LEVEL=trace), the --json
-// report or error, `region list`, and the exporter's /metrics and page while the run is live.
+// report or error, `region list`, `top`, the process list, and the exporter's /metrics and page
+// while the run is live.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -163,6 +164,12 @@ TEST_F(RemoteAuthRunTest, RemoteCheckSaysAuthenticationFailedNotUnreachable) {
   EXPECT_THAT(err("bad") + out("bad"), HasSubstr("IPv6 host in brackets"));
   EXPECT_EQ(
       exec(run_args("redis://:" + std::string(kSecret) + "@::1:6379", "engine-bad"), "badrun"), 2);
+  // A usage error of the option parser quotes the words it refuses: redacted too.
+  EXPECT_EQ(exec({"remote", "check", "redis://:" + std::string(kSecret) + "@" + at,
+                  "redis://u:" + std::string(kSecret) + "@h:1"},
+                 "usage"),
+            2);
+  EXPECT_THAT(err("usage"), HasSubstr("redis://u:***@h:1"));
   expect_no_secret();
 }
 
@@ -201,8 +208,8 @@ TEST_F(RemoteAuthRunTest, RunWhoseStoreRefusesEveryPutEndsNonZero) {
 }
 
 // Every channel while an authenticated run is live and after it: the run's own stdout, stderr
-// (every log line), --json report; `region list` (text and JSON); the exporter's /metrics and
-// page.
+// (every log line), --json report, its argv in the process list; `region list` and `top --once`
+// (text and JSON); the exporter's /metrics and page.
 TEST_F(RemoteAuthRunTest, NoChannelEverShowsTheSecret) {
   ServerProcess redis(ServerProcess::Kind::kRedis, {"--requirepass", kSecret});
   redis.set_cli_args({"--pass", kSecret, "--no-auth-warning"});
@@ -217,9 +224,15 @@ TEST_F(RemoteAuthRunTest, NoChannelEverShowsTheSecret) {
     if (!stored) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_TRUE(stored) << err("live");
+  // The process list: argv was scrubbed once parsed (15 '*' for the 15 characters of kSecret).
+  const std::string cmdline = read_text("/proc/" + std::to_string(job.pid()) + "/cmdline");
+  EXPECT_THAT(cmdline, HasSubstr("redis://:***************@127.0.0.1"));
   EXPECT_EQ(exec({"region", "list", "--shm-dir", shm_.string()}, "list"), 0) << err("list");
   EXPECT_THAT(out("list"), HasSubstr("engine-live"));
   EXPECT_EQ(exec({"region", "list", "--shm-dir", shm_.string(), "--json"}, "listjson"), 0);
+  EXPECT_EQ(exec({"top", "--once", "--shm-dir", shm_.string()}, "top"), 0) << err("top");
+  EXPECT_THAT(out("top"), HasSubstr("engine-live"));
+  EXPECT_EQ(exec({"top", "--once", "--json", "--shm-dir", shm_.string()}, "topjson"), 0);
   ChildProcess& exporter =
       start({"exporter", "--listen", "127.0.0.1:0", "--shm-dir", shm_.string(), "--json"},
             "exporter", /*pipe_stdout=*/true);
@@ -237,7 +250,7 @@ TEST_F(RemoteAuthRunTest, NoChannelEverShowsTheSecret) {
   EXPECT_GT(r["remote"]["stored"].get<std::uint64_t>(), 0u);
   EXPECT_EQ(r["remote"]["auth_failures"], 0);
   EXPECT_THAT(err("live"), HasSubstr(":***@127.0.0.1"));  // the tier's open line names the store
-  expect_no_secret({metrics, page, *line});
+  expect_no_secret({metrics, page, *line, cmdline});
 }
 
 }  // namespace

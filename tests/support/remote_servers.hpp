@@ -297,16 +297,22 @@ class ServerProcess {
 class RedisCluster {
  public:
   // server_extra: more redis-server arguments for every node; cli_args: what redis-cli needs to
-  // talk to them (ServerProcess::set_cli_args).
+  // talk to them (ServerProcess::set_cli_args); port_args: more server arguments that depend on
+  // the node's port (a TLS port).
   explicit RedisCluster(int masters = 3, const std::vector<std::string>& server_extra = {},
-                        const std::vector<std::string>& cli_args = {}) {
+                        const std::vector<std::string>& cli_args = {},
+                        const std::function<std::vector<std::string>(int)>& port_args = {}) {
     for (int i = 0; i < masters; ++i) {
       std::vector<std::string> extra = {"--cluster-enabled",      "yes",
                                         "--cluster-config-file",  "nodes.conf",
                                         "--cluster-node-timeout", "5000"};
       extra.insert(extra.end(), server_extra.begin(), server_extra.end());
-      nodes_.push_back(
-          std::make_unique<ServerProcess>(ServerProcess::Kind::kRedis, extra, free_cluster_port()));
+      const int port = free_cluster_port();
+      if (port_args) {
+        const std::vector<std::string> more = port_args(port);
+        extra.insert(extra.end(), more.begin(), more.end());
+      }
+      nodes_.push_back(std::make_unique<ServerProcess>(ServerProcess::Kind::kRedis, extra, port));
       nodes_.back()->set_cli_args(cli_args);
     }
     std::vector<std::string> argv = {which("redis-cli")};

@@ -211,8 +211,12 @@ memcached_st* make_client(const RemoteEndpoint& ep, const RemoteUrl& url, long t
     }
 #else
     memcached_free(mc);
-    throw Error(ErrorCode::kNotAvailable,
-                "memcached credentials need SASL, and this libmemcached was built without it");
+    // A configuration this build cannot honour: refused (open() fails), never a silent
+    // unauthenticated connection.
+    throw Error(ErrorCode::kInvalidArgument,
+                "memcached credentials need SASL, and this libmemcached was built without it "
+                "(LIBMEMCACHED_WITH_SASL_SUPPORT is 0): drop user:password@ or use a libmemcached "
+                "with SASL");
 #endif
   }
   return mc;

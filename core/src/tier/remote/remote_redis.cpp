@@ -185,6 +185,14 @@ std::string auth_failure_text(const RemoteEndpoint& endpoint, const RemoteUrl& u
          std::string(answer) + hint;
 }
 
+void throw_io_error(const RemoteEndpoint& ep, const std::string& what, const std::string& error) {
+  // A TLS session whose server refused the client certificate after the handshake (TLS 1.3).
+  if (error.starts_with("authentication failed")) {
+    throw Error(ErrorCode::kPermission, error + " (" + what + " " + ep.to_string() + ")");
+  }
+  throw Error(ErrorCode::kNotAvailable, what + " " + ep.to_string() + ": " + error);
+}
+
 void throw_reply_error(const RemoteEndpoint& ep, const RemoteUrl& url, const std::string& what,
                        std::string_view reply, ErrorCode code) {
   if (is_auth_refusal(reply))
@@ -242,7 +250,7 @@ void verify_redis(const RemoteEndpoint& endpoint, const RemoteUrl& url,
   auto conn = open_redis(endpoint, url, deadline);
   std::string error;
   ReplyPtr r = conn->command({"PING"}, deadline, error);
-  if (!r) throw Error(ErrorCode::kNotAvailable, "PING " + endpoint.to_string() + ": " + error);
+  if (!r) throw_io_error(endpoint, "PING", error);
   // Only a refusal of the credentials matters here; what else a server answers to PING is for
   // `remote check` to judge.
   if (r->type == REDIS_REPLY_ERROR && is_auth_refusal(std::string_view(r->str, r->len))) {

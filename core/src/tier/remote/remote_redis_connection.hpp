@@ -97,6 +97,10 @@ class RedisConnection final : public StoreConnection {
 std::unique_ptr<RedisConnection> open_redis(const RemoteEndpoint& ep, const RemoteUrl& url,
                                             RemoteClock::time_point deadline,
                                             ValuePool* pool = nullptr);
+// A failed send or receive of `what` as the exception it means: kPermission when the TLS server
+// refused the client certificate, else kNotAvailable.
+[[noreturn]] void throw_io_error(const RemoteEndpoint& ep, const std::string& what,
+                                 const std::string& error);
 // An error reply as the exception it means: kPermission (auth_failure_text) for a refusal of the
 // credentials, else `code` with "<what> on <ep>: <reply>".
 [[noreturn]] void throw_reply_error(const RemoteEndpoint& ep, const RemoteUrl& url,

@@ -24,7 +24,7 @@ RedisProbe probe_redis(const RemoteEndpoint& endpoint, const RemoteUrl& url,
   std::string error;
   const auto t0 = RemoteClock::now();
   ReplyPtr pong = conn->command({"PING"}, deadline, error);
-  if (!pong) throw Error(ErrorCode::kNotAvailable, "PING " + endpoint.to_string() + ": " + error);
+  if (!pong) throw_io_error(endpoint, "PING", error);
   if (pong->type == REDIS_REPLY_ERROR) {
     throw_reply_error(endpoint, url, "PING", reply_text(pong.get()), ErrorCode::kNotAvailable);
   }

@@ -32,6 +32,24 @@ std::string ssl_errors() {
   return out.empty() ? "no OpenSSL error queued" : out;
 }
 
+// An alert by which the server refuses our client certificate (or its absence). With TLS 1.3
+// it arrives after the handshake, on the first read.
+bool client_certificate_refused(unsigned long e) {
+  switch (ERR_GET_REASON(e)) {
+    case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
+    case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
+    case SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_REVOKED:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
+    case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+    case SSL_R_TLSV1_ALERT_ACCESS_DENIED:
+      return true;
+    default:
+      return false;
+  }
+}
+
 int remaining(RemoteClock::time_point deadline) {
   const auto left =
       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - RemoteClock::now());
@@ -57,7 +75,8 @@ struct TlsStream::State {
   std::unique_ptr<SSL_CTX, CtxDeleter> ctx;
   std::unique_ptr<SSL, SslDeleter> ssl;
   int fd = -1;
-  std::vector<char> out;  // gathered records
+  bool client_cert = false;  // tls_cert given
+  std::vector<char> out;     // gathered records
 
   // Waits for what OpenSSL asked for after a call returned `rc`. False (with `error`) when the
   // call failed for good or the deadline passed; `closed` is set on a clean TLS close.
@@ -78,6 +97,17 @@ struct TlsStream::State {
       ERR_clear_error();
       error = rc == 0 || err == 0 ? std::string("the server closed the connection")
                                   : errno_text(std::string("TLS ") + what, err);
+      // A server that wants a client certificate sends its alert after a TLS 1.3 handshake and
+      // closes; a request sent meanwhile meets a reset instead of the alert.
+      error += client_cert
+                   ? "; if the server refused the client certificate, check that a CA it trusts "
+                     "signed tls_cert="
+                   : "; if the server requires a client certificate, give tls_cert= and tls_key=";
+      return false;
+    } else if (client_certificate_refused(ERR_peek_error())) {
+      // Worded as an authentication failure: the tier and `remote check` report it as one.
+      error = "authentication failed: the server refused the client certificate (" + ssl_errors() +
+              "); give tls_cert= and tls_key= signed by a CA the server trusts";
       return false;
     } else {
       error = std::string("TLS ") + what + ": " + ssl_errors();
@@ -102,6 +132,7 @@ TlsStream::TlsStream(int fd, const RemoteTls& tls, const RemoteEndpoint& endpoin
     : s_(std::make_unique<State>()) {
   const std::string where = "TLS to " + endpoint.to_string();
   s_->fd = fd;
+  s_->client_cert = !tls.cert_file.empty();
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)
     throw_system_error("fcntl", errno, "O_NONBLOCK on the socket to " + endpoint.to_string());
@@ -154,16 +185,24 @@ TlsStream::TlsStream(int fd, const RemoteTls& tls, const RemoteEndpoint& endpoin
     const long verify = SSL_get_verify_result(ssl);
     if (verify != X509_V_OK) {
       ERR_clear_error();
-      throw Error(ErrorCode::kPermission,
-                  where + ": the server's certificate did not verify (" +
-                      X509_verify_cert_error_string(verify) + "; checked against " +
-                      (tls.ca_file.empty() ? std::string("the system's trust store")
-                                           : "tls_ca " + tls.ca_file) +
-                      " and the name '" + name + "')");
+      std::string why = where + ": the server's certificate did not verify (";
+      why += X509_verify_cert_error_string(verify);
+      why += "; checked against ";
+      why +=
+          tls.ca_file.empty() ? std::string("the system's trust store") : "tls_ca " + tls.ca_file;
+      why += " and the name '";
+      why += name;
+      why += "')";
+      throw Error(ErrorCode::kPermission, why);
     }
     if (!s_->wait_for(rc, deadline, "handshake", error)) {
-      throw Error(ErrorCode::kNotAvailable,
-                  where + ": the handshake failed: " + error + " (is it a TLS port?)");
+      if (error.starts_with("authentication failed")) {
+        throw Error(ErrorCode::kPermission, error + " (" + where + ")");
+      }
+      std::string why = where + ": the handshake failed: ";
+      why += error;
+      why += " (is it a TLS port?)";
+      throw Error(ErrorCode::kNotAvailable, why);
     }
   }
 }
