@@ -143,6 +143,47 @@ std::string never_serves_verdict(std::uint32_t world_size, const nlohmann::json&
   return out + ")";
 }
 
+// The run's populate figure. Blocking: the scheduler's own mapping populated before the ranks
+// started. Background: the scheduler populates nothing (Note [Progressive bring-up]) and each rank
+// populates its columns piece by piece after its "ready", so the figure is the ranks' from their
+// "bye": the method, the bytes of all ranks, the longest rank's seconds.
+nlohmann::json populate_figure(bool background, const PopulateReport& scheduler,
+                               const nlohmann::json& byes) {
+  if (!background) {
+    return {{"method", std::string(to_string(scheduler.method))},
+            {"bytes", scheduler.bytes},
+            {"seconds", scheduler.seconds}};
+  }
+  std::string method = std::string(to_string(PopulateMethod::kNone));
+  std::uint64_t bytes = 0;
+  double seconds = 0;
+  for (const auto& b : byes) {
+    if (!b.contains("populate")) continue;
+    const auto& p = b["populate"];
+    if (method == to_string(PopulateMethod::kNone)) method = p.value("method", method);
+    bytes += p.value("bytes", std::uint64_t{0});
+    seconds = std::max(seconds, p.value("seconds", 0.0));
+  }
+  return {{"method", method}, {"bytes", bytes}, {"seconds", seconds}};
+}
+
+// The longest rank's registration: of the whole region before its "ready" (blocking), or of its
+// pieces as they came up (background, from its "bye").
+double registration_figure(bool background, const nlohmann::json& ready,
+                           const nlohmann::json& byes) {
+  double longest = 0;
+  if (!background) {
+    for (const auto& r : ready) longest = std::max(longest, r.value("registration_seconds", 0.0));
+    return longest;
+  }
+  for (const auto& b : byes) {
+    if (b.contains("registration")) {
+      longest = std::max(longest, b["registration"].value("seconds", 0.0));
+    }
+  }
+  return longest;
+}
+
 }  // namespace
 
 RunOutcome run_scheduler(const RunConfig& config) {
@@ -522,19 +563,13 @@ RunOutcome run_scheduler(const RunConfig& config) {
       {"mismatched_bytes", t.mismatched_bytes},
       {"failed_jobs", t.failed_jobs},
       {"all_verified", all_verified},
-      {"populate",
-       {{"method", std::string(to_string(scheduler_populate.method))},
-        {"bytes", scheduler_populate.bytes},
-        {"seconds", scheduler_populate.seconds}}},
+      {"populate", populate_figure(background, scheduler_populate, byes)},
       {"ranks", rank_reports},
       {"interrupted", interrupted()},
       {"region_removed", region_removed && closed},
       {"errors", t.errors},
       {"seconds", seconds}};
-  double registration = 0;
-  for (const auto& r : rank_reports)
-    registration = std::max(registration, r.value("registration_seconds", 0.0));
-  report["registration_seconds"] = registration;
+  report["registration_seconds"] = registration_figure(background, rank_reports, byes);
   if (!remote_json.is_null()) report["remote"] = remote_json;
   report["bringup"] = config.bringup;
   report["bringup_piece_bytes"] = config.bringup_piece_bytes;

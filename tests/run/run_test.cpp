@@ -156,11 +156,22 @@ TEST_F(RunTest, BackgroundBringupServesAtOnceAndReportsReadiness) {
   EXPECT_EQ(r["failed_jobs"], 0);
   EXPECT_TRUE(r["region_removed"].get<bool>());
   ASSERT_EQ(r["rank_bringup"].size(), 2u);
+  std::uint64_t populated = 0;
+  double registration = 0;
   for (const auto& b : r["rank_bringup"]) {
     EXPECT_EQ(b["bringup"]["state"], "ready");
     EXPECT_EQ(b["bringup"]["ready_chunks"], 8);
     EXPECT_EQ(b["registration"]["pieces"], 8) << "one registration per 64 KiB row";
+    EXPECT_NE(b["populate"]["method"], "none");
+    populated += b["populate"]["bytes"].get<std::uint64_t>();
+    registration = std::max(registration, b["registration"]["seconds"].get<double>());
   }
+  // The summary's populate and registration are the ranks' (the scheduler's mapping populates
+  // nothing in background bring-up): it used to say "populate none, 0.00 s; registration 0.00 s".
+  EXPECT_NE(r["populate"]["method"], "none");
+  EXPECT_EQ(r["populate"]["bytes"].get<std::uint64_t>(), populated);
+  EXPECT_GT(populated, 0U);
+  EXPECT_EQ(r["registration_seconds"].get<double>(), registration);
   EXPECT_TRUE(shm_empty());
 
   // Blocking: the engine registers the whole region once; no piece registrations.
