@@ -10,6 +10,7 @@
 
 #include <kvoffload/error.hpp>
 
+#include "memcached_message.hpp"
 #include "remote_ops.hpp"
 
 namespace kvoffload::detail {
@@ -71,7 +72,7 @@ class MemcachedConnection final : public StoreConnection {
 
   bool check(memcached_return_t rc, std::string& error) {
     if (!transport_failure(rc)) return true;
-    error = std::string("memcached: ") + memcached_last_error_message(mc_);
+    error = std::string("memcached: ") + memcached_message(mc_);
     return false;
   }
 
@@ -189,7 +190,7 @@ memcached_st* make_client(const RemoteEndpoint& ep, long timeout_ms) {
   memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_RCV_TIMEOUT, t * 1000);
   memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, 0);  // our breaker decides
   if (memcached_server_add(mc, ep.host.c_str(), ep.port) != MEMCACHED_SUCCESS) {
-    const std::string why = memcached_last_error_message(mc);
+    const std::string why = memcached_message(mc);
     memcached_free(mc);
     throw Error(ErrorCode::kInvalidArgument, "memcached server " + ep.to_string() + ": " + why);
   }
@@ -204,7 +205,7 @@ std::unique_ptr<StoreConnection> connect_memcached(const RemoteEndpoint& endpoin
   // libmemcached connects lazily; VERSION makes the connect (and its failure) happen now.
   const memcached_return_t rc = memcached_version(mc);
   if (rc != MEMCACHED_SUCCESS) {
-    const std::string why = memcached_last_error_message(mc);
+    const std::string why = memcached_message(mc);
     memcached_free(mc);
     throw Error(ErrorCode::kNotAvailable, "connect " + endpoint.to_string() + ": " + why);
   }
@@ -218,7 +219,7 @@ MemcachedProbe probe_memcached(const RemoteEndpoint& endpoint, std::chrono::mill
   const memcached_return_t rc = memcached_version(mc);
   p.rtt_ms = std::chrono::duration<double, std::milli>(RemoteClock::now() - t0).count();
   if (rc != MEMCACHED_SUCCESS) {
-    const std::string why = memcached_last_error_message(mc);
+    const std::string why = memcached_message(mc);
     memcached_free(mc);
     throw Error(ErrorCode::kNotAvailable, "connect " + endpoint.to_string() + ": " + why);
   }
