@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <numeric>
 #include <optional>
@@ -243,6 +244,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
   nlohmann::json rank_reports = nlohmann::json::array();
   bool graceful = true;
   std::string stopped_early;  // why the run ended before its end (a rank died, a failure)
+  std::exception_ptr failure;
   const std::uint64_t need = config.max_request_chunks();
   try {
     ranks = spawn_ranks(config.world_size);
@@ -484,6 +486,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
     // report what was measured until then with the cause (Note [Run stopped early]).
     graceful = false;
     stopped_early = e.what();
+    failure = std::current_exception();
   }
 
   stop_ranks(ranks, graceful, &byes);
@@ -491,6 +494,12 @@ RunOutcome run_scheduler(const RunConfig& config) {
     // Note [Run stopped early]: the channel error ("closed its channel", ECONNRESET) says only
     // that a rank is gone; its wait status says which rank, which PID and how it ended.
     const std::string lost = describe_lost_ranks(ranks);
+    if (lost.empty() && t.requests == 0) {
+      // A start-up failure (a rank could not start: a bad device, a backend missing) before
+      // anything was measured: the error alone, with its own code, as before.
+      stack->close();
+      std::rethrow_exception(failure);
+    }
     if (!lost.empty()) stopped_early = lost + " (the scheduler saw: " + stopped_early + ")";
   }
   const std::string never_ready_verdict =
