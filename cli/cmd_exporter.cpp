@@ -201,7 +201,8 @@ int run_exporter(const ExporterOptions& o) {
   std::atomic<bool> listen_ended{false};
   std::thread waiter([&] {
     int signo = 0;
-    if (::sigwait(&stop_signals, &signo) == 0 && signo != 0) {
+    // After listen_ended the signal is the main thread's wake-up call, not a stop request.
+    if (::sigwait(&stop_signals, &signo) == 0 && signo != 0 && !listen_ended.load()) {
       stopped_by_signal.store(true);
       log().info("exporter: signal {}; stopping", signo);
     }
@@ -216,7 +217,9 @@ int run_exporter(const ExporterOptions& o) {
   });
   const bool served = server.listen_after_bind();
   listen_ended.store(true);
-  if (!stopped_by_signal.load()) (void)::pthread_kill(waiter.native_handle(), SIGTERM);
+  // Wakes the signal thread's sigwait (SIGHUP is one of the signals it waits for; it only
+  // returns, nothing is terminated).
+  if (!stopped_by_signal.load()) (void)::pthread_kill(waiter.native_handle(), SIGHUP);
   waiter.join();
   if (!served && !stopped_by_signal.load()) {
     throw Error(ErrorCode::kSystem, "exporter: serving on " + bound.to_string() + " failed");

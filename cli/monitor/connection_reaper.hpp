@@ -3,8 +3,10 @@
 // each single read (its read timeout), so a client that sends nothing, or one byte now and then,
 // holds a thread as long as it likes: 16 idle connections stalled every scrape past Prometheus'
 // 10 s timeout, and one idle connection delayed shutdown by its read timeout. The exporter
-// (cmd_exporter.cpp) bounds them in four ways:
+// (cmd_exporter.cpp) bounds them in five ways:
 //   - a pool of kExporterThreads threads, so idle clients do not starve the scrapes;
+//   - a listen backlog of SOMAXCONN (raise_listen_backlog), so a burst of connections does not
+//     leave a scrape's SYN waiting for a retransmission;
 //   - 2 s read and write timeouts and a 2 s keep-alive timeout: a silent client goes in 2 s;
 //   - this reaper: a connection may live --request-timeout seconds from the moment it is first
 //     seen; past that its socket is shut down (a client dribbling its request byte by byte);
