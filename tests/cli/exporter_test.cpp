@@ -231,8 +231,8 @@ TEST(Exporter, IdleAndSlowClientsDoNotStallScrapes) {
   TempDir work;
   const Exporter e(shm.path(), work.path(), "127.0.0.1:0", {"--request-timeout", "2"});
   ASSERT_GT(e.port, 0);
-  std::vector<int> idle;
-  for (int i = 0; i < 24; ++i) idle.push_back(connect_to(e.port));
+  std::vector<int> idle(24);
+  for (int& fd : idle) fd = connect_to(e.port);
   for (const int fd : idle) ASSERT_GE(fd, 0);
   const auto scrape = e.get("/metrics");
   ASSERT_TRUE(scrape) << "no answer with idle clients connected";
