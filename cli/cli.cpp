@@ -15,6 +15,7 @@
 #include <utility>
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/region.hpp>
 
 namespace kvoffload::cli {
 
@@ -46,13 +47,22 @@ std::uint64_t parse_size(std::string_view flag, std::string_view text) {
     const bool letters_only = std::all_of(suffix.begin(), suffix.end(), [](char c) {
       return std::isalpha(static_cast<unsigned char>(c)) != 0;
     });
+    std::string upper;
+    for (char c : suffix) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    // CLI11 also knows E and P; the help and every message offer K/M/G/T, so only those are
+    // accepted (with an optional B or iB), and a lone B.
+    std::string_view unit = upper;
+    if (unit.ends_with("IB") && unit.size() == 3) {
+      unit.remove_suffix(2);
+    } else if (unit.ends_with("B")) {
+      unit.remove_suffix(1);
+    }
+    const bool known = unit.empty() || unit == "K" || unit == "M" || unit == "G" || unit == "T";
     std::string unit_alone = "1" + suffix;
     try {
-      if (!letters_only) throw CLI::ValidationError("not a unit");
+      if (!letters_only || !known) throw CLI::ValidationError("not a unit");
       (void)as_size(unit_alone);
     } catch (const CLI::ValidationError&) {
-      std::string upper;
-      for (char c : suffix) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
       return fail("unknown suffix '" + upper + "'");
     }
   }
@@ -107,6 +117,19 @@ CLI::Option* add_size_option(CLI::App& app, const std::string& name, std::uint64
           },
           description)
       ->type_name("SIZE");
+}
+
+CLI::Validator engine_id_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          (void)region_path("/", text);  // the one rule for engine ids
+        } catch (const Error& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "ID");
 }
 
 CLI::Validator whole_range(std::uint64_t lo, std::uint64_t hi) {

@@ -6,6 +6,7 @@
 // stderr.
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <string>
@@ -26,7 +27,8 @@ inline constexpr int kExitUsage = 2;  // bad flags or values (usage message on s
 
 // A subcommand adds itself to the top-level app and returns its CLI::App plus a callback that runs
 // it after parsing and returns the exit code. Errors are thrown (kvoffload::Error) and reported by
-// main: kInvalidArgument exits with kExitUsage, anything else with kExitError.
+// main: kInvalidArgument exits with kExitUsage (JSON code "usage", as for every exit 2), anything
+// else with kExitError.
 using CommandRunner = std::function<int()>;
 struct Command {
   CLI::App* app = nullptr;
@@ -48,6 +50,10 @@ CLI::Option* add_size_option(CLI::App& app, const std::string& name, std::uint64
                              const std::string& description, std::uint64_t lo = 0,
                              std::uint64_t hi = std::numeric_limits<std::uint64_t>::max());
 
+// The check of an --engine-id flag, as the command line is parsed: 1 to 128 of [A-Za-z0-9._-],
+// not "." or ".." (the rule of kvoffload::region_path); the message names the flag and the value.
+CLI::Validator engine_id_check();
+
 // Range checks for numeric options, run on the text when the command line is parsed. A value
 // outside the range, or text that is not a number, is a usage error that names the flag, the
 // value and the range, e.g. "--gpu-blocks: 0 is out of range; allowed 1 to 2^32" (CLI11 puts the
@@ -66,9 +72,9 @@ std::string format_size(std::uint64_t bytes);
 void emit(bool json, const nlohmann::json& object, const std::string& human_text);
 
 // The JSON object a failed command prints with --json (main does it for thrown errors):
-//   {"error": {"code": "invalid_argument", "message": "...", "exit_code": 2,
+//   {"error": {"code": "system", "message": "...", "exit_code": 1,
 //              "errno": "ENOSPC", "call": "fallocate"}}   (errno and call only when known)
-// `code` is an ErrorCode name, or "usage" / "internal" / "out_of_memory".
+// `code` is an ErrorCode name, or "usage" (every exit 2) / "internal" / "out_of_memory".
 nlohmann::json error_object(std::string_view code, std::string_view message, int exit_code,
                             int sys_errno = 0, std::string_view call = {});
 

@@ -4,9 +4,12 @@
 // statistics page through a read-only mapping (no lock, no role; Note [Live stats]).
 //
 // GET /metrics answers the exposition (prometheus.hpp); GET / a short page pointing there.
-// SIGINT, SIGTERM and SIGHUP stop it (exit 0).
+// SIGINT, SIGTERM and SIGHUP stop it (exit 0). No client can stall it (Note [Exporter
+// connections] in monitor/connection_reaper.hpp); an address beyond loopback is warned about.
+#include <arpa/inet.h>
 #include <httplib.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -14,6 +17,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <thread>
 
@@ -22,17 +27,12 @@
 #include <kvoffload/log.hpp>
 
 #include "cli.hpp"
+#include "monitor/connection_reaper.hpp"
 #include "monitor/listen_address.hpp"
 #include "monitor/prometheus.hpp"
 
 namespace kvoffload::cli {
 namespace {
-
-struct ExporterOptions {
-  std::string listen;
-  std::string shm_dir;
-  bool json = false;
-};
 
 // getaddrinfo of the address; throws kInvalidArgument for a host that does not resolve.
 struct AddrInfo {
@@ -41,6 +41,32 @@ struct AddrInfo {
     if (list != nullptr) ::freeaddrinfo(list);
   }
 };
+
+struct ExporterOptions {
+  std::string listen;
+  std::string shm_dir;
+  double request_timeout = 10;  // seconds a connection may stay open (Note [Exporter connections])
+  bool json = false;
+};
+
+// Whether every address `info` resolved to is a loopback one (127.0.0.0/8, ::1): then only this
+// machine can scrape. "0.0.0.0" (and ":PORT"), "::" and an interface's address are not.
+bool loopback_only(const AddrInfo& info) {
+  bool any = false;
+  for (const addrinfo* p = info.list; p != nullptr; p = p->ai_next) {
+    any = true;
+    if (p->ai_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(p->ai_addr);
+      if ((ntohl(a->sin_addr.s_addr) >> 24) != 127) return false;
+    } else if (p->ai_family == AF_INET6) {
+      const auto* a = reinterpret_cast<const sockaddr_in6*>(p->ai_addr);
+      if (!IN6_IS_ADDR_LOOPBACK(&a->sin6_addr)) return false;
+    } else {
+      return false;
+    }
+  }
+  return any;
+}
 
 void resolve(const ListenAddress& a, AddrInfo& out) {
   addrinfo hints{};
@@ -94,6 +120,12 @@ int run_exporter(const ExporterOptions& o) {
   resolve(address, info);
 
   httplib::Server server;
+  // Note [Exporter connections]: threads enough that idle clients do not starve the scrapes,
+  // and each read, write and keep-alive wait bounded.
+  server.new_task_queue = [] { return new httplib::ThreadPool(kExporterThreads); };
+  server.set_read_timeout(std::chrono::seconds(2));
+  server.set_write_timeout(std::chrono::seconds(2));
+  server.set_keep_alive_timeout(2);
   // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, which would let a second
   // exporter bind the same port and share the scrapes without an error.
   server.set_socket_options([](socket_t fd) {
@@ -138,23 +170,56 @@ int run_exporter(const ExporterOptions& o) {
   }
   ListenAddress bound = address;
   bound.port = static_cast<std::uint16_t>(port);
+  const bool local_only = loopback_only(info);
+  if (!local_only) {
+    log().warn(
+        "exporter: listening on {}, beyond loopback: anyone who can reach this machine on that "
+        "address can read the metrics (engine ids, occupancy, traffic). Use --listen "
+        "127.0.0.1:{} unless a Prometheus on another machine scrapes it, and then firewall the "
+        "port to that server",
+        bound.to_string(), port);
+  }
+  if (!raise_listen_backlog(bound.port)) {
+    log().warn(
+        "exporter: could not raise the listen backlog of port {}; a burst of "
+        "connections may delay scrapes",
+        port);
+  }
+  ConnectionReaper reaper(
+      bound.port, std::chrono::milliseconds(static_cast<std::int64_t>(o.request_timeout * 1000)));
   const std::string url = "http://" + url_host(bound) + ":" + std::to_string(port) + "/metrics";
   emit(o.json,
-       {{"listen", bound.to_string()}, {"port", port}, {"url", url}, {"shm_dir", shm_dir.string()}},
+       {{"listen", bound.to_string()},
+        {"port", port},
+        {"url", url},
+        {"shm_dir", shm_dir.string()},
+        {"loopback_only", local_only}},
        "kvoffload exporter: serving the regions in " + shm_dir.string() + " on " +
            bound.to_string() + " (" + url + "); Ctrl-C stops it");
 
   std::atomic<bool> stopped_by_signal{false};
+  std::atomic<bool> listen_ended{false};
   std::thread waiter([&] {
     int signo = 0;
-    if (::sigwait(&stop_signals, &signo) == 0 && signo != 0) {
+    // After listen_ended the signal is the main thread's wake-up call, not a stop request.
+    if (::sigwait(&stop_signals, &signo) == 0 && signo != 0 && !listen_ended.load()) {
       stopped_by_signal.store(true);
       log().info("exporter: signal {}; stopping", signo);
     }
+    // A signal that comes before listen_after_bind() has started finds the server not running
+    // yet, and stop() would do nothing: the server would then listen for ever. Wait for it to
+    // run (or to have ended) first.
+    while (!server.is_running() && !listen_ended.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     server.stop();
+    reaper.close_all();  // the pool's threads wait on their connections: end those now
   });
   const bool served = server.listen_after_bind();
-  if (!stopped_by_signal.load()) (void)::pthread_kill(waiter.native_handle(), SIGTERM);
+  listen_ended.store(true);
+  // Wakes the signal thread's sigwait (SIGHUP is one of the signals it waits for; it only
+  // returns, nothing is terminated).
+  if (!stopped_by_signal.load()) (void)::pthread_kill(waiter.native_handle(), SIGHUP);
   waiter.join();
   if (!served && !stopped_by_signal.load()) {
     throw Error(ErrorCode::kSystem, "exporter: serving on " + bound.to_string() + " failed");
@@ -175,8 +240,12 @@ const CommandRegistrar kRegister("exporter", [](CLI::App& top) {
   app->add_option("--shm-dir", o->shm_dir,
                   "Directory of the region files (default $KVOFFLOAD_SHM_DIR, else /dev/shm)")
       ->type_name("DIR");
+  app->add_option("--request-timeout", o->request_timeout,
+                  "Seconds a client connection may stay open to send its request and read the "
+                  "answer; a slower one is closed (default 10, Prometheus' scrape timeout)")
+      ->check(real_range(0.1, 3600.0, "seconds"));
   app->add_flag("--json", o->json,
-                "Print one JSON object (listen, port, url, shm_dir) once listening");
+                "Print one JSON object (listen, port, url, shm_dir, loopback_only) once listening");
   return Command{app, [o] { return run_exporter(*o); }};
 });
 

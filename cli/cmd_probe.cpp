@@ -13,6 +13,7 @@
 #include <kvoffload/region.hpp>
 
 #include "cli.hpp"
+#include "shm_fs.hpp"
 
 namespace kvoffload::cli {
 namespace {
@@ -32,6 +33,7 @@ int run_probe(const ProbeOptions& opts) {
   const std::filesystem::path shm_dir =
       opts.shm_dir.empty() ? default_shm_dir() : std::filesystem::path(opts.shm_dir);
   const platform::FsSpace space = platform::filesystem_space(shm_dir);
+  const FsType fs_type = filesystem_type(shm_dir);
   const std::size_t page = platform::page_size();
   const bool populate_write = platform::madv_populate_write_supported();
   const std::optional<std::uint64_t> cgroup_limit = platform::memory_cgroup_limit();
@@ -43,6 +45,8 @@ int run_probe(const ProbeOptions& opts) {
       {"shm_dir", shm_dir.string()},
       {"shm_free_bytes", space.free_bytes},
       {"shm_total_bytes", space.total_bytes},
+      {"shm_filesystem", fs_type.name},
+      {"shm_in_memory", fs_type.memory_backed},
       {"page_size", page},
       {"madv_populate_write", populate_write},
       {"cgroup_memory_limit", cgroup_limit ? nlohmann::json(*cgroup_limit) : nlohmann::json()},
@@ -56,6 +60,10 @@ int run_probe(const ProbeOptions& opts) {
   text << "shm dir:              " << shm_dir.string() << "\n"
        << "shm free / total:     " << human_bytes(space.free_bytes) << " / "
        << human_bytes(space.total_bytes) << "\n"
+       << "shm filesystem:       " << fs_type.name
+       << (fs_type.memory_backed ? " (in memory)"
+                                 : " (NOT in memory: region pages are written back to disk)")
+       << "\n"
        << "page size:            " << page << " bytes\n"
        << "MADV_POPULATE_WRITE:  "
        << (populate_write ? "supported" : "not supported (populate falls back to a page touch)")

@@ -42,6 +42,7 @@
 #include "cli.hpp"
 #include "monitor/live_json.hpp"
 #include "region_bytes.hpp"
+#include "shm_fs.hpp"
 #include "util/clock.hpp"
 
 namespace kvoffload::cli {
@@ -181,6 +182,7 @@ int run_create(const CreateOptions& o) {
   ropts.populate_threads = o.threads;
 
   const auto start = Clock::now();
+  warn_if_disk_shm_dir(shm_dir);
   Region region = Region::create_or_join(ropts);
   const double attach_seconds = seconds_since(start);
 
@@ -366,7 +368,8 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
   auto c = std::make_shared<CreateOptions>();
   create->add_option("--engine-id", c->engine_id, "Engine id: 1..128 of [A-Za-z0-9._-]")
       ->required()
-      ->type_name("ID");
+      ->type_name("ID")
+      ->check(engine_id_check());
   create->add_option("--chunks", c->chunks, "Number of chunks (rows)")
       ->required()
       ->type_name("N")
@@ -419,7 +422,9 @@ const CommandRegistrar kRegister("region", [](CLI::App& top) {
   auto* clean = app->add_subcommand("clean", "Remove stale regions (never one in use)");
   auto k = std::make_shared<CleanOptions>();
   clean->add_option("--shm-dir", k->shm_dir, kShmDirHelp)->type_name("DIR");
-  clean->add_option("--engine-id", k->engine_id, "Only this engine's region")->type_name("ID");
+  clean->add_option("--engine-id", k->engine_id, "Only this engine's region")
+      ->type_name("ID")
+      ->check(engine_id_check());
   clean->add_flag("--json", k->json, "Print one JSON object");
 
   return Command{app, [=] {

@@ -12,6 +12,7 @@
 #include "run/run_config.hpp"
 #include "run/scheduler.hpp"
 #include "run/worker.hpp"
+#include "shm_fs.hpp"
 
 namespace kvoffload::cli {
 namespace {
@@ -68,7 +69,10 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
   app->add_option("--seed", config->seed, "Workload seed")
       ->capture_default_str()
       ->check(whole_range(0, kU64Max));
-  app->add_option("--engine-id", config->engine_id, "Engine id (default run-<pid>)");
+  app->add_option("--engine-id", config->engine_id,
+                  "Engine id: 1..128 of [A-Za-z0-9._-] (default run-<pid>)")
+      ->type_name("ID")
+      ->check(engine_id_check());
   app->add_option("--shm-dir", config->shm_dir,
                   "Directory of the region (default $KVOFFLOAD_SHM_DIR or /dev/shm)");
   app->add_option("--file-tier", config->file_tier,
@@ -107,6 +111,7 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
                      config->engine_id = "run-" + std::to_string(::getpid());
                    if (config->shm_dir.empty()) config->shm_dir = default_shm_dir().string();
                    config->finalize();
+                   warn_if_disk_shm_dir(config->shm_dir);
                    const run::RunOutcome outcome = run::run_scheduler(*config);
                    if (outcome.failure.empty()) {
                      emit(config->json, outcome.report, run::format_report(outcome.report));

@@ -3,6 +3,7 @@
 #include <iostream>
 #include <map>
 #include <new>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -43,6 +44,28 @@ int report_failure(bool json, std::string_view code, const std::string& message,
   return exit_code;
 }
 
+// CLI11 answers a first word that is no command with "A subcommand is required": name the word
+// and the commands instead. "" when the first word that is not an option is a command (or there
+// is none: CLI11's own message covers that).
+std::string unknown_command(int argc, char** argv) {
+  using namespace kvoffload::cli;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view word = argv[i];
+    if (word == "--") return {};
+    if (word.starts_with("-")) continue;  // --help, --version, --json take no value
+    const auto& registry = command_registry();
+    if (registry.contains(std::string(word))) return {};
+    std::string names;
+    for (const auto& entry : registry) {
+      if (entry.first == "run-worker") continue;  // internal, hidden from --help
+      names += (names.empty() ? "" : ", ") + entry.first;
+    }
+    return "unknown command '" + std::string(word) + "'; the commands are " + names +
+           ". Run 'kvoffload --help' for usage.";
+  }
+  return {};
+}
+
 int run_program(int argc, char** argv, bool json) {
   using namespace kvoffload::cli;
   CLI::App app{"kvoffload: offload KV-cache blocks to a shared pinned host pool"};
@@ -51,6 +74,9 @@ int run_program(int argc, char** argv, bool json) {
   std::vector<Command> commands;
   for (auto& [name, setup] : command_registry()) commands.push_back(setup(app));
 
+  if (const std::string unknown = unknown_command(argc, argv); !unknown.empty()) {
+    return report_failure(json, "usage", unknown, kExitUsage);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -61,9 +87,8 @@ int run_program(int argc, char** argv, bool json) {
                               "\nRun 'kvoffload --help' or 'kvoffload <command> --help' for usage.",
                           kExitUsage);
   } catch (const kvoffload::Error& e) {
-    // From an option callback (a bad size).
-    return report_failure(json, kvoffload::to_string(e.code()), e.what(), kExitUsage, e.sys_errno(),
-                          e.call());
+    // From an option callback (a bad size). Every exit 2 carries the code "usage".
+    return report_failure(json, "usage", e.what(), kExitUsage, e.sys_errno(), e.call());
   }
 
   scrub_argv_secrets(argc, argv);  // parsed: from now on `ps` shows "***"
@@ -73,8 +98,12 @@ int run_program(int argc, char** argv, bool json) {
     }
     return report_failure(json, "usage", "no command given; run 'kvoffload --help'", kExitUsage);
   } catch (const kvoffload::Error& e) {
-    const int code = e.code() == kvoffload::ErrorCode::kInvalidArgument ? kExitUsage : kExitError;
-    return report_failure(json, kvoffload::to_string(e.code()), e.what(), code, e.sys_errno(),
+    // A refused value is a usage error however it was found (by CLI11 or by the command): exit
+    // 2 with the code "usage", so a script tells "fix the command line" from a failure.
+    if (e.code() == kvoffload::ErrorCode::kInvalidArgument) {
+      return report_failure(json, "usage", e.what(), kExitUsage, e.sys_errno(), e.call());
+    }
+    return report_failure(json, kvoffload::to_string(e.code()), e.what(), kExitError, e.sys_errno(),
                           e.call());
   } catch (const std::bad_alloc&) {
     return report_failure(json, "out_of_memory",

@@ -42,7 +42,9 @@ std::vector<RankProcess> spawn_ranks(std::uint32_t world_size) {
       ::_exit(127);
     }
     ::close(fds[1]);
-    ranks.push_back({pid, std::make_unique<Channel>(fds[0])});
+    RankProcess& rank = ranks.emplace_back();
+    rank.pid = pid;
+    rank.channel = std::make_unique<Channel>(fds[0]);
   }
   return ranks;
 }

@@ -13,6 +13,7 @@
 #include <kvoffload/remote_tier.hpp>
 
 #include "../cli.hpp"
+#include "../shm_fs.hpp"
 
 namespace kvoffload::run {
 namespace {
@@ -51,6 +52,31 @@ int RunConfig::device_for_rank(std::uint32_t rank, int device_count) const {
                   " device(s), 0 to " + std::to_string(device_count - 1));
   }
   return d;
+}
+
+void RunConfig::check_device_bytes() const {
+  // Each rank allocates --layers device tensors of --gpu-blocks x --block-bytes: a product that
+  // cannot exist is refused here, naming the flags, not as a failed allocation of N bytes.
+  const std::string product = "--gpu-blocks " + std::to_string(gpu_blocks) + " x --block-bytes " +
+                              cli::format_size(block_bytes) + " x --layers " +
+                              std::to_string(layers);
+  const std::uint64_t max_u64 = std::numeric_limits<std::uint64_t>::max();
+  if (gpu_blocks > max_u64 / block_bytes || gpu_blocks * block_bytes > max_u64 / layers) {
+    throw_invalid(product +
+                  " of device memory per rank overflows 64 bits; give fewer --gpu-blocks");
+  }
+  const std::uint64_t per_rank = gpu_blocks * block_bytes * layers;
+  // The host and sim backends keep "device" memory in this machine's RAM: more than it has can
+  // never be allocated. A GPU's own memory is checked when the rank allocates it.
+  if (backend == "host" || backend == "sim") {
+    const std::uint64_t ram = cli::physical_memory_bytes();
+    if (ram != 0 && (per_rank > ram || per_rank * world_size > ram)) {
+      throw_invalid(product + " = " + cli::human_bytes(per_rank) + " of device memory per rank (" +
+                    std::to_string(world_size) + " ranks) is more than this machine's " +
+                    cli::human_bytes(ram) + " of RAM, where the " + backend +
+                    " backend keeps it; give fewer --gpu-blocks");
+    }
+  }
 }
 
 void RunConfig::finalize() {
@@ -94,6 +120,7 @@ void RunConfig::finalize() {
     throw_invalid("--layers x --block-bytes x --blocks-per-chunk overflows");
   }
   slot_bytes = block_bytes * layers * blocks_per_chunk;
+  check_device_bytes();
   if (memcached) {
     // Checked here, before anything is created, so the message names this program's flag
     // (RemoteTierOptions::validate() names the library's field).
@@ -115,6 +142,16 @@ void RunConfig::finalize() {
   const RegionGeometry one_row = RegionGeometry::compute(
       {.num_chunks = 1, .slot_bytes = slot_bytes, .world_size = world_size}, platform::page_size());
   num_chunks = host_pool_bytes / one_row.row_stride();
+  // The Manager's slot limit (manager.cpp): a SlotIndex is 32 bits and kNoSlot is reserved.
+  constexpr std::uint64_t kMaxManagerChunks = 0xFFFFFFFEULL;
+  if (num_chunks > kMaxManagerChunks) {
+    throw_invalid(
+        "--host-pool " + cli::format_size(host_pool_bytes) + " would hold " +
+        std::to_string(num_chunks) + " chunks of " + cli::format_size(one_row.row_stride()) +
+        "; at most " + std::to_string(kMaxManagerChunks) +
+        " chunks are allowed (a slot index is 32 bits): give at most --host-pool " +
+        cli::human_bytes(kMaxManagerChunks * one_row.row_stride()) + ", or larger chunks");
+  }
   if (num_chunks < max_request_chunks()) {
     throw_invalid(
         "--host-pool " + cli::human_bytes(host_pool_bytes) + " holds " +

@@ -57,6 +57,9 @@ struct RunConfig {
   // Validates every field (kInvalidArgument naming the flag, the value and what is allowed) and
   // computes slot_bytes and num_chunks from the page size.
   void finalize();
+  // Part of finalize(): --gpu-blocks x --block-bytes x --layers per rank must fit 64 bits, and in
+  // RAM for the host and sim backends (kInvalidArgument naming the three flags).
+  void check_device_bytes() const;
   // The device rank `rank` uses on a backend with `device_count` devices (kInvalidArgument when
   // --devices names one that does not exist).
   [[nodiscard]] int device_for_rank(std::uint32_t rank, int device_count) const;

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <numeric>
 #include <optional>
@@ -143,6 +144,47 @@ std::string never_serves_verdict(std::uint32_t world_size, const nlohmann::json&
   return out + ")";
 }
 
+// The run's populate figure. Blocking: the scheduler's own mapping populated before the ranks
+// started. Background: the scheduler populates nothing (Note [Progressive bring-up]) and each rank
+// populates its columns piece by piece after its "ready", so the figure is the ranks' from their
+// "bye": the method, the bytes of all ranks, the longest rank's seconds.
+nlohmann::json populate_figure(bool background, const PopulateReport& scheduler,
+                               const nlohmann::json& byes) {
+  if (!background) {
+    return {{"method", std::string(to_string(scheduler.method))},
+            {"bytes", scheduler.bytes},
+            {"seconds", scheduler.seconds}};
+  }
+  std::string method = std::string(to_string(PopulateMethod::kNone));
+  std::uint64_t bytes = 0;
+  double seconds = 0;
+  for (const auto& b : byes) {
+    if (!b.contains("populate")) continue;
+    const auto& p = b["populate"];
+    if (method == to_string(PopulateMethod::kNone)) method = p.value("method", method);
+    bytes += p.value("bytes", std::uint64_t{0});
+    seconds = std::max(seconds, p.value("seconds", 0.0));
+  }
+  return {{"method", method}, {"bytes", bytes}, {"seconds", seconds}};
+}
+
+// The longest rank's registration: of the whole region before its "ready" (blocking), or of its
+// pieces as they came up (background, from its "bye").
+double registration_figure(bool background, const nlohmann::json& ready,
+                           const nlohmann::json& byes) {
+  double longest = 0;
+  if (!background) {
+    for (const auto& r : ready) longest = std::max(longest, r.value("registration_seconds", 0.0));
+    return longest;
+  }
+  for (const auto& b : byes) {
+    if (b.contains("registration")) {
+      longest = std::max(longest, b["registration"].value("seconds", 0.0));
+    }
+  }
+  return longest;
+}
+
 }  // namespace
 
 RunOutcome run_scheduler(const RunConfig& config) {
@@ -202,6 +244,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
   nlohmann::json rank_reports = nlohmann::json::array();
   bool graceful = true;
   std::string stopped_early;  // why the run ended before its end (a rank died, a failure)
+  std::exception_ptr failure;
   const std::uint64_t need = config.max_request_chunks();
   try {
     ranks = spawn_ranks(config.world_size);
@@ -450,6 +493,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
     // report what was measured until then with the cause (Note [Run stopped early]).
     graceful = false;
     stopped_early = e.what();
+    failure = std::current_exception();
   }
 
   stop_ranks(ranks, graceful, &byes);
@@ -457,6 +501,12 @@ RunOutcome run_scheduler(const RunConfig& config) {
     // Note [Run stopped early]: the channel error ("closed its channel", ECONNRESET) says only
     // that a rank is gone; its wait status says which rank, which PID and how it ended.
     const std::string lost = describe_lost_ranks(ranks);
+    if (lost.empty() && t.requests == 0) {
+      // A start-up failure (a rank could not start: a bad device, a backend missing) before
+      // anything was measured: the error alone, with its own code, as before.
+      stack->close();
+      std::rethrow_exception(failure);
+    }
     if (!lost.empty()) stopped_early = lost + " (the scheduler saw: " + stopped_early + ")";
   }
   const std::string never_ready_verdict =
@@ -538,19 +588,13 @@ RunOutcome run_scheduler(const RunConfig& config) {
       {"mismatched_bytes", t.mismatched_bytes},
       {"failed_jobs", t.failed_jobs},
       {"all_verified", all_verified},
-      {"populate",
-       {{"method", std::string(to_string(scheduler_populate.method))},
-        {"bytes", scheduler_populate.bytes},
-        {"seconds", scheduler_populate.seconds}}},
+      {"populate", populate_figure(background, scheduler_populate, byes)},
       {"ranks", rank_reports},
       {"interrupted", interrupted()},
       {"region_removed", region_removed && closed},
       {"errors", t.errors},
       {"seconds", seconds}};
-  double registration = 0;
-  for (const auto& r : rank_reports)
-    registration = std::max(registration, r.value("registration_seconds", 0.0));
-  report["registration_seconds"] = registration;
+  report["registration_seconds"] = registration_figure(background, rank_reports, byes);
   if (!remote_json.is_null()) report["remote"] = remote_json;
   report["bringup"] = config.bringup;
   report["bringup_piece_bytes"] = config.bringup_piece_bytes;

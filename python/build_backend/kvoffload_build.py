@@ -179,6 +179,10 @@ def _build(build_dir: Path, stage: Path, settings) -> None:
           f"-DCMAKE_INSTALL_BINDIR={NAME}/bin", "-DKVOFFLOAD_PYTHON_INSTALL_DIR=.",
           *extra], env=env)
     jobs = str(_setting(settings, "jobs", os.cpu_count() or 1))
+    # One line per compiled file ("[12/240] Building CXX object ..."): pip turns its spinner once
+    # per line it reads, so the build shows that it moves, and `pip install -v` shows the lines.
+    print(f"kvoffload_build: building in {build_dir} with {jobs} jobs "
+          "(several minutes; `pip install -v` shows each step)", flush=True)
     _run([cmake, "--build", str(build_dir), "-j", jobs], env=env)
     _run([cmake, "--install", str(build_dir), "--prefix", str(stage)], env=env)
 
@@ -187,6 +191,20 @@ def _build(build_dir: Path, stage: Path, settings) -> None:
 
 def get_requires_for_build_wheel(config_settings=None):
     return []
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    """The wheel's .dist-info without building anything: pip asks for it first ("Preparing
+    metadata"), and without this hook it runs the whole CMake build to get it, showing nothing but
+    "Preparing metadata ... still running" for as long as the build takes. build_wheel then writes
+    the same files (_dist_info_files)."""
+    version = _version()
+    info = f"{NAME}-{version}.dist-info"
+    for name, data in _dist_info_files(version, _tag()).items():
+        path = Path(metadata_directory) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return info
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):

@@ -60,11 +60,11 @@ TEST_F(CliTest, JsonOnErrorPrintsOneErrorObjectOnStdout) {
   // by the command, a failing operation.
   expect_error_object(run({"probe", "--shm-dir", missing, "--json"}), kExitError, "system",
                       missing);
-  expect_error_object(run({"region", "list", "--shm-dir", missing, "--json"}), kExitUsage,
-                      "invalid_argument", missing + " does not exist");
+  expect_error_object(run({"region", "list", "--shm-dir", missing, "--json"}), kExitUsage, "usage",
+                      missing + " does not exist");
   expect_error_object(
       run({"region", "clean", "--shm-dir", shm_.string(), "--engine-id", "a b", "--json"}),
-      kExitUsage, "invalid_argument", "a b");
+      kExitUsage, "usage", "a b");
   expect_error_object(run({"region", "create", "--shm-dir", shm_.string(), "--engine-id", "e",
                            "--chunks", "4", "--slot-bytes", "4K", "--threads", "0", "--json"}),
                       kExitUsage, "usage", "--threads: 0 is out of range");
@@ -72,15 +72,59 @@ TEST_F(CliTest, JsonOnErrorPrintsOneErrorObjectOnStdout) {
                       kExitUsage, "usage", "--chunks: 0 is out of range");
   expect_error_object(run({"simulate", "--trace", missing, "--chunks", "4", "--json"}), kExitError,
                       "not_found", missing);
-  expect_error_object(run({"remote", "check", "mongodb://h:1", "--json"}), kExitUsage,
-                      "invalid_argument", "unknown scheme 'mongodb'");
+  expect_error_object(run({"remote", "check", "mongodb://h:1", "--json"}), kExitUsage, "usage",
+                      "unknown scheme 'mongodb'");
   expect_error_object(run({"run", "--shm-dir", shm_.string(), "--host-pool", "1K", "--json"}),
-                      kExitUsage, "invalid_argument", "--host-pool");
+                      kExitUsage, "usage", "--host-pool");
   expect_error_object(run({"version", "--json", "--bogus"}), kExitUsage, "usage", "--bogus");
   // Without --json stdout stays empty on error.
   const Result plain = run({"probe", "--shm-dir", missing});
   EXPECT_EQ(plain.exit_code, kExitError);
   EXPECT_TRUE(plain.out.empty()) << plain.out;
+  EXPECT_TRUE(shm_is_empty());
+}
+
+// Input that used to slip through (issue 26): each is refused with exit 2 and the code "usage"
+// (every exit 2 carries it, however the value was found), naming the flag, the value and what
+// is allowed, and nothing is created.
+TEST_F(CliTest, InputThatSlippedThroughIsRefusedNamingFlagValueAndRange) {
+  const std::string shm = shm_.string();
+  const auto run_with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args{"run", "--shm-dir", shm, "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run(args);
+  };
+  // An empty engine id used to become run-<pid>.
+  expect_error_object(run_with({"--engine-id", ""}), kExitUsage, "usage",
+                      "--engine-id: engine id '' has 0 characters; it must have 1 to 128");
+  expect_error_object(run_with({"--engine-id", "a/b"}), kExitUsage, "usage",
+                      "--engine-id: engine id 'a/b' contains the character '/'");
+  // E and P were accepted although help and messages offer K/M/G/T; 1E then failed naming the
+  // manager's num_chunks.
+  expect_error_object(run_with({"--host-pool", "1E"}), kExitUsage, "usage",
+                      "--host-pool '1E': unknown suffix 'E'; use plain bytes or a K/M/G/T suffix");
+  expect_error_object(run_with({"--block-bytes", "1P"}), kExitUsage, "usage",
+                      "--block-bytes '1P': unknown suffix 'P'");
+  expect_error_object(run_with({"--host-pool", "abc"}), kExitUsage, "usage",
+                      "--host-pool 'abc': not a number");
+  // A pool of more chunks than a slot index counts names --host-pool, not num_chunks.
+  expect_error_object(run_with({"--host-pool", "17T", "--world-size", "1", "--layers", "1",
+                                "--block-bytes", "4K", "--blocks-per-chunk", "1"}),
+                      kExitUsage, "usage",
+                      "--host-pool 17T would hold 4563402752 chunks of 4K; at most 4294967294");
+  // A device cache larger than the machine used to fail as "allocate_device of N bytes".
+  expect_error_object(run_with({"--gpu-blocks", "4294967296", "--backend", "host"}), kExitUsage,
+                      "usage", "--gpu-blocks 4294967296 x --block-bytes 16K x --layers");
+  const Result big = run_with({"--gpu-blocks", "4294967296", "--backend", "host"});
+  EXPECT_THAT(big.err, HasSubstr("of RAM, where the host backend keeps it"));
+  EXPECT_THAT(big.err, ::testing::Not(HasSubstr("allocate_device")));
+  // An unknown subcommand is named, with the commands there are.
+  expect_error_object(run({"nosuch", "--json"}), kExitUsage, "usage",
+                      "unknown command 'nosuch'; the commands are exporter, probe, region, "
+                      "remote, run, simulate, top, version");
+  const Result plain = run({"nosuch"});
+  EXPECT_EQ(plain.exit_code, kExitUsage);
+  EXPECT_THAT(plain.err, ::testing::Not(HasSubstr("A subcommand is required")));
   EXPECT_TRUE(shm_is_empty());
 }
 

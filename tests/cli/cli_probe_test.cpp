@@ -6,6 +6,10 @@
 // checks exit codes, JSON keys and values, and what is left in the directory. The suite:
 // cli_probe_test.cpp, cli_region_test.cpp, cli_errors_test.cpp; its kit: cli_test_util.hpp.
 
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -75,3 +79,47 @@ TEST_F(CliTest, ProbeOfMissingDirectoryFails) {
 }
 
 }  // namespace
+
+// probe names the shm dir's filesystem (statfs), and a region made on one that is not in memory
+// is made with a warning: its pages would be written back to that disk (issue 26).
+TEST_F(CliTest, ProbeShowsTheFilesystemAndADiskShmDirIsWarnedAbout) {
+  struct statfs here {};
+  ASSERT_EQ(::statfs(shm_.c_str(), &here), 0);
+  const bool on_tmpfs = here.f_type == 0x01021994;  // TMPFS_MAGIC
+  const json j = run_json({"probe", "--shm-dir", shm_.string()});
+  EXPECT_EQ(j["shm_in_memory"].get<bool>(), on_tmpfs) << j.dump();
+  EXPECT_EQ(j["shm_filesystem"] == "tmpfs", on_tmpfs) << j.dump();
+  const json m = run_json({"probe", "--shm-dir", "/dev/shm"});
+  EXPECT_EQ(m["shm_filesystem"], "tmpfs");
+  EXPECT_TRUE(m["shm_in_memory"].get<bool>());
+  EXPECT_THAT(run({"probe", "--shm-dir", "/dev/shm"}).out,
+              HasSubstr("shm filesystem:       tmpfs (in memory)"));
+
+  // A directory on a disk filesystem: this test's own when it is not on tmpfs, else one in the
+  // working directory (the build tree).
+  const std::string disk = on_tmpfs ? std::filesystem::current_path().string() : shm_.string();
+  struct statfs d {};
+  ASSERT_EQ(::statfs(disk.c_str(), &d), 0);
+  if (d.f_type != 0x01021994) {  // a machine without any disk filesystem checks the rest only
+    std::string disk_dir = disk;
+    if (on_tmpfs) {
+      disk_dir =
+          (std::filesystem::path(disk) / ("kvo_disk_" + std::to_string(::getpid()))).string();
+      std::filesystem::create_directory(disk_dir);
+    }
+    const Result c = run({"region", "create", "--shm-dir", disk_dir, "--engine-id", "disk",
+                          "--chunks", "2", "--slot-bytes", "4K", "--world-size", "1"});
+    EXPECT_EQ(c.exit_code, kExitOk) << c.err;
+    EXPECT_THAT(c.err, HasSubstr("shm dir " + disk_dir + " is on a "));
+    EXPECT_THAT(c.err, HasSubstr("not in memory (tmpfs, hugetlbfs)"));
+    if (on_tmpfs) std::filesystem::remove_all(disk_dir);
+  }
+  // On tmpfs no warning.
+  const std::string mem_dir = "/dev/shm/kvo_probe_" + std::to_string(::getpid());
+  std::filesystem::create_directory(mem_dir);
+  const Result t = run({"region", "create", "--shm-dir", mem_dir, "--engine-id", "mem", "--chunks",
+                        "2", "--slot-bytes", "4K", "--world-size", "1"});
+  std::filesystem::remove_all(mem_dir);
+  EXPECT_EQ(t.exit_code, kExitOk) << t.err;
+  EXPECT_THAT(t.err, ::testing::Not(HasSubstr("not in memory")));
+}

@@ -7,12 +7,19 @@
 // run`). The suite: region_list_test.cpp, top_test.cpp, exporter_test.cpp; its kit:
 // monitor_test_util.hpp.
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -88,14 +95,21 @@ struct Exporter {
   std::unique_ptr<ChildProcess> proc;
   int port = 0;
 
-  Exporter(const fs::path& shm, const fs::path& work, const std::string& listen = "127.0.0.1:0") {
-    proc = spawn({"exporter", "--listen", listen, "--shm-dir", shm.string(), "--json"}, work, true);
+  json listening;  // the line it printed once listening
+
+  Exporter(const fs::path& shm, const fs::path& work, const std::string& listen = "127.0.0.1:0",
+           const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args{"exporter",  "--listen",   listen,
+                                  "--shm-dir", shm.string(), "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    proc = spawn(args, work, true);
     const auto line = proc->read_line();
     if (!line) {
       ADD_FAILURE() << "the exporter printed nothing: " << proc->err();
       return;
     }
     const json j = json::parse(*line);
+    listening = j;
     port = j["port"].get<int>();
     EXPECT_EQ(j["url"], "http://127.0.0.1:" + std::to_string(port) + "/metrics");
   }
@@ -149,6 +163,130 @@ TEST(Exporter, APortInUseIsAClearErrorAndTwoExportersNeverShareOne) {
   EXPECT_NE(second->err().find("cannot listen on " + taken + ": the port is in use"),
             std::string::npos)
       << second->err();
+}
+
+// A loopback TCP connection to `port` that has sent nothing; -1 on failure.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the exporter has closed (or reset) connection `fd`, without waiting.
+bool closed_by_server(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  char c = 0;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+// A client that sends a request one byte at a time, forever, until stopped or closed.
+class Dribbler {
+ public:
+  explicit Dribbler(int port) : fd_(connect_to(port)) {
+    thread_ = std::thread([this] {
+      const std::string request = "GET /metrics HTTP/1.1\r\nX-Slow: ";
+      for (std::size_t i = 0; !stop_.load(); ++i) {
+        const char c = i < request.size() ? request[i] : 'a';
+        if (::send(fd_, &c, 1, MSG_NOSIGNAL) != 1) {
+          closed_.store(true);
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      }
+    });
+  }
+  Dribbler(const Dribbler&) = delete;
+  Dribbler& operator=(const Dribbler&) = delete;
+  ~Dribbler() {
+    stop_.store(true);
+    thread_.join();
+    ::close(fd_);
+  }
+  [[nodiscard]] bool connected() const { return fd_ >= 0; }
+  // Closed by the server: its sends fail, or it reads EOF.
+  [[nodiscard]] bool closed() const { return closed_.load() || closed_by_server(fd_); }
+
+ private:
+  int fd_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> closed_{false};
+  std::thread thread_;
+};
+
+// Note [Exporter connections]: 24 idle connections (three times the 8 threads cpp-httplib serves
+// on by default) do not hold back a scrape: it is answered while every one of them is still open
+// (it used to be answered only after the first ones had timed out). A client that dribbles its
+// request is closed once --request-timeout has passed, and the others are still served.
+TEST(Exporter, IdleAndSlowClientsDoNotStallScrapes) {
+  TempDir shm;
+  TempDir work;
+  const Exporter e(shm.path(), work.path(), "127.0.0.1:0", {"--request-timeout", "2"});
+  ASSERT_GT(e.port, 0);
+  std::vector<int> idle(24);
+  for (int& fd : idle) fd = connect_to(e.port);
+  for (const int fd : idle) ASSERT_GE(fd, 0);
+  const auto scrape = e.get("/metrics");
+  ASSERT_TRUE(scrape) << "no answer with idle clients connected";
+  EXPECT_EQ(scrape->status, 200);
+  int still_open = 0;
+  for (const int fd : idle) still_open += closed_by_server(fd) ? 0 : 1;
+  EXPECT_EQ(still_open, 24) << "the scrape waited for idle connections to time out";
+  for (const int fd : idle) ::close(fd);
+
+  const Dribbler slow(e.port);
+  ASSERT_TRUE(slow.connected());
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!slow.closed() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(slow.closed()) << "a client dribbling its request is never closed";
+  const auto after = e.get("/metrics");
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200);
+}
+
+// SIGTERM with a client connected that keeps sending (so no read timeout ever fires, and the
+// request timeout is an hour): the exporter still stops at once, exit 0.
+TEST(Exporter, StopsPromptlyWithClientsConnected) {
+  TempDir shm;
+  TempDir work;
+  Exporter e(shm.path(), work.path(), "127.0.0.1:0", {"--request-timeout", "3600"});
+  ASSERT_GT(e.port, 0);
+  const Dribbler slow(e.port);
+  ASSERT_TRUE(slow.connected());
+  const int idle = connect_to(e.port);
+  ASSERT_GE(idle, 0);
+  ASSERT_TRUE(e.get("/metrics")) << "serving";
+  e.proc->signal(SIGTERM);
+  EXPECT_EQ(e.proc->wait(std::chrono::seconds(30)), 0) << e.proc->err();
+  ::close(idle);
+}
+
+// Listening beyond loopback is warned about on stderr; loopback is not.
+TEST(Exporter, ListeningBeyondLoopbackIsWarnedAbout) {
+  TempDir shm;
+  TempDir work;
+  {
+    const Exporter local(shm.path(), work.path(), "127.0.0.1:0");
+    EXPECT_TRUE(local.listening["loopback_only"].get<bool>());
+    EXPECT_EQ(local.proc->err().find("beyond loopback"), std::string::npos) << local.proc->err();
+  }
+  for (const std::string every : {":0", "0.0.0.0:0"}) {
+    const Exporter wide(shm.path(), work.path(), every);
+    EXPECT_FALSE(wide.listening["loopback_only"].get<bool>()) << every;
+    EXPECT_NE(wide.proc->err().find("beyond loopback: anyone who can reach this machine"),
+              std::string::npos)
+        << every << ": " << wide.proc->err();
+  }
 }
 
 TEST(Exporter, ServesEveryRegionOfTheNodeInPrometheusFormat) {

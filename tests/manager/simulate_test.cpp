@@ -136,7 +136,7 @@ TEST_F(Simulate, BadTraceNamesLineAndToken) {
   EXPECT_NE(r.err.find("line 3"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("'xyz'"), std::string::npos) << r.err;
   // --json: the error as one JSON object on stdout (kvoffload's contract for every command).
-  EXPECT_EQ(nlohmann::json::parse(r.out).at("error").at("code"), "invalid_argument") << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("error").at("code"), "usage") << r.out;
   const fs::path long_key = write("long.trace", "1\n" + std::string(33, 'a') + "\n");
   const RunResult r2 = run("simulate --trace " + long_key.string() + " --chunks 4");
   EXPECT_EQ(r2.exit_code, 2);

@@ -1,7 +1,14 @@
 // Remote tier pieces that need no server: URL parsing, the value format, the store key, the
 // CRC16 hash slot, the geometry fingerprint, option validation and the circuit breaker.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -10,6 +17,7 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/remote_tier.hpp>
 
+#include "tier/remote/memcached_message.hpp"
 #include "tier/remote/remote_ops.hpp"
 #include "tier/remote/remote_value.hpp"
 
@@ -236,6 +244,50 @@ TEST(CircuitBreaker, OpensAfterFailuresProbesAfterBackoffAndDoubles) {
   EXPECT_FALSE(b.on_failure(t0 + 700ms));  // failed probe: doubles from the first period again
   EXPECT_FALSE(b.allow(t0 + 899ms));
   EXPECT_TRUE(b.allow(t0 + 900ms));
+}
+
+}  // namespace
+}  // namespace kvoffload
+
+namespace kvoffload {
+namespace {
+
+// libmemcached's last-error text carries its client's address in front, its source file behind
+// and a server's CR/LF: none of it reaches a user (issue 26).
+TEST(MemcachedMessage, ClientAddressSourceFileAndLineBreaksAreDropped) {
+  EXPECT_EQ(detail::clean_memcached_message(
+                "(0x5611d2a0c2f0) CONNECTION FAILURE(Connection refused), host: 127.0.0.1:1 -> "
+                "./src/libmemcached/version.cc:40"),
+            "CONNECTION FAILURE(Connection refused), host: 127.0.0.1:1");
+  EXPECT_EQ(detail::clean_memcached_message("SERVER_ERROR object too large for cache\r\n"),
+            "SERVER_ERROR object too large for cache");
+  EXPECT_EQ(detail::clean_memcached_message("a\r\nb  c"), "a b c");
+  EXPECT_EQ(detail::clean_memcached_message(""), "unknown error");
+  EXPECT_EQ(detail::clean_memcached_message("host a -> b"), "host a -> b") << "not a source file";
+}
+
+// The same through real libmemcached, against a loopback port nothing listens on.
+TEST(MemcachedMessage, ARefusedConnectionNamesTheEndpointWithoutLibmemcachedInternals) {
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(s, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const RemoteEndpoint ep{.host = "127.0.0.1", .port = ntohs(addr.sin_port)};
+  ::close(s);  // bound, never listening, now closed: connect is refused
+  try {
+    (void)detail::probe_memcached(ep, std::chrono::milliseconds(500));
+    FAIL() << "a closed port answered";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_THAT(what, ::testing::HasSubstr("connect " + ep.to_string() + ": "));
+    EXPECT_THAT(what, ::testing::Not(::testing::HasSubstr("(0x")));
+    EXPECT_THAT(what, ::testing::Not(::testing::HasSubstr(".cc:")));
+    EXPECT_EQ(what.find_first_of("\r\n"), std::string::npos) << what;
+  }
 }
 
 }  // namespace

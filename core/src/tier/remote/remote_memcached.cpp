@@ -12,6 +12,7 @@
 
 #include <kvoffload/error.hpp>
 
+#include "memcached_message.hpp"
 #include "remote_ops.hpp"
 
 namespace kvoffload::detail {
@@ -79,7 +80,7 @@ class MemcachedConnection final : public StoreConnection {
   bool check(memcached_return_t rc, std::string& error) {
     if (!transport_failure(rc)) return true;
     error = std::string(auth_result(rc) ? "authentication failed: " : "") +
-            "memcached: " + memcached_last_error_message(mc_);
+            "memcached: " + memcached_message(mc_);
     return false;
   }
 
@@ -197,7 +198,7 @@ memcached_st* make_client(const RemoteEndpoint& ep, const RemoteUrl& url, long t
   memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_RCV_TIMEOUT, t * 1000);
   memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, 0);  // our breaker decides
   if (memcached_server_add(mc, ep.host.c_str(), ep.port) != MEMCACHED_SUCCESS) {
-    const std::string why = memcached_last_error_message(mc);
+    const std::string why = memcached_message(mc);
     memcached_free(mc);
     throw Error(ErrorCode::kInvalidArgument, "memcached server " + ep.to_string() + ": " + why);
   }
@@ -226,7 +227,7 @@ memcached_st* make_client(const RemoteEndpoint& ep, const RemoteUrl& url, long t
 // means.
 [[noreturn]] void throw_connect_failure(memcached_st* mc, const RemoteEndpoint& ep,
                                         const RemoteUrl& url, memcached_return_t rc) {
-  const std::string why = memcached_last_error_message(mc);
+  const std::string why = memcached_message(mc);
   // VERSION reports a failed SASL exchange as a plain failure; the last error says what it was.
   const memcached_return_t last = memcached_last_error(mc);
   memcached_free(mc);

@@ -20,6 +20,7 @@
 #include <kvoffload/log.hpp>
 #include <kvoffload/remote_tier.hpp>
 
+#include "memcached_message.hpp"
 #include "remote_tier_impl.hpp"
 
 namespace kvoffload {
@@ -53,7 +54,7 @@ void RemoteTier::Impl::start() {
     for (const auto& ep : o.url.nodes) {
       if (memcached_server_add(router, ep.host.c_str(), ep.port) != MEMCACHED_SUCCESS) {
         throw_invalid("memcached server " + ep.to_string() + ": " +
-                      memcached_last_error_message(router));
+                      detail::memcached_message(router));
       }
     }
   }
