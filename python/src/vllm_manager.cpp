@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <pybind11/stl.h>  // the std::vector<SlotIndex> argument of make_spec
+
 #include <kvoffload/error.hpp>
 #include <kvoffload/manager.hpp>
 

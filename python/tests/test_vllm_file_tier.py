@@ -218,3 +218,28 @@ def test_the_readme_configuration_is_what_these_tests_run(tmp_path):
         assert e.tier.stats()["entries"] == 3
     finally:
         e.shutdown()
+
+
+def test_a_refused_job_comes_back_failed_once_and_block_ids_end_at_the_primary(tmp_path, engines):
+    # A job naming a block one past the primary tier's rows is refused (nothing read from past
+    # the buffer) and handed back to vLLM as failed exactly once, so vLLM frees its slots once;
+    # the last row itself is a row like any other.
+    import numpy as np
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    e = engines(tiering(file_tier(tmp_path)))
+    t = e.tier
+    rows = t._core.rows
+    keys = [key(i, b"refuse") for i in range(2)]
+    t.submit_store(TransferJob(job_id=901, keys=keys, block_ids=np.array([0, rows]),
+                               is_promotion=False, req_context=None))
+    assert t.has_pending_work()
+    assert [(r.job_id, r.success) for r in t.get_finished_jobs()] == [(901, False)]
+    assert list(t.get_finished_jobs()) == []
+    assert not t.has_pending_work()
+    assert t.stats()["entries"] == 0
+    t.submit_store(TransferJob(job_id=902, keys=keys, block_ids=np.array([0, rows - 1]),
+                               is_promotion=False, req_context=None))
+    t.drain_jobs()
+    assert [(r.job_id, r.success) for r in t.get_finished_jobs()] == [(902, True)]
+    assert t.stats()["entries"] == 2

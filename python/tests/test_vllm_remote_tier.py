@@ -315,3 +315,21 @@ def test_the_readme_configuration_is_what_these_tests_run(redis):
         assert e.tier.stats()["stored"] == 3
     finally:
         e.shutdown()
+
+
+def test_an_expired_absent_answer_is_asked_again_not_retried_forever(redis, engines):
+    # Engine B asks about chunks nobody stored (MISS); engine A stores them; once B's absent
+    # answers expire (negative_ttl_ms), B's next lookups ask the store again, once per chunk,
+    # and hit: a lookup cache that never asked again would answer RETRY for ever.
+    a = engines(tiering(remote(redis.url)))
+    # An absent answer lives max(negative_ttl_ms, lookup_timeout_ms): 1 s here, and 1 s is also
+    # the budget each check has (loopback Redis answers in well under that).
+    b = engines(tiering(remote(redis.url, negative_ttl_ms=1000, lookup_timeout_ms=1000)))
+    keys = [key(i, b"again") for i in range(3)]
+    assert b.lookup(keys) == [MISS] * 3
+    assert b.tier.stats()["lookups"] == 3
+    a.store(keys)
+    time.sleep(1.2)  # past the absent answers' lifetime
+    assert b.lookup(keys) == [HIT] * 3
+    assert b.tier.stats()["lookups"] == 6  # each chunk asked exactly once more
+    b.verify(keys)

@@ -563,3 +563,25 @@ def test_replicated_layout_workers_each_hold_their_own_rank(shm_dir):
     assert e.value.code == kvoffload.ErrorCode.IN_USE
     rank1.shutdown()
     rank0.shutdown()
+
+
+def test_a_worker_whose_engine_cannot_be_built_gives_its_region_back(shm_dir, monkeypatch):
+    # The transfer engine fails after the worker took its rank of the region: the worker closes
+    # the region before the error propagates, so the rank is free at once, even while the error
+    # (whose traceback holds the half-built worker) is still alive.
+    kv = KvCaches(Device("host"), bpc=1, seed=9, **ONE_GROUP)
+    name = "noengine-" + uuid.uuid4().hex[:8]
+
+    def refuse(*args, **kwargs):
+        raise kvoffload.Error("injected: no transfer engine")
+
+    with monkeypatch.context() as m:
+        m.setattr(kv_vllm._ext, "TransferEngine", refuse)
+        with pytest.raises(kvoffload.Error, match="injected: no transfer engine") as failed:
+            KvoffloadSpec(offloading_config(shm_dir, kv, kvoffload_engine_id=name)).get_worker(
+                kv.caches)
+    assert failed.value is not None  # alive: the failed worker's frames are still referenced
+    worker = KvoffloadSpec(offloading_config(shm_dir, kv, kvoffload_engine_id=name)).get_worker(
+        kv.caches)  # rank 0 is free again
+    assert worker._region.rank == 0
+    worker.shutdown()

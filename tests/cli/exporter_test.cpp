@@ -129,8 +129,9 @@ struct Exporter {
 TEST(Exporter, RejectsBadListenValuesNamingThem) {
   TempDir shm;
   TempDir work;
-  for (const std::string bad : {"9477", "localhost:", "127.0.0.1:99999", "127.0.0.1:http",
-                                "::1:9477", "[::1", "[::1]9477", "bad host:9477"}) {
+  for (const std::string bad :
+       {"9477", "localhost:", "127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:http", "::1:9477",
+        "[::1", "[::1]9477", "bad host:9477"}) {
     auto p = spawn({"exporter", "--listen", bad, "--shm-dir", shm.path().string()}, work.path());
     EXPECT_EQ(p->wait(), 2) << bad;
     EXPECT_NE(p->err().find("'" + bad + "'"), std::string::npos) << p->err();

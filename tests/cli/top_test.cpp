@@ -58,6 +58,11 @@ TEST(Top, WithoutATerminalPrintsOneSnapshotAsPlainText) {
   EXPECT_NE(out.find("used 5/8 (62.5 %)  write-pending 0  pinned 2  ready 8/8"), std::string::npos)
       << out;
   EXPECT_NE(out.find("1 engine"), std::string::npos) << out;
+  // Each count of the scripted engine is distinct, so a count in the wrong place shows.
+  EXPECT_NE(out.find("region     hits 3  pending 1  misses 5  (37.5 % hit)  evictions 0  cannot "
+                     "store 0  stores failed 2"),
+            std::string::npos)
+      << out;
 }
 
 TEST(Top, JsonListsEveryEngine) {

@@ -271,7 +271,10 @@ TEST_F(RunTest, BringupFailedOnEveryRankStopsEarlyWithAVerdict) {
 // exactly one request (5 chunks) serves. Rank 1's simulated device refuses its 6th piece (one
 // 64 KiB row each), so rank 1 has 5 rows and rank 0 all 8: the scheduler hands out 5 (never
 // rank 0's 8), every request is served on them and every loaded byte verifies; the run then
-// says the pool never became ready on every rank (exit 1).
+// says the pool never became ready on every rank (exit 1). Each of rank 1's registrations takes
+// 100 ms, so rank 0 is typically whole long before, and the first request finds fewer than 5 rows
+// and waits for room, which comes at exactly 5 (the outcome is the same when it does not wait;
+// rank 0's own end state depends on when the run stopped it, so it is not checked).
 TEST_F(RunTest, ServesOnTheRowsReadyOnEveryRankAndAPoolOfOneRequestServes) {
   std::vector<std::string> args = kSmall;
   args[1] = "sim";
@@ -282,15 +285,15 @@ TEST_F(RunTest, ServesOnTheRowsReadyOnEveryRankAndAPoolOfOneRequestServes) {
   ::setenv("KVOFFLOAD_SIM_DEVICES", "2", 1);
   ::setenv("KVOFFLOAD_SIM_FAIL_REGISTER_AT", "6", 1);
   ::setenv("KVOFFLOAD_SIM_FAIL_REGISTER_DEVICE", "1", 1);
+  ::setenv("KVOFFLOAD_SIM_REGISTER_DELAY_MS", "100", 1);
   const int rc = run(args);
+  ::unsetenv("KVOFFLOAD_SIM_REGISTER_DELAY_MS");
   ::unsetenv("KVOFFLOAD_SIM_DEVICES");
   ::unsetenv("KVOFFLOAD_SIM_FAIL_REGISTER_AT");
   ::unsetenv("KVOFFLOAD_SIM_FAIL_REGISTER_DEVICE");
   EXPECT_EQ(rc, 1) << err();
   const json r = report();
   ASSERT_EQ(r["rank_bringup"].size(), 2u);
-  EXPECT_EQ(r["rank_bringup"][0]["bringup"]["state"], "ready");
-  EXPECT_EQ(r["rank_bringup"][0]["bringup"]["ready_chunks"], 8);
   EXPECT_EQ(r["rank_bringup"][1]["bringup"]["state"], "failed");
   EXPECT_EQ(r["rank_bringup"][1]["bringup"]["ready_chunks"], 5);
   EXPECT_EQ(r["ready_chunks"], 5) << "the rows ready on every rank, not on rank 0";

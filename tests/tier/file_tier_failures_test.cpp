@@ -94,7 +94,12 @@ TEST_F(DamagedRecord, FlippedByteOfThePayloadsLastBlockIsMiss) {
 
 TEST_F(DamagedRecord, TruncatedFileIsMiss) {
   std::filesystem::resize_file(path_, 4096);
-  expect_key2_miss();
+  // Refused on its length, before any read (the detail says so).
+  std::vector<std::byte> out(20'000);
+  EXPECT_EQ(get_one(*tier_, BlockKey::from_u64(2), out).detail,
+            "record is 4096 bytes, expected " + std::to_string(file_tier_record_bytes(20'000)) +
+                " (short or another length)");
+  expect_key2_miss();  // and it is forgotten
 }
 
 TEST_F(DamagedRecord, UnalignedTruncationIsMiss) {

@@ -98,6 +98,7 @@ SimDevice::Impl::Impl(SimOptions o) : options(std::move(o)) {
   legacy.resize(static_cast<std::size_t>(options.device_count));
   faults.fail_register_at = options.fail_register_at;
   faults.fail_register_device = options.fail_register_device;
+  faults.register_delay_ms = options.register_delay_ms;
   reservation_bytes = options.device_memory_bytes;
   device_reservation = ::mmap(nullptr, reservation_bytes, PROT_NONE,
                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -190,6 +191,7 @@ SimOptions SimOptions::from_env() {
   o.fail_register_at = env_int("KVOFFLOAD_SIM_FAIL_REGISTER_AT", 0, 1'000'000, o.fail_register_at);
   o.fail_register_device =
       env_int("KVOFFLOAD_SIM_FAIL_REGISTER_DEVICE", -1, 63, o.fail_register_device);
+  o.register_delay_ms = env_int("KVOFFLOAD_SIM_REGISTER_DELAY_MS", 0, 60'000, o.register_delay_ms);
   return o;
 }
 

@@ -110,8 +110,11 @@ struct SimOptions {
   // Only host registrations on this device count toward fail_register_at (-1: every device's), so
   // one rank of a run can fail its bring-up while the others complete theirs.
   int fail_register_device = -1;
+  // Every host registration (on fail_register_device only, when it is set) takes this long first
+  // (a driver pinning memory slowly), so a test can watch a bring-up that is still under way.
+  int register_delay_ms = 0;
   // Defaults from the environment: KVOFFLOAD_SIM_DEVICES (count), KVOFFLOAD_SIM_FAIL_REGISTER_AT,
-  // KVOFFLOAD_SIM_FAIL_REGISTER_DEVICE,
+  // KVOFFLOAD_SIM_FAIL_REGISTER_DEVICE, KVOFFLOAD_SIM_REGISTER_DELAY_MS,
   // KVOFFLOAD_SIM_COMPUTE_MODE (default | exclusive_process) with KVOFFLOAD_SIM_LOCK_DIR,
   // KVOFFLOAD_SIM_CONTEXT_LOG, KVOFFLOAD_SIM_DRIVER_VERSION, KVOFFLOAD_SIM_ARCH and
   // KVOFFLOAD_SIM_KERNEL_ARCHS.
@@ -129,6 +132,7 @@ struct SimFaults {
       0};                                     // set this error in the launching thread's slot first
   std::atomic<int> fail_register_at{0};       // the Nth host_register call from now fails (1-based)
   std::atomic<int> fail_register_device{-1};  // ... counting only this device's calls (-1: all)
+  std::atomic<int> register_delay_ms{0};      // every host_register call sleeps this long first
   std::atomic<int> fail_device_pointer{0};    // the next N host_device_pointer calls fail
   std::atomic<int> fail_memcpy_at{0};         // the Nth memcpy_async enqueue from now fails
   std::atomic<int> fail_event_records{0};     // the next N event records fail (invalid value)

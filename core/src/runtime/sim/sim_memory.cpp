@@ -3,8 +3,10 @@
 // (Note [Simulated device] in sim_device.hpp).
 #include <sys/mman.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <iterator>
+#include <thread>
 
 #include <kvoffload/log.hpp>
 
@@ -102,6 +104,9 @@ int sim_host_register(void* ctx, void* ptr, std::size_t bytes) {
   KVO_SIM_CAPTURE_SAFE(d);
   d.counters.host_register_calls.fetch_add(1);
   const int only = d.faults.fail_register_device.load();
+  if (const int delay = d.faults.register_delay_ms.load(); delay > 0 && (only < 0 || only == cur)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+  }
   if (int n = d.faults.fail_register_at.load();
       n > 0 && (only < 0 || only == cur) && d.faults.fail_register_at.fetch_sub(1) == 1) {
     return d.fail(kOutOfMemory);
