@@ -200,9 +200,17 @@ int memset_async(void*, void* d, int v, std::size_t n, void* s) {
 // Driver calls through the driver entry point (no libcuda link needed).
 using WaitValueFn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using CtxGetCurrentFn = CUresult(CUDAAPI*)(CUcontext*);
+using CtxSetCurrentFn = CUresult(CUDAAPI*)(CUcontext);
+using CtxGetDeviceFn = CUresult(CUDAAPI*)(CUdevice*);
+using PrimaryRetainFn = CUresult(CUDAAPI*)(CUcontext*, CUdevice);
+using PrimaryReleaseFn = CUresult(CUDAAPI*)(CUdevice);
 using GetErrorFn = CUresult(CUDAAPI*)(CUresult, const char**);
 WaitValueFn g_wait_value = nullptr;
 CtxGetCurrentFn g_ctx_get_current = nullptr;
+CtxSetCurrentFn g_ctx_set_current = nullptr;
+CtxGetDeviceFn g_ctx_get_device = nullptr;
+PrimaryRetainFn g_primary_retain = nullptr;
+PrimaryReleaseFn g_primary_release = nullptr;
 GetErrorFn g_error_name = nullptr;
 GetErrorFn g_error_string = nullptr;
 
@@ -227,6 +235,38 @@ int current_device(void*, int* d) {
     if (ctx == nullptr) return 0;
   }
   return rc(cudaGetDevice(d));
+}
+
+// The current context when it is not its device's primary one (Note [Device guard] in
+// gpu_runtime.cpp). The primary context is only looked up (retained and released at once): a
+// thread with a context of that device current means the device's primary context exists, as
+// the runtime bound it, so the retain creates nothing.
+int foreign_context(void*, void** context) {
+  *context = nullptr;
+  if (g_ctx_get_current == nullptr || g_ctx_get_device == nullptr || g_primary_retain == nullptr ||
+      g_primary_release == nullptr) {
+    return 0;  // a driver without these entries: every context reads as primary, as before
+  }
+  CUcontext current = nullptr;
+  if (const CUresult r = g_ctx_get_current(&current); r != CUDA_SUCCESS) {
+    return driver_result(static_cast<int>(r));
+  }
+  if (current == nullptr) return 0;
+  CUdevice device = 0;
+  if (const CUresult r = g_ctx_get_device(&device); r != CUDA_SUCCESS) {
+    return driver_result(static_cast<int>(r));
+  }
+  CUcontext primary = nullptr;
+  if (const CUresult r = g_primary_retain(&primary, device); r != CUDA_SUCCESS) {
+    return driver_result(static_cast<int>(r));
+  }
+  (void)g_primary_release(device);
+  if (current != primary) *context = current;
+  return 0;
+}
+int set_context(void*, void* context) {
+  if (g_ctx_set_current == nullptr) return rc(cudaErrorNotSupported);
+  return driver_result(static_cast<int>(g_ctx_set_current(static_cast<CUcontext>(context))));
 }
 
 // ---- batched DMA: Note [Resolving cuMemcpyBatchAsync] ----
@@ -287,6 +327,12 @@ void resolve_driver_entries() {
   }
   g_wait_value = reinterpret_cast<WaitValueFn>(entry_point("cuStreamWaitValue32", 12000));
   g_ctx_get_current = reinterpret_cast<CtxGetCurrentFn>(entry_point("cuCtxGetCurrent", 12000));
+  g_ctx_set_current = reinterpret_cast<CtxSetCurrentFn>(entry_point("cuCtxSetCurrent", 12000));
+  g_ctx_get_device = reinterpret_cast<CtxGetDeviceFn>(entry_point("cuCtxGetDevice", 12000));
+  g_primary_retain =
+      reinterpret_cast<PrimaryRetainFn>(entry_point("cuDevicePrimaryCtxRetain", 12000));
+  g_primary_release =
+      reinterpret_cast<PrimaryReleaseFn>(entry_point("cuDevicePrimaryCtxRelease", 12000));
   g_error_name = reinterpret_cast<GetErrorFn>(entry_point("cuGetErrorName", 12000));
   g_error_string = reinterpret_cast<GetErrorFn>(entry_point("cuGetErrorString", 12000));
 #if KVOFFLOAD_CUDA_API >= 12080

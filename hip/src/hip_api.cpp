@@ -95,6 +95,16 @@ int set_device(void*, int d) {
 int current_device(void*, int* d) {
   return rc(hipGetDevice(d));
 }
+// HIP's context API (hipCtxCreate, hipCtxGetCurrent) is deprecated, and a HIP "context" is the
+// device's one runtime state (hipSetDevice selects it): there is no non-primary context that
+// runtime calls would operate on instead, so the guard never has one to bind over.
+int foreign_context(void*, void** context) {
+  *context = nullptr;
+  return 0;
+}
+int set_context(void*, void* /*context*/) {
+  return rc(hipErrorNotSupported);
+}
 int device_synchronize(void*) {
   return rc(hipDeviceSynchronize());
 }

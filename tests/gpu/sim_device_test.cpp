@@ -567,6 +567,31 @@ TEST_F(SimDeviceTest, AThreadsOwnDeviceIsRestored) {
   });
 }
 
+// Issue 25 (6): a thread whose current context is a non-primary one (another library's
+// cuCtxCreate) gets the primary context bound for the runtime's calls, even when that context is
+// the runtime's own device's, and its own context back afterwards. The sim refuses every call
+// made in such a context, as a GPU refuses the primary context's streams and events there.
+TEST_F(SimDeviceTest, AThreadInANonPrimaryContextGetsThePrimaryOneBound) {
+  make_rank1();
+  Stream st = rt().create_stream();
+  for (const int device : {1, 0}) {
+    on_fresh_thread([&] {
+      ASSERT_EQ(sim().make_foreign_context(device), 0);
+      EXPECT_EQ(api().stream_synchronize(ctx(), reinterpret_cast<void*>(st.native())),
+                kInvalidHandle)
+          << "the sim models calls in a non-primary context";
+      (void)api().get_last_error(ctx());
+      EXPECT_NO_THROW(rt().synchronize_stream(st.view())) << "context device " << device;
+      DeviceBuffer buf = rt().allocate_device(4096);
+      EXPECT_NE(buf.data(), nullptr);
+      EXPECT_TRUE(sim().foreign_context_current()) << "the thread's own context is given back";
+      int current = -1;
+      ASSERT_EQ(api().current_device(ctx(), &current), 0);
+      EXPECT_EQ(current, device);
+    });
+  }
+}
+
 // N3: every call binds the runtime's device — queries, synchronizes, destroys and frees
 // included, and the destructor — each made from a thread that never chose a device.
 TEST_F(SimDeviceTest, EveryCallBindsTheRuntimesDevice) {

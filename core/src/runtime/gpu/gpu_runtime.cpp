@@ -14,6 +14,12 @@
 // and afterwards restores only a device the thread had chosen. A thread that had none (the
 // bring-up thread, an engine's or Python's worker threads) keeps ours: "restoring" device 0 there
 // is what created GPU 0's context on every rank.
+// A thread whose current context is not a primary one (another library's cuCtxCreate) is bound
+// too, even when that context is our device's: CUDA's runtime API then "operates on that
+// CUcontext" (cuda_runtime_api.h, Context Interoperability), where our streams, events and pool
+// memory do not exist, while cudaSetDevice "will bind the primary context of the specified
+// device to the calling thread" (cuda_runtime_api.h, cudaSetDevice). The guard binds ours with
+// set_device and gives the thread its own context back afterwards (set_context).
 //
 // Note [Kernel architectures]
 // A module's kernels exist for the architectures it was built for. CUDA can compile the embedded
@@ -77,7 +83,11 @@ GpuRuntime::Guard::Guard(const VendorApi& api, int device, std::nothrow_t /*unus
 }
 
 GpuRuntime::Guard::~Guard() {
-  if (previous_ >= 0) (void)api_.set_device(api_.ctx, previous_);
+  if (foreign_ != nullptr) {
+    (void)api_.set_context(api_.ctx, foreign_);
+  } else if (previous_ >= 0) {
+    (void)api_.set_device(api_.ctx, previous_);
+  }
 }
 
 int GpuRuntime::Guard::bind(int device) noexcept {
@@ -86,9 +96,17 @@ int GpuRuntime::Guard::bind(int device) noexcept {
     (void)api_.get_last_error(api_.ctx);
     current = -1;
   }
-  if (current == device) return 0;  // already ours: nothing to bind or restore
+  void* foreign = nullptr;
+  if (current >= 0 && api_.foreign_context(api_.ctx, &foreign) != 0) {
+    (void)api_.get_last_error(api_.ctx);
+    foreign = nullptr;  // cannot tell: treat it as primary, as before the check existed
+  }
+  if (current == device && foreign == nullptr) return 0;  // ours: nothing to bind or restore
   const int err = api_.set_device(api_.ctx, device);
-  if (err == 0) previous_ = current;  // -1 (none) is never "restored"
+  if (err == 0) {
+    foreign_ = foreign;
+    previous_ = current;  // -1 (none) is never "restored"
+  }
   return err;
 }
 

@@ -69,6 +69,7 @@ class GpuRuntime::Guard {
 
   const VendorApi& api_;
   int previous_ = -1;
+  void* foreign_ = nullptr;  // the thread's own non-primary context, given back at the end
 };
 
 }  // namespace kvoffload::gpu

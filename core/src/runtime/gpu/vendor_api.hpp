@@ -24,7 +24,7 @@
 namespace kvoffload::gpu {
 
 // Bumped on any change to the layout below; a module reporting another version is refused.
-inline constexpr std::uint32_t kVendorApiVersion = 3;
+inline constexpr std::uint32_t kVendorApiVersion = 4;
 
 // Driver-level results (CUresult) carried in the table's int codes: see the conventions above.
 inline constexpr int kDriverResultBase = 1 << 20;
@@ -109,6 +109,13 @@ struct VendorApi {
   // chose a device, and its next runtime call would create device 0's context). CUDA: the
   // driver's cuCtxGetCurrent; get_device cannot tell, it reports 0 for such a thread.
   int (*current_device)(void* ctx, int* device);
+  // The context current on this thread when it is not its device's primary context (another
+  // library made it with the driver's cuCtxCreate), else null. Runtime calls on such a thread
+  // operate on that context, not on the primary one the runtime's streams, events and memory
+  // belong to (Note [Device guard] in gpu_runtime.cpp). HIP: always null.
+  int (*foreign_context)(void* ctx, void** context);
+  // Makes a context from foreign_context current again on this thread (cuCtxSetCurrent).
+  int (*set_context)(void* ctx, void* context);
   // Makes `device` current on this thread and binds its context (cudaSetDevice).
   int (*set_device)(void* ctx, int device);
   // Waits for all work of the current device (cudaDeviceSynchronize).
@@ -207,6 +214,8 @@ struct VendorApi {
     (table).get_device_count = get_device_count;                 \
     (table).get_device = get_device;                             \
     (table).current_device = current_device;                     \
+    (table).foreign_context = foreign_context;                   \
+    (table).set_context = set_context;                           \
     (table).set_device = set_device;                             \
     (table).device_synchronize = device_synchronize;             \
     (table).device_describe = device_describe;                   \

@@ -100,12 +100,26 @@ int sim_current_device(void* ctx, int* device) {
   *device = thread_state(dev(ctx).uid).bound;
   return kSuccess;
 }
+int sim_foreign_context(void* ctx, void** context) {
+  *context = thread_state(dev(ctx).uid).foreign;
+  return kSuccess;
+}
+int sim_set_context(void* ctx, void* context) {
+  auto& d = dev(ctx);
+  if (context != &d.foreign) return d.fail(kInvalidContext);
+  ThreadState& t = thread_state(d.uid);
+  t.bound = d.foreign_device;
+  t.foreign = context;
+  return kSuccess;
+}
 int sim_set_device(void* ctx, int device) {
   auto& d = dev(ctx);
   if (device < 0 || device >= d.options.device_count) return d.fail(kInvalidDevice);
-  // cudaSetDevice creates the device's primary context (CUDA 12.0 and later).
+  // cudaSetDevice creates the device's primary context (CUDA 12.0 and later) and binds it,
+  // replacing a non-primary context current on the thread.
   if (const int err = d.create_context(device); err != kSuccess) return d.fail(err);
   thread_state(dev(ctx).uid).bound = device;
+  thread_state(dev(ctx).uid).foreign = nullptr;
   d.devices[static_cast<std::size_t>(device)].calls.fetch_add(1, std::memory_order_relaxed);
   return kSuccess;
 }
@@ -415,6 +429,8 @@ void install_api_entries(VendorApi& a, const SimOptions& /*options*/) {
   a.get_device = sim_get_device;
   a.current_device = sim_current_device;
   a.set_device = sim_set_device;
+  a.foreign_context = sim_foreign_context;
+  a.set_context = sim_set_context;
   a.device_synchronize = sim_device_synchronize;
   a.device_describe = sim_device_describe;
   a.driver_version = sim_driver_version;

@@ -165,6 +165,9 @@ int SimDevice::Impl::create_context(int device) {
 
 int SimDevice::Impl::context(int& device) {
   ThreadState& t = thread_state(uid);
+  // Every object the runtime made lives in a primary context; in another one, the calls that
+  // use them fail as a GPU's do (invalid resource handle), and the sim refuses every call there.
+  if (t.foreign != nullptr) return kInvalidHandle;
   const int want = t.bound < 0 ? 0 : t.bound;  // no context bound: device 0's, as CUDA does
   if (const int err = create_context(want); err != kSuccess) return err;
   t.bound = want;
@@ -247,6 +250,18 @@ bool SimDevice::is_device_address(const void* ptr) const noexcept {
 bool SimDevice::context_created(int device) const noexcept {
   if (device < 0 || device >= impl_->options.device_count) return false;
   return impl_->devices[static_cast<std::size_t>(device)].context.load();
+}
+int SimDevice::make_foreign_context(int device) {
+  if (device < 0 || device >= impl_->options.device_count) return kInvalidDevice;
+  if (const int err = impl_->create_context(device); err != kSuccess) return err;
+  impl_->foreign_device = device;
+  ThreadState& t = thread_state(impl_->uid);
+  t.bound = device;
+  t.foreign = &impl_->foreign;
+  return kSuccess;
+}
+bool SimDevice::foreign_context_current() const noexcept {
+  return thread_state(impl_->uid).foreign != nullptr;
 }
 std::uint64_t SimDevice::device_calls(int device) const noexcept {
   if (device < 0 || device >= impl_->options.device_count) return 0;

@@ -186,6 +186,12 @@ class SimDevice {
   // it current. A runtime that never touched device 0 leaves both at false / 0 for it.
   [[nodiscard]] bool context_created(int device) const noexcept;
   [[nodiscard]] std::uint64_t device_calls(int device) const noexcept;
+  // Makes a context of `device` that is not its primary one current on this thread, as another
+  // library's cuCtxCreate does (its device's primary context is created too); returns the vendor
+  // code. Until set_device binds a primary context, every call on this thread fails with 400.
+  int make_foreign_context(int device);
+  // Whether this thread's current context is that non-primary one.
+  [[nodiscard]] bool foreign_context_current() const noexcept;
 
   // Stream capture as the engine's code does it (cudaStreamBeginCapture / EndCapture); return
   // the vendor code. `mode` is a CaptureMode. Capture runs nothing: its nodes are only counted.

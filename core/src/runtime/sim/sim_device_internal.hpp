@@ -108,6 +108,9 @@ struct ThreadState {
   std::uint64_t device = 0;  // SimDevice::Impl::uid of the device this belongs to (never 0)
   int last_error = 0;
   int bound = -1;  // device whose context is current on this thread, -1: none
+  // A non-primary context of `bound` current instead of its primary one (Impl::foreign), else
+  // null: CUDA's runtime calls then operate on that context (SimDevice::make_foreign_context).
+  void* foreign = nullptr;
   int capture_mode = kCaptureModeGlobal;
 };
 // Trivially destructible storage: runtimes destroyed during static destruction (after this
@@ -169,6 +172,10 @@ struct SimDevice::Impl {
   // The device whose context this call runs in (Note [Simulated contexts] in sim_device.cpp); 0
   // or an error.
   int context(int& device);
+  // The one non-primary context the sim models (cuCtxCreate's): its handle is this member's
+  // address, and it belongs to foreign_device.
+  int foreign = 0;
+  int foreign_device = -1;
   int create_context(int device);
 
   enum class Side : std::uint8_t { kDevice, kHost, kInvalid };
