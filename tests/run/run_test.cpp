@@ -505,7 +505,7 @@ TEST_F(RunTest, AKilledRankIsNamedWithPidAndSignalAndTheRunStillReports) {
 // deleting one as stale; an intact stale region is removed by clean and reclaimed by run.
 TEST_F(RunTest, RunAndRegionCleanAgreeOnWhatIsJunk) {
   const auto put = [&](const std::string& id, const std::string& bytes, fs::perms mode) {
-    const fs::path p = shm_ / ("kvoffload_" + id + ".region");
+    fs::path p = shm_ / ("kvoffload_" + id + ".region");
     { std::ofstream(p, std::ios::binary) << bytes; }
     fs::permissions(p, mode);
     return p;
