@@ -279,7 +279,8 @@ TEST(MemcachedMessage, ARefusedConnectionNamesTheEndpointWithoutLibmemcachedInte
   const RemoteEndpoint ep{.host = "127.0.0.1", .port = ntohs(addr.sin_port)};
   ::close(s);  // bound, never listening, now closed: connect is refused
   try {
-    (void)detail::probe_memcached(ep, std::chrono::milliseconds(500));
+    (void)detail::probe_memcached(ep, RemoteUrl::parse("memcached://" + ep.to_string()),
+                                  std::chrono::milliseconds(500));
     FAIL() << "a closed port answered";
   } catch (const Error& e) {
     const std::string what = e.what();
