@@ -38,8 +38,9 @@ struct Connection {
   ino_t inode;
 };
 
-// The connected sockets of this process on local `port`.
-std::vector<Connection> connections_on(std::uint16_t port) {
+// The sockets of this process on local `port`: the connected ones (with a peer) or the listening
+// ones (without).
+std::vector<Connection> sockets_on(std::uint16_t port, bool connected) {
   std::vector<Connection> out;
   DIR* dir = ::opendir("/proc/self/fd");
   if (dir == nullptr) return out;
@@ -50,28 +51,10 @@ std::vector<Connection> connections_on(std::uint16_t port) {
     if (end == e->d_name || *end != '\0' || fd == self) continue;
     struct stat st {};
     if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    if (local_port(static_cast<int>(fd)) != port || !has_peer(static_cast<int>(fd))) continue;
-    out.push_back({static_cast<int>(fd), st.st_ino});
-  }
-  ::closedir(dir);
-  return out;
-}
-
-// The listening sockets of this process on local `port` (TCP, no peer).
-std::vector<int> listeners_on(std::uint16_t port) {
-  std::vector<int> out;
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return out;
-  const int self = ::dirfd(dir);
-  while (const dirent* e = ::readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == self) continue;
-    struct stat st {};
-    if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    if (local_port(static_cast<int>(fd)) == port && !has_peer(static_cast<int>(fd))) {
-      out.push_back(static_cast<int>(fd));
+    if (local_port(static_cast<int>(fd)) != port || has_peer(static_cast<int>(fd)) != connected) {
+      continue;
     }
+    out.push_back({static_cast<int>(fd), st.st_ino});
   }
   ::closedir(dir);
   return out;
@@ -89,7 +72,9 @@ bool shut_down(const Connection& c) {
 
 bool raise_listen_backlog(std::uint16_t port) {
   bool raised = false;
-  for (const int fd : listeners_on(port)) raised = ::listen(fd, SOMAXCONN) == 0 || raised;
+  for (const Connection& l : sockets_on(port, /*connected=*/false)) {
+    raised = ::listen(l.fd, SOMAXCONN) == 0 || raised;
+  }
   return raised;
 }
 
@@ -138,7 +123,7 @@ void ConnectionReaper::sweep() {
     closing = closing_;
   }
   std::set<ino_t> present;
-  for (const Connection& c : connections_on(port_)) {
+  for (const Connection& c : sockets_on(port_, /*connected=*/true)) {
     present.insert(c.inode);
     Seen& seen = seen_.try_emplace(c.inode, Seen{.first = now}).first->second;
     if (closing) {
