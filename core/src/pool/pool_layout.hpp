@@ -1,0 +1,144 @@
+#pragma once
+// The node pool file, byte for byte (docs/DESIGN.md §6.6), and the structures over it that every
+// pool source shares: the slot records (the source of truth), the key table and the lists (both
+// derived from the records, rebuilt by repair: Note [Pool repair] in pool_repair.cpp).
+//
+//   [PoolHeader][TenantRecord x max_tenants][SlotRecord x slot_count][pin counts
+//   u16 x slot_count x max_tenants][key table u64 x buckets] ... page ... [chunk bytes]
+//
+// Every field is changed only under the header's mutex. Offsets, never pointers: each process
+// maps the file at its own address.
+
+#include <pthread.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include <kvoffload/block_key.hpp>
+
+#include "pool/node_pool.hpp"
+
+namespace kvoffload::pool::detail {
+
+inline constexpr char kPoolMagic[8] = {'K', 'V', 'O', 'P', 'O', 'O', 'L', '\0'};
+inline constexpr std::uint32_t kPoolVersion = 1;
+inline constexpr std::uint32_t kNone = 0xFFFFFFFFu;
+inline constexpr std::size_t kNameChars = 128;
+
+struct PoolHeader {
+  char magic[8];
+  std::uint32_t version;
+  std::uint32_t max_tenants;
+  // Geometry and fingerprint (PoolGeometry), NUL-terminated strings.
+  std::uint64_t slot_bytes;
+  std::uint32_t slot_count;
+  std::uint32_t world_size;
+  char layout[32];
+  char dtype[32];
+  char fingerprint[256];
+  // Where everything is (bytes from the start of the file).
+  std::uint64_t slot_stride;  // bytes between ranks' slots of one chunk
+  std::uint64_t chunk_bytes;  // bytes between chunks (page multiple)
+  std::uint64_t tenants_offset;
+  std::uint64_t slots_offset;
+  std::uint64_t pins_offset;
+  std::uint64_t table_offset;
+  std::uint64_t table_buckets;  // power of two >= 2 * slot_count
+  std::uint64_t data_offset;
+  std::uint64_t file_bytes;
+
+  pthread_mutex_t mutex;    // process-shared, robust
+  std::int32_t holder_pid;  // who holds the mutex (written after taking it), 0 when free
+  std::uint32_t reserved0;
+
+  // The lists (heads are the most recent end).
+  std::uint32_t lru_head, lru_tail;    // ready, unpinned slots: the evictable ones
+  std::uint32_t free_head, free_tail;  // free slots
+  // Derived counters (rebuilt by repair).
+  std::uint32_t n_free, n_writing, n_ready, n_pinned;
+  std::uint64_t clock;  // last recency stamp given
+  std::uint64_t epoch;  // last protection epoch given (one per prepare_stores)
+  std::uint64_t next_token;
+  std::uint64_t last_sweep_ns;  // CLOCK_MONOTONIC of the last liveness sweep
+  std::uint64_t repairs;
+  std::uint64_t tenants_reclaimed;
+};
+
+struct TenantRecord {
+  std::uint32_t in_use;  // 1 once pid, start_time and engine_id are written
+  std::int32_t pid;
+  std::uint64_t start_time;  // /proc/PID/stat field 22: a recycled PID has another
+  std::uint64_t engine_hash;
+  std::uint32_t cap_slots;           // 0: no cap
+  std::uint32_t occupancy;           // slots owned (writing + ready), derived
+  std::uint32_t lru_head, lru_tail;  // this tenant's ready, unpinned slots (head most recent)
+  std::uint32_t pinned;              // slots with a pin of this tenant, derived
+  std::uint32_t reserved0;
+  char engine_id[kNameChars + 1];
+  char reserved1[7];
+  std::uint64_t lookup_keys, hits, cross_engine_hits, stores_prepared, stores_committed,
+      stores_aborted, evictions, pins;
+};
+
+struct SlotRecord {
+  std::uint64_t key_hi, key_lo;
+  std::uint64_t stamp;         // recency; the LRU is ordered by it
+  std::uint64_t engine_hash;   // of the engine that stored it (cross-engine hits)
+  std::uint64_t pin_mask;      // bit t: pins[slot][t] > 0 (derived from the counts)
+  std::uint64_t protect;       // epoch of the prepare_stores that must not evict it
+  std::uint32_t state;         // SlotState
+  std::uint32_t owner;         // tenant index (writing: always; ready: kNone once it left)
+  std::uint32_t prev, next;    // the LRU or the free list
+  std::uint32_t oprev, onext;  // the owner's LRU
+
+  [[nodiscard]] BlockKey key() const noexcept { return {key_hi, key_lo}; }
+};
+
+// Sizes and offsets of a pool of this geometry.
+struct Layout {
+  std::uint64_t slot_stride, chunk_bytes, tenants_offset, slots_offset, pins_offset, table_offset,
+      table_buckets, data_offset, file_bytes;
+};
+Layout compute_layout(std::uint64_t slot_bytes, std::uint32_t slot_count, std::uint32_t world_size,
+                      std::uint32_t max_tenants, std::uint64_t page);
+
+// Pointers into one process's mapping.
+struct View {
+  PoolHeader* h = nullptr;
+  TenantRecord* tenants = nullptr;
+  SlotRecord* slots = nullptr;
+  std::uint16_t* pins = nullptr;
+  std::uint64_t* table = nullptr;
+  std::byte* data = nullptr;
+
+  void bind(void* base) noexcept;
+  [[nodiscard]] std::uint32_t n() const noexcept { return h->slot_count; }
+  [[nodiscard]] std::uint32_t tenants_n() const noexcept { return h->max_tenants; }
+  std::uint16_t& pin(std::uint32_t slot, std::uint32_t tenant) const noexcept {
+    return pins[static_cast<std::size_t>(slot) * h->max_tenants + tenant];
+  }
+
+  // ---- the key table: open addressing, 32 hash bits + slot per entry, backward-shift delete
+  [[nodiscard]] std::uint32_t find(const BlockKey& key) const noexcept;
+  void insert(const BlockKey& key, std::uint32_t slot) const noexcept;
+  void erase(const BlockKey& key, std::uint32_t slot) const noexcept;
+  void clear_table() const noexcept;
+
+  // ---- the lists: the global one (LRU or free, prev/next) and the owner's LRU (oprev/onext)
+  void push_front(std::uint32_t& head, std::uint32_t& tail, std::uint32_t s) const noexcept;
+  void push_back(std::uint32_t& head, std::uint32_t& tail, std::uint32_t s) const noexcept;
+  void remove(std::uint32_t& head, std::uint32_t& tail, std::uint32_t s) const noexcept;
+  void opush_front(TenantRecord& t, std::uint32_t s) const noexcept;
+  void opush_back(TenantRecord& t, std::uint32_t s) const noexcept;
+  void oremove(TenantRecord& t, std::uint32_t s) const noexcept;
+
+  // An evictable (ready, unpinned) slot joins the LRU (and its owner's) at the most recent end
+  // with a fresh stamp; leaving takes it out of both.
+  void lru_enter(std::uint32_t s) const noexcept;
+  void lru_leave(std::uint32_t s) const noexcept;
+};
+
+// FNV-1a of the engine id: which engine stored a chunk (cross-engine hits survive a restart).
+std::uint64_t engine_hash(const char* id) noexcept;
+
+}  // namespace kvoffload::pool::detail

@@ -1,0 +1,350 @@
+// The node pool's operations, one behaviour per case (docs/DESIGN.md §6.6).
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <kvoffload/error.hpp>
+
+#include "pool_helpers.hpp"
+#include "test_env.hpp"
+
+namespace kvoffload::pool {
+namespace {
+
+using test::keys;
+using test::small_options;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+template <class F>
+Error error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no kvoffload::Error was thrown";
+  return Error(ErrorCode::kOk, "");
+}
+
+TEST(PoolUnit, LastTenantOutRemovesThePoolFile) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a"));
+  auto b = NodePool::attach(small_options(dir.path(), "b"));
+  const auto path = a.path();
+  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_EQ(a.stats().tenants.size(), 2U);
+  a.detach();
+  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_EQ(b.stats().tenants.size(), 1U);
+  b.detach();
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(PoolUnit, AChunkStoredByOneEngineIsAHitForAnotherWithItsBytes) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a"));
+  auto b = NodePool::attach(small_options(dir.path(), "b"));
+  const auto ks = keys(0, 4);
+  EXPECT_EQ(test::store(a, ks), 4U);
+  const LookupOutcome own = a.lookup(ks, false);
+  EXPECT_EQ(own.hits, 4U);
+  EXPECT_EQ(own.cross_engine_hits, 0U);
+  EXPECT_EQ(test::load_verified(b, ks), 4U);
+  const auto st = b.stats();
+  ASSERT_EQ(st.tenants.size(), 2U);
+  EXPECT_EQ(st.tenants[1].engine_id, "b");
+  EXPECT_EQ(st.tenants[1].cross_engine_hits, 4U);
+  EXPECT_EQ(st.tenants[0].cross_engine_hits, 0U);
+  EXPECT_EQ(st.tenants[0].occupancy, 4U);
+  EXPECT_POOL_OK(a);
+}
+
+TEST(PoolUnit, AChunkBeingWrittenIsInvisibleAndNotWrittenTwice) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a"));
+  auto b = NodePool::attach(small_options(dir.path(), "b"));
+  const auto ks = keys(10, 2);
+  const StoreOutcome sa = a.prepare_stores(ks);
+  ASSERT_EQ(sa.slots.size(), 2U);
+  const std::vector<std::uint32_t> slots(sa.slots.begin(), sa.slots.end());
+  EXPECT_EQ(b.lookup(ks, true).hits, 0U);
+  const StoreOutcome sb = b.prepare_stores(ks);
+  EXPECT_EQ(sb.slots.size(), 0U);
+  EXPECT_EQ(sb.skipped_writing, 2U);
+  // The same key twice in one call is written once.
+  const std::vector<BlockKey> twice{test::key(50), test::key(50)};
+  const StoreOutcome st = b.prepare_stores(twice);
+  EXPECT_EQ(st.slots.size(), 1U);
+  EXPECT_EQ(st.skipped_writing, 1U);
+  b.abort_stores(std::vector<std::uint32_t>(st.slots.begin(), st.slots.end()));
+  for (std::size_t i = 0; i < slots.size(); ++i) test::write_chunk(a, slots[i], ks[i]);
+  a.commit_stores(slots);
+  EXPECT_EQ(test::load_verified(b, ks), 2U);
+  EXPECT_EQ(b.prepare_stores(ks).skipped_present, 2U);
+  EXPECT_POOL_OK(a);
+}
+
+TEST(PoolUnit, EvictsTheLeastRecentChunkNeverOnePinnedByAnyTenant) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a", 4));
+  auto b = NodePool::attach(small_options(dir.path(), "b", 4));
+  for (int i = 0; i < 4; ++i) test::store(a, keys(i, 1));  // key 0 least recent
+  const std::vector<BlockKey> k0{test::key(0)};
+  const LookupOutcome pinned = b.lookup(k0, true);  // b pins key 0
+  ASSERT_EQ(pinned.hits, 1U);
+  const StoreOutcome s = a.prepare_stores(keys(100, 1));
+  ASSERT_EQ(s.evicted.size(), 1U);
+  EXPECT_EQ(s.evicted[0], test::key(1));
+  a.commit_stores(std::vector<std::uint32_t>(s.slots.begin(), s.slots.end()));
+  // A lookup makes key 2 most recent: key 3 goes next.
+  EXPECT_EQ(a.lookup(keys(2, 1), false).hits, 1U);
+  const StoreOutcome s2 = a.prepare_stores(keys(101, 1));
+  ASSERT_EQ(s2.evicted.size(), 1U);
+  EXPECT_EQ(s2.evicted[0], test::key(3));
+  EXPECT_POOL_OK(a);
+  // Unpinned, key 0 re-enters as the most recent.
+  b.unpin(std::vector<std::uint32_t>(pinned.slots.begin(), pinned.slots.end()));
+  a.commit_stores(std::vector<std::uint32_t>(s2.slots.begin(), s2.slots.end()));
+  const StoreOutcome s3 = a.prepare_stores(keys(102, 1));
+  ASSERT_EQ(s3.evicted.size(), 1U);
+  EXPECT_EQ(s3.evicted[0], test::key(100));
+  EXPECT_POOL_OK(a);
+}
+
+TEST(PoolUnit, NoRoomWhenEverythingIsPinnedOrBeingWritten) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a", 3));
+  test::store(a, keys(0, 2));
+  ASSERT_EQ(a.lookup(keys(0, 2), true).hits, 2U);
+  const StoreOutcome s = a.prepare_stores(keys(10, 3));
+  EXPECT_EQ(s.slots.size(), 1U);
+  EXPECT_EQ(s.skipped_no_room, 2U);
+  EXPECT_TRUE(s.evicted.empty());
+  EXPECT_POOL_OK(a);
+}
+
+TEST(PoolUnit, ALookupAndPrepareNeverEvictsItsOwnHits) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a", 3));
+  test::store(a, keys(0, 3));  // full; key 0 least recent
+  std::vector<BlockKey> req = keys(0, 1);
+  req.push_back(test::key(50));
+  const NodePool::Cycle c = a.lookup_and_prepare(req, false);
+  EXPECT_EQ(c.lookup.hits, 1U);
+  ASSERT_EQ(c.store.positions.size(), 1U);
+  EXPECT_EQ(c.store.positions[0], 1U);
+  ASSERT_EQ(c.store.evicted.size(), 1U);
+  EXPECT_EQ(c.store.evicted[0], test::key(1));
+  EXPECT_POOL_OK(a);
+}
+
+TEST(PoolUnit, ATenantAtItsCapEvictsOnlyItsOwnChunks) {
+  const kvoffload::test::TempDir dir;
+  auto b = NodePool::attach(small_options(dir.path(), "b", 8));
+  auto ao = small_options(dir.path(), "a", 8);
+  ao.cap_fraction = 0.375;  // 3 of 8
+  auto a = NodePool::attach(ao);
+  test::store(b, keys(0, 4));
+  for (int i = 0; i < 10; ++i) test::store(a, keys(100 + i, 1));
+  EXPECT_EQ(a.lookup(keys(0, 4), false).hits, 4U);  // b's chunks all survived
+  EXPECT_EQ(a.lookup(keys(107, 3), false).hits, 3U);
+  const auto st = a.stats();
+  EXPECT_EQ(st.tenants[1].occupancy, 3U);
+  EXPECT_EQ(st.tenants[1].cap_slots, 3U);
+  // At the cap with nothing of its own evictable (all being written): skipped, not an error.
+  const StoreOutcome s = a.prepare_stores(keys(200, 5));
+  EXPECT_EQ(s.slots.size(), 3U);  // each evicts one of its own ready chunks
+  EXPECT_EQ(s.skipped_cap, 2U);
+  EXPECT_POOL_OK(a);
+}
+
+TEST(PoolUnit, ACapInBytesCountsWholeChunks) {
+  const kvoffload::test::TempDir dir;
+  auto o = small_options(dir.path(), "a", 8);
+  o.cap_bytes = 1;  // less than one chunk
+  const Error e = error_of([&] { (void)NodePool::attach(o); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("less than one chunk of 4096 bytes"));
+}
+
+TEST(PoolUnit, ATenantOfAnotherGeometryOrFingerprintIsRefusedNamingBothValues) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a"));
+  auto o = small_options(dir.path(), "b");
+  o.geometry.slot_bytes = 1024;
+  Error e = error_of([&] { (void)NodePool::attach(o); });
+  EXPECT_EQ(e.code(), ErrorCode::kMismatch);
+  EXPECT_THAT(e.what(), HasSubstr("slot_bytes is 512 in the pool, 1024 for engine 'b'"));
+  o = small_options(dir.path(), "b");
+  o.geometry.fingerprint = "mistral-7b/ns0";
+  o.geometry.dtype = "fp8";
+  e = error_of([&] { (void)NodePool::attach(o); });
+  EXPECT_EQ(e.code(), ErrorCode::kMismatch);
+  EXPECT_THAT(e.what(),
+              AllOf(HasSubstr("fingerprint is 'llama-3-8b/ns0' in the pool, 'mistral-7b/ns0'"),
+                    HasSubstr("dtype is 'bf16' in the pool, 'fp8'")));
+  for (auto change : {+[](PoolOptions& p) { p.geometry.slot_count = 9; },
+                      +[](PoolOptions& p) { p.geometry.world_size = 4; },
+                      +[](PoolOptions& p) { p.geometry.layout = "kv_major"; }}) {
+    o = small_options(dir.path(), "b");
+    change(o);
+    EXPECT_EQ(error_of([&] { (void)NodePool::attach(o); }).code(), ErrorCode::kMismatch);
+  }
+  EXPECT_EQ(a.stats().tenants.size(), 1U);
+}
+
+TEST(PoolUnit, TheSameEngineTwiceIsRefusedWithThePid) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a"));
+  const Error e = error_of([&] { (void)NodePool::attach(small_options(dir.path(), "a")); });
+  EXPECT_EQ(e.code(), ErrorCode::kInUse);
+  EXPECT_THAT(e.what(), HasSubstr("PID " + std::to_string(::getpid())));
+}
+
+TEST(PoolUnit, AFullTenantTableIsRefused) {
+  const kvoffload::test::TempDir dir;
+  auto o = small_options(dir.path(), "a");
+  o.max_tenants = 2;
+  auto a = NodePool::attach(o);
+  auto b = NodePool::attach(small_options(dir.path(), "b"));
+  const Error e = error_of([&] { (void)NodePool::attach(small_options(dir.path(), "c")); });
+  EXPECT_EQ(e.code(), ErrorCode::kCapacity);
+  EXPECT_THAT(e.what(), HasSubstr("all 2 tenant records"));
+  b.detach();
+  EXPECT_NO_THROW((void)NodePool::attach(small_options(dir.path(), "c")));
+}
+
+TEST(PoolUnit, BadOptionsAreRefusedNamingTheValue) {
+  const kvoffload::test::TempDir dir;
+  struct Case {
+    void (*change)(PoolOptions&);
+    const char* text;
+  };
+  const Case cases[] = {
+      {[](PoolOptions& o) { o.name = "a/b"; }, "node pool name 'a/b' contains the character '/'"},
+      {[](PoolOptions& o) { o.engine_id = ""; }, "engine id '' has 0 characters"},
+      {[](PoolOptions& o) { o.geometry.slot_count = 0; }, "slot_count 0 is out of range"},
+      {[](PoolOptions& o) { o.geometry.slot_bytes = 0; }, "slot_bytes 0 is out of range"},
+      {[](PoolOptions& o) { o.geometry.world_size = 2000; }, "world_size 2000 is out of range"},
+      {[](PoolOptions& o) { o.geometry.fingerprint = ""; }, "fingerprint '' has 0 characters"},
+      {[](PoolOptions& o) { o.max_tenants = 65; }, "max_tenants 65 is out of range"},
+      {[](PoolOptions& o) { o.cap_fraction = 1.5; }, "cap_fraction 1.500000 is out of range"},
+      {[](PoolOptions& o) {
+         o.cap_fraction = 0.5;
+         o.cap_bytes = 10;
+       },
+       "are both set"},
+      {[](PoolOptions& o) { o.lock_timeout = std::chrono::milliseconds(0); }, "lock_timeout 0 ms"},
+  };
+  for (const Case& c : cases) {
+    auto o = small_options(dir.path(), "a");
+    c.change(o);
+    const Error e = error_of([&] { (void)NodePool::attach(o); });
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(e.what(), HasSubstr(c.text));
+  }
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+TEST(PoolUnit, CommitAbortAndUnpinRefuseWhatIsNotThisTenantsAndChangeNothing) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a"));
+  auto b = NodePool::attach(small_options(dir.path(), "b"));
+  const StoreOutcome s = a.prepare_stores(keys(0, 2));
+  const std::vector<std::uint32_t> slots(s.slots.begin(), s.slots.end());
+  EXPECT_EQ(error_of([&] { b.commit_stores(slots); }).code(), ErrorCode::kState);
+  EXPECT_EQ(error_of([&] { b.abort_stores(slots); }).code(), ErrorCode::kState);
+  const std::vector<std::uint32_t> twice{slots[0], slots[0]};
+  EXPECT_THAT(error_of([&] { a.commit_stores(twice); }).what(), HasSubstr("given twice"));
+  const std::vector<std::uint32_t> out_of_range{slots[0], 99};
+  EXPECT_EQ(error_of([&] { a.commit_stores(out_of_range); }).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(a.stats().writing, 2U);  // nothing committed by the refused calls
+  for (std::size_t i = 0; i < 2; ++i) test::write_chunk(a, slots[i], test::key(i));
+  a.commit_stores(slots);
+  EXPECT_EQ(error_of([&] { a.commit_stores(slots); }).code(), ErrorCode::kState);
+  const LookupOutcome l = b.lookup(keys(0, 1), true);
+  const std::vector<std::uint32_t> pin_twice{l.slots[0], l.slots[0]};
+  const Error e = error_of([&] { b.unpin(pin_twice); });
+  EXPECT_EQ(e.code(), ErrorCode::kState);
+  EXPECT_THAT(e.what(), HasSubstr("given 2 times but this tenant pins it 1 times"));
+  EXPECT_EQ(error_of([&] { a.unpin(std::vector<std::uint32_t>{l.slots[0]}); }).code(),
+            ErrorCode::kState);
+  EXPECT_EQ(a.stats().pinned, 1U);
+  b.unpin(std::vector<std::uint32_t>{l.slots[0]});
+  EXPECT_EQ(a.stats().pinned, 0U);
+  EXPECT_POOL_OK(a);
+}
+
+TEST(PoolUnit, AnAbortedStoreFreesItsSlotAndForgetsTheKey) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a"));
+  const StoreOutcome s = a.prepare_stores(keys(0, 1));
+  a.abort_stores(std::vector<std::uint32_t>(s.slots.begin(), s.slots.end()));
+  EXPECT_EQ(a.stats().free, 8U);
+  EXPECT_EQ(test::store(a, keys(0, 1)), 1U);
+  EXPECT_EQ(test::load_verified(a, keys(0, 1)), 1U);
+  EXPECT_POOL_OK(a);
+}
+
+TEST(PoolUnit, DetachDropsPinsAndWritesButLeavesReadyChunksToTheOthers) {
+  const kvoffload::test::TempDir dir;
+  auto a = NodePool::attach(small_options(dir.path(), "a", 4));
+  auto b = NodePool::attach(small_options(dir.path(), "b", 4));
+  test::store(a, keys(0, 2));
+  ASSERT_EQ(a.lookup(keys(0, 1), true).hits, 1U);
+  ASSERT_EQ(a.prepare_stores(keys(9, 1)).slots.size(), 1U);
+  a.detach();
+  EXPECT_EQ(test::load_verified(b, keys(0, 2)), 2U);
+  const auto st = b.stats();
+  EXPECT_EQ(st.writing, 0U);
+  EXPECT_EQ(st.pinned, 0U);
+  EXPECT_EQ(st.ready, 2U);
+  EXPECT_EQ(test::store(b, keys(9, 1)), 1U);
+  // a's chunks are evictable again: b can fill the pool.
+  EXPECT_EQ(test::store(b, keys(20, 3)), 3U);
+  EXPECT_POOL_OK(b);
+  EXPECT_EQ(error_of([&] { (void)a.lookup(keys(0, 1), false); }).code(), ErrorCode::kState);
+}
+
+TEST(PoolUnit, AStalePoolIsReclaimedAndAForeignFileRefused) {
+  const kvoffload::test::TempDir dir;
+  // A pool whose only tenant was killed: nobody holds it.
+  const pid_t pid = kvoffload::test::fork_child([&] {
+    auto a = NodePool::attach(small_options(dir.path(), "a"));
+    test::store(a, keys(0, 3));
+    ::raise(SIGKILL);
+    return 0;
+  });
+  ASSERT_TRUE(WIFSIGNALED(kvoffload::test::wait_child(pid)));
+  const auto path = pool_path(dir.path(), "testpool");
+  ASSERT_TRUE(std::filesystem::exists(path));
+  {
+    auto b = NodePool::attach(small_options(dir.path(), "b"));
+    EXPECT_EQ(b.lookup(keys(0, 3), false).hits, 0U);  // a fresh pool
+    EXPECT_EQ(b.stats().tenants.size(), 1U);
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  {
+    std::ofstream(path) << "not a pool";
+    std::filesystem::permissions(
+        path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    const Error e = error_of([&] { (void)NodePool::attach(small_options(dir.path(), "b")); });
+    EXPECT_EQ(e.code(), ErrorCode::kMismatch);
+    EXPECT_THAT(e.what(), HasSubstr("is not a kvoffload node pool"));
+    EXPECT_TRUE(std::filesystem::exists(path));
+    ::chmod(path.c_str(), 0644);
+    const Error p = error_of([&] { (void)NodePool::attach(small_options(dir.path(), "b")); });
+    EXPECT_EQ(p.code(), ErrorCode::kPermission);
+    EXPECT_THAT(p.what(), HasSubstr("mode 0644"));
+  }
+}
+
+}  // namespace
+}  // namespace kvoffload::pool
