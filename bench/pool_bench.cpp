@@ -25,8 +25,7 @@
 
 #include <kvoffload/hash.hpp>
 #include <kvoffload/manager.hpp>
-
-#include "pool/node_pool.hpp"
+#include <kvoffload/node_pool.hpp>
 
 namespace {
 
@@ -39,7 +38,9 @@ using kvoffload::pool::PoolOptions;
 constexpr std::uint32_t kChunks = 1U << 16;
 constexpr std::size_t kHalf = 32;  // resident keys per request; as many new ones
 
-BlockKey key_of(std::uint64_t i) { return BlockKey(kvoffload::splitmix64(i), i); }
+BlockKey key_of(std::uint64_t i) {
+  return BlockKey(kvoffload::splitmix64(i), i);
+}
 
 std::filesystem::path bench_dir() {
   static const std::filesystem::path dir = [] {
@@ -76,17 +77,20 @@ struct Stream {
   }
 };
 
-void label(benchmark::State& state, std::uint64_t hits, std::uint64_t stored, std::uint64_t evicted) {
+void label(benchmark::State& state, std::uint64_t hits, std::uint64_t stored,
+           std::uint64_t evicted) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));  // cycles
-  // Per cycle, so a reader sees that both sides do the same work (32 hits, 32 stores, 32 evictions).
+  // Per cycle, so a reader sees that both sides do the same work (32 hits, 32 stores, 32
+  // evictions).
   const auto per = [&](std::uint64_t x) {
     return benchmark::Counter(static_cast<double>(x), benchmark::Counter::kAvgIterations);
   };
   state.counters["hits"] = per(hits);
   state.counters["stored"] = per(stored);
   state.counters["evicted"] = per(evicted);
-  state.counters["per_cycle"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                   benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["per_cycle"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 void BM_ManagerCycle(benchmark::State& state) {
@@ -124,8 +128,8 @@ std::vector<std::unique_ptr<NodePool>>& pool_tenants(int threads) {
   auto& v = all[threads];
   if (v.empty()) {
     for (int t = 0; t < threads; ++t)
-      v.push_back(std::make_unique<NodePool>(
-          NodePool::attach(options("cycle" + std::to_string(threads), "engine" + std::to_string(t)))));
+      v.push_back(std::make_unique<NodePool>(NodePool::attach(
+          options("cycle" + std::to_string(threads), "engine" + std::to_string(t)))));
   }
   return v;
 }
@@ -201,7 +205,8 @@ void BM_CrossEngine(benchmark::State& state) {
   state.counters["a_hits"] = static_cast<double>(a_hits);
   state.counters["b_hits"] = static_cast<double>(b_hits);
   state.counters["b_cross"] = static_cast<double>(b_cross);
-  state.counters["b_cross_over_a_hits"] = static_cast<double>(b_cross) / static_cast<double>(a_hits);
+  state.counters["b_cross_over_a_hits"] =
+      static_cast<double>(b_cross) / static_cast<double>(a_hits);
   state.counters["b_private_hits"] = static_cast<double>(bp_hits);
   state.counters["b_private_cross"] = 0;  // a private Manager holds only B's own stores
 }

@@ -31,6 +31,9 @@ from ._kvoffload import TransferEngine as TransferEngine
 from ._kvoffload import LookupResult as LookupResult
 from ._kvoffload import StorePlan as StorePlan
 from ._kvoffload import Manager as Manager
+from ._kvoffload import PoolLookup as PoolLookup
+from ._kvoffload import PoolStore as PoolStore
+from ._kvoffload import NodePool as NodePool
 from ._kvoffload import VllmManagerCore as VllmManagerCore
 from ._kvoffload import parse_remote_url as parse_remote_url
 from ._kvoffload import remote_value_bytes as remote_value_bytes

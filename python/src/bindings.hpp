@@ -9,6 +9,7 @@ void bind_errors(pybind11::module_& m);
 void bind_region(pybind11::module_& m);
 void bind_runtime(pybind11::module_& m);
 void bind_manager(pybind11::module_& m);
+void bind_pool(pybind11::module_& m);
 void bind_vllm_manager(pybind11::module_& m);
 void bind_remote(pybind11::module_& m);
 void bind_vllm_tiers(pybind11::module_& m);

@@ -18,6 +18,7 @@ PYBIND11_MODULE(_kvoffload, m) {
   kvoffload::python::bind_region(m);
   kvoffload::python::bind_runtime(m);
   kvoffload::python::bind_manager(m);
+  kvoffload::python::bind_pool(m);
   kvoffload::python::bind_vllm_manager(m);
   kvoffload::python::bind_remote(m);
   kvoffload::python::bind_vllm_tiers(m);

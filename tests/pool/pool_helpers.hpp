@@ -9,8 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <kvoffload/hash.hpp>
-
-#include "pool/node_pool.hpp"
+#include <kvoffload/node_pool.hpp>
 
 namespace kvoffload::pool::test {
 

@@ -3,8 +3,6 @@
 // Every operation validates its input before it changes anything, then changes the slot records
 // in the order Note [Pool repair] (pool_repair.cpp) relies on, calling step() after each change so
 // a test can kill the process there.
-#include "pool/node_pool.hpp"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <utility>
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/node_pool.hpp>
 #include <kvoffload/region.hpp>
 
 #include "pool/pool_impl.hpp"

@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "pool/node_pool.hpp"
+#include <kvoffload/node_pool.hpp>
+
 #include "pool/pool_layout.hpp"
 
 namespace kvoffload::pool::detail {

@@ -15,8 +15,7 @@
 #include <cstdint>
 
 #include <kvoffload/block_key.hpp>
-
-#include "pool/node_pool.hpp"
+#include <kvoffload/node_pool.hpp>
 
 namespace kvoffload::pool::detail {
 

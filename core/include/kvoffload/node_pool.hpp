@@ -33,6 +33,7 @@
 #include <vector>
 
 #include <kvoffload/block_key.hpp>
+#include <kvoffload/export.h>
 
 namespace kvoffload::pool {
 
@@ -59,7 +60,7 @@ enum class Op : std::uint8_t {
   kRepair = 7,  // the repair a lock acquisition runs after a dead holder or tenant
 };
 inline constexpr int kOpCount = 8;
-std::string_view to_string(Op op) noexcept;
+KVOFFLOAD_API std::string_view to_string(Op op) noexcept;
 
 // Called with the pool's lock held at every numbered step of every index operation: after the
 // lock is taken (step 0) and after each change to the shared index. Tests kill or stop the
@@ -148,7 +149,7 @@ namespace detail {
 class PoolImpl;
 }
 
-class NodePool {
+class KVOFFLOAD_API NodePool {
  public:
   // Creates the pool file or joins it. Refuses (nothing changed, nothing left behind): bad
   // options (kInvalidArgument), a pool of another geometry or fingerprint (kMismatch naming both
@@ -214,6 +215,7 @@ class NodePool {
 };
 
 // shm_dir / "kvoffload_<name>.pool" (validates the name).
-std::filesystem::path pool_path(const std::filesystem::path& shm_dir, const std::string& name);
+KVOFFLOAD_API std::filesystem::path pool_path(const std::filesystem::path& shm_dir,
+                                              const std::string& name);
 
 }  // namespace kvoffload::pool
