@@ -100,8 +100,11 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
          "background: serve at once on the rows every rank made ready while the pool comes "
          "up in pieces; blocking: bring the whole pool up first")
       ->capture_default_str();
-  add_size_option(*app, "--bringup-piece", config->bringup_piece_bytes,
-                  "Region bytes per bring-up piece (default 1G)", 1, std::uint64_t{1} << 50);
+  add_size_option(
+      *app, "--bringup-piece", config->bringup_piece_bytes,
+      "Region bytes of the largest bring-up piece (default 1G; the first is 64M or this, "
+      "whichever is less, and each next one doubles)",
+      1, std::uint64_t{1} << 50);
   app->add_flag("--wait-for-tiers", config->wait_for_tiers,
                 "Wait for the secondary tiers' writes after every request (with --bringup "
                 "blocking the same seed then makes the same decisions on any machine)");

@@ -41,17 +41,8 @@ std::vector<int> parse_devices(const std::string& list) {
 
 }  // namespace
 
-int RunConfig::device_for_rank(std::uint32_t rank, int device_count) const {
-  if (device_count <= 0) return 0;
-  if (devices.empty()) return static_cast<int>(rank % static_cast<std::uint32_t>(device_count));
-  const std::vector<int> list = parse_devices(devices);
-  const int d = list[rank % list.size()];
-  if (d >= device_count) {
-    throw_invalid("--devices " + devices + ": rank " + std::to_string(rank) + " would use device " +
-                  std::to_string(d) + ", but the backend has " + std::to_string(device_count) +
-                  " device(s), 0 to " + std::to_string(device_count - 1));
-  }
-  return d;
+std::vector<int> RunConfig::device_list() const {
+  return devices.empty() ? std::vector<int>{} : parse_devices(devices);
 }
 
 void RunConfig::check_device_bytes() const {

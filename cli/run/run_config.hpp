@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -60,9 +61,9 @@ struct RunConfig {
   // Part of finalize(): --gpu-blocks x --block-bytes x --layers per rank must fit 64 bits, and in
   // RAM for the host and sim backends (kInvalidArgument naming the three flags).
   void check_device_bytes() const;
-  // The device rank `rank` uses on a backend with `device_count` devices (kInvalidArgument when
-  // --devices names one that does not exist).
-  [[nodiscard]] int device_for_rank(std::uint32_t rank, int device_count) const;
+  // --devices as numbers (empty: none given); the rank's worker picks its entry and checks it
+  // against the devices it finds (WorkerConfig::devices).
+  [[nodiscard]] std::vector<int> device_list() const;
   [[nodiscard]] std::uint64_t max_request_chunks() const noexcept {
     return static_cast<std::uint64_t>(prefix_chunks) + unique_chunks;
   }

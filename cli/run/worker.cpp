@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
@@ -12,13 +11,13 @@
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
+#include <kvoffload/offload_stack.hpp>
 #include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
 #include "channel.hpp"
 #include "kv_pattern.hpp"
 #include "run_config.hpp"
-#include "util/clock.hpp"
 
 namespace kvoffload::run {
 namespace {
@@ -27,9 +26,6 @@ std::atomic<bool> g_stop{false};
 extern "C" void on_stop_signal(int /*signal*/) {
   g_stop.store(true);
 }
-
-using Clock = std::chrono::steady_clock;
-using util::seconds_since;
 
 // One job of a request, as the scheduler sent it.
 struct JobPart {
@@ -51,114 +47,54 @@ std::optional<JobPart> parse_part(const nlohmann::json& request, const char* nam
   return part;
 }
 
-// The rank's resources, in construction order; members are destroyed in reverse, so the engine
-// (which unregisters host memory) goes before the device caches, the runtime and the region.
+// One rank of the run: an OffloadWorker (Note [Rank assembly]: probe, runtime, region with each
+// bring-up piece registered as it comes up, the KV caches, the transfer engine; torn down in the
+// one safe order), a compute stream, and the staging buffer the "model" writes through.
 class RankState {
  public:
-  RankState(const RunConfig& config, std::uint32_t rank) : config_(config), rank_(rank) {
-    // Rank r on device r mod the device count (or as --devices says): one GPU per rank. The
-    // count comes from a probe, which creates no context: a runtime made first on device 0 would
-    // leave a context on GPU 0 in every rank (refused outright in EXCLUSIVE_PROCESS mode).
-    const BackendInfo backend = probe_backend(config.backend);
-    device_ = config.device_for_rank(rank, backend.device_count);
-    RuntimeOptions ro;
-    ro.device = device_;
-    runtime_ = make_runtime(backend.name, ro);
-    RegionOptions options;
-    options.engine_id = config.engine_id;
-    options.layout = {.num_chunks = config.num_chunks,
-                      .slot_bytes = config.slot_bytes,
-                      .world_size = config.world_size};
-    options.rank = rank;
-    if (!config.shm_dir.empty()) options.shm_dir = config.shm_dir;
-    options.populate_threads = config.populate_threads;
-    options.bringup = parse_bringup_mode(config.bringup);
-    options.bringup_piece_bytes = config.bringup_piece_bytes;
-    const bool background = options.bringup == BringupMode::kBackground;
-    if (background) {
-      // Note [Progressive bring-up]: each piece is registered as it comes up, so no single
-      // driver call covers more than a piece. The engine below registers nothing itself: it runs
-      // DMA until the pieces cover the region, then may use the copy kernel too.
-      options.on_piece_ready = [this](std::span<std::byte> rows, std::uint64_t, std::uint64_t) {
-        const auto start = Clock::now();
-        HostRegistration reg = runtime_->register_host(rows.data(), rows.size());
-        const double s = seconds_since(start);
-        const std::lock_guard lock(pieces_mu_);
-        if (engine_told_)
-          engine_->note_host_registration(reg);  // the kernel path opens at the last piece
-        pieces_.push_back(std::move(reg));
-        piece_seconds_ += s;
-        longest_piece_seconds_ = std::max(longest_piece_seconds_, s);
-      };
-    }
-    region_.emplace(Region::create_or_join(options));
-    try {
-      finish_construction(config, rank, background);
-    } catch (...) {
-      // The bring-up thread uses runtime_ and pieces_: stop it (close) before members go.
-      if (engine_) engine_->shutdown();
-      engine_.reset();
-      region_->close();
-      throw;
-    }
-  }
-
-  void finish_construction(const RunConfig& config, std::uint32_t rank, bool background) {
-    if (background) {
-      // Added before the engine's hook, so it runs after it: the engine drains first, then the
-      // pieces are unregistered, then the region unmaps.
-      region_->add_teardown_hook([this] {
-        const std::lock_guard lock(pieces_mu_);
-        for (auto& reg : pieces_) (void)reg.reset();
-        pieces_.clear();
-      });
-    }
-    const std::uint64_t tensor_bytes = config.gpu_blocks * config.block_bytes;
-    KvGroup group;
-    for (std::uint32_t layer = 0; layer < config.layers; ++layer) {
-      caches_.push_back(runtime_->allocate_device(tensor_bytes));
-      group.tensors.push_back({.base = reinterpret_cast<std::uint64_t>(caches_.back().data()),
-                               .num_blocks = config.gpu_blocks,
-                               .page_bytes = config.block_bytes,
-                               .block_stride = config.block_bytes});
-    }
-    compute_ = runtime_->create_stream();
-    const auto start = Clock::now();
-    EngineOptions engine_options;
-    engine_options.register_host = !background;
-    engine_.emplace(*runtime_, *region_, rank, std::vector<KvGroup>{group}, config.blocks_per_chunk,
-                    engine_options);
-    if (background) {
-      // The pieces registered so far, then (in on_piece_ready) each one as it comes.
-      const std::lock_guard lock(pieces_mu_);
-      for (const HostRegistration& reg : pieces_) engine_->note_host_registration(reg);
-      engine_told_ = true;
-    }
-    registration_seconds_ = seconds_since(start);
+  RankState(const RunConfig& config, std::uint32_t rank)
+      : config_(config), rank_(rank), worker_(OffloadWorker::build(worker_config(config, rank))) {
+    compute_ = worker_->runtime().create_stream();
     staging_.resize(config.block_bytes);
-  }
-
-  ~RankState() {
-    if (engine_) engine_->shutdown();
-    engine_.reset();
-    if (region_) region_->close();
   }
   RankState(const RankState&) = delete;
   RankState& operator=(const RankState&) = delete;
 
+  static WorkerConfig worker_config(const RunConfig& config, std::uint32_t rank) {
+    WorkerConfig w;
+    w.region.engine_id = config.engine_id;
+    w.region.layout = {.num_chunks = config.num_chunks,
+                       .slot_bytes = config.slot_bytes,
+                       .world_size = config.world_size};
+    w.region.rank = rank;
+    if (!config.shm_dir.empty()) w.region.shm_dir = config.shm_dir;
+    w.region.populate_threads = config.populate_threads;
+    w.region.bringup = parse_bringup_mode(config.bringup);
+    w.region.bringup_piece_bytes = config.bringup_piece_bytes;
+    w.backend = config.backend;
+    // Rank r on device r mod the device count, or as --devices says: one GPU per rank.
+    w.devices = config.device_list();
+    w.caches = DeviceCaches{.tensors = config.layers,
+                            .num_blocks = config.gpu_blocks,
+                            .block_bytes = config.block_bytes};
+    w.blocks_per_chunk = config.blocks_per_chunk;
+    return w;
+  }
+
   nlohmann::json ready_message() const {
-    const PopulateReport& p = region_->populate_report();
+    const PopulateReport p = worker_->region().populate_report();
     return {{"op", "ready"},
             {"rank", rank_},
-            {"backend", std::string(runtime_->name())},
-            {"device", device_},
-            {"role", std::string(to_string(region_->role()))},
+            {"backend", std::string(worker_->runtime().name())},
+            {"device", worker_->device()},
+            {"role", std::string(to_string(worker_->region().role()))},
             {"populate",
              {{"method", std::string(to_string(p.method))},
               {"bytes", p.bytes},
               {"seconds", p.seconds}}},
-            {"registration_seconds", registration_seconds_},
-            {"host_registered", engine_->host_registered()},
+            // Blocking: every piece is registered by now; background: those up so far.
+            {"registration_seconds", worker_->registration().seconds},
+            {"host_registered", worker_->engine().host_registered()},
             {"device_bytes", config_.gpu_blocks * config_.block_bytes * config_.layers}};
   }
 
@@ -170,16 +106,16 @@ class RankState {
     if (store)
       for_each_block(*store, [&](const BlockTag& tag, void* device) {
         fill_pattern(tag, staging_);
-        runtime_->memcpy_sync(device, staging_.data(), staging_.size());
+        worker_->runtime().memcpy_sync(device, staging_.data(), staging_.size());
       });
     if (load)
       for_each_block(*load, [&](const BlockTag&, void* device) {
-        runtime_->memset_sync(device, 0x5A, config_.block_bytes);
+        worker_->runtime().memset_sync(device, 0x5A, config_.block_bytes);
       });
     std::vector<JobId> ids;
     if (load) ids.push_back(submit(*load, Direction::kLoad));
     if (store) ids.push_back(submit(*store, Direction::kStore));
-    const std::vector<JobResult> results = engine_->wait(ids);
+    const std::vector<JobResult> results = worker_->engine().wait(ids);
 
     nlohmann::json reply{{"op", "done"}, {"id", request.at("id")}};
     std::size_t next = 0;
@@ -189,7 +125,7 @@ class RankState {
       std::uint64_t mismatched = 0;
       if (r.success) {
         for_each_block(*load, [&](const BlockTag& tag, void* device) {
-          runtime_->memcpy_sync(staging_.data(), device, staging_.size());
+          worker_->runtime().memcpy_sync(staging_.data(), device, staging_.size());
           const std::uint64_t bad = count_mismatches(tag, staging_);
           mismatched += bad;
           verified += staging_.size() - bad;
@@ -204,9 +140,10 @@ class RankState {
   }
 
   nlohmann::json bye_message() const {
-    const EngineStats s = engine_->stats();
-    const BringupStatus b = region_->bringup_status();
-    const PopulateReport p = region_->populate_report();
+    const EngineStats s = worker_->engine().stats();
+    const BringupStatus b = worker_->region().bringup_status();
+    const PopulateReport p = worker_->region().populate_report();
+    const WorkerRegistration reg = worker_->registration();
     nlohmann::json bye{{"op", "bye"},
                        {"rank", rank_},
                        {"dma_batches", s.dma_batches},
@@ -222,10 +159,12 @@ class RankState {
                         {{"method", std::string(to_string(p.method))},
                          {"bytes", p.bytes},
                          {"seconds", p.seconds}}}};
-    const std::lock_guard lock(pieces_mu_);
-    bye["registration"] = {{"pieces", pieces_.size()},
-                           {"seconds", piece_seconds_},
-                           {"longest_piece_seconds", longest_piece_seconds_}};
+    bye["registration"] = {{"pieces", reg.pieces},
+                           {"bytes", reg.bytes},
+                           {"seconds", reg.seconds},
+                           {"longest_piece_seconds", reg.longest_piece_seconds}};
+    // The bytes this rank pinned and mapped for the device (issue 28: about 1/W of the region).
+    bye["registered_bytes"] = reg.bytes;
     return bye;
   }
 
@@ -241,8 +180,8 @@ class RankState {
       for (std::uint32_t layer = 0; layer < config_.layers; ++layer) {
         BlockTag t = tag;
         t.layer = layer;
-        auto* device =
-            static_cast<std::byte*>(caches_[layer].data()) + part.blocks[i] * config_.block_bytes;
+        auto* device = static_cast<std::byte*>(worker_->caches()[layer].data()) +
+                       part.blocks[i] * config_.block_bytes;
         fn(t, device);
       }
     }
@@ -253,7 +192,7 @@ class RankState {
     const std::span<const std::uint64_t> groups[] = {blocks};
     TransferSpec spec{.chunks = part.chunks, .skip = 0, .group_blocks = groups};
     const JobId id{part.job};
-    engine_->submit(id, direction, spec, WaitOn::stream(compute_.view()));
+    worker_->engine().submit(id, direction, spec, WaitOn::stream(compute_.view()));
     return id;
   }
 
@@ -263,20 +202,9 @@ class RankState {
 
   RunConfig config_;
   std::uint32_t rank_;
-  std::optional<Region> region_;
-  std::unique_ptr<DeviceRuntime> runtime_;
-  int device_ = 0;  // the device this rank uses
-  std::vector<DeviceBuffer> caches_;
-  Stream compute_;
-  std::optional<TransferEngine> engine_;
-  double registration_seconds_ = 0;
+  std::unique_ptr<OffloadWorker> worker_;
+  Stream compute_;  // before the worker's runtime goes (members go in reverse)
   std::vector<std::byte> staging_;
-  // Pieces registered by the bring-up thread (background mode).
-  mutable std::mutex pieces_mu_;
-  std::vector<HostRegistration> pieces_;
-  bool engine_told_ = false;  // engine_ exists and knows every piece so far (pieces_mu_)
-  double piece_seconds_ = 0;
-  double longest_piece_seconds_ = 0;
 };
 
 }  // namespace

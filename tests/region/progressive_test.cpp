@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -242,6 +243,82 @@ TEST(Progressive, RegistrationFailingAtPieceKIsAFailedStateAndReleasesThePieces)
     EXPECT_TRUE(released_before_unmap);
   }
   for (const auto& reg : registered) EXPECT_FALSE(static_cast<bool>(reg));
+  EXPECT_TRUE(dir.entries().empty());
+  EXPECT_EQ(test::maps_snapshot(), maps);
+}
+
+// Note [Growing pieces]: the first piece is bringup_first_piece_bytes, each next one doubles up to
+// bringup_piece_bytes (in rows), and the last takes what is left. 20 rows of one row each: 1, 2,
+// 4, 4, 4, 4, then the 1 left. By default (64 MiB, then up to 1 GiB) a small pool comes up as one
+// piece of the largest size the pool allows: here the whole 20 rows.
+TEST(Progressive, PiecesGrowFromTheFirstPieceByDoublingUpToTheLargest) {
+  const TempDir dir;
+  const std::uint64_t page = platform::page_size();
+  auto opts = progressive_options(dir.path(), "grow", 0);
+  opts.layout = {.num_chunks = 20, .slot_bytes = page, .world_size = 1};
+  opts.bringup = BringupMode::kBlocking;
+  std::vector<std::uint64_t> rows;
+  std::vector<std::uint64_t> firsts;
+  opts.on_piece_ready = [&](std::span<std::byte> piece, std::uint64_t first, std::uint64_t n) {
+    EXPECT_EQ(piece.size(), n * page);
+    firsts.push_back(first);
+    rows.push_back(n);
+  };
+  opts.bringup_first_piece_bytes = page;
+  opts.bringup_piece_bytes = 4 * page + page / 2;  // rounds down to 4 rows
+  {
+    Region r = Region::create_or_join(opts);
+    EXPECT_EQ(rows, (std::vector<std::uint64_t>{1, 2, 4, 4, 4, 4, 1}));
+    EXPECT_EQ(firsts, (std::vector<std::uint64_t>{0, 1, 3, 7, 11, 15, 19}));
+    EXPECT_EQ(r.bringup_status().ready_chunks, 20U);
+  }
+  // A first piece larger than the largest is the largest.
+  rows.clear();
+  firsts.clear();
+  opts.bringup_first_piece_bytes = 64 * page;
+  opts.bringup_piece_bytes = 8 * page;
+  { Region r = Region::create_or_join(opts); }
+  EXPECT_EQ(rows, (std::vector<std::uint64_t>{8, 8, 4}));
+  rows.clear();
+  firsts.clear();
+  opts.bringup_first_piece_bytes = kDefaultBringupFirstPieceBytes;
+  opts.bringup_piece_bytes = kDefaultBringupPieceBytes;
+  { Region r = Region::create_or_join(opts); }
+  EXPECT_EQ(rows, (std::vector<std::uint64_t>{20}));
+  opts.bringup_first_piece_bytes = 0;
+  EXPECT_THAT(expect_error([&] { (void)Region::create_or_join(opts); }).what(),
+              HasSubstr("bringup_first_piece_bytes is 0"));
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+// RegionOptions::on_teardown is in place before the first piece: a blocking bring-up whose
+// registration fails at piece 2 throws from create_or_join, and the two pieces registered before
+// are unregistered by on_teardown while their pages are still mapped (the region then unmaps).
+TEST(Progressive, OnTeardownReleasesThePiecesOfAFailedBlockingBringupBeforeTheUnmap) {
+  const TempDir dir;
+  auto host = make_runtime("host");
+  std::vector<std::string> events;
+  FaultPlan plan{.fail_registration_at = 2};
+  plan.on_registration = [&](bool registered, const void* p, std::size_t) {
+    events.push_back(std::string(registered ? "register" : "unregister") +
+                     (test::is_mapped(p) ? "" : " (unmapped!)"));
+  };
+  FaultInjectingRuntime fault(*host, plan);
+  std::vector<HostRegistration> registered;
+  auto opts = progressive_options(dir.path(), "blockfail", 0);
+  opts.bringup = BringupMode::kBlocking;
+  opts.on_piece_ready = [&](std::span<std::byte> rows, std::uint64_t, std::uint64_t) {
+    registered.push_back(fault.register_host(rows.data(), rows.size()));
+  };
+  opts.on_teardown = [&] {
+    events.emplace_back("on_teardown");
+    for (auto& reg : registered) EXPECT_TRUE(reg.reset());
+  };
+  const auto maps = test::maps_snapshot();
+  const Error e = expect_error([&] { (void)Region::create_or_join(opts); });
+  EXPECT_EQ(e.call(), "register_host") << e.what();
+  EXPECT_EQ(events, (std::vector<std::string>{"register", "register", "on_teardown", "unregister",
+                                              "unregister"}));
   EXPECT_TRUE(dir.entries().empty());
   EXPECT_EQ(test::maps_snapshot(), maps);
 }

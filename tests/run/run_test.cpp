@@ -167,6 +167,8 @@ TEST_F(RunTest, BackgroundBringupServesAtOnceAndReportsReadiness) {
     EXPECT_EQ(b["bringup"]["state"], "ready");
     EXPECT_EQ(b["bringup"]["ready_chunks"], 8);
     EXPECT_EQ(b["registration"]["pieces"], 8) << "one registration per 64 KiB row";
+    EXPECT_EQ(b["registered_bytes"], 8 * 65536) << "every piece, as registered";
+    EXPECT_EQ(b["registration"]["bytes"], b["registered_bytes"]);
     EXPECT_NE(b["populate"]["method"], "none");
     populated += b["populate"]["bytes"].get<std::uint64_t>();
     registration = std::max(registration, b["registration"]["seconds"].get<double>());
@@ -179,12 +181,17 @@ TEST_F(RunTest, BackgroundBringupServesAtOnceAndReportsReadiness) {
   EXPECT_EQ(r["registration_seconds"].get<double>(), registration);
   EXPECT_TRUE(shm_empty());
 
-  // Blocking: the engine registers the whole region once; no piece registrations.
+  // Blocking: each rank registers its pieces before it says "ready" (Note [Rank assembly]); the
+  // 512 KiB pool is one piece (the first piece is 64 MiB).
   ASSERT_EQ(run(kSmall), 0) << err();
   const json b = report();
   EXPECT_EQ(b["bringup"], "blocking");
   EXPECT_TRUE(b["pool_ready_seconds"].is_number());
-  EXPECT_EQ(b["rank_bringup"][0]["registration"]["pieces"], 0);
+  for (const auto& rank : b["rank_bringup"]) {
+    EXPECT_EQ(rank["registration"]["pieces"], 1);
+    EXPECT_EQ(rank["registered_bytes"], 8 * 65536);
+  }
+  for (const auto& rank : b["ranks"]) EXPECT_TRUE(rank["host_registered"].get<bool>());
   // Note [Run phases]: the pool is ready before the first request, so every request is "ready".
   EXPECT_EQ(b["phases"]["coming_up"]["requests"], 0);
   EXPECT_EQ(b["phases"]["ready"]["requests"], b["requests"]);

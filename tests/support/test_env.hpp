@@ -5,11 +5,13 @@
 //   files_under(dir)   every file (not directory) below dir, relative paths, sorted
 //   fd_snapshot()      open descriptors of this process with what they point to
 //   maps_snapshot()    file-backed mappings of this process
+//   is_mapped(p)       whether the page holding p is mapped in this process (mincore)
 //   fork_child(fn)     runs fn in a child that _exits with fn's result (100 on an exception)
 //   wait_child(pid)    the child's wait status
 //   unique_id(prefix)  an engine id no other test (or test process) uses
 
 #include <dirent.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -103,6 +106,15 @@ inline std::vector<std::string> maps_snapshot() {
   }
   std::sort(maps.begin(), maps.end());
   return maps;
+}
+
+// Whether the page holding `p` is mapped: mincore fails with ENOMEM on an unmapped range. A
+// release-order test asks it when a registration is released, which must be before the unmap.
+inline bool is_mapped(const void* p) {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  void* start = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) & ~(page - 1));
+  unsigned char vec = 0;
+  return ::mincore(start, 1, &vec) == 0;
 }
 
 inline pid_t fork_child(const std::function<int()>& fn) {

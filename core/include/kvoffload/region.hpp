@@ -59,6 +59,9 @@ KVOFFLOAD_API std::string_view to_string(BringupState s) noexcept;
 KVOFFLOAD_API BringupMode parse_bringup_mode(std::string_view name);
 
 inline constexpr std::uint64_t kDefaultBringupPieceBytes = std::uint64_t{1} << 30;
+// Note [Growing pieces]: the first piece is small so a rank serves at once, and each next one
+// doubles up to bringup_piece_bytes, so a large pool still comes up in few driver calls.
+inline constexpr std::uint64_t kDefaultBringupFirstPieceBytes = std::uint64_t{64} << 20;
 
 struct RegionOptions {
   std::string engine_id;  // 1..128 of [A-Za-z0-9._-], not "." or ".."
@@ -71,14 +74,21 @@ struct RegionOptions {
   const Syscalls* syscalls = nullptr;  // nullptr: the real system calls; a table given
                                        // here must outlive the Region (tests only)
   BringupMode bringup = BringupMode::kBlocking;
-  // Region bytes per bring-up piece (> 0): rows are made ready max(1, this / row_stride) at a time.
+  // Region bytes of the largest bring-up piece (> 0). Pieces grow (Note [Growing pieces]): the
+  // first is min(bringup_first_piece_bytes, this), each next one twice the last up to this; a
+  // piece is max(1, bytes / row_stride) rows.
   std::uint64_t bringup_piece_bytes = kDefaultBringupPieceBytes;
+  std::uint64_t bringup_first_piece_bytes = kDefaultBringupFirstPieceBytes;  // > 0
   // Called for every piece of a ranked mapper once its pages are allocated and populated, before
   // the piece is published as ready (on GPU ranks: register `rows` with the device). Runs on the
   // bring-up thread in background mode; an exception fails the bring-up (state kFailed).
   std::function<void(std::span<std::byte> rows, std::uint64_t first_chunk,
                      std::uint64_t num_chunks)>
       on_piece_ready;
+  // Runs at close() after every hook added with add_teardown_hook and before munmap. It is in
+  // place before the first piece comes up, so it also runs when create_or_join fails in a
+  // blocking bring-up: what on_piece_ready registered is released while its pages are mapped.
+  std::function<void()> on_teardown;
 };
 
 // One rank's bring-up as the region header records it; any mapper can read any rank's.

@@ -19,7 +19,7 @@
 
 // Note [Progressive bring-up]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A ranked mapper brings its slots up in pieces of max(1, bringup_piece_bytes / row_stride) rows:
+// A ranked mapper brings its slots up in pieces of rows (Note [Growing pieces]):
 // allocate + populate the piece's ranges (Note [Allocation by populate]), hand the piece to
 // on_piece_ready (a GPU rank registers it there, so no single driver call covers more than a
 // piece), then publish it: the rank's entry in the readiness table after the header (one
@@ -40,6 +40,17 @@
 // reached; its liveness lock is gone, so the region is reclaimed as stale once everyone left.
 // An unranked mapper (the scheduler) has no entry: in background mode it populates nothing and
 // touches only rows every rank made ready; in blocking mode it populates the whole region.
+//
+// Note [Growing pieces]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A piece is the unit of readiness and of registration: nothing of it serves until the whole
+// piece is populated and registered. One size cannot do both jobs: 1 GiB pieces keep a 4 TiB
+// pool at 4096 driver calls but make a 4 GiB pool wait for a whole GiB (seconds) before the
+// first request; 64 MiB pieces serve at once but cost 16 times the calls. So the first piece is
+// bringup_first_piece_bytes (64 MiB) and each next one doubles, up to bringup_piece_bytes
+// (1 GiB): the first rows serve after 64 MiB, and the pool still comes up in about
+// log2(max/first) + size/max pieces (4 GiB: 64+128+256+512 MiB, then three of 1 GiB = 7 pieces).
+// Sizes are in rows (bytes / row_stride, at least one row), so the doubling is exact in rows.
 
 namespace kvoffload {
 
@@ -129,13 +140,16 @@ void Region::run_bringup(State& s) {
     s.cv.notify_all();
   };
   std::uint64_t first = 0;
+  std::uint64_t rows = 0;
+  std::uint64_t next_rows = s.first_piece_rows;  // Note [Growing pieces]
   try {
-    for (; first < g.num_chunks(); first += s.piece_rows) {
+    for (; first < g.num_chunks(); first += rows) {
       if (s.stop.load(std::memory_order_relaxed)) {
         finish(BringupState::kStopped, std::nullopt, first);
         return;
       }
-      const std::uint64_t rows = std::min(s.piece_rows, g.num_chunks() - first);
+      rows = std::min(next_rows, g.num_chunks() - first);
+      next_rows = next_rows > s.piece_rows / 2 ? s.piece_rows : next_rows * 2;  // no overflow
       const detail::PopulatePlan piece = plan.rows(first, rows);
       if (s.populate_pages) {
         const PopulateReport r =
@@ -161,7 +175,7 @@ void Region::run_bringup(State& s) {
     }
   } catch (const Error& e) {
     log().error("{}: bring-up of rank {} failed at chunks [{}, {}): {}", what, rank, first,
-                std::min(first + s.piece_rows, g.num_chunks()), e.what());
+                first + rows, e.what());
     finish(BringupState::kFailed, e, first);
     throw;
   } catch (const std::exception& e) {

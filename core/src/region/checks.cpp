@@ -109,6 +109,10 @@ void validate_options(const RegionOptions& options) {
     throw_invalid("bringup_piece_bytes is 0; it must be at least 1 (default " +
                   std::to_string(kDefaultBringupPieceBytes) + ")");
   }
+  if (options.bringup_first_piece_bytes == 0) {
+    throw_invalid("bringup_first_piece_bytes is 0; it must be at least 1 (default " +
+                  std::to_string(kDefaultBringupFirstPieceBytes) + ")");
+  }
   if (options.bringup != BringupMode::kBlocking && options.bringup != BringupMode::kBackground) {
     throw_invalid("bringup mode " + std::to_string(static_cast<int>(options.bringup)) +
                   " is unknown");

@@ -108,6 +108,11 @@ Region Region::create_or_join(const RegionOptions& options) {
   state->populate_threads = options.populate_threads;
   state->piece_rows =
       std::max<std::uint64_t>(1, options.bringup_piece_bytes / geometry.row_stride());
+  state->first_piece_rows = std::min(
+      state->piece_rows,
+      std::max<std::uint64_t>(1, options.bringup_first_piece_bytes / geometry.row_stride()));
+  // The first hook, so it runs last, just before munmap (RegionOptions::on_teardown).
+  if (options.on_teardown) state->hooks.push_back(options.on_teardown);
   state->on_piece_ready = options.on_piece_ready;
   state->started = a.started;
   state->bringup.num_chunks = geometry.num_chunks();

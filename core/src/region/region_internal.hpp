@@ -145,7 +145,8 @@ struct Region::State {
   std::string shm_dir;
   bool populate_pages = true;
   unsigned populate_threads = 1;
-  std::uint64_t piece_rows = 1;
+  std::uint64_t piece_rows = 1;        // of the largest piece
+  std::uint64_t first_piece_rows = 1;  // Note [Growing pieces]
   std::function<void(std::span<std::byte>, std::uint64_t, std::uint64_t)> on_piece_ready;
   detail::RankReadiness* table = nullptr;  // in the mapping, one entry per rank
   detail::LivePage* live = nullptr;        // in the mapping (Note [Live stats])

@@ -19,13 +19,38 @@ DeviceRuntime::RegistrationRecord FaultInjectingRuntime::do_register_host(void* 
   {
     std::lock_guard lock(mutex_);
     const int n = registrations_seen_++;
-    if (plan_.fail_registrations < 0 || n < plan_.fail_registrations) {
+    if (plan_.fail_registrations < 0 || n < plan_.fail_registrations ||
+        n == plan_.fail_registration_at) {
       ++injected_reg_failures_;
-      throw Error(ErrorCode::kDevice, "injected fault: host registration refused", 0,
+      throw Error(ErrorCode::kDevice,
+                  "injected fault: host registration " + std::to_string(n) + " refused", 0,
                   "register_host");
     }
   }
-  return inner_.do_register_host(ptr, bytes, align);
+  RegistrationRecord record = inner_.do_register_host(ptr, bytes, align);
+  std::function<void(bool, const void*, std::size_t)> observe;
+  {
+    std::lock_guard lock(mutex_);
+    registered_[record.handle] = {ptr, bytes};
+    observe = plan_.on_registration;
+  }
+  if (observe) observe(true, ptr, bytes);
+  return record;
+}
+
+bool FaultInjectingRuntime::do_unregister_host(std::uintptr_t handle) noexcept {
+  std::pair<const void*, std::size_t> range{nullptr, 0};
+  std::function<void(bool, const void*, std::size_t)> observe;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = registered_.find(handle); it != registered_.end()) {
+      range = it->second;
+      registered_.erase(it);
+    }
+    observe = plan_.on_registration;
+  }
+  if (observe) observe(false, range.first, range.second);
+  return inner_.do_unregister_host(handle);
 }
 
 void FaultInjectingRuntime::do_enqueue_copies(std::uintptr_t stream,

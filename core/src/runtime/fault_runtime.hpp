@@ -5,8 +5,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include <kvoffload/device_runtime.hpp>
 
@@ -15,6 +18,13 @@ namespace kvoffload {
 struct FaultPlan {
   // Registration: the first `fail_registrations` register_host calls fail (-1: all of them).
   int fail_registrations = 0;
+  // Registration: the register_host call with this 0-based index fails (a piece k of a
+  // progressive bring-up); -1: none.
+  int fail_registration_at = -1;
+  // Called after every successful registration (true) and before every unregistration (false)
+  // with the registered host range, so a test can record the order of calls and check that the
+  // range is still mapped when it is unregistered. Must not throw.
+  std::function<void(bool registered, const void* host, std::size_t bytes)> on_registration;
   // Copies: the batch with this 0-based index (counting every enqueue_copies call) fails; -1: none.
   std::int64_t fail_batch = -1;
   // Copies: any batch with a descriptor whose host- or device-side range overlaps [begin, end)
@@ -58,9 +68,7 @@ class FaultInjectingRuntime final : public DeviceRuntime {
 
  protected:
   RegistrationRecord do_register_host(void* ptr, std::size_t bytes, std::size_t align) override;
-  bool do_unregister_host(std::uintptr_t handle) noexcept override {
-    return inner_.do_unregister_host(handle);
-  }
+  bool do_unregister_host(std::uintptr_t handle) noexcept override;
   std::uintptr_t do_create_stream() override { return inner_.do_create_stream(); }
   void do_destroy_stream(std::uintptr_t stream) noexcept override {
     inner_.do_destroy_stream(stream);
@@ -116,6 +124,8 @@ class FaultInjectingRuntime final : public DeviceRuntime {
   std::mutex mutex_;
   FaultPlan plan_;
   int registrations_seen_ = 0;
+  // Host range of every live registration, for FaultPlan::on_registration.
+  std::unordered_map<std::uintptr_t, std::pair<const void*, std::size_t>> registered_;
   std::unordered_set<std::uintptr_t> faulted_streams_;  // next record on them poisons the event
   std::unordered_set<std::uintptr_t> poisoned_events_;
   std::atomic<std::uint64_t> batches_{0};

@@ -1,11 +1,13 @@
-#include <unistd.h>
-
+// The scheduler side's composition root (docs/DESIGN.md §7.4): region, Manager, secondary tiers
+// and the tiered store, built in order and released in reverse (Note [Initialisation failures]).
 #include <set>
 #include <utility>
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
 #include <kvoffload/offload_stack.hpp>
+
+#include "stack/stack_internal.hpp"
 
 namespace kvoffload {
 
@@ -23,53 +25,16 @@ std::string_view to_string(InitStep step) noexcept {
       return "runtime";
     case InitStep::kTransferEngine:
       return "transfer_engine";
+    case InitStep::kDeviceCaches:
+      return "device_caches";
+    case InitStep::kPieces:
+      return "pieces";
   }
   return "unknown";
 }
 
-namespace {
-
-// The region options as Region::create_or_join checks them, without touching a file.
-RegionGeometry validate_region(const RegionOptions& o) {
-  const std::filesystem::path shm_dir = o.shm_dir.empty() ? default_shm_dir() : o.shm_dir;
-  (void)region_path(shm_dir, o.engine_id);  // validates the engine id
-  if (o.populate_threads == 0)
-    throw_invalid("region: populate_threads is 0; it must be at least 1");
-  if (o.join_timeout.count() < 0) {
-    throw_invalid("region: join_timeout is " + std::to_string(o.join_timeout.count()) +
-                  " ms; it must be >= 0");
-  }
-  const long page = ::sysconf(_SC_PAGESIZE);
-  const RegionGeometry g =
-      RegionGeometry::compute(o.layout, page > 0 ? static_cast<std::size_t>(page) : 4096);
-  if (o.rank) (void)g.copy_index(*o.rank);
-  return g;
-}
-
-void run_hook(const InitHooks& hooks, InitStep step, std::size_t index) {
-  if (hooks.before_step) hooks.before_step(step, index);
-}
-
-// Reports one released resource to the test hook; a throwing hook must not stop the teardown.
-void released(const std::function<void(InitStep, std::size_t)>& hook, InitStep step,
-              std::size_t index) noexcept {
-  if (!hook) return;
-  try {
-    hook(step, index);
-  } catch (...) {
-    log().error("offload stack: after_release hook threw at {} #{}", to_string(step), index);
-  }
-}
-
-Region make_region(const InitHooks& hooks, const RegionOptions& o) {
-  run_hook(hooks, InitStep::kRegion, 0);
-  return hooks.make_region ? hooks.make_region(o) : Region::create_or_join(o);
-}
-
-}  // namespace
-
 void validate(const StackConfig& config) {
-  const RegionGeometry g = validate_region(config.region);
+  const RegionGeometry g = detail::validate_region(config.region);
   const ManagerConfig& m = config.manager;
   if (m.num_chunks != 0 && m.num_chunks != g.num_chunks()) {
     throw_invalid("manager: num_chunks " + std::to_string(m.num_chunks) +
@@ -116,39 +81,6 @@ void validate(const StackConfig& config) {
   }
 }
 
-void validate(const WorkerConfig& config) {
-  const RegionGeometry g = validate_region(config.region);
-  if (!config.region.rank) throw_invalid("worker: region.rank is required (the worker's rank)");
-  if (config.blocks_per_chunk == 0) throw_invalid("worker: blocks_per_chunk is 0");
-  if (config.groups.empty()) throw_invalid("worker: no KV groups");
-  const std::string& b = config.backend;
-  if (b != "auto" && b != "host" && b != "cuda" && b != "hip") {
-    throw_invalid("worker: backend '" + b + "' is not a backend name (auto, host, cuda or hip)");
-  }
-  if (b != "auto") {
-    for (const BackendInfo& info : list_backends()) {
-      if (info.name == b && !info.built) {
-        throw Error(ErrorCode::kNotAvailable,
-                    "worker: backend '" + b + "' is not available: " + info.detail);
-      }
-    }
-  }
-  // The KV layout against this rank's slots, as the transfer engine will check it, from the
-  // geometry alone. KvLayout::validate reads only sizes and offsets; `base` just has to be set.
-  static std::byte placeholder{};
-  KvLayout layout;
-  layout.groups = config.groups;
-  layout.blocks_per_chunk = config.blocks_per_chunk;
-  layout.host = HostSlots{
-      .base = &placeholder,
-      .buffer_bytes = g.data_bytes(),
-      .num_chunks = g.num_chunks(),
-      .row_stride = g.row_stride(),
-      .slot_offset = static_cast<std::uint64_t>(g.copy_index(*config.region.rank)) * g.slot_bytes(),
-      .slot_bytes = g.slot_bytes()};
-  layout.validate();
-}
-
 // ---- OffloadStack -------------------------------------------------------------------------------
 
 std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config,
@@ -157,16 +89,16 @@ std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config,
   std::unique_ptr<OffloadStack> s(new OffloadStack());
   s->after_release_ = hooks.after_release;
   try {
-    s->region_.emplace(make_region(hooks, config.region));
+    s->region_.emplace(detail::make_region(hooks, config.region));
 
-    run_hook(hooks, InitStep::kPrimary, 0);
+    detail::run_hook(hooks, InitStep::kPrimary, 0);
     ManagerConfig mc = config.manager;
     mc.num_chunks = s->region_->geometry().num_chunks();
     s->manager_ = std::make_unique<Manager>(mc);
     s->manager_->publish_live_stats(*s->region_);  // Note [Live stats]
 
     for (std::size_t i = 0; i < config.file_tiers.size(); ++i) {
-      run_hook(hooks, InitStep::kSecondary, i);
+      detail::run_hook(hooks, InitStep::kSecondary, i);
       s->tiers_.push_back(hooks.make_file_tier ? hooks.make_file_tier(config.file_tiers[i])
                                                : FileTier::open(config.file_tiers[i]));
       if (!s->tiers_.back()) {
@@ -176,7 +108,7 @@ std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config,
     }
 
     for (std::size_t i = 0; i < config.remote_tiers.size(); ++i) {
-      run_hook(hooks, InitStep::kSecondary, config.file_tiers.size() + i);
+      detail::run_hook(hooks, InitStep::kSecondary, config.file_tiers.size() + i);
       s->tiers_.push_back(hooks.make_remote_tier ? hooks.make_remote_tier(config.remote_tiers[i])
                                                  : RemoteTier::open(config.remote_tiers[i]));
       if (!s->tiers_.back()) {
@@ -185,7 +117,7 @@ std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config,
       }
     }
 
-    run_hook(hooks, InitStep::kTieredStore, 0);
+    detail::run_hook(hooks, InitStep::kTieredStore, 0);
     std::vector<SecondaryTier*> raw;
     for (auto& t : s->tiers_) raw.push_back(t.get());
     s->store_ =
@@ -215,72 +147,22 @@ bool OffloadStack::close() noexcept {
       log().error("offload stack: draining the tiered store: {}", e.what());
     }
     store_.reset();  // its destructor drains again (nothing left) and never throws
-    released(after_release_, InitStep::kTieredStore, 0);
+    detail::released(after_release_, InitStep::kTieredStore, 0);
   }
   for (std::size_t i = tiers_.size(); i-- > 0;) {
     if (tiers_[i] && !tiers_[i]->close()) ok = false;
     tiers_[i].reset();
-    released(after_release_, InitStep::kSecondary, i);
+    detail::released(after_release_, InitStep::kSecondary, i);
   }
   tiers_.clear();
   if (manager_) {
     manager_.reset();
-    released(after_release_, InitStep::kPrimary, 0);
+    detail::released(after_release_, InitStep::kPrimary, 0);
   }
   if (region_) {
     if (!region_->close()) ok = false;
     region_.reset();
-    released(after_release_, InitStep::kRegion, 0);
-  }
-  return ok;
-}
-
-// ---- OffloadWorker ------------------------------------------------------------------------------
-
-std::unique_ptr<OffloadWorker> OffloadWorker::build(const WorkerConfig& config,
-                                                    const InitHooks& hooks) {
-  validate(config);  // before any resource exists
-  std::unique_ptr<OffloadWorker> w(new OffloadWorker());
-  w->after_release_ = hooks.after_release;
-  try {
-    w->region_.emplace(make_region(hooks, config.region));
-
-    run_hook(hooks, InitStep::kRuntime, 0);
-    w->runtime_ = hooks.make_runtime ? hooks.make_runtime(config.backend, config.runtime)
-                                     : make_runtime(config.backend, config.runtime);
-    if (!w->runtime_) throw Error(ErrorCode::kInternal, "runtime factory returned null");
-
-    run_hook(hooks, InitStep::kTransferEngine, 0);
-    w->engine_ =
-        std::make_unique<TransferEngine>(*w->runtime_, *w->region_, *config.region.rank,
-                                         config.groups, config.blocks_per_chunk, config.engine);
-  } catch (const std::exception& e) {
-    log().debug("offload worker: initialisation failed ({}); releasing what was built", e.what());
-    w->close();
-    throw;
-  }
-  return w;
-}
-
-OffloadWorker::~OffloadWorker() {
-  close();
-}
-
-bool OffloadWorker::close() noexcept {
-  bool ok = true;
-  if (engine_) {
-    engine_->shutdown();  // drains and unregisters the host memory (before munmap)
-    engine_.reset();
-    released(after_release_, InitStep::kTransferEngine, 0);
-  }
-  if (runtime_) {
-    runtime_.reset();
-    released(after_release_, InitStep::kRuntime, 0);
-  }
-  if (region_) {
-    if (!region_->close()) ok = false;
-    region_.reset();
-    released(after_release_, InitStep::kRegion, 0);
+    detail::released(after_release_, InitStep::kRegion, 0);
   }
   return ok;
 }
