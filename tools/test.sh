@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test from a fresh clone: dependencies, the CPU preset, ctest (label cpu)
 # and the Python tests against Debian's /usr/bin/python3 (the vLLM backend's against vLLM's
-# sources in $KVOFFLOAD_VLLM_SRC, default ../shared/vllm-017e9f4448 when it exists); then says how
+# sources in $KVOFFLOAD_VLLM_SRC, default ../shared/vllm-017e9f4448 when it exists), vLLM's engine
+# loop on each supported vLLM commit (tools/vllm-engine-tests.sh); then says how
 # many cases ran and how many were skipped, and why (tools/ci/test_summary.py). With
 # KVOFFLOAD_CI_NO_SKIPS=1 (.ci/run sets it) a skip whose reason tests/accepted_skips.txt does not
 # list fails the run.
@@ -29,6 +30,14 @@ if [[ -d python/tests ]]; then
   PYTHONPATH="$PWD/build/cpu/python" KVOFFLOAD_TEST_BIN_DIR="$PWD/build/cpu/bin" \
     KVOFFLOAD_TEST_REPORT_DIR="$reports" \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests || status=$?
+fi
+# vLLM's own OffloadingConnector tests and kvoffload's engine-loop tests (python/engine_tests), in
+# vLLM's real engine loop on each supported vLLM commit, with the vLLM harness in ../shared. Without
+# it they are skipped, saying so, except in CI (KVOFFLOAD_CI_NO_SKIPS=1), where that fails.
+if [[ -d ../shared/vllm-harness || ${KVOFFLOAD_CI_NO_SKIPS:-} == 1 || -n ${KVOFFLOAD_VLLM_HARNESS:-} ]]; then
+  ./tools/vllm-engine-tests.sh build/cpu || status=$?
+else
+  echo "test.sh: vLLM's engine-loop tests skipped: no vLLM harness at ../shared/vllm-harness (KVOFFLOAD_VLLM_HARNESS names one)"
 fi
 /usr/bin/python3 tools/ci/test_summary.py "$reports" || status=$?
 exit "$status"
