@@ -28,7 +28,8 @@ fail() { echo "vllm-engine-tests: $*" >&2; exit 1; }
 harness=${KVOFFLOAD_VLLM_HARNESS:-../shared/vllm-harness}
 [[ -x $harness/setup.sh && -x $harness/run-vllm-tests.sh ]] ||
   fail "no vLLM harness at $harness (setup.sh, run-vllm-tests.sh); set KVOFFLOAD_VLLM_HARNESS"
-IFS=: read -r -a trees <<<"${KVOFFLOAD_VLLM_ENGINE_TREES:-../shared/vllm-017e9f4448-engine:../shared/vllm-7cfb97e3-engine}"
+source tools/vllm-trees.sh
+trees=("${vllm_engine_trees[@]}")
 for t in "${trees[@]}"; do
   [[ -f $t/vllm/v1/core/sched/scheduler.py && -d $t/tests/v1/kv_connector/unit/offloading_connector ]] ||
     fail "no vLLM engine tree at $t (vllm/v1/core/sched/scheduler.py and vLLM's offloading_connector tests); set KVOFFLOAD_VLLM_ENGINE_TREES"

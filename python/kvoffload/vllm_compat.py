@@ -100,15 +100,22 @@ def block_hashes_shareable(hash_fn_name: str, environ: Mapping[str, str],
             f"environment of every process that shares blocks {fix}")
 
 
+def block_hash_sharing_problem(hash_fn_name: str, environ: Mapping[str, str] | None = None,
+                               kv_cache_utils=None) -> str | None:
+    """block_hashes_shareable for the vLLM whose vllm.v1.core.kv_cache_utils is given (default:
+    the installed one) and `environ` (default os.environ)."""
+    if kv_cache_utils is None:
+        from vllm.v1.core import kv_cache_utils
+    return block_hashes_shareable(hash_fn_name, os.environ if environ is None else environ,
+                                  none_hash_is_fixed_by_default(kv_cache_utils))
+
+
 def check_block_hashes_shareable(hash_fn_name: str, environ: Mapping[str, str] | None = None,
                                  kv_cache_utils=None) -> None:
     """Raises ValueError, saying what to set, unless processes started with `environ` (default
     os.environ) compute the same block hashes with `hash_fn_name` under the vLLM whose
-    vllm.v1.core.kv_cache_utils is given (default: the imported one). Same values of
+    vllm.v1.core.kv_cache_utils is given (default: the installed one). Same values of
     PYTHONHASHSEED in every process are the caller's part: one process cannot see the others."""
-    if kv_cache_utils is None:
-        from vllm.v1.core import kv_cache_utils
-    why = block_hashes_shareable(hash_fn_name, os.environ if environ is None else environ,
-                                 none_hash_is_fixed_by_default(kv_cache_utils))
+    why = block_hash_sharing_problem(hash_fn_name, environ, kv_cache_utils)
     if why is not None:
         raise ValueError(f"kvoffload: blocks cannot be shared between processes: {why}")
