@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import random
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -253,6 +254,32 @@ class RecordingManager:
         return call
 
 
+class TimingManager:
+    """Passes every OffloadingManager call on and adds its duration (CPU time of the calling
+    thread) to `timing`, and per method to `by_method` (the bench)."""
+
+    def __init__(self, inner, timing: list):
+        self._inner, self._timing = inner, timing
+        self.by_method: dict[str, float] = {}
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if name not in RecordingManager._CALLS:
+            return attr
+        timing, clock, by_method = self._timing, time.thread_time, self.by_method
+
+        def call(*args, **kwargs):
+            t0 = clock()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                dt = clock() - t0
+                timing.append(dt)
+                by_method[name] = by_method.get(name, 0.0) + dt
+
+        return call
+
+
 # Metrics that measure wall-clock time (transfer times, lookup delays): they differ run to run.
 _WALL_CLOCK = ("_time", "_seconds")
 
@@ -268,6 +295,55 @@ def _stats(stats) -> Any:
                 for key in [k for k in part if isinstance(k, str) and k.endswith(_WALL_CLOCK)]:
                     part.pop(key)
     return data
+
+
+def make_stream(seed: int, steps: int, block: int = 16, max_prompt_blocks: int = 10):
+    """Per step: requests to add (id, prompt, max_tokens), requests to abort, and how many
+    stores and loads may complete ((n, n) with n None = all). Shared prefixes, repeated prompts
+    (whole-prompt hits), prompts longer than the GPU cache keeps (preemption), aborts."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1, 30000) for _ in range(rng.randrange(1, 7) * block)] for _ in range(3)]
+    issued: list[list[int]] = []
+    stream = []
+    n = 0
+    for step in range(steps):
+        adds = []
+        for _ in range(rng.choice((0, 0, 1, 1, 2))):
+            kind = rng.random()
+            if issued and kind < 0.3:
+                prompt = list(rng.choice(issued))
+            elif kind < 0.8:
+                prompt = rng.choice(prefixes) + [rng.randrange(1, 30000) for _ in range(rng.randrange(0, 3 * block))]
+            else:
+                prompt = [rng.randrange(1, 30000) for _ in range(rng.randrange(8, max_prompt_blocks * block))]
+            if not prompt:
+                prompt = [7]
+            issued.append(prompt)
+            adds.append((f"r{n}", prompt, rng.randrange(1, 12)))
+            n += 1
+        aborts = [f"r{rng.randrange(n)}"] if n and rng.random() < 0.08 else []
+        allow = rng.choice(((None, None), (None, None), (0, 0), (1, 0), (0, 1), (1, 1), (2, 1)))
+        stream.append((adds, aborts, allow))
+    return stream
+
+
+def run_stream(engine: "Engine", stream, drain_steps: int = 200) -> list:
+    """Feeds `stream` (make_stream) to `engine` step by step, then steps until it drained; returns
+    the step logs."""
+    log = []
+    for adds, aborts, (stores, loads) in stream:
+        for req_id, prompt, max_tokens in adds:
+            engine.add_request(req_id, prompt, max_tokens)
+        for req_id in aborts:
+            engine.abort(req_id)
+        allow = None if stores is None else (stores, loads)
+        log.append(engine.step(allow))
+    for _ in range(drain_steps):
+        if not engine.busy():
+            break
+        log.append(engine.step())
+    assert not engine.busy(), "the engine did not drain"
+    return log
 
 
 # ---- one engine -------------------------------------------------------------------------------
@@ -314,7 +390,9 @@ class Engine:
     """vLLM's Scheduler + OffloadingConnector (scheduler and worker halves) on one GPU's blocks."""
 
     def __init__(self, extra_config: dict, *, block_size: int = 16, num_gpu_blocks: int = 64,
-                 max_num_batched_tokens: int = 512, gate: bool = True):
+                 max_num_batched_tokens: int = 512, gate: bool = True, record: bool = True):
+        """record=False: no Recorder wrappers (the bench); the manager's calls are then timed
+        only (manager_time), and the scheduler's own time per step is in scheduler_time."""
         self.block_size = block_size
         vllm_config = create_vllm_config(block_size=block_size,
                                          max_num_batched_tokens=max_num_batched_tokens,
@@ -350,9 +428,15 @@ class Engine:
         self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
         self.step_log: list = []
         self.manager_time: list[float] = []
+        self.scheduler_time: list[float] = []
         connector = self.scheduler.connector
         half = connector.connector_scheduler
         self.manager = half.manager
+        self.record = record
+        if not record:
+            half.manager = TimingManager(half.manager, self.manager_time)
+            self.blocks_checked = 0
+            return
         half.manager = RecordingManager(half.manager, self.step_log, self.manager_time)
         matched, events = connector.get_num_new_matched_tokens, connector.take_events
 
@@ -389,8 +473,11 @@ class Engine:
     def step(self, allow: tuple[int, int] | None = None) -> list:
         """One engine step; `allow`: (stores, loads) that may complete in it (None: all)."""
         self.step_log = []
-        self.scheduler.connector.connector_scheduler.manager._log = self.step_log
+        if self.record:
+            self.scheduler.connector.connector_scheduler.manager._log = self.step_log
+        t0 = time.thread_time()  # CPU time of this thread: not the worker's copy threads
         out = self.scheduler.schedule()
+        scheduling = time.thread_time() - t0
         meta = out.kv_connector_metadata
         self.step_log.append(("scheduled", dict(sorted(out.num_scheduled_tokens.items())),
                               sorted(getattr(out, "preempted_req_ids", None) or ()),
@@ -418,7 +505,9 @@ class Engine:
         mro.sampled_token_ids = [
             [1000 + (int(hashlib.sha256(f"{r.request_id}/{r.num_output_tokens}".encode()).hexdigest()[:6], 16) % 20000)]
             if r.num_computed_tokens >= r.num_tokens else [] for r in running]
+        t0 = time.thread_time()
         outputs = self.scheduler.update_from_output(out, mro)
+        self.scheduler_time.append(scheduling + time.thread_time() - t0)
         for engine_out in outputs.values():
             stats = engine_out.scheduler_stats
             if stats is not None and stats.kv_connector_stats:

@@ -7,60 +7,11 @@
 # stats without transfer times, completed jobs), and every full block of every running request
 # must hold its bytes, so each block a load brought back is checked byte for byte.
 # Runs under the vLLM harness (tools/vllm-engine-tests.sh), once per vLLM tree.
-import random
-
 import pytest
 
-from engine_loop import Engine, spec_config
+from engine_loop import Engine, make_stream, run_stream, spec_config
 
 BLOCK = 16
-
-
-def make_stream(seed: int, steps: int):
-    """Per step: requests to add (id, prompt, max_tokens), requests to abort, and how many
-    stores and loads may complete ((n, n) with n None = all). Shared prefixes, repeated prompts
-    (whole-prompt hits), prompts longer than the GPU cache keeps (preemption), aborts."""
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(1, 30000) for _ in range(rng.randrange(1, 7) * BLOCK)] for _ in range(3)]
-    issued: list[list[int]] = []
-    stream = []
-    n = 0
-    for step in range(steps):
-        adds = []
-        for _ in range(rng.choice((0, 0, 1, 1, 2))):
-            kind = rng.random()
-            if issued and kind < 0.3:
-                prompt = list(rng.choice(issued))
-            elif kind < 0.8:
-                prompt = rng.choice(prefixes) + [rng.randrange(1, 30000) for _ in range(rng.randrange(0, 3 * BLOCK))]
-            else:
-                prompt = [rng.randrange(1, 30000) for _ in range(rng.randrange(8, 10 * BLOCK))]
-            if not prompt:
-                prompt = [7]
-            issued.append(prompt)
-            adds.append((f"r{n}", prompt, rng.randrange(1, 12)))
-            n += 1
-        aborts = [f"r{rng.randrange(n)}"] if n and rng.random() < 0.08 else []
-        allow = rng.choice(((None, None), (None, None), (0, 0), (1, 0), (0, 1), (1, 1), (2, 1)))
-        stream.append((adds, aborts, allow))
-    return stream
-
-
-def run(engine: Engine, stream, drain_steps: int = 200):
-    log = []
-    for adds, aborts, (stores, loads) in stream:
-        for req_id, prompt, max_tokens in adds:
-            engine.add_request(req_id, prompt, max_tokens)
-        for req_id in aborts:
-            engine.abort(req_id)
-        allow = None if stores is None else (stores, loads)
-        log.append(engine.step(allow))
-    for _ in range(drain_steps):
-        if not engine.busy():
-            break
-        log.append(engine.step())
-    assert not engine.busy(), "the engine did not drain"
-    return log
 
 
 def count(log, what):
@@ -90,7 +41,7 @@ def test_kvoffload_and_vllms_cpu_spec_are_indistinguishable_to_the_scheduler(tmp
         engine = Engine(extra, block_size=BLOCK, num_gpu_blocks=24)
         engines.append(engine)
         try:
-            logs.append(run(engine, stream))
+            logs.append(run_stream(engine, stream))
         finally:
             engine.shutdown()
     cpu, kvo = logs

@@ -277,29 +277,102 @@ class KvoffloadManager(OffloadingManager):
     def get_stats(self):
         """CPUOffloadingManager.get_stats: the same metrics, names and values (vLLM's scheduler
         calls it every step and OffloadPromMetrics accepts only names the spec defined)."""
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
-            OffloadingConnectorStats,
-        )
-
-        stats = OffloadingConnectorStats()
         pending, pinned, skipped = self._core.counters()
         n = self._num_blocks
         usage = (pending + pinned) / n if n > 0 else 0.0
-        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
-        for allocation_size in self.allocation_sizes_in_current_batch:
-            stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, allocation_size)
-        self.allocation_sizes_in_current_batch.clear()
         write_usage = pending / n if n > 0 else 0.0
-        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write_usage)
-        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, max(usage - write_usage, 0.0))
+        sizes = self.allocation_sizes_in_current_batch
+        skipped_now = None
         if self.store_threshold >= 2:
-            stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED,
-                                   skipped - self._skipped_reported)
+            skipped_now = skipped - self._skipped_reported
             self._skipped_reported = skipped
+        stats = _stats_builder()(usage, write_usage, max(usage - write_usage, 0.0), sizes,
+                                 skipped_now)
+        sizes.clear()
         return stats
 
     def shutdown(self) -> None:
         return None
+
+
+def _stats_by_methods(usage, write_usage, read_usage, sizes, skipped):
+    """The stats as CPUOffloadingManager.get_stats builds them, through vLLM's methods."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+
+    stats = OffloadingConnectorStats()
+    stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
+    for allocation_size in sizes:
+        stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, allocation_size)
+    stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write_usage)
+    stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, read_usage)
+    if skipped is not None:
+        stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, skipped)
+    return stats
+
+
+def _stats_direct():
+    """A builder of the same stats that fills OffloadingConnectorStats.data's two dicts (metric
+    types, values per label tuple) directly, with the key names and type strings read off stats
+    built by vLLM's methods; None when vLLM's stats do not have that shape."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+
+    m = CPUOffloadingMetrics
+    probe = _stats_by_methods(0.5, 0.25, 0.25, [1, 4], 3)
+    data = getattr(probe, "data", None)
+    if not isinstance(data, dict) or len(data) != 2:
+        return None
+    (types_key, types), (values_key, values) = data.items()
+    if set(types) != {m.CPU_CACHE_USAGE_PERC, m.CPU_ALLOCATION_SIZE, m.CPU_CACHE_WRITE_USAGE_PERC,
+                      m.CPU_CACHE_READ_USAGE_PERC, m.STORES_SKIPPED}:
+        return None
+    gauge, histogram, counter = (types[m.CPU_CACHE_USAGE_PERC], types[m.CPU_ALLOCATION_SIZE],
+                                 types[m.STORES_SKIPPED])
+    gauges = {m.CPU_CACHE_USAGE_PERC: gauge, m.CPU_CACHE_WRITE_USAGE_PERC: gauge,
+              m.CPU_CACHE_READ_USAGE_PERC: gauge}
+
+    def build(usage, write_usage, read_usage, sizes, skipped):
+        t = {m.CPU_CACHE_USAGE_PERC: gauge}
+        v = {m.CPU_CACHE_USAGE_PERC: {(): usage}}
+        if sizes:
+            t[m.CPU_ALLOCATION_SIZE] = histogram
+            v[m.CPU_ALLOCATION_SIZE] = {(): list(sizes)}
+        t.update(gauges)
+        v[m.CPU_CACHE_WRITE_USAGE_PERC] = {(): write_usage}
+        v[m.CPU_CACHE_READ_USAGE_PERC] = {(): read_usage}
+        if skipped is not None:
+            t[m.STORES_SKIPPED] = counter
+            v[m.STORES_SKIPPED] = {(): skipped}
+        return OffloadingConnectorStats(data={types_key: t, values_key: v})
+
+    for sample in ((0.75, 0.5, 0.25, [1, 4], 3), (0.0, 0.0, 0.0, [], None), (1.0, 0.125, 0.875, [7], 0)):
+        a, b = _stats_by_methods(*sample), build(*sample)
+        if type(a) is not type(b) or a.data != b.data or list(a.data) != list(b.data):
+            return None
+    return build
+
+
+_STATS_BUILDER = None
+
+
+def _stats_builder():
+    # Note [Stats without methods]: get_stats runs every scheduler step; vLLM's set_gauge /
+    # observe_histogram / increase_counter calls (and an import statement) were most of its
+    # time. The direct builder is used only when, checked once per process against stats built
+    # by vLLM's methods, it gives the same objects; otherwise the methods are used.
+    global _STATS_BUILDER
+    if _STATS_BUILDER is None:
+        try:
+            direct = _stats_direct()
+        except Exception:  # noqa: BLE001 - any difference means: use vLLM's methods
+            direct = None
+        if direct is None:
+            logger.info("kvoffload: manager stats are built through vLLM's methods")
+        _STATS_BUILDER = direct or _stats_by_methods
+    return _STATS_BUILDER
 
 
 def metric_definitions(extra_config: Mapping[str, Any]) -> dict[str, OffloadingMetricMetadata]:
