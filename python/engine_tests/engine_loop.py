@@ -43,6 +43,7 @@ from vllm.forward_context import ForwardContext
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
@@ -390,14 +391,20 @@ class Engine:
     """vLLM's Scheduler + OffloadingConnector (scheduler and worker halves) on one GPU's blocks."""
 
     def __init__(self, extra_config: dict, *, block_size: int = 16, num_gpu_blocks: int = 64,
-                 max_num_batched_tokens: int = 512, gate: bool = True, record: bool = True):
+                 max_num_batched_tokens: int = 512, gate: bool = True, record: bool = True,
+                 async_scheduling: bool = False):
         """record=False: no Recorder wrappers (the bench); the manager's calls are then timed
         only (manager_time), and the scheduler's own time per step is in scheduler_time."""
         self.block_size = block_size
         vllm_config = create_vllm_config(block_size=block_size,
                                          max_num_batched_tokens=max_num_batched_tokens,
                                          disable_hybrid_kv_cache_manager=False)
-        vllm_config.scheduler_config.async_scheduling = False
+        # Async scheduling (vLLM's AsyncScheduler): a step's model output is applied after the
+        # next step was scheduled, as vLLM's engine core does with it on.
+        vllm_config.scheduler_config.async_scheduling = async_scheduling
+        self.async_scheduling = async_scheduling
+        self._previous = None  # async: (scheduler output, model runner output) not applied yet
+        self._computed: dict[str, tuple[int, int]] = {}  # request -> (first unwritten block, tokens computed)
         vllm_config.kv_transfer_config = KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both",
             kv_connector_extra_config=dict(extra_config))
@@ -409,7 +416,8 @@ class Engine:
             kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
         vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
         self.page = spec.page_size_bytes
-        self.scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+        scheduler_class = AsyncScheduler if async_scheduling else Scheduler
+        self.scheduler = scheduler_class(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                                    log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config),
                                    block_size=block_size)
         self.worker_connector = OffloadingConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
@@ -506,24 +514,45 @@ class Engine:
             [1000 + (int(hashlib.sha256(f"{r.request_id}/{r.num_output_tokens}".encode()).hexdigest()[:6], 16) % 20000)]
             if r.num_computed_tokens >= r.num_tokens else [] for r in running]
         t0 = time.thread_time()
-        outputs = self.scheduler.update_from_output(out, mro)
+        if self.async_scheduling:
+            previous, self._previous = self._previous, (out, mro)
+            outputs = self.scheduler.update_from_output(*previous) if previous else {}
+        else:
+            outputs = self.scheduler.update_from_output(out, mro)
         self.scheduler_time.append(scheduling + time.thread_time() - t0)
         for engine_out in outputs.values():
             stats = engine_out.scheduler_stats
             if stats is not None and stats.kv_connector_stats:
                 self.step_log.append(("connector_stats", _stats(stats.kv_connector_stats)))
+        self._write_computed()
         self._check_blocks()
         return self.step_log
 
     def _forward(self, out) -> None:
-        """The model: each block a scheduled request fills gets its bytes (kv_bytes)."""
-        bs = self.block_size
+        """The model: each block a scheduled request fills gets its bytes (kv_bytes). A block
+        whose hash is not known yet (async scheduling: the token that fills it is applied a step
+        later) is written once it is (_write_computed), never a block a load fills."""
         for req_id, n in out.num_scheduled_tokens.items():
             req = self.scheduler.requests[req_id]
+            first = (req.num_computed_tokens - n) // self.block_size
+            lo, hi = self._computed.get(req_id, (first, 0))
+            if hi > req.num_computed_tokens - n:  # preempted and scheduled again
+                lo = first
+            self._computed[req_id] = (min(lo, first), req.num_computed_tokens)
+        self._write_computed()
+
+    def _write_computed(self) -> None:
+        bs = self.block_size
+        for req_id, (lo, hi) in list(self._computed.items()):
+            req = self.scheduler.requests.get(req_id)
+            if req is None or req.status != RequestStatus.RUNNING:
+                del self._computed[req_id]
+                continue
             blocks = self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
-            done = min(req.num_computed_tokens // bs, len(req.block_hashes))
-            for i in range((req.num_computed_tokens - n) // bs, done):
+            done = min(hi // bs, len(req.block_hashes))
+            for i in range(lo, done):
                 self.gpu[blocks[i]] = kv_bytes(req.block_hashes[i], 0, self.page)
+            self._computed[req_id] = (max(lo, done), hi)
 
     def _check_blocks(self) -> None:
         bs = self.block_size

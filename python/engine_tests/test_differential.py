@@ -19,26 +19,30 @@ def count(log, what):
 
 
 CASES = [
-    # seed, eviction policy, GPU blocks per chunk, store threshold
-    (1, "lru", 1, 1),
-    (2, "arc", 1, 1),
-    (3, "lru", 2, 1),
-    (4, "arc", 4, 1),
-    (5, "lru", 1, 2),
-    (6, "arc", 2, 2),
+    # seed, eviction policy, GPU blocks per chunk, store threshold, async scheduling
+    (1, "lru", 1, 1, False),
+    (2, "arc", 1, 1, False),
+    (3, "lru", 2, 1, False),
+    (4, "arc", 4, 1, False),
+    (5, "lru", 1, 2, False),
+    (6, "arc", 2, 2, False),
+    (7, "lru", 1, 1, True),
+    (8, "arc", 2, 2, True),
 ]
 
 
-@pytest.mark.parametrize("seed,policy,bpc,threshold", CASES,
-                         ids=[f"seed{c[0]}-{c[1]}-bpc{c[2]}-threshold{c[3]}" for c in CASES])
-def test_kvoffload_and_vllms_cpu_spec_are_indistinguishable_to_the_scheduler(tmp_path, seed, policy, bpc, threshold):
+@pytest.mark.parametrize("seed,policy,bpc,threshold,async_scheduling", CASES,
+                         ids=[f"seed{c[0]}-{c[1]}-bpc{c[2]}-threshold{c[3]}" + ("-async" if c[4] else "")
+                              for c in CASES])
+def test_kvoffload_and_vllms_cpu_spec_are_indistinguishable_to_the_scheduler(tmp_path, seed, policy, bpc, threshold,
+                                                                            async_scheduling):
     stream = make_stream(seed, steps=160)
     logs, engines = [], []
     for spec in ("cpu", "kvoffload"):
         extra = spec_config(spec, cpu_blocks=(48 if threshold == 1 else 24) // bpc, block_size=BLOCK, blocks_per_chunk=bpc,
                             policy=policy, store_threshold=threshold, shm_dir=str(tmp_path),
                             page_bytes=2 * BLOCK * 4)
-        engine = Engine(extra, block_size=BLOCK, num_gpu_blocks=24)
+        engine = Engine(extra, block_size=BLOCK, num_gpu_blocks=24, async_scheduling=async_scheduling)
         engines.append(engine)
         try:
             logs.append(run_stream(engine, stream))
