@@ -277,7 +277,7 @@ class KvoffloadManager(OffloadingManager):
     def get_stats(self):
         """CPUOffloadingManager.get_stats: the same metrics, names and values (vLLM's scheduler
         calls it every step and OffloadPromMetrics accepts only names the spec defined)."""
-        pending, pinned, skipped = self._core.counters()
+        pending, pinned, skipped = self._occupancy()  # a fast entry point: counters()
         n = self._num_blocks
         usage = (pending + pinned) / n if n > 0 else 0.0
         write_usage = pending / n if n > 0 else 0.0

@@ -376,3 +376,19 @@ def test_stats_are_built_without_vllms_methods_only_while_that_gives_the_same_ob
     monkeypatch.setattr(kv_vllm, "_STATS_BUILDER", None)
     assert kv_vllm._stats_builder() is kv_vllm._stats_by_methods
     assert KvoffloadManager(4).get_stats().data["data"][CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC] == {("rank0",): 0.0}
+
+
+def test_the_fast_occupancy_read_is_the_cores_counters():
+    m = KvoffloadManager(4, cache_policy="lru", store_threshold=2)
+    ctx = ReqContext(req_id="occupancy")
+    m.lookup(key(1), ctx)
+    m.lookup(key(1), ctx)
+    m.prepare_store([key(1), key(2), key(3)], ctx)  # key(1) seen twice: stored; 2 and 3 skipped
+    m.complete_store([key(1)], ctx)
+    m.prepare_store([key(1)], ctx)
+    m.prepare_load([key(1)], ctx)
+    assert m._occupancy() == m._core.counters()
+    pending, pinned, skipped = m._occupancy()
+    assert pinned == 1 and skipped >= 2, (pending, pinned, skipped)
+    with pytest.raises(TypeError, match=r"_occupancy\(\) takes no arguments, got 1"):
+        m._occupancy(1)
