@@ -94,3 +94,20 @@ def test_a_harness_run_becomes_a_report_with_the_ci_skip_policy(tmp_path):
     assert done.returncode == 1 and "no test ran" in done.stderr
     done = run(JUNIT, tmp_path / "missing.xml", "suite-f", tmp_path / "reports")
     assert done.returncode == 1 and "no pytest report" in done.stderr
+
+
+def test_the_engine_loop_tests_fail_without_their_trees_never_skip(tmp_path):
+    script = ROOT / "tools" / "vllm-engine-tests.sh"
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    env = {**os.environ, "KVOFFLOAD_VLLM_HARNESS": str(tmp_path / "none")}
+    done = subprocess.run([str(script)], capture_output=True, text=True, env=env)
+    assert done.returncode == 1 and "no vLLM harness at" in done.stderr, done.stderr
+    for name in ("setup.sh", "run-vllm-tests.sh"):
+        (harness / name).write_text("#!/bin/sh\nexit 0\n")
+        (harness / name).chmod(0o755)
+    env = {**os.environ, "KVOFFLOAD_VLLM_HARNESS": str(harness),
+           "KVOFFLOAD_VLLM_ENGINE_TREES": f"{tmp_path / 'tree-a'}:{tmp_path / 'tree-b'}"}
+    done = subprocess.run([str(script)], capture_output=True, text=True, env=env)
+    assert done.returncode == 1, done.stderr
+    assert f"no vLLM engine tree at {tmp_path / 'tree-a'}" in done.stderr
