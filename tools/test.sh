@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test from a fresh clone: dependencies, the CPU preset, ctest (label cpu)
 # and the Python tests against Debian's /usr/bin/python3 (the vLLM backend's against vLLM's
-# sources in $KVOFFLOAD_VLLM_SRC, default ../shared/vllm-017e9f4448 when it exists); then says how
+# sources in $KVOFFLOAD_VLLM_SRC, by default against each supported vLLM commit's tree in
+# ../shared), vLLM's engine loop on each supported commit (tools/vllm-engine-tests.sh); then says how
 # many cases ran and how many were skipped, and why (tools/ci/test_summary.py). With
 # KVOFFLOAD_CI_NO_SKIPS=1 (.ci/run sets it) a skip whose reason tests/accepted_skips.txt does not
 # list fails the run.
@@ -20,15 +21,43 @@ if [[ -d python/tests ]]; then
     echo "test.sh: the Python module was not built (build/cpu/python/kvoffload/_kvoffload*.so)" >&2
     exit 1
   fi
-  # The vLLM backend's tests import vLLM's own modules from KVOFFLOAD_VLLM_SRC; next to a checkout
-  # in this workplace that is ../shared/vllm-017e9f4448 (.ci/run sets it and insists on it).
-  # Without it those tests skip, naming the variable.
-  if [[ -z ${KVOFFLOAD_VLLM_SRC:-} && -f ../shared/vllm-017e9f4448/vllm/v1/kv_offload/base.py ]]; then
-    export KVOFFLOAD_VLLM_SRC="$(cd ../shared/vllm-017e9f4448 && pwd)"
+  # The vLLM backend's tests import vLLM's own kv_offload modules from KVOFFLOAD_VLLM_SRC. Unset,
+  # they run once per supported vLLM commit, against the kv_offload part of its engine tree
+  # (tools/vllm-trees.sh), copied into build/cpu/vllm-src/ (tools/vllm_src_view.py): every test
+  # with the first, the vLLM ones (test_vllm_*.py) again with each further one. Without any tree
+  # those tests skip, naming the variable (a skip CI does not accept).
+  vllm_srcs=()
+  if [[ -n ${KVOFFLOAD_VLLM_SRC:-} ]]; then
+    vllm_srcs=("$KVOFFLOAD_VLLM_SRC")
+  else
+    source tools/vllm-trees.sh
+    for t in "${vllm_engine_trees[@]}"; do
+      [[ -d $t ]] || continue
+      view=$PWD/build/cpu/vllm-src/$(basename "$t")
+      /usr/bin/python3 tools/vllm_src_view.py "$t" "$view" || { status=1; continue; }
+      vllm_srcs+=("$view")
+    done
   fi
-  PYTHONPATH="$PWD/build/cpu/python" KVOFFLOAD_TEST_BIN_DIR="$PWD/build/cpu/bin" \
-    KVOFFLOAD_TEST_REPORT_DIR="$reports" \
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests || status=$?
+  run_python_tests() {  # run_python_tests VLLM_SRC REPORT_SUITE PYTEST_ARGS...
+    local src=$1 suite=$2
+    shift 2
+    KVOFFLOAD_VLLM_SRC=$src PYTHONPATH="$PWD/build/cpu/python" KVOFFLOAD_TEST_BIN_DIR="$PWD/build/cpu/bin" \
+      KVOFFLOAD_TEST_REPORT_DIR="$reports" KVOFFLOAD_TEST_REPORT_SUITE=$suite \
+      /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@"
+  }
+  run_python_tests "${vllm_srcs[0]:-}" pytest python/tests || status=$?
+  for src in "${vllm_srcs[@]:1}"; do
+    echo "=== test.sh: the vLLM backend's tests against $src"
+    run_python_tests "$src" "pytest-$(basename "$src")" python/tests/test_vllm_*.py || status=$?
+  done
+fi
+# vLLM's own OffloadingConnector tests and kvoffload's engine-loop tests (python/engine_tests), in
+# vLLM's real engine loop on each supported vLLM commit, with the vLLM harness in ../shared. Without
+# it they are skipped, saying so, except in CI (KVOFFLOAD_CI_NO_SKIPS=1), where that fails.
+if [[ -d ../shared/vllm-harness || ${KVOFFLOAD_CI_NO_SKIPS:-} == 1 || -n ${KVOFFLOAD_VLLM_HARNESS:-} ]]; then
+  ./tools/vllm-engine-tests.sh build/cpu || status=$?
+else
+  echo "test.sh: vLLM's engine-loop tests skipped: no vLLM harness at ../shared/vllm-harness (KVOFFLOAD_VLLM_HARNESS names one)"
 fi
 /usr/bin/python3 tools/ci/test_summary.py "$reports" || status=$?
 exit "$status"

@@ -23,7 +23,9 @@ Importing this module needs vLLM; without it the import fails with an ImportErro
 
 from __future__ import annotations
 
+import collections
 import importlib
+import itertools
 import logging
 import re
 from collections.abc import Collection, Iterable, Iterator, Mapping
@@ -62,13 +64,15 @@ except ImportError as _err:  # pragma: no cover - depends on the installed vLLM
     ) from _err
 
 from . import _kvoffload as _ext
+from .vllm_compat import SUPPORTED_VLLM_COMMITS, check_block_hashes_shareable, check_vllm_version
 
 # The tier classes are exported but resolved lazily by __getattr__ below (a linter sees no
 # definition of them, hence the unpacking).
 _TIER_CLASSES = ("KvoffloadRemoteTier", "KvoffloadFileTier")
 _TIERS = (*_TIER_CLASSES, "remote", "file")
 
-__all__ = ["KvoffloadManager", "KvoffloadSpec", "KvoffloadWorker", *_TIER_CLASSES]
+__all__ = ["KvoffloadManager", "KvoffloadSpec", "KvoffloadWorker", "check_block_hashes_shareable",
+           *_TIER_CLASSES]
 
 
 def __getattr__(name: str):
@@ -87,8 +91,10 @@ def __getattr__(name: str):
 
 logger = logging.getLogger(__name__)
 
-# The vLLM commit whose offloading interface this module is tested against (README: vLLM).
-VLLM_COMMIT = "017e9f4448b700e85ee16023287b025693c72b9e"
+# The vLLM commits whose offloading interface and engine loop this module is tested against
+# (README: vLLM); VLLM_COMMIT is the first. A vLLM naming another commit is logged once here.
+VLLM_COMMIT = next(iter(SUPPORTED_VLLM_COMMITS))
+check_vllm_version(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
 
 # VllmManagerCore.lookup's codes, in order.
 _LOOKUP_RESULTS = (LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING)
@@ -271,29 +277,102 @@ class KvoffloadManager(OffloadingManager):
     def get_stats(self):
         """CPUOffloadingManager.get_stats: the same metrics, names and values (vLLM's scheduler
         calls it every step and OffloadPromMetrics accepts only names the spec defined)."""
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
-            OffloadingConnectorStats,
-        )
-
-        stats = OffloadingConnectorStats()
-        pending, pinned, skipped = self._core.counters()
+        pending, pinned, skipped = self._occupancy()  # a fast entry point: counters()
         n = self._num_blocks
         usage = (pending + pinned) / n if n > 0 else 0.0
-        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
-        for allocation_size in self.allocation_sizes_in_current_batch:
-            stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, allocation_size)
-        self.allocation_sizes_in_current_batch.clear()
         write_usage = pending / n if n > 0 else 0.0
-        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write_usage)
-        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, max(usage - write_usage, 0.0))
+        sizes = self.allocation_sizes_in_current_batch
+        skipped_now = None
         if self.store_threshold >= 2:
-            stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED,
-                                   skipped - self._skipped_reported)
+            skipped_now = skipped - self._skipped_reported
             self._skipped_reported = skipped
+        stats = _stats_builder()(usage, write_usage, max(usage - write_usage, 0.0), sizes,
+                                 skipped_now)
+        sizes.clear()
         return stats
 
     def shutdown(self) -> None:
         return None
+
+
+def _stats_by_methods(usage, write_usage, read_usage, sizes, skipped):
+    """The stats as CPUOffloadingManager.get_stats builds them, through vLLM's methods."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+
+    stats = OffloadingConnectorStats()
+    stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
+    for allocation_size in sizes:
+        stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, allocation_size)
+    stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write_usage)
+    stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, read_usage)
+    if skipped is not None:
+        stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, skipped)
+    return stats
+
+
+def _stats_direct():
+    """A builder of the same stats that fills OffloadingConnectorStats.data's two dicts (metric
+    types, values per label tuple) directly, with the key names and type strings read off stats
+    built by vLLM's methods; None when vLLM's stats do not have that shape."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+
+    m = CPUOffloadingMetrics
+    probe = _stats_by_methods(0.5, 0.25, 0.25, [1, 4], 3)
+    data = getattr(probe, "data", None)
+    if not isinstance(data, dict) or len(data) != 2:
+        return None
+    (types_key, types), (values_key, values) = data.items()
+    if set(types) != {m.CPU_CACHE_USAGE_PERC, m.CPU_ALLOCATION_SIZE, m.CPU_CACHE_WRITE_USAGE_PERC,
+                      m.CPU_CACHE_READ_USAGE_PERC, m.STORES_SKIPPED}:
+        return None
+    gauge, histogram, counter = (types[m.CPU_CACHE_USAGE_PERC], types[m.CPU_ALLOCATION_SIZE],
+                                 types[m.STORES_SKIPPED])
+    gauges = {m.CPU_CACHE_USAGE_PERC: gauge, m.CPU_CACHE_WRITE_USAGE_PERC: gauge,
+              m.CPU_CACHE_READ_USAGE_PERC: gauge}
+
+    def build(usage, write_usage, read_usage, sizes, skipped):
+        t = {m.CPU_CACHE_USAGE_PERC: gauge}
+        v = {m.CPU_CACHE_USAGE_PERC: {(): usage}}
+        if sizes:
+            t[m.CPU_ALLOCATION_SIZE] = histogram
+            v[m.CPU_ALLOCATION_SIZE] = {(): list(sizes)}
+        t.update(gauges)
+        v[m.CPU_CACHE_WRITE_USAGE_PERC] = {(): write_usage}
+        v[m.CPU_CACHE_READ_USAGE_PERC] = {(): read_usage}
+        if skipped is not None:
+            t[m.STORES_SKIPPED] = counter
+            v[m.STORES_SKIPPED] = {(): skipped}
+        return OffloadingConnectorStats(data={types_key: t, values_key: v})
+
+    for sample in ((0.75, 0.5, 0.25, [1, 4], 3), (0.0, 0.0, 0.0, [], None), (1.0, 0.125, 0.875, [7], 0)):
+        a, b = _stats_by_methods(*sample), build(*sample)
+        if type(a) is not type(b) or a.data != b.data or list(a.data) != list(b.data):
+            return None
+    return build
+
+
+_STATS_BUILDER = None
+
+
+def _stats_builder():
+    # Note [Stats without methods]: get_stats runs every scheduler step; vLLM's set_gauge /
+    # observe_histogram / increase_counter calls (and an import statement) were most of its
+    # time. The direct builder is used only when, checked once per process against stats built
+    # by vLLM's methods, it gives the same objects; otherwise the methods are used.
+    global _STATS_BUILDER
+    if _STATS_BUILDER is None:
+        try:
+            direct = _stats_direct()
+        except Exception:  # noqa: BLE001 - any difference means: use vLLM's methods
+            direct = None
+        if direct is None:
+            logger.info("kvoffload: manager stats are built through vLLM's methods")
+        _STATS_BUILDER = direct or _stats_by_methods
+    return _STATS_BUILDER
 
 
 def metric_definitions(extra_config: Mapping[str, Any]) -> dict[str, OffloadingMetricMetadata]:
@@ -423,8 +502,12 @@ class KvoffloadWorker(OffloadingWorker):
         self._bpc = int(blocks_per_chunk)
         self._engine = None
         self._region = None
-        self._pending: set[int] = set()  # submitted, result not yet handed to vLLM
-        self._finished: list[TransferResult] = []
+        # Job ids per direction in submission order, until vLLM has their results; results
+        # collected from the engine wait in _done until get_finished hands them out in that order
+        # (Note [Completion order] below).
+        self._queues: dict[str, collections.deque[int]] = {
+            "store": collections.deque(), "load": collections.deque()}
+        self._done: dict[int, TransferResult] = {}
         device_type, device_index = _device_of(kv_caches)
         device_name = device_type if device_index is None else f"{device_type}:{device_index}"
         self._groups, needed = self._layout(kv_caches)
@@ -553,7 +636,7 @@ class KvoffloadWorker(OffloadingWorker):
             # The job never started: vLLM gets False.
             logger.error("kvoffload: %s job %d was refused: %s", direction, job_id, err)
             return False
-        self._pending.add(job_id)
+        self._queues[direction].append(job_id)
         return True
 
     def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
@@ -562,28 +645,46 @@ class KvoffloadWorker(OffloadingWorker):
     def submit_load(self, job_id: int, src_spec, dst_spec) -> bool:
         return self._submit(job_id, "load", src_spec, dst_spec)
 
-    def _result(self, r) -> TransferResult:
-        self._pending.discard(r.job_id)
-        if not r.success:
-            logger.error("kvoffload: %s job %d failed: %s", r.direction, r.job_id, r.error)
-        return TransferResult(job_id=r.job_id, success=r.success, transfer_size=r.bytes,
-                              transfer_time=r.seconds)
+    def _collect(self, results) -> None:
+        for r in results:
+            if not r.success:
+                logger.error("kvoffload: %s job %d failed: %s", r.direction, r.job_id, r.error)
+            self._done[r.job_id] = TransferResult(job_id=r.job_id, success=r.success,
+                                                  transfer_size=r.bytes, transfer_time=r.seconds)
 
+    # Note [Completion order]
+    # vLLM's CPU worker reports its stores, then its loads, each direction in submission order
+    # (a job finishes only after the earlier jobs of its direction), and its wait() only blocks:
+    # the results still come out of the next get_finished() in that order. The scheduler's
+    # connector completes stores in the order it gets them, which sets the manager's LRU/ARC
+    # order, so later evictions and block ids depend on it. kvoffload's engine also finishes
+    # each direction in order, but its wait() hands the waited results out first; this worker
+    # therefore keeps them and reports as vLLM does.
     def get_finished(self) -> list[TransferResult]:
-        out = self._finished
-        self._finished = []
         if self._engine is not None:
-            out.extend(self._result(r) for r in self._engine.poll())
+            self._collect(self._engine.poll())
+        out = []
+        done = self._done
+        for queue in self._queues.values():  # stores, then loads
+            while queue and queue[0] in done:
+                out.append(done.pop(queue.popleft()))
         return out
 
     def wait(self, job_ids: set[int]) -> None:
         # As vLLM's CPU worker: ids this worker never submitted, or whose results it has handed
         # out already, are ignored (the scheduler sends them on preemption, reset_cache, and
-        # when ranks finish at different times). Results of waited jobs still come out of the
-        # next get_finished().
-        ids = sorted(i for i in job_ids if i in self._pending)
-        if ids and self._engine is not None:
-            self._finished.extend(self._result(r) for r in self._engine.wait(ids))
+        # when ranks finish at different times). A waited job's direction finishes in order, so
+        # the jobs submitted before it are waited for too; every one of their results comes out
+        # of the next get_finished().
+        if self._engine is None:
+            return
+        wanted = []
+        for queue in self._queues.values():
+            last = max((i for i, job in enumerate(queue) if job in job_ids), default=-1)
+            wanted.extend(job for job in itertools.islice(queue, last + 1)
+                          if job not in self._done)
+        if wanted:
+            self._collect(self._engine.wait(wanted))
 
     def shutdown(self) -> None:
         engine, self._engine = self._engine, None

@@ -21,8 +21,9 @@ The I/O runs in C++ (kvoffload's FileTier and RemoteTier, ``python/src/vllm_tier
 scheduler thread only queues jobs and reads results (Note [Scheduler thread] there).
 
 Block hashes are the keys: engines (and a restarted engine) find each other's chunks only when
-their block hashes agree, which needs the same ``PYTHONHASHSEED`` in every process (vLLM seeds its
-block-hash chain from it; unset, every process draws a random seed), as for vLLM's fs tier.
+their block hashes agree across processes (kvoffload.vllm_compat: the same ``PYTHONHASHSEED`` in
+every process, or from vLLM 7cfb97e3 on sha256 / sha256_cbor with it unset); each tier warns at
+start when they do not.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from . import _kvoffload as _ext
+from . import vllm_compat
 
 __all__ = ["KvoffloadFileTier", "KvoffloadRemoteTier"]
 
@@ -81,14 +83,31 @@ def _non_negative_int(name: str, value: Any, tier: str) -> int:
     return value
 
 
+def _prefix_caching_hash_algo() -> str:
+    # The engine's block-hash function; vLLM's default when no engine config is current.
+    try:
+        from vllm.config import get_current_vllm_config
+
+        return str(get_current_vllm_config().cache_config.prefix_caching_hash_algo)
+    except Exception:  # noqa: BLE001 - a vLLM without it, or no config: its default
+        return "sha256"
+
+
 def _warn_hash_seed(tier: str) -> None:
-    if os.environ.get("PYTHONHASHSEED") in (None, "", "random"):
-        logger.warning(
-            "%s: PYTHONHASHSEED is not set, so vLLM seeds its block hashes at random in each "
-            "process: chunks this engine stores can be found only by this process. Set the same "
-            "PYTHONHASHSEED (e.g. 0) for every engine that shares them and across restarts.",
-            tier,
-        )
+    """Warns when chunks this engine stores cannot be found by another process (another engine,
+    this one restarted): vLLM's block hashes, the keys, differ between processes then."""
+    try:
+        from vllm.v1.core import kv_cache_utils
+    except ImportError:
+        kv_cache_utils = None  # only vLLM's kv_offload part is importable (kvoffload's tests)
+    algo = _prefix_caching_hash_algo()
+    if kv_cache_utils is None:
+        why = vllm_compat.block_hashes_shareable(algo, os.environ, fixed_default_seed=False)
+    else:
+        why = vllm_compat.block_hash_sharing_problem(algo, kv_cache_utils=kv_cache_utils)
+    if why is not None:
+        logger.warning("%s: chunks this engine stores can be found only by this process: %s",
+                       tier, why)
 
 
 def run_identity(offloading_spec) -> dict:

@@ -406,6 +406,23 @@ PyObject* fast_complete_store(PyObject* self, PyObject* const* args, Py_ssize_t 
   });
 }
 
+// (write_pending, pinned, stores_skipped), what get_stats reads once per scheduler step, as a
+// fast entry point too: between two steps the interpreter evicts pybind11's dispatch path from
+// the caches, and through VllmManagerCore.counters this one read cost 4 µs there (0.2 µs hot).
+PyObject* fast_occupancy(PyObject* self, PyObject* const* /*args*/, Py_ssize_t nargs) {
+  FastState* st = state_of(self);
+  if (nargs != 0) {
+    PyErr_Format(PyExc_TypeError, "_occupancy() takes no arguments, got %zd", nargs);
+    return nullptr;
+  }
+  return guarded(st, [&]() -> PyObject* {
+    const ManagerStats s = st->core->manager().stats();
+    return Py_BuildValue("(KKK)", static_cast<unsigned long long>(s.write_pending),
+                         static_cast<unsigned long long>(s.pinned),
+                         static_cast<unsigned long long>(s.stores_skipped_threshold));
+  });
+}
+
 PyMethodDef kFastMethods[] = {
     {"lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_lookup)),
      METH_FASTCALL, "lookup(key, req_context) -> LookupResult"},
@@ -422,6 +439,8 @@ PyMethodDef kFastMethods[] = {
     {"complete_store",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_complete_store)),
      METH_FASTCALL | METH_KEYWORDS, "complete_store(keys, req_context, success=True)"},
+    {"_occupancy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_occupancy)),
+     METH_FASTCALL, "_occupancy() -> (write_pending, pinned, stores_skipped), as counters()"},
 };
 
 }  // namespace

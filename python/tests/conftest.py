@@ -112,7 +112,10 @@ def pytest_terminal_summary(terminalreporter):
     report_dir = os.environ.get("KVOFFLOAD_TEST_REPORT_DIR")
     if report_dir:
         os.makedirs(report_dir, exist_ok=True)
-        with open(os.path.join(report_dir, "pytest.json"), "w") as f:
-            json.dump({"runner": "pytest", "suite": "pytest", "ran": ran, "failed": failed,
+        # tools/test.sh runs the vLLM backend's tests once more per further vLLM commit, each
+        # run with its own suite name.
+        suite = os.environ.get("KVOFFLOAD_TEST_REPORT_SUITE", "pytest")
+        with open(os.path.join(report_dir, f"{suite}.json"), "w") as f:
+            json.dump({"runner": "pytest", "suite": suite, "ran": ran, "failed": failed,
                        "skipped": len(skips), "skips": records}, f)
             f.write("\n")

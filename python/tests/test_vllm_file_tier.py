@@ -4,6 +4,7 @@
 # left, a corrupted record, one owner per directory, data-parallel replicas, and a full
 # filesystem (a small tmpfs the test mounts in a private mount namespace).
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -243,3 +244,18 @@ def test_a_refused_job_comes_back_failed_once_and_block_ids_end_at_the_primary(t
     t.drain_jobs()
     assert [(r.job_id, r.success) for r in t.get_finished_jobs()] == [(902, True)]
     assert t.stats()["entries"] == 2
+
+
+def test_a_tier_warns_when_its_chunks_cannot_be_found_by_another_process(tmp_path, engines,
+                                                                          monkeypatch, caplog):
+    # Here only vLLM's kv_offload part is importable (no vllm.v1.core): the tier then assumes the
+    # random NONE_HASH of a vLLM without a fixed default seed (vllm_compat).
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    engines(tiering(file_tier(tmp_path / "a")))
+    assert "found only by this process" not in caplog.text
+    monkeypatch.delenv("PYTHONHASHSEED")
+    engines(tiering(file_tier(tmp_path / "b")))
+    assert ("kvoffload file tier: chunks this engine stores can be found only by this process: this vLLM "
+            "seeds the block-hash chain (NONE_HASH) with os.urandom") in caplog.text
+    assert "set PYTHONHASHSEED to one value in the environment of every process" in caplog.text

@@ -357,3 +357,38 @@ def test_result_objects_are_vllms_and_the_fast_path_checks_itself(monkeypatch):
 
     monkeypatch.setattr(kv_vllm, "CPULoadStoreSpec", Richer)
     assert kv_vllm._check_plain_spec() is None
+
+
+def test_stats_are_built_without_vllms_methods_only_while_that_gives_the_same_objects(monkeypatch):
+    # Note [Stats without methods] in kvoffload/vllm.py; the streams above compare every
+    # get_stats with CPUOffloadingManager's.
+    import kvoffload.vllm as kv_vllm
+
+    monkeypatch.setattr(kv_vllm, "_STATS_BUILDER", None)
+    direct = kv_vllm._stats_builder()
+    assert direct is not kv_vllm._stats_by_methods
+    for sample in ((0.75, 0.5, 0.25, [2, 8, 1], None), (0.0, 0.0, 0.0, [], 4)):
+        assert direct(*sample).data == kv_vllm._stats_by_methods(*sample).data
+    # A vLLM whose stats record gauges differently: vLLM's own methods are used.
+    original = OffloadingConnectorStats.set_gauge
+    monkeypatch.setattr(OffloadingConnectorStats, "set_gauge",
+                        lambda self, name, value, labelvalues=(): original(self, name, value, ("rank0",)))
+    monkeypatch.setattr(kv_vllm, "_STATS_BUILDER", None)
+    assert kv_vllm._stats_builder() is kv_vllm._stats_by_methods
+    assert KvoffloadManager(4).get_stats().data["data"][CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC] == {("rank0",): 0.0}
+
+
+def test_the_fast_occupancy_read_is_the_cores_counters():
+    m = KvoffloadManager(4, cache_policy="lru", store_threshold=2)
+    ctx = ReqContext(req_id="occupancy")
+    m.lookup(key(1), ctx)
+    m.lookup(key(1), ctx)
+    m.prepare_store([key(1), key(2), key(3)], ctx)  # key(1) seen twice: stored; 2 and 3 skipped
+    m.complete_store([key(1)], ctx)
+    m.prepare_store([key(1)], ctx)
+    m.prepare_load([key(1)], ctx)
+    assert m._occupancy() == m._core.counters()
+    pending, pinned, skipped = m._occupancy()
+    assert pinned == 1 and skipped >= 2, (pending, pinned, skipped)
+    with pytest.raises(TypeError, match=r"_occupancy\(\) takes no arguments, got 1"):
+        m._occupancy(1)

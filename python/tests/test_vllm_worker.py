@@ -364,6 +364,33 @@ def test_wait_ignores_ids_never_submitted_or_already_collected(shm_dir):
     worker.shutdown()
 
 
+def test_results_come_in_vllms_order_stores_then_loads_each_as_submitted(shm_dir):
+    # vLLM's CPU worker: stores, then loads, each direction in submission order; wait() only
+    # blocks (the waited results come out of the next get_finished in that same order), and a
+    # waited job's direction finishes in order, so the jobs before it are done too. The
+    # scheduler completes stores in this order, which sets the LRU order of later evictions.
+    kv = KvCaches(Device("host"), bpc=1, seed=8, **ONE_GROUP)
+    worker = KvoffloadSpec(offloading_config(shm_dir, kv)).get_worker(kv.caches)
+    gpu = GPULoadStoreSpec([0], group_sizes=[1], block_indices=[0])
+    assert worker.submit_load(7, CPULoadStoreSpec([3]), gpu)
+    for job, chunk in ((5, 0), (3, 1), (4, 2)):
+        assert worker.submit_store(job, gpu, CPULoadStoreSpec([chunk]))
+    worker.wait({7, 4})  # a preemption flush: the last store, and the load
+    assert [r.job_id for r in worker.get_finished()] == [5, 3, 4, 7]
+    assert worker.submit_store(1, gpu, CPULoadStoreSpec([4]))
+    assert worker.submit_store(2, gpu, CPULoadStoreSpec([5]))
+    worker.wait({2})  # waits job 1 too: both are reported, 1 first
+    assert [r.job_id for r in worker.get_finished()] == [1, 2]
+    assert worker.submit_store(6, gpu, CPULoadStoreSpec([6]))
+    assert worker.submit_store(8, gpu, CPULoadStoreSpec([7]))
+    worker.wait({6})  # only the first: job 8 may or may not be done, never ahead of 6
+    results = []
+    while len(results) < 2:
+        results += [r.job_id for r in worker.get_finished()]
+    assert results == [6, 8]
+    worker.shutdown()
+
+
 def test_device_defaults_to_the_tensors_device(shm_dir, monkeypatch):
     calls = []
     real = kv_vllm._ext.make_runtime

@@ -30,6 +30,11 @@ packages=(
   sasl2-bin            # saslpasswd2: the memcached SASL test writes its server's sasldb
   libcpp-httplib-dev python3-prometheus-client
   pyflakes3   # the Python linter (tools/ci/lint-python.sh, ctest python_lint)
+  # vLLM's engine loop under the vLLM harness (tools/vllm-engine-tests.sh): what vLLM's import
+  # chain uses for real (the harness's env.sh lists them), and xxhash for its xxhash block hashes
+  python3-cachetools python3-cbor2 python3-regex python3-psutil python3-zmq python3-cloudpickle
+  python3-tqdm python3-requests python3-cpuinfo python3-packaging python3-pil python3-aiohttp
+  python3-uvloop python3-xxhash
 )
 # Debian's HIP toolchain: the hip preset, and gpu-auto where hipcc exists. rocPRIM is header-only
 # and needed by the HIP kernels (rocprim::block_scan).

@@ -70,7 +70,8 @@ def require() -> Path:
         # Tagged for the CI skip policy (tests/accepted_skips.txt does not accept it): in CI a
         # missing tree fails these tests instead of letting them pass as skipped.
         _skip(f"[no-vllm-src] vLLM's sources are needed: set {ENV} to a vLLM source tree "
-              "(.ci/run uses ../shared/vllm-017e9f4448)")
+              "(tools/test.sh copies the kv_offload part of each ../shared/vllm-*-engine tree into "
+              "build/cpu/vllm-src/ with tools/vllm_src_view.py and points it there)")
     if _installed is not None:
         if _installed != src:
             raise VllmTreeError(f"{ENV} changed from {_installed} to {src} within one process")

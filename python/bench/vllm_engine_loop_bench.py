@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""vLLM's scheduler step time with KvoffloadSpec against vLLM's CPUOffloadingSpec, in vLLM's real
+engine loop (python/engine_tests/engine_loop.py: Scheduler + OffloadingConnector), on the same
+random request streams (engine_loop.make_stream: shared prefixes, repeated prompts, preemption,
+aborts).
+
+Per spec and stream it reports:
+- the scheduler's time per engine step: Scheduler.schedule() + Scheduler.update_from_output(),
+  the scheduler-side connector and its OffloadingManager included (worker copies and the test
+  forward pass are not);
+- the time spent inside the OffloadingManager's methods per step (each call timed by a thin
+  proxy, engine_loop.TimingManager, the same for both specs).
+
+Both specs process identical work: every job completes within its step (engine_loop's
+CompletionGate), so both schedulers see the same stream of events (python/engine_tests/
+test_differential.py checks that they do). Best of --repeat runs.
+
+Run under the vLLM harness (build first; ../shared/vllm-harness/setup.sh or
+tools/vllm-engine-tests.sh once):
+  PYTHONPATH=../shared/vllm-harness/boot VLLM_HARNESS_TREE=../shared/vllm-7cfb97e3-engine \\
+  VLLM_HARNESS_EXTRA_PATH=build/cpu/python:python/engine_tests \\
+  VLLM_HARNESS_PYDEPS=build/cpu/vllm-harness/pydeps \\
+    /usr/bin/python3 python/bench/vllm_engine_loop_bench.py [--steps 400] [--json]
+"""
+
+import argparse
+import gc
+import json
+import logging
+import statistics
+import tempfile
+
+
+def measure(spec, args, bpc):
+    from engine_loop import Engine, make_stream, run_stream, spec_config
+
+    stream = make_stream(args.seed, steps=args.steps, block=args.block, max_prompt_blocks=args.max_prompt_blocks)
+    best = None
+    for _ in range(args.repeat):
+        with tempfile.TemporaryDirectory() as shm:
+            extra = spec_config(spec, cpu_blocks=args.cpu_blocks // bpc, block_size=args.block,
+                                blocks_per_chunk=bpc, policy=args.policy, store_threshold=1,
+                                shm_dir=shm, page_bytes=2 * args.block * 4)
+            engine = Engine(extra, block_size=args.block, num_gpu_blocks=args.gpu_blocks,
+                            max_num_batched_tokens=args.batch_tokens, record=False)
+            stream_copy = [(list(a), list(b), c) for a, b, c in stream]
+            for i, (adds, aborts, _) in enumerate(stream_copy):
+                stream_copy[i] = (adds, aborts, (None, None))  # every job completes in its step
+            gc.collect()
+            try:
+                run_stream(engine, stream_copy)
+            finally:
+                engine.shutdown()
+            steps = len(engine.scheduler_time)
+            result = {"steps": steps,
+                      "scheduler_us_per_step": sum(engine.scheduler_time) / steps * 1e6,
+                      "scheduler_median_us": statistics.median(engine.scheduler_time) * 1e6,
+                      "manager_us_per_step": sum(engine.manager_time) / steps * 1e6,
+                      "manager_calls": len(engine.manager_time),
+                      "manager_us_per_step_by_method": {
+                          k: v / steps * 1e6 for k, v in sorted(
+                              engine.scheduler.connector.connector_scheduler.manager.by_method.items())}}
+        if best is None or result["scheduler_us_per_step"] < best["scheduler_us_per_step"]:
+            best = result
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--block", type=int, default=16)
+    ap.add_argument("--gpu-blocks", type=int, default=256)
+    ap.add_argument("--cpu-blocks", type=int, default=2048)
+    ap.add_argument("--max-prompt-blocks", type=int, default=60)
+    ap.add_argument("--batch-tokens", type=int, default=2048)
+    ap.add_argument("--policy", default="lru", choices=["lru", "arc"])
+    ap.add_argument("--bpc", default="1,4", help="GPU blocks per chunk to run, comma-separated")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    rows = []
+    for bpc in (int(b) for b in args.bpc.split(",")):
+        cpu = measure("cpu", args, bpc)
+        kvo = measure("kvoffload", args, bpc)
+        assert cpu["steps"] == kvo["steps"] and cpu["manager_calls"] == kvo["manager_calls"], (cpu, kvo)
+        rows.append({"blocks_per_chunk": bpc, "policy": args.policy, "CPUOffloadingSpec": cpu,
+                     "KvoffloadSpec": kvo,
+                     "scheduler_speedup": cpu["scheduler_us_per_step"] / kvo["scheduler_us_per_step"],
+                     "manager_speedup": cpu["manager_us_per_step"] / kvo["manager_us_per_step"]})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{args.steps} stream steps, seed {args.seed}, {args.gpu_blocks} GPU blocks of {args.block} "
+          f"tokens, {args.cpu_blocks} CPU blocks, {args.policy}; best of {args.repeat}")
+    print(f"{'bpc':>3} {'spec':<18} {'steps':>5} {'sched us/step':>13} {'median':>8} "
+          f"{'manager us/step':>15} {'calls':>6}")
+    for row in rows:
+        for name in ("CPUOffloadingSpec", "KvoffloadSpec"):
+            r = row[name]
+            print(f"{row['blocks_per_chunk']:>3} {name:<18} {r['steps']:>5} {r['scheduler_us_per_step']:>13.1f} "
+                  f"{r['scheduler_median_us']:>8.1f} {r['manager_us_per_step']:>15.1f} {r['manager_calls']:>6}")
+        print(f"    scheduler step {row['scheduler_speedup']:.2f}x, manager {row['manager_speedup']:.2f}x "
+              "(CPUOffloadingSpec time / KvoffloadSpec time)")
+
+
+if __name__ == "__main__":
+    main()

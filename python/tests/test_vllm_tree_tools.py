@@ -1,0 +1,113 @@
+# The tools that run the vLLM backend's tests on each vLLM commit: tools/vllm_src_view.py (the
+# kv_offload part of an engine tree, for python/tests/vllm_real) and tools/ci/junit_report.py (a
+# run under the vLLM harness as a report for tools/ci/test_summary.py, with its skip policy).
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+VIEW = ROOT / "tools" / "vllm_src_view.py"
+JUNIT = ROOT / "tools" / "ci" / "junit_report.py"
+
+KV_OFFLOAD_FILES = [
+    "vllm/v1/kv_offload/base.py",
+    "vllm/v1/kv_offload/tiering/fs/manager.py",
+    "vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py",
+    "vllm/distributed/kv_transfer/kv_connector/v1/base.py",
+    "vllm/distributed/kv_transfer/kv_connector/v1/metrics.py",
+    "vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
+    "vllm/config/kv_transfer.py",
+    "tests/v1/kv_offload/cpu/test_manager.py",
+    "tests/v1/kv_connector/unit/test_offloading_connector.py",
+    "docs/features/kv_offloading_usage.md",
+    "LICENSE",
+]
+OTHER_FILES = [
+    "vllm/__init__.py",
+    "vllm/config/cache.py",
+    "vllm/v1/core/kv_cache_utils.py",
+    "vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+    "tests/v1/kv_connector/unit/utils.py",
+    "README.md",
+]
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def test_the_view_holds_exactly_the_kv_offload_files_byte_for_byte(tmp_path):
+    tree = tmp_path / "tree"
+    for i, rel in enumerate(KV_OFFLOAD_FILES + OTHER_FILES):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_bytes(f"{rel} {i}\n".encode())
+    out = tmp_path / "view"
+    (out / "stale").mkdir(parents=True)
+    done = run(VIEW, tree, out)
+    assert done.returncode == 0, done.stderr
+    copied = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert copied == sorted(KV_OFFLOAD_FILES)
+    assert all((out / rel).read_bytes() == (tree / rel).read_bytes() for rel in KV_OFFLOAD_FILES)
+    (tree / "LICENSE").unlink()
+    done = run(VIEW, tree, out)
+    assert done.returncode == 1 and "lacks ['LICENSE']" in done.stderr
+    done = run(VIEW, tmp_path / "nothing", out)
+    assert done.returncode == 1 and "is not a vLLM tree" in done.stderr
+
+
+def junit(path, cases):
+    body = []
+    for name, outcome, message in cases:
+        inner = {"passed": "", "failed": '<failure message="boom"/>',
+                 "skipped": f'<skipped type="pytest.skip" message="{message}"/>'}[outcome]
+        body.append(f'<testcase classname="tests.x.test_worker" name="{name}">{inner}</testcase>')
+    path.write_text(f'<testsuites><testsuite name="pytest">{"".join(body)}</testsuite></testsuites>')
+    return path
+
+
+def test_a_harness_run_becomes_a_report_with_the_ci_skip_policy(tmp_path):
+    ci = {"KVOFFLOAD_CI_NO_SKIPS": "1"}
+    known = ("test_register_kv_caches[backend0]", "skipped",
+             "got empty parameter set ['backend'], function test_register_kv_caches")
+    xml = junit(tmp_path / "a.xml", [("test_a", "passed", ""), known])
+    done = run(JUNIT, xml, "suite-a", tmp_path / "reports", env=ci)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "reports" / "suite-a.json").read_text())
+    assert (report["ran"], report["failed"], report["skipped"]) == (1, 0, 1)
+    assert report["skips"][0]["tag"] == "vllm-gpu-platform" and report["skips"][0]["accepted"]
+    # Any other skip fails in CI, and only there.
+    xml = junit(tmp_path / "b.xml", [("test_a", "passed", ""), ("test_b", "skipped", "no redis")])
+    assert run(JUNIT, xml, "suite-b", tmp_path / "reports", env=ci).returncode == 1
+    assert run(JUNIT, xml, "suite-b", tmp_path / "reports", env={"KVOFFLOAD_CI_NO_SKIPS": "0"}).returncode == 0
+    # The known skip's message on another test is not accepted either.
+    xml = junit(tmp_path / "c.xml", [("test_a", "passed", ""),
+                                     ("test_other", "skipped", "got empty parameter set ['x']")])
+    assert run(JUNIT, xml, "suite-c", tmp_path / "reports", env=ci).returncode == 1
+    # A failure, a run with nothing run, and no report at all fail.
+    xml = junit(tmp_path / "d.xml", [("test_a", "failed", "")])
+    assert run(JUNIT, xml, "suite-d", tmp_path / "reports").returncode == 1
+    xml = junit(tmp_path / "e.xml", [])
+    done = run(JUNIT, xml, "suite-e", tmp_path / "reports")
+    assert done.returncode == 1 and "no test ran" in done.stderr
+    done = run(JUNIT, tmp_path / "missing.xml", "suite-f", tmp_path / "reports")
+    assert done.returncode == 1 and "no pytest report" in done.stderr
+
+
+def test_the_engine_loop_tests_fail_without_their_trees_never_skip(tmp_path):
+    script = ROOT / "tools" / "vllm-engine-tests.sh"
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    env = {**os.environ, "KVOFFLOAD_VLLM_HARNESS": str(tmp_path / "none")}
+    done = subprocess.run([str(script)], capture_output=True, text=True, env=env)
+    assert done.returncode == 1 and "no vLLM harness at" in done.stderr, done.stderr
+    for name in ("setup.sh", "run-vllm-tests.sh"):
+        (harness / name).write_text("#!/bin/sh\nexit 0\n")
+        (harness / name).chmod(0o755)
+    env = {**os.environ, "KVOFFLOAD_VLLM_HARNESS": str(harness),
+           "KVOFFLOAD_VLLM_ENGINE_TREES": f"{tmp_path / 'tree-a'}:{tmp_path / 'tree-b'}"}
+    done = subprocess.run([str(script)], capture_output=True, text=True, env=env)
+    assert done.returncode == 1, done.stderr
+    assert f"no vLLM engine tree at {tmp_path / 'tree-a'}" in done.stderr
