@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test from a fresh clone: dependencies, the CPU preset, ctest (label cpu)
 # and the Python tests against Debian's /usr/bin/python3 (the vLLM backend's against vLLM's
-# sources in $KVOFFLOAD_VLLM_SRC, default ../shared/vllm-017e9f4448 when it exists); then says how
+# sources in $KVOFFLOAD_VLLM_SRC, default ../shared/vllm-017e9f4448 when it exists; the SGLang
+# backend's against $KVOFFLOAD_SGLANG_SRC, default ../shared/sglang-17313cf4b2); then says how
 # many cases ran and how many were skipped, and why (tools/ci/test_summary.py). With
 # KVOFFLOAD_CI_NO_SKIPS=1 (.ci/run sets it) a skip whose reason tests/accepted_skips.txt does not
 # list fails the run.
@@ -29,6 +30,15 @@ if [[ -d python/tests ]]; then
   PYTHONPATH="$PWD/build/cpu/python" KVOFFLOAD_TEST_BIN_DIR="$PWD/build/cpu/bin" \
     KVOFFLOAD_TEST_REPORT_DIR="$reports" \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests || status=$?
+  # The SGLang backend's tests import SGLang's own HiCache files from KVOFFLOAD_SGLANG_SRC (next to
+  # a checkout here, ../shared/sglang-17313cf4b2) with Debian's real torch, so they run in their
+  # own pytest process (python/tests stubs torch for vLLM). Without the tree they skip, naming it.
+  if [[ -z ${KVOFFLOAD_SGLANG_SRC:-} && -f ../shared/sglang-17313cf4b2/python/sglang/srt/mem_cache/hicache_storage.py ]]; then
+    export KVOFFLOAD_SGLANG_SRC="$(cd ../shared/sglang-17313cf4b2 && pwd)"
+  fi
+  PYTHONPATH="$PWD/build/cpu/python" KVOFFLOAD_TEST_REPORT_DIR="$reports" \
+    KVOFFLOAD_PYTEST_SUITE=pytest-sglang \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests_sglang || status=$?
 fi
 /usr/bin/python3 tools/ci/test_summary.py "$reports" || status=$?
 exit "$status"

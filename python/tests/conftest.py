@@ -112,7 +112,9 @@ def pytest_terminal_summary(terminalreporter):
     report_dir = os.environ.get("KVOFFLOAD_TEST_REPORT_DIR")
     if report_dir:
         os.makedirs(report_dir, exist_ok=True)
-        with open(os.path.join(report_dir, "pytest.json"), "w") as f:
-            json.dump({"runner": "pytest", "suite": "pytest", "ran": ran, "failed": failed,
+        # One report per pytest process (python/tests_sglang runs in its own, under another name).
+        suite = os.environ.get("KVOFFLOAD_PYTEST_SUITE", "pytest")
+        with open(os.path.join(report_dir, f"{suite}.json"), "w") as f:
+            json.dump({"runner": "pytest", "suite": suite, "ran": ran, "failed": failed,
                        "skipped": len(skips), "skips": records}, f)
             f.write("\n")

@@ -30,6 +30,7 @@ packages=(
   sasl2-bin            # saslpasswd2: the memcached SASL test writes its server's sasldb
   libcpp-httplib-dev python3-prometheus-client
   pyflakes3   # the Python linter (tools/ci/lint-python.sh, ctest python_lint)
+  python3-torch   # SGLang's host pools and controller in python/tests_sglang (real tensors)
 )
 # Debian's HIP toolchain: the hip preset, and gpu-auto where hipcc exists. rocPRIM is header-only
 # and needed by the HIP kernels (rocprim::block_scan).
