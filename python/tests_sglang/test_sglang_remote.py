@@ -389,3 +389,35 @@ def test_bad_configuration_is_refused_naming_the_value(extra, match):
 def test_zero_copy_refuses_a_layout_it_does_not_serve():
     with pytest.raises(ValueError, match="interface_v1 with the host layout 'layer_first'"):
         env.backend(env.host_pool(layout="layer_first"), remote("redis://127.0.0.1:1"))
+
+
+# Adapted from SGLang's test_mooncake_group_semantics.py (the key and pointer-layout checks):
+# piece j of page i is the bytes at get_page_buffer_meta's pointer i * pieces + j, stored under
+# its own key, and a page with one piece already held gets the other written and reports True.
+@pytest.mark.parametrize("kind,layout", LAYOUTS)
+def test_each_piece_is_the_bytes_at_its_pointer(redis, kind, layout, request):
+    pool = env.host_pool(kind, layout)
+    b = env.backend(pool, remote(redis.url, namespace=request.node.name))
+    keys = ["page0", "page1", "page2"]
+    hi = pool.alloc(3 * env.PAGE)
+    ptrs, sizes = pool.get_page_buffer_meta(hi)
+    assert len(ptrs) == 3 * b.pieces == 3 * (1 if kind == "mla" else 2)
+    assert b.batch_set_v1(keys, hi) == [True] * 3
+    flat, base = env.buffer(pool).flatten(), pool.kv_buffer.data_ptr()
+    store_keys = set()
+    for i, key in enumerate(keys):
+        for j in range(b.pieces):
+            sk = b.store_key(key, piece=j)
+            store_keys.add(sk)
+            value = redis.command(b"GET", sk.encode())
+            p, s = ptrs[i * b.pieces + j], sizes[i * b.pieces + j]
+            assert value[-s:] == bytes(flat[p - base:p - base + s].numpy())  # header, then piece
+    assert len(store_keys) == 3 * b.pieces
+    # One piece of page 1 lost: a second backup writes it again and reports the page stored.
+    redis.cli("DEL", b.store_key("page1", piece=b.pieces - 1))
+    fresh = env.backend(pool, remote(redis.url, namespace=request.node.name))
+    assert fresh.batch_exists(keys) == 1
+    assert fresh.batch_set_v1(keys, hi) == [True] * 3
+    assert fresh.batch_exists(keys) == 3
+    b.close()
+    fresh.close()
