@@ -23,8 +23,9 @@ SGLang loads it as a dynamic backend::
   yet (refused with that reason).
 
 What every call promises SGLang (whose storage threads die on an exception, switching L3 off for
-the life of the process): it returns within the remote tier's deadlines, each at most
-:data:`MAX_CALL_MS` (SGLang's smallest prefetch budget), even when the store is dead or frozen;
+the life of the process): it returns within the remote tier's deadlines (an existence check or
+a load at most :data:`MAX_CALL_MS`, SGLang's smallest prefetch budget; a backup within
+``put_timeout_ms``), even when the store is dead or frozen;
 a failure is a miss (``False`` / a shorter hit count / ``None`` from the legacy ``get``), never an
 exception and never ``None`` from a v1 call. Pages are checksummed and carry their key and
 layout: a damaged or foreign value is a miss. Keys carry the model, the parallel layout (TP rank
@@ -79,8 +80,11 @@ _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "pr
                 "prefetch_timeout_base", "prefetch_timeout_per_ki_token", "prefetch_timeout_max",
                 "hicache_storage_pass_prefix_keys", "tp_lcm_size")
 _V1_LAYOUTS = ("page_first", "page_first_direct")
-_REMOTE_DEFAULTS_MS = {"lookup_timeout_ms": 500, "get_timeout_ms": 1000, "put_timeout_ms": 1000}
-_BOUNDED_MS = ("connect_timeout_ms", "lookup_timeout_ms", "get_timeout_ms", "put_timeout_ms")
+# Lookups and gets run inside SGLang's prefetch budget, so each is capped by its smallest value
+# (_BOUNDED_MS); puts run on SGLang's backup thread, which has no budget (a backup that times out
+# is retried by a later write), so put_timeout_ms only bounds how long that thread waits.
+_REMOTE_DEFAULTS_MS = {"lookup_timeout_ms": 500, "get_timeout_ms": 2000, "put_timeout_ms": 5000}
+_BOUNDED_MS = ("connect_timeout_ms", "lookup_timeout_ms", "get_timeout_ms")
 _REMOTE_KEYS = ("url", "namespace", *_remote_options.KEYS)
 _FILE_KEYS = ("root_dir", "namespace", "capacity_bytes", "io_threads", "read_threads",
               "direct_io", "fsync")

@@ -82,15 +82,16 @@ class Controller:
     (its constructor needs device pools and process groups; the attributes its storage paths read
     are set as attach_storage_backend sets them)."""
 
-    def __init__(self, pool, storage):
+    def __init__(self, pool, storage, config=None):
+        config = config or storage.config  # KvoffloadStorage keeps it; HiCacheFile does not
         ctl = object.__new__(cc.HiCacheController)
         ctl.storage_backend, ctl.mem_pool_host = storage, pool
         ctl.page_size = pool.page_size
         ctl.has_draft = False
-        ctl.storage_config = storage.config
-        ctl.backup_skip = storage.config.is_mla_model and storage.config.tp_rank != 0
+        ctl.storage_config = config
+        ctl.backup_skip = config.is_mla_model and config.tp_rank != 0
         ctl.get_hash_str = lambda toks, prior, page_size: page_hashes(toks, page_size)
-        if storage.config.extra_config.get("interface_v1"):
+        if config.extra_config.get("interface_v1"):
             ctl.page_get_func, ctl.page_set_func = ctl._page_get_zero_copy, ctl._page_set_zero_copy
         else:
             ctl.page_get_func, ctl.page_set_func = ctl._generic_page_get, ctl._generic_page_set
@@ -99,7 +100,8 @@ class Controller:
 
     def backup(self, host_indices, tokens) -> int:
         """What backup_thread_func does with one write: returns the tokens it completed."""
-        op = cc.StorageOperation(host_indices, tokens, hash_value=page_hashes(tokens))
+        op = cc.StorageOperation(host_indices, tokens,
+                                 hash_value=page_hashes(tokens, self.ctl.page_size))
         if not self.ctl.backup_skip:
             self.ctl._page_backup(op)
         return op.completed_tokens

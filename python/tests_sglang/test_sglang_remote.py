@@ -293,7 +293,8 @@ def test_a_killed_store_gives_misses_and_is_used_again_when_back(fresh_redis):
 
 def test_a_frozen_store_gives_misses_within_the_deadlines(fresh_redis):
     pool = env.host_pool()
-    b = env.backend(pool, remote(fresh_redis.url, breaker_backoff_max_ms=200))
+    b = env.backend(pool, remote(fresh_redis.url, breaker_backoff_max_ms=200,
+                                 put_timeout_ms=1000))
     keys = env.page_hashes(list(range(128 * env.PAGE)))
     hi = pool.alloc(len(keys) * env.PAGE)
     assert b.batch_set_v1(keys[:4], hi[:4 * env.PAGE]) == [True] * 4
@@ -378,6 +379,8 @@ def test_clear_forgets_and_close_turns_calls_into_misses(redis, request):
     ({"kvoffload_backend": "remote"}, "'url' is required"),
     (remote("redis://127.0.0.1:1", colour="red"), r"unknown keys \['colour'\]"),
     (remote("redis://127.0.0.1:1", get_timeout_ms=2500), "get_timeout_ms=2500 exceeds 2000 ms"),
+    (remote("redis://127.0.0.1:1", connect_timeout_ms=2001), "connect_timeout_ms=2001 exceeds"),
+    (remote("redis://127.0.0.1:1", lookup_timeout_ms=5000), "lookup_timeout_ms=5000 exceeds"),
     (remote("redis://127.0.0.1:1", lookup_timeout_ms=-1), "lookup_timeout_ms=-1 must be"),
     (remote("ftp://127.0.0.1:1"), "ftp"),
 ])
