@@ -614,6 +614,8 @@ class SglangStoreCore:
         """Reads each page's pieces in place; one bool per page."""
     def exists(self, keys: Sequence, pieces: int, piece_bytes: int, tag: int, budget_ms: int) -> int:
         """How many pages from the first have every piece present."""
+    def take_last_failure(self) -> str:
+        """The last failed item's reason since the previous call (an error, not a miss); "" when none."""
     def clear(self) -> None: ...
     def stats(self) -> list:
         """[(value bytes (0: file), 'remote' | 'file', stats dict)] per tier opened."""

@@ -308,6 +308,7 @@ class KvoffloadStorage(HiCacheStorage):
             start = time.perf_counter()
             ok = (core.get if load else core.put)(list(keys), ptrs, sizes, _V1_TAG)
             self._record(load, sum(ok), sum(sizes) * sum(ok) / n, time.perf_counter() - start)
+            self._warn_failure(core, "batch_get_v1" if load else "batch_set_v1", ok)
             return ok
         except Exception as err:  # noqa: BLE001 - SGLang's thread must not see it
             self._warn("get" if load else "set", "%s: %s of %d pages failed, answered as %s: %s",
@@ -336,6 +337,7 @@ class KvoffloadStorage(HiCacheStorage):
             start = time.perf_counter()
             ok = core.get(list(keys), [b.data_ptr() for b in bufs],
                           [b.numel() * b.element_size() for b in bufs], _LEGACY_TAG)
+            self._warn_failure(core, "batch_get", ok)
             out = []
             for t, b, hit in zip(target_locations, bufs, ok):
                 if hit and b is not t:
@@ -371,6 +373,7 @@ class KvoffloadStorage(HiCacheStorage):
             start = time.perf_counter()
             ok = core.put(list(keys), [b.data_ptr() for b in bufs],
                           [b.numel() * b.element_size() for b in bufs], _LEGACY_TAG)
+            self._warn_failure(core, "batch_set", ok)
             self._record(False, sum(ok), sum(b.numel() * b.element_size()
                                              for b, hit in zip(bufs, ok) if hit),
                          time.perf_counter() - start)
@@ -455,6 +458,13 @@ class KvoffloadStorage(HiCacheStorage):
         with self._lock:
             self._metrics[f"{side}_pgs"].append(pages)
             self._metrics[f"{side}_bandwidth"].append(nbytes / max(seconds, 1e-9) / (1 << 30))
+
+    def _warn_failure(self, core, call: str, ok: List[bool]) -> None:
+        """A call whose pages failed for an error (not a miss): say why, rate-limited."""
+        why = core.take_last_failure()
+        if why:
+            self._warn(call, "%s: %s: %d of %d pages failed (last: %s)", call,
+                       ok.count(False), len(ok), why)
 
     def _warn(self, kind: str, msg: str, *args) -> None:
         now = time.monotonic()

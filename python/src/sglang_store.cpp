@@ -329,11 +329,27 @@ class SglangStoreCore {
     for (const auto& [batch, items] : batches) {
       const std::vector<TierItemResult> results = batch.wait();  // Note [Bounded calls]
       for (std::size_t n = 0; n < results.size(); ++n) {
-        if (results[n].status != TierItemStatus::kOk) ok[(*items)[n] / p.pieces] = false;
+        if (results[n].status == TierItemStatus::kOk) continue;
+        ok[(*items)[n] / p.pieces] = false;
+        if (results[n].status == TierItemStatus::kFailed) note_failure(results[n]);
       }
     }
   }
 
+  void note_failure(const TierItemResult& r) {
+    std::lock_guard lock(mutex_);
+    last_failure_ = std::string(to_string(r.status)) + (r.detail.empty() ? "" : ": " + r.detail);
+  }
+
+ public:
+  // The last item failure (an error, not a miss) of any call, for the caller's warning; "" none.
+  std::string take_last_failure() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(last_failure_, std::string());
+  }
+
+ private:
+  std::string last_failure_;
   std::optional<RemoteTierOptions> remote_;
   std::optional<FileTierOptions> file_;
   mutable std::mutex mutex_;
@@ -395,6 +411,9 @@ FileTier, each call bounded (waits only on the tier's own deadlines, GIL release
       .def("exists", &SglangStoreCore::exists, py::arg("keys"), py::arg("pieces"),
            py::arg("piece_bytes"), py::arg("tag"), py::arg("budget_ms"),
            "How many pages from the first have every piece present.")
+      .def("take_last_failure", &SglangStoreCore::take_last_failure,
+           "The last failed item's reason since the previous call (an error, not a miss); \"\" "
+           "when none.")
       .def("clear", &SglangStoreCore::clear)
       .def("stats", &SglangStoreCore::stats,
            "[(value bytes (0: file), 'remote' | 'file', stats dict)] per tier opened.")

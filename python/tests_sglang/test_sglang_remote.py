@@ -274,15 +274,18 @@ def _until(predicate, what):
     raise AssertionError(what)
 
 
-def test_a_killed_store_gives_misses_and_is_used_again_when_back(fresh_redis):
+def test_a_killed_store_gives_misses_and_is_used_again_when_back(fresh_redis, caplog):
     pool = env.host_pool()
     b = env.backend(pool, remote(fresh_redis.url, breaker_backoff_max_ms=200))
     keys = env.page_hashes(list(range(128 * env.PAGE)))  # one full SGLang batch
     hi = pool.alloc(len(keys) * env.PAGE)
     assert b.batch_set_v1(keys[:1], hi[:env.PAGE]) == [True]
     fresh_redis.kill9()
-    for _ in range(3):
-        _calls_are_misses(b, pool, keys[1:], hi[env.PAGE:])
+    with caplog.at_level(logging.WARNING, logger="kvoffload.sglang"):
+        for _ in range(3):
+            _calls_are_misses(b, pool, keys[1:], hi[env.PAGE:])
+    # Failed backups say why (rate-limited), with the store's key and the tier's reason.
+    assert "batch_set_v1: 127 of 127 pages failed (last: failed: kvo1:" in caplog.text
     assert bounded(b.batch_get_v1, keys[:1], hi[:env.PAGE]) == [False]
     fresh_redis.restart()  # empty
     _until(lambda: b.batch_set_v1(keys[1:2], hi[env.PAGE:2 * env.PAGE]) == [True],
