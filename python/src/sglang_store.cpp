@@ -124,6 +124,10 @@ Pages pages_of(const py::sequence& keys, const std::vector<std::uintptr_t>& ptrs
   return p;
 }
 
+// A value's bytes on the wire beyond its payload, at most: the 64-byte header, the key and the
+// request's framing.
+constexpr std::uint64_t kWireOverhead = 256;
+
 class SglangStoreCore {
  public:
   explicit SglangStoreCore(RemoteTierOptions base) : remote_(std::move(base)) {}
@@ -290,13 +294,40 @@ class SglangStoreCore {
     return tier;
   }
 
-  // One batch per value size (remote) or one (file); waits for all of them.
+  // One batch per value size (remote) or one (file), submitted together and waited for. Remote
+  // puts go in waves of at most a quarter of the tier's send queue (max_queued_bytes, counted
+  // with each value's header and request framing), each waited for before the next: SGLang backs
+  // up 128 pages a call (1 GiB of 8 MiB pages), a put beyond the queue is refused at once rather
+  // than queued, and the queue may still hold the tail of the previous wave's accounting.
   void run(const Pages& p, std::vector<bool>& ok, bool load) {
     std::map<std::uint64_t, std::vector<std::size_t>> by_size;
     for (std::size_t i = 0; i < p.keys.size(); ++i) by_size[file_ ? 0 : p.sizes[i]].push_back(i);
+    std::vector<std::pair<std::uint64_t, std::vector<std::size_t>>> groups;
+    const bool waves = !load && remote_.has_value();
+    const std::uint64_t wave_bytes =
+        waves ? std::max<std::uint64_t>(remote_->max_queued_bytes / 4, 1) : 0;
+    for (auto& [bytes, items] : by_size) {
+      if (!waves) {
+        groups.emplace_back(bytes, std::move(items));
+        continue;
+      }
+      std::vector<std::size_t> wave;
+      std::uint64_t in_wave = 0;
+      for (const std::size_t i : items) {
+        const std::uint64_t wire = p.sizes[i] + kWireOverhead;
+        if (!wave.empty() && in_wave + wire > wave_bytes) {
+          groups.emplace_back(bytes, std::move(wave));
+          wave.clear();
+          in_wave = 0;
+        }
+        wave.push_back(i);
+        in_wave += wire;
+      }
+      if (!wave.empty()) groups.emplace_back(bytes, std::move(wave));
+    }
     std::vector<std::pair<TierBatch, const std::vector<std::size_t>*>> batches;
-    std::vector<std::shared_ptr<SecondaryTier>> held;
-    for (const auto& [bytes, items] : by_size) {
+    std::vector<std::shared_ptr<SecondaryTier>> held;  // alive until their batches are waited for
+    for (const auto& [bytes, items] : groups) {
       std::shared_ptr<SecondaryTier> tier;
       try {
         tier = tier_for(bytes);
@@ -304,36 +335,45 @@ class SglangStoreCore {
         for (const std::size_t i : items) ok[i / p.pieces] = false;
         continue;
       }
-      TierBatch batch;
-      if (load) {
-        std::vector<TierGet> gets;
-        gets.reserve(items.size());
-        for (const std::size_t i : items) {
-          gets.push_back({p.keys[i], std::span<std::byte>(reinterpret_cast<std::byte*>(p.ptrs[i]),
-                                                          p.sizes[i])});
-        }
-        batch = tier->get(gets);
-      } else {
-        std::vector<TierPut> puts;
-        puts.reserve(items.size());
-        for (const std::size_t i : items) {
-          puts.push_back(
-              {p.keys[i], std::span<const std::byte>(reinterpret_cast<const std::byte*>(p.ptrs[i]),
-                                                     p.sizes[i])});
-        }
-        batch = tier->put(puts);
-      }
-      batches.emplace_back(std::move(batch), &items);
+      batches.emplace_back(submit(*tier, p, items, load), &items);
       held.push_back(std::move(tier));
+      if (waves) collect(batches, p, ok);
     }
+    collect(batches, p, ok);
+  }
+
+  static TierBatch submit(SecondaryTier& tier, const Pages& p,
+                          const std::vector<std::size_t>& items, bool load) {
+    if (load) {
+      std::vector<TierGet> gets;
+      gets.reserve(items.size());
+      for (const std::size_t i : items) {
+        gets.push_back(
+            {p.keys[i], std::span<std::byte>(reinterpret_cast<std::byte*>(p.ptrs[i]), p.sizes[i])});
+      }
+      return tier.get(gets);
+    }
+    std::vector<TierPut> puts;
+    puts.reserve(items.size());
+    for (const std::size_t i : items) {
+      puts.push_back({p.keys[i], std::span<const std::byte>(
+                                     reinterpret_cast<const std::byte*>(p.ptrs[i]), p.sizes[i])});
+    }
+    return tier.put(puts);
+  }
+
+  // Waits for every batch (Note [Bounded calls]) and marks the pages whose pieces failed.
+  void collect(std::vector<std::pair<TierBatch, const std::vector<std::size_t>*>>& batches,
+               const Pages& p, std::vector<bool>& ok) {
     for (const auto& [batch, items] : batches) {
-      const std::vector<TierItemResult> results = batch.wait();  // Note [Bounded calls]
+      const std::vector<TierItemResult> results = batch.wait();
       for (std::size_t n = 0; n < results.size(); ++n) {
         if (results[n].status == TierItemStatus::kOk) continue;
         ok[(*items)[n] / p.pieces] = false;
         if (results[n].status == TierItemStatus::kFailed) note_failure(results[n]);
       }
     }
+    batches.clear();
   }
 
   void note_failure(const TierItemResult& r) {

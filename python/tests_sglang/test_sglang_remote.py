@@ -427,3 +427,17 @@ def test_each_piece_is_the_bytes_at_its_pointer(redis, kind, layout, request):
     assert fresh.batch_exists(keys) == 3
     b.close()
     fresh.close()
+
+
+def test_a_backup_larger_than_the_send_queue_goes_in_waves(redis, request):
+    # SGLang backs up 128 pages a call (1 GiB of 8 MiB pages); the remote tier refuses puts beyond
+    # max_queued_bytes at once, so the backend sends them in waves of half of it.
+    pool = env.host_pool()
+    b = env.backend(pool, remote(redis.url, namespace=request.node.name,
+                                 max_queued_bytes=8 * 1024, max_inflight_bytes=8 * 1024))
+    keys = env.page_hashes(list(range(128 * env.PAGE)))
+    hi = pool.alloc(128 * env.PAGE)
+    assert b.batch_set_v1(keys, hi) == [True] * 128
+    assert b.batch_exists(keys) == 128
+    assert b.stats()["put_errors"] == 0 and b.stats()["tasks"] >= 20  # 20 waves of 4 KiB
+    b.close()
