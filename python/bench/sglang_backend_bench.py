@@ -136,7 +136,8 @@ def file_bench(args):
             shutil.rmtree(args.dir, ignore_errors=True)
             os.makedirs(args.dir)
             storage = env.backend(pool, {"kvoffload_backend": "file", "root_dir": args.dir,
-                                         "io_threads": args.threads})
+                                         "io_threads": args.threads,
+                                         "direct_io": not args.buffered})
             t_set, t_get = run_backend(pool, storage, tokens, hi, ref)
             storage.close()
             best["kvo_set"] = max(best["kvo_set"], args.pages * size / t_set / 2**20)
@@ -165,6 +166,8 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=4,
                     help="remote: connections per node, and redis-benchmark's -c")
     ap.add_argument("--threads", type=int, default=8, help="file: kvoffload's io_threads")
+    ap.add_argument("--buffered", action="store_true",
+                    help="file: kvoffload without O_DIRECT (through the page cache, as HiCacheFile)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", choices=["file", "remote"])
     ap.add_argument("--json", action="store_true")
