@@ -2,7 +2,8 @@
 # Builds and runs every test from a fresh clone: dependencies, the CPU preset, ctest (label cpu)
 # and the Python tests against Debian's /usr/bin/python3 (the vLLM backend's against vLLM's
 # sources in $KVOFFLOAD_VLLM_SRC, by default against each supported vLLM commit's tree in
-# ../shared), vLLM's engine loop on each supported commit (tools/vllm-engine-tests.sh); then says how
+# ../shared), vLLM's engine loop on each supported commit (tools/vllm-engine-tests.sh), the SGLang
+# backend's against $KVOFFLOAD_SGLANG_SRC (default ../shared/sglang-17313cf4b2); then says how
 # many cases ran and how many were skipped, and why (tools/ci/test_summary.py). With
 # KVOFFLOAD_CI_NO_SKIPS=1 (.ci/run sets it) a skip whose reason tests/accepted_skips.txt does not
 # list fails the run.
@@ -50,6 +51,15 @@ if [[ -d python/tests ]]; then
     echo "=== test.sh: the vLLM backend's tests against $src"
     run_python_tests "$src" "pytest-$(basename "$src")" python/tests/test_vllm_*.py || status=$?
   done
+  # The SGLang backend's tests import SGLang's own HiCache files from KVOFFLOAD_SGLANG_SRC (next to
+  # a checkout here, ../shared/sglang-17313cf4b2) with Debian's real torch, so they run in their
+  # own pytest process (python/tests stubs torch for vLLM). Without the tree they skip, naming it.
+  if [[ -z ${KVOFFLOAD_SGLANG_SRC:-} && -f ../shared/sglang-17313cf4b2/python/sglang/srt/mem_cache/hicache_storage.py ]]; then
+    export KVOFFLOAD_SGLANG_SRC="$(cd ../shared/sglang-17313cf4b2 && pwd)"
+  fi
+  PYTHONPATH="$PWD/build/cpu/python" KVOFFLOAD_TEST_REPORT_DIR="$reports" \
+    KVOFFLOAD_TEST_REPORT_SUITE=pytest-sglang \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests_sglang || status=$?
 fi
 # vLLM's own OffloadingConnector tests and kvoffload's engine-loop tests (python/engine_tests), in
 # vLLM's real engine loop on each supported vLLM commit, with the vLLM harness in ../shared. Without

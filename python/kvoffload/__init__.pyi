@@ -39,5 +39,6 @@ from ._kvoffload import parse_remote_url as parse_remote_url
 from ._kvoffload import remote_value_bytes as remote_value_bytes
 from ._kvoffload import RemoteTierOptions as RemoteTierOptions
 from ._kvoffload import VllmTierCore as VllmTierCore
+from ._kvoffload import SglangStoreCore as SglangStoreCore
 
 __all__: list[str]

@@ -3,7 +3,7 @@
 
 import os
 
-from typing import Any, ClassVar, List, Optional, Tuple
+from typing import Any, ClassVar, List, Optional, Sequence, Tuple
 
 __version__: str
 
@@ -659,3 +659,30 @@ class VllmTierCore:
     def record_path(self, key: Any) -> str: ...
     def close(self) -> bool:
         """Drains and closes the tier (GIL released), then releases the primary buffer."""
+
+class SglangStoreCore:
+    """The C++ half of kvoffload.sglang's HiCache
+    storage backend: pages of SGLang's host KV pool read and written in place by a RemoteTier or a
+    FileTier, each call bounded (waits only on the tier's own deadlines, GIL released).
+    """
+    @staticmethod
+    def open_remote(options: RemoteTierOptions) -> SglangStoreCore:
+        """A remote store; options' geometry names the pages (its slot_bytes is set per value size). Opens no connection until prepare() or the first call."""
+    @staticmethod
+    def open_file(root: str, io_threads: int, read_threads: int, capacity_bytes: int, direct_io: bool = True, fsync: str = 'none', name: str = 'sglang-file') -> SglangStoreCore: ...
+    def prepare(self, value_bytes: int) -> None: ...
+    def put(self, keys: Sequence, ptrs: List[int], sizes: List[int], tag: int) -> List[bool]:
+        """Stores each page's pieces; one bool per page."""
+    def get(self, keys: Sequence, ptrs: List[int], sizes: List[int], tag: int) -> List[bool]:
+        """Reads each page's pieces in place; one bool per page."""
+    def exists(self, keys: Sequence, pieces: int, piece_bytes: int, tag: int, budget_ms: int) -> int:
+        """How many pages from the first have every piece present."""
+    def take_last_failure(self) -> str:
+        """The last failed item's reason since the previous call (an error, not a miss); "" when none."""
+    def clear(self) -> None: ...
+    def stats(self) -> list:
+        """[(value bytes (0: file), 'remote' | 'file', stats dict)] per tier opened."""
+    def store_key(self, key: str, tag: int, piece: int, value_bytes: int) -> str: ...
+    def record_path(self, key: str, tag: int, piece: int) -> str: ...
+    def close(self) -> bool:
+        """Drains and closes every tier. Idempotent."""

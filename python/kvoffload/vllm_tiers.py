@@ -53,6 +53,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from . import _kvoffload as _ext
 from . import vllm_compat
+from . import _remote_options
 
 __all__ = ["KvoffloadFileTier", "KvoffloadRemoteTier"]
 
@@ -77,10 +78,7 @@ def _locality(value: Any, tier: str) -> Locality | None:
         ) from None
 
 
-def _non_negative_int(name: str, value: Any, tier: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{tier}: {name}={value!r} must be an integer >= 0")
-    return value
+_non_negative_int = _remote_options.non_negative_int
 
 
 def _prefix_caching_hash_algo() -> str:
@@ -280,10 +278,6 @@ def _reject_unknown(tier: str, unknown: dict, allowed: Iterable[str]) -> None:
         raise ValueError(f"{tier}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
 
 
-_REMOTE_MS_KEYS = ("connect_timeout_ms", "lookup_timeout_ms", "get_timeout_ms", "put_timeout_ms",
-                   "breaker_backoff_ms", "breaker_backoff_max_ms", "negative_ttl_ms")
-_REMOTE_INT_KEYS = ("connections_per_node", "max_inflight_bytes", "max_queued_bytes",
-                    "breaker_failures", "memcached_item_max")
 
 
 class KvoffloadRemoteTier(_KvoffloadTier):
@@ -331,7 +325,7 @@ class KvoffloadRemoteTier(_KvoffloadTier):
                  locality: str | None = None, name: str | None = None, **options: Any):
         super().__init__(offloading_spec, primary_kv_view, tier_type,
                          enable_kv_events=enable_kv_events, locality=locality, name=name)
-        allowed = (*_REMOTE_MS_KEYS, *_REMOTE_INT_KEYS)
+        allowed = _remote_options.KEYS
         _reject_unknown(self._what, {k: v for k, v in options.items() if k not in allowed},
                         ["url", "namespace", "enable_kv_events", "locality", "name", *allowed])
         if not url:
@@ -346,9 +340,7 @@ class KvoffloadRemoteTier(_KvoffloadTier):
             str(url), slot_bytes=self._row_bytes, world_size=1, replicated=False,
             tensor_layout=layout, block_bytes=int(config.worker_kv_bytes_per_block),
             blocks_per_chunk=int(offloading_spec.blocks_per_chunk), dtype=str(config.model.dtype))
-        for key in allowed:
-            if key in options:
-                setattr(opts, key, _non_negative_int(key, options[key], self._what))
+        _remote_options.apply(opts, options, self._what)
         opts.name = self.label[0]
         opts.validate()
         self.options = opts

@@ -13,5 +13,6 @@ void bind_pool(pybind11::module_& m);
 void bind_vllm_manager(pybind11::module_& m);
 void bind_remote(pybind11::module_& m);
 void bind_vllm_tiers(pybind11::module_& m);
+void bind_sglang_store(pybind11::module_& m);
 
 }  // namespace kvoffload::python

@@ -22,4 +22,5 @@ PYBIND11_MODULE(_kvoffload, m) {
   kvoffload::python::bind_vllm_manager(m);
   kvoffload::python::bind_remote(m);
   kvoffload::python::bind_vllm_tiers(m);
+  kvoffload::python::bind_sglang_store(m);
 }
