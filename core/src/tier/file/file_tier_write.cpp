@@ -3,6 +3,7 @@
 // says and renamed into place; after ENOSPC, the oldest records evicted and the write retried until
 // it fits or nothing is left to evict (Note [Full disk]).
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,13 +42,17 @@ ItemOutcome FileTier::Impl::write_temp(std::span<const Piece> pieces,
     unlink_quietly(temp);
     return o;
   };
-  off_t at = 0;
+  // Every piece in one pwritev: one request to the device per record.
+  std::array<struct iovec, detail::DirectIo::kMaxPieces> iov{};
+  std::size_t n = 0;
   for (const Piece& piece : pieces) {
     if (piece.bytes == 0) continue;
-    if (auto o = dio.write_all(fd, piece.data, piece.bytes, used_direct, temp, at))
-      return fail_with_temp(std::move(*o));
-    at += static_cast<off_t>(piece.bytes);
+    if (n == iov.size()) return fail_with_temp(ItemOutcome::failed("write of a record", E2BIG));
+    // pwritev only reads the memory an iovec names (its iov_base is not const for preadv's sake).
+    iov[n++] = {const_cast<std::byte*>(piece.data), piece.bytes};
   }
+  if (auto o = dio.write_all(fd, std::span(iov.data(), n), used_direct, temp))
+    return fail_with_temp(std::move(*o));
   if (options.fsync != FsyncPolicy::kNone && sys.fdatasync(sys.context, fd) != 0) {
     return fail_with_temp(ItemOutcome::failed("fdatasync " + temp.string(), errno));
   }
