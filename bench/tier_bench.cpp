@@ -8,6 +8,7 @@
 // Puts use fresh keys every iteration (a held key is not rewritten); capacity (1 GiB, capped by
 // the filesystem's free space) evicts the oldest. Gets read the same kBatch records again: in
 // buffered mode they come from the page cache, with O_DIRECT from the device.
+// BM_Crc32c: the records' checksum alone, per record size (built from its source: it is internal).
 //   KVOFFLOAD_BENCH_DIR=/var/tmp build/cpu/bin/tier_bench     (a directory on the disk to test;
 //                                                               default /var/tmp)
 #include <unistd.h>
@@ -20,6 +21,8 @@
 #include <benchmark/benchmark.h>
 
 #include <kvoffload/file_tier.hpp>
+
+#include "tier/file/crc32c.hpp"
 
 namespace {
 
@@ -104,6 +107,21 @@ void BM_Get(benchmark::State& state) {
   state.counters["direct"] = t.tier->stats().direct_io ? 1 : 0;
   state.SetLabel(state.range(1) == 0 ? "odirect" : "buffered");
 }
+
+// The records' checksum alone (one thread, data in cache): what verifying costs a load per record.
+void BM_Crc32c(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  std::vector<std::byte> data(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) data[i] = static_cast<std::byte>(i * 131 + (i >> 9));
+  std::uint32_t crc = 0;
+  for (auto _ : state) {
+    crc = kvoffload::detail::crc32c(data, crc);
+    benchmark::DoNotOptimize(crc);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+}
+BENCHMARK(BM_Crc32c)->Arg(64 << 10)->Arg(256 << 10)->Arg(1 << 20)->Arg(4 << 20)->Unit(
+    benchmark::kMicrosecond);
 
 // record bytes x {0: O_DIRECT (auto), 1: buffered}
 BENCHMARK(BM_Put)

@@ -15,8 +15,9 @@ remote kvoffload's `remote` tier (KvoffloadRemoteTier) on a redis-server the ben
       server (its requests/s x block bytes).
 
 Throughput is payload bytes / wall seconds from the first submit to the last result (MiB = 2^20).
-The best of --repeat runs is reported for each; the tiers run alternately so load on a shared
-machine falls on both. vLLM's fs tier runs its pure-Python I/O path: its optional C extension
+Each of --repeat repetitions runs both sides back to back, alternating which goes first, so load
+on a shared machine falls on both; reported are the medians of MiB/s and of the per-repetition
+ratios (each repetition's kvoffload figure over the reference's of the same repetition). vLLM's fs tier runs its pure-Python I/O path: its optional C extension
 (vllm.fs_io_C) is compiled code that is not part of the vLLM source tree.
 
 Run (build first; as root or with a writable --dir on a real disk):
@@ -31,6 +32,7 @@ import json
 import mmap
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -149,6 +151,26 @@ def bench_pair(name, tier, primary, block, per_job, tag, job_base):
     return total / store_s / 2**20, total / load_s / 2**20
 
 
+def summary(reps):
+    """Medians of per-repetition (store, load) MiB/s."""
+    return {"store": statistics.median(r[0] for r in reps),
+            "load": statistics.median(r[1] for r in reps)}
+
+
+def ratios(ours, theirs):
+    """Per-repetition ratios (repetition i of ours over repetition i of the reference, run
+    back to back) and their medians: the machine's load changes between repetitions, far less
+    within one."""
+    store = [a[0] / b[0] for a, b in zip(ours, theirs)]
+    load = [a[1] / b[1] for a, b in zip(ours, theirs)]
+    return {"store_ratio": statistics.median(store), "load_ratio": statistics.median(load),
+            "store_ratios": store, "load_ratios": load}
+
+
+def fmt(values):
+    return "/".join(f"{v:.2f}" for v in values)
+
+
 def file_bench(args, sizes):
     from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
@@ -170,14 +192,14 @@ def file_bench(args, sizes):
             "kvoffload_file": KvoffloadFileTier(spec, primary.view, "file", root_dir=str(root),
                                                 capacity_bytes=1 << 50, **threads),
         }
-        best = {name: [0.0, 0.0] for name in tiers}
+        reps = {name: [] for name in tiers}  # (store, load) MiB/s per repetition
         try:
             for rep in range(args.repeat):
                 order = list(tiers) if rep % 2 == 0 else list(reversed(tiers))
                 for name in order:
-                    s, l = bench_pair(name, tiers[name], primary, block, args.blocks_per_job,
-                                      f"{name}/{block}/{rep}", rep * 10_000_000)
-                    best[name] = [max(best[name][0], s), max(best[name][1], l)]
+                    reps[name].append(bench_pair(name, tiers[name], primary, block,
+                                                 args.blocks_per_job, f"{name}/{block}/{rep}",
+                                                 rep * 10_000_000))
                     # Keep the disk use bounded: vLLM's round of files goes (kvoffload's tier
                     # keeps its records; the directory goes after the last round).
                     if name == "vllm_fs":
@@ -191,18 +213,16 @@ def file_bench(args, sizes):
             primary.release()
             shutil.rmtree(root, ignore_errors=True)
         row = {"block": block, "blocks": blocks, "threads": args.threads,
-               "vllm_fs": {"store": best["vllm_fs"][0], "load": best["vllm_fs"][1],
-                           "o_direct": fs_direct},
-               "kvoffload_file": {"store": best["kvoffload_file"][0],
-                                  "load": best["kvoffload_file"][1], "o_direct": direct}}
-        row["store_ratio"] = row["kvoffload_file"]["store"] / row["vllm_fs"]["store"]
-        row["load_ratio"] = row["kvoffload_file"]["load"] / row["vllm_fs"]["load"]
+               "vllm_fs": summary(reps["vllm_fs"]) | {"o_direct": fs_direct},
+               "kvoffload_file": summary(reps["kvoffload_file"]) | {"o_direct": direct}}
+        row |= ratios(reps["kvoffload_file"], reps["vllm_fs"])
         out.append(row)
         if not args.json:
             print(f"file  {label(block):>7}  store {row['kvoffload_file']['store']:8.1f} vs "
                   f"{row['vllm_fs']['store']:8.1f} MiB/s ({row['store_ratio']:.2f}x)   load "
                   f"{row['kvoffload_file']['load']:8.1f} vs {row['vllm_fs']['load']:8.1f} MiB/s "
-                  f"({row['load_ratio']:.2f}x)", flush=True)
+                  f"({row['load_ratio']:.2f}x)   per-rep ratios store "
+                  f"{fmt(row['store_ratios'])} load {fmt(row['load_ratios'])}", flush=True)
     return out
 
 
@@ -232,32 +252,34 @@ def remote_bench(args, sizes):
             tier = KvoffloadRemoteTier(spec_for(block), primary.view, "remote", url=server.url,
                                        connections_per_node=args.connections,
                                        put_timeout_ms=60_000, get_timeout_ms=60_000)
-            best_tier = [0.0, 0.0]
-            best_rb = {"set": 0.0, "get": 0.0}
+            tier_reps, rb_reps = [], []
             try:
                 for rep in range(args.repeat):
-                    s, l = bench_pair("kvoffload_remote", tier, primary, block,
-                                      args.blocks_per_job, f"remote/{block}/{rep}",
-                                      rep * 10_000_000)
-                    best_tier = [max(best_tier[0], s), max(best_tier[1], l)]
-                    server.command(b"FLUSHALL")
-                    rb = redis_benchmark(server, block, blocks, args.connections)
-                    best_rb = {k: max(best_rb[k], rb[k]) for k in rb}
-                    server.command(b"FLUSHALL")
+                    # Alternating which goes first, so load on a shared machine falls on both.
+                    for first in ((True, False) if rep % 2 == 0 else (False, True)):
+                        if first:
+                            tier_reps.append(bench_pair("kvoffload_remote", tier, primary, block,
+                                                        args.blocks_per_job,
+                                                        f"remote/{block}/{rep}",
+                                                        rep * 10_000_000))
+                        else:
+                            rb = redis_benchmark(server, block, blocks, args.connections)
+                            rb_reps.append((rb["set"], rb["get"]))
+                        server.command(b"FLUSHALL")
             finally:
                 tier.shutdown()
                 primary.release()
             row = {"block": block, "blocks": blocks, "connections": args.connections,
-                   "kvoffload_remote": {"store": best_tier[0], "load": best_tier[1]},
-                   "redis_benchmark": best_rb,
-                   "store_ratio": best_tier[0] / best_rb["set"],
-                   "load_ratio": best_tier[1] / best_rb["get"]}
+                   "kvoffload_remote": summary(tier_reps), "redis_benchmark": summary(rb_reps)}
+            row |= ratios(tier_reps, rb_reps)
             out.append(row)
             if not args.json:
-                print(f"redis {label(block):>7}  store {best_tier[0]:8.1f} vs SET "
-                      f"{best_rb['set']:8.1f} MiB/s ({row['store_ratio']:.2f}x)   load "
-                      f"{best_tier[1]:8.1f} vs GET {best_rb['get']:8.1f} MiB/s "
-                      f"({row['load_ratio']:.2f}x)", flush=True)
+                t, r = row["kvoffload_remote"], row["redis_benchmark"]
+                print(f"redis {label(block):>7}  store {t['store']:8.1f} vs SET "
+                      f"{r['store']:8.1f} MiB/s ({row['store_ratio']:.2f}x)   load "
+                      f"{t['load']:8.1f} vs GET {r['load']:8.1f} MiB/s "
+                      f"({row['load_ratio']:.2f}x)   per-rep ratios store "
+                      f"{fmt(row['store_ratios'])} load {fmt(row['load_ratios'])}", flush=True)
     finally:
         server.close()
     return out
@@ -276,7 +298,7 @@ def main():
                     help="n_read_threads = n_write_threads for both file tiers (vLLM's default 16)")
     ap.add_argument("--connections", type=int, default=4,
                     help="remote: connections per node, and redis-benchmark's -c")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", choices=["file", "remote"], help="run one half")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -289,7 +311,8 @@ def main():
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     if not args.json:
         print(f"vLLM from {tree}; {label(args.total)} per size and direction, jobs of "
-              f"{args.blocks_per_job} blocks, best of {args.repeat}; MiB/s kvoffload vs reference")
+              f"{args.blocks_per_job} blocks, {args.repeat} interleaved repetitions; medians of MiB/s "
+              "and of per-repetition ratios, kvoffload vs reference")
     result = {"config": vars(args), "vllm_tree": str(tree)}
     if args.only in (None, "file"):
         result["file"] = file_bench(args, sizes)

@@ -239,6 +239,15 @@ class FaultSyscalls {
       return self(c)->run<int>({Op::kMkdirat, p}, -1,
                                [&] { return real().mkdirat(nullptr, d, p, m); });
     };
+    // A vectored read or write is a read or write to a rule (a record's pieces in one call).
+    table_.preadv = [](void* c, int fd, const struct iovec* v, int n, off_t o) {
+      return self(c)->run<ssize_t>(self(c)->on_fd(Op::kPread, fd), -1,
+                                   [&] { return real().preadv(nullptr, fd, v, n, o); });
+    };
+    table_.pwritev = [](void* c, int fd, const struct iovec* v, int n, off_t o) {
+      return self(c)->run<ssize_t>(self(c)->on_fd(Op::kPwrite, fd), -1,
+                                   [&] { return real().pwritev(nullptr, fd, v, n, o); });
+    };
   }
   FaultSyscalls(const FaultSyscalls&) = delete;
   FaultSyscalls& operator=(const FaultSyscalls&) = delete;

@@ -56,6 +56,22 @@ TEST(Crc32c, KnownVectorsAndPortableAgreement) {
   EXPECT_EQ(part, whole);
 }
 
+// Note [Three-way CRC32C]: the hardware path joins three chains per block of 3 x 8 KiB and of
+// 3 x 256 bytes; at every length around those blocks, at every start alignment and from a
+// non-zero CRC, it must give the table's value.
+TEST(Crc32c, ThreeWayBlocksAgreeWithThePortableOneAtEveryLengthAndAlignment) {
+  const auto p = pattern((4U << 20) + 64, 11);
+  for (const std::size_t offset : {0U, 1U, 3U, 7U}) {
+    for (const std::size_t n :
+         {0U, 1U, 7U, 8U, 767U, 768U, 769U, 1536U, 24575U, 24576U, 24577U, 24576U + 768U + 13U,
+          3U * 24576U - 1U, 65536U, 100'003U, 1U << 20, (1U << 20) + 4096U - 64U, 4U << 20}) {
+      const auto s = std::span(p).subspan(offset, n);
+      ASSERT_EQ(detail::crc32c(s, 0x1234567u), detail::crc32c_portable(s, 0x1234567u))
+          << n << " bytes at offset " << offset;
+    }
+  }
+}
+
 TEST(FileTier, RoundTripAndReopenIndexesRecords) {
   TempDir dir;
   const auto root = dir.path() / "tier";

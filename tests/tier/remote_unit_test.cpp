@@ -13,6 +13,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/remote_tier.hpp>
@@ -112,6 +113,26 @@ std::vector<std::byte> value_of(std::uint64_t fp, const BlockKey& key, std::uint
   std::memcpy(v.data(), &h, sizeof h);
   std::memcpy(v.data() + sizeof h, payload.data(), payload.size());
   return v;
+}
+
+// Note [Remote values]: the payload's checksum is XXH3-64 of exactly its bytes, whichever of
+// xxHash's entry points computes it (the dispatching one picks AVX-512 / AVX2 kernels): values
+// written by another build or another machine must verify here, and a changed byte must not.
+TEST(RemoteValue, ThePayloadChecksumIsXxh3OfThePayloadAtEverySize) {
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{240}, std::size_t{4096},
+                              std::size_t{65536 + 13}, std::size_t{1} << 20}) {
+    std::vector<std::byte> payload(n);
+    for (std::size_t i = 0; i < n; ++i) payload[i] = static_cast<std::byte>(i * 131 + (i >> 11));
+    const auto h = detail::make_header(5, BlockKey::from_u64(3), 0, payload);
+    EXPECT_EQ(h.payload_xxh3, XXH3_64bits(payload.data(), n)) << n;
+    auto v = value_of(5, BlockKey::from_u64(3), 0, payload);
+    EXPECT_EQ(detail::verify_value(v, 5, BlockKey::from_u64(3), 0, n), detail::ValueCheck::kOk);
+    if (n == 0) continue;
+    v[v.size() - 1 - n / 2] ^= std::byte{0x10};
+    EXPECT_EQ(detail::verify_value(v, 5, BlockKey::from_u64(3), 0, n),
+              detail::ValueCheck::kPayloadChecksum)
+        << n;
+  }
 }
 
 TEST(RemoteValue, EveryHeaderFieldIsChecked) {

@@ -21,8 +21,8 @@
 // Note [Full disk]: the capacity in use is never more than the filesystem can hold: the
 // configured value, capped by (bytes of the records held + the free space of the root's
 // filesystem), measured at open and again at every put batch (one fstatvfs per batch, not per
-// record). When a write still fails with ENOSPC (another process filled the disk meanwhile), the
-// tier evicts its oldest records to make room for the record and retries it once. Failures are
+// record). A write that still fails with ENOSPC evicts the oldest records and retries, round after
+// round, until the record fits or none is left to evict (the failure then says so). Failures are
 // logged rate-limited (one line per cause per interval, with a count; util/rate_limited_log.hpp).
 //
 // O_DIRECT (kAuto): records are written and read with O_DIRECT through aligned bounce buffers;

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <cstddef>
 #include <string>
@@ -60,6 +61,11 @@ struct Syscalls {
   int (*renameat)(void* ctx, int olddirfd, const char* oldpath, int newdirfd,
                   const char* newpath) = nullptr;
   int (*mkdirat)(void* ctx, int dirfd, const char* path, mode_t mode) = nullptr;
+  // A file-tier record's pieces (its payload blocks in the caller's memory, its tail in a bounce
+  // buffer) in one call: one request to the device per record, not one per piece.
+  ssize_t (*preadv)(void* ctx, int fd, const struct iovec* iov, int iovcnt, off_t offset) = nullptr;
+  ssize_t (*pwritev)(void* ctx, int fd, const struct iovec* iov, int iovcnt,
+                     off_t offset) = nullptr;
 };
 
 // The table of the real system calls. Never null entries.

@@ -125,6 +125,12 @@ int real_renameat(void*, int olddirfd, const char* oldpath, int newdirfd, const 
 int real_mkdirat(void*, int dirfd, const char* path, mode_t mode) {
   return ::mkdirat(dirfd, path, mode);
 }
+ssize_t real_preadv(void*, int fd, const struct iovec* iov, int iovcnt, off_t offset) {
+  return ::preadv(fd, iov, iovcnt, offset);
+}
+ssize_t real_pwritev(void*, int fd, const struct iovec* iov, int iovcnt, off_t offset) {
+  return ::pwritev(fd, iov, iovcnt, offset);
+}
 
 constexpr Syscalls kReal{
     .context = nullptr,
@@ -152,6 +158,8 @@ constexpr Syscalls kReal{
     .fcntl_int = real_fcntl_int,
     .renameat = real_renameat,
     .mkdirat = real_mkdirat,
+    .preadv = real_preadv,
+    .pwritev = real_pwritev,
 };
 
 }  // namespace

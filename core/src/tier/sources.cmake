@@ -22,6 +22,20 @@ find_package(OpenSSL REQUIRED)
 pkg_check_modules(KVO_HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 pkg_check_modules(KVO_MEMCACHED REQUIRED IMPORTED_TARGET libmemcached)
 pkg_check_modules(KVO_XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# xxHash's run-time dispatch (xxh_x86dispatch: the AVX2 / AVX-512 kernels where the CPU has them)
+# computes the same XXH3 values 2-3x faster than the SSE2 entry points; Debian's libxxhash builds
+# it in. Used for the values' payloads when this libxxhash has it.
+include(CheckCXXSourceCompiles)
+set(CMAKE_REQUIRED_LIBRARIES PkgConfig::KVO_XXHASH)
+check_cxx_source_compiles([[
+#include <xxh_x86dispatch.h>
+int main() { char b[4] = {0}; return static_cast<int>(XXH3_64bits_dispatch(b, sizeof b) & 1); }
+]] KVOFFLOAD_HAVE_XXH3_DISPATCH)
+unset(CMAKE_REQUIRED_LIBRARIES)
+if(KVOFFLOAD_HAVE_XXH3_DISPATCH)
+  set_property(SOURCE ${CMAKE_CURRENT_LIST_DIR}/remote/remote_value.cpp APPEND PROPERTY
+               COMPILE_DEFINITIONS KVOFFLOAD_HAVE_XXH3_DISPATCH=1)
+endif()
 target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_url.cpp
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_config.cpp

@@ -5,7 +5,9 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
+#include <string>
 
 #include <kvoffload/log.hpp>
 
@@ -48,50 +50,59 @@ bool DirectIo::drop_direct(int fd, const std::filesystem::path& path, std::strin
   return fl >= 0 && sys_.fcntl_int(sys_.context, fd, F_SETFL, fl & ~O_DIRECT) == 0;
 }
 
-std::optional<ItemOutcome> DirectIo::write_all(int fd, const std::byte* buf, std::size_t n,
-                                               bool& used_direct, const std::filesystem::path& path,
-                                               off_t at) {
-  std::size_t off = 0;
-  while (off < n) {
+std::optional<ItemOutcome> DirectIo::transfer(int fd, std::span<const struct iovec> pieces,
+                                              bool& used_direct, const std::filesystem::path& path,
+                                              off_t at, bool write) {
+  std::array<struct iovec, kMaxPieces> left{};
+  if (pieces.size() > left.size()) {
+    return ItemOutcome::failed("record I/O of " + std::to_string(pieces.size()) + " pieces", E2BIG);
+  }
+  std::size_t n = 0;
+  for (const struct iovec& p : pieces) {
+    if (p.iov_len != 0) left[n++] = p;
+  }
+  std::size_t first = 0;  // left[first, n) is still to move
+  const char* call = write ? "pwrite" : "pread";
+  while (first < n) {
+    const auto count = static_cast<int>(n - first);
     const ssize_t r = retry_eintr([&] {
-      return sys_.pwrite(sys_.context, fd, buf + off, n - off, at + static_cast<off_t>(off));
+      return write ? sys_.pwritev(sys_.context, fd, &left[first], count, at)
+                   : sys_.preadv(sys_.context, fd, &left[first], count, at);
     });
     if (r < 0) {
       const int e = errno;
       if (e == EINVAL && used_direct) {
         used_direct = false;
-        if (drop_direct(fd, path, "write")) continue;
+        if (drop_direct(fd, path, write ? "write" : "read")) continue;
         return ItemOutcome::failed("fcntl(F_SETFL) clearing O_DIRECT", errno);
       }
-      return ItemOutcome::failed("pwrite " + path.string(), e);
+      return ItemOutcome::failed(std::string(call) + " " + path.string(), e);
     }
-    if (r == 0) return ItemOutcome::failed("pwrite " + path.string() + " (wrote 0 bytes)", EIO);
-    off += static_cast<std::size_t>(r);
+    if (r == 0) {
+      if (write) return ItemOutcome::failed("pwrite " + path.string() + " (wrote 0 bytes)", EIO);
+      return ItemOutcome::miss("record ends early (short file)", true);
+    }
+    at += static_cast<off_t>(r);
+    auto done = static_cast<std::size_t>(r);
+    while (first < n && done >= left[first].iov_len) done -= left[first++].iov_len;
+    if (first < n) {
+      left[first].iov_base = static_cast<char*>(left[first].iov_base) + done;
+      left[first].iov_len -= done;
+    }
   }
   return std::nullopt;
 }
 
-std::optional<ItemOutcome> DirectIo::read_all(int fd, std::byte* buf, std::size_t n,
+std::optional<ItemOutcome> DirectIo::write_all(int fd, std::span<const struct iovec> pieces,
+                                               bool& used_direct, const std::filesystem::path& path,
+                                               off_t at) {
+  return transfer(fd, pieces, used_direct, path, at, true);
+}
+
+std::optional<ItemOutcome> DirectIo::read_all(int fd, std::span<const struct iovec> pieces,
                                               bool& used_direct, const std::filesystem::path& path,
                                               off_t at) {
-  std::size_t off = 0;
-  while (off < n) {
-    const ssize_t r = retry_eintr([&] {
-      return sys_.pread(sys_.context, fd, buf + off, n - off, at + static_cast<off_t>(off));
-    });
-    if (r < 0) {
-      const int e = errno;
-      if (e == EINVAL && used_direct) {
-        used_direct = false;
-        if (drop_direct(fd, path, "read")) continue;
-        return ItemOutcome::failed("fcntl(F_SETFL) clearing O_DIRECT", errno);
-      }
-      return ItemOutcome::failed("pread " + path.string(), e);
-    }
-    if (r == 0) return ItemOutcome::miss("record ends early (short file)", true);
-    off += static_cast<std::size_t>(r);
-  }
-  return std::nullopt;
+  return transfer(fd, pieces, used_direct, path, at, false);
 }
 
 }  // namespace detail

@@ -118,6 +118,9 @@ struct __attribute__((visibility("hidden"))) FileTier::Impl {
   // After ENOSPC: evicts the oldest ready records (never `keep`) until `need` bytes are freed or
   // none is left, removes their files, and re-measures the capacity. Returns how many it evicted.
   std::size_t make_room(const BlockKey& keep, std::uint64_t need);
+  // Why a write that met ENOSPC cannot be given room: `evicted` records in `rounds` rounds made
+  // none, and no ready record is left; names what holds the filesystem (a failure's detail).
+  std::string no_room_left(std::size_t evicted, std::size_t rounds);
 
   // ---- the write path (file_tier_write.cpp) ----
   // A piece of a record, written at the file offset where the previous one ended.

@@ -1,13 +1,17 @@
 // The file tier's write path: a put batch's admission (eviction to fit, capacity checks) under the
 // index lock, then on the I/O threads each record written to a temp file, synced as the policy
-// says and renamed into place, retried once after ENOSPC (Note [Full disk]).
+// says and renamed into place; after ENOSPC, the oldest records evicted and the write retried until
+// it fits or nothing is left to evict (Note [Full disk]).
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <iterator>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -38,13 +42,17 @@ ItemOutcome FileTier::Impl::write_temp(std::span<const Piece> pieces,
     unlink_quietly(temp);
     return o;
   };
-  off_t at = 0;
+  // Every piece in one pwritev: one request to the device per record.
+  std::array<struct iovec, detail::DirectIo::kMaxPieces> iov{};
+  std::size_t n = 0;
   for (const Piece& piece : pieces) {
     if (piece.bytes == 0) continue;
-    if (auto o = dio.write_all(fd, piece.data, piece.bytes, used_direct, temp, at))
-      return fail_with_temp(std::move(*o));
-    at += static_cast<off_t>(piece.bytes);
+    if (n == iov.size()) return fail_with_temp(ItemOutcome::failed("write of a record", E2BIG));
+    // pwritev only reads the memory an iovec names (its iov_base is not const for preadv's sake).
+    iov[n++] = {const_cast<std::byte*>(piece.data), piece.bytes};
   }
+  if (auto o = dio.write_all(fd, std::span(iov.data(), n), used_direct, temp))
+    return fail_with_temp(std::move(*o));
   if (options.fsync != FsyncPolicy::kNone && sys.fdatasync(sys.context, fd) != 0) {
     return fail_with_temp(ItemOutcome::failed("fdatasync " + temp.string(), errno));
   }
@@ -53,6 +61,20 @@ ItemOutcome FileTier::Impl::write_temp(std::span<const Piece> pieces,
     return fail_with_temp(ItemOutcome::failed("close " + temp.string(), errno));
   }
   return {};
+}
+
+std::string FileTier::Impl::no_room_left(std::size_t evicted, std::size_t rounds) {
+  std::uint64_t in_flight_bytes = 0;
+  {
+    std::lock_guard lock(mutex);
+    in_flight_bytes = index.used_bytes() - index.ready_bytes();
+  }
+  const std::optional<std::uint64_t> free = free_bytes();
+  return "no record left to evict, after evicting " + std::to_string(evicted) + " records in " +
+         std::to_string(rounds) + " rounds; the filesystem of " + root.string() +
+         " is held by other files and by " + std::to_string(in_flight_bytes) +
+         " bytes of this tier's writes in flight, " +
+         (free ? std::to_string(*free) + " bytes free" : std::string("free space unknown"));
 }
 
 ItemOutcome FileTier::Impl::do_put(detail::IoWorker& worker, const TierPut& item,
@@ -77,19 +99,25 @@ ItemOutcome FileTier::Impl::do_put(detail::IoWorker& worker, const TierPut& item
   const auto temp =
       dir / ("." + item.key.to_hex() + "." + std::to_string(temp_id) + detail::kTempSuffix);
   ItemOutcome written = write_temp(pieces, temp, dir);
-  if (written.status == TierItemStatus::kFailed && written.err == ENOSPC) {
-    // Note [Full disk]: the disk filled behind our capacity (another writer, or a capacity
-    // measured before the last put): make room from the oldest records and retry once.
+  // Note [Full disk]: the disk filled behind our capacity (another writer, the other I/O threads'
+  // writes admitted against the same free space, the filesystem's own metadata): make room from
+  // the oldest records and retry, round after round, until the record fits or nothing is left to
+  // evict: each round evicts at least one record, and the loop ends when the write fits or the
+  // tier holds no ready record.
+  std::size_t evicted_total = 0;
+  std::size_t rounds = 0;
+  while (written.status == TierItemStatus::kFailed && written.err == ENOSPC) {
     const std::size_t evicted = make_room(item.key, rec);
-    warnings.log(spdlog::level::info, "enospc retry",
-                 "file tier '{}': {}; evicted the {} oldest records, retrying once", options.name,
-                 written.detail, evicted);
-    if (evicted > 0) written = write_temp(pieces, temp, dir);
-    if (written.status == TierItemStatus::kFailed && written.err == ENOSPC) {
-      written.detail += evicted > 0
-                            ? " (again after evicting " + std::to_string(evicted) + " records)"
-                            : " (no record left to evict)";
+    if (evicted == 0) {
+      written.detail += " (" + no_room_left(evicted_total, rounds) + ")";
+      break;
     }
+    evicted_total += evicted;
+    ++rounds;
+    warnings.log(spdlog::level::info, "enospc retry",
+                 "file tier '{}': {}; evicted the {} oldest records (round {}), retrying",
+                 options.name, written.detail, evicted, rounds);
+    written = write_temp(pieces, temp, dir);
   }
   if (written.status != TierItemStatus::kOk) return written;
 
