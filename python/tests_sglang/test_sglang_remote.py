@@ -175,7 +175,8 @@ def test_a_flipped_byte_is_a_miss_and_leaves_the_page_alone(redis, request):
 
 
 @pytest.mark.parametrize("other", [{"model": "org/other-model"}, {"tp_size": 2},
-                                   {"tp_rank": 1, "tp_size": 2}])
+                                   {"tp_rank": 1, "tp_size": 2}, {"pp": (0, 2)}, {"pp": (1, 2)},
+                                   {"cp": (1, 2)}])
 def test_another_model_or_tp_layout_never_reads_the_pages(redis, request, other):
     ns = request.node.name
     pool = env.host_pool()
