@@ -442,3 +442,10 @@ def test_a_backup_larger_than_the_send_queue_goes_in_waves(redis, request):
     assert b.batch_exists(keys) == 128
     assert b.stats()["put_errors"] == 0 and b.stats()["tasks"] >= 20  # 20 waves of 4 KiB
     b.close()
+
+
+def test_pages_larger_than_memcacheds_items_are_refused_at_attach(memcached):
+    # A 256-byte piece plus its 64-byte header does not fit items of 200 bytes: refused when SGLang
+    # attaches the backend, naming the limit, not page by page later.
+    with pytest.raises(Exception, match="a value of 320 bytes .* exceeds memcached's item size 200"):
+        env.backend(env.host_pool(), remote(memcached.url, memcached_item_max=200))
