@@ -44,6 +44,14 @@ def fresh_redis():
     s.close()
 
 
+@pytest.fixture(params=["redis", "memcached"])
+def store(request):
+    """A store of its own for a test that kills or freezes it."""
+    s = store_servers.Server(request.param)
+    yield s
+    s.close()
+
+
 def remote(url, **extra):
     return {"kvoffload_backend": "remote", "url": url, **extra}
 
@@ -275,39 +283,39 @@ def _until(predicate, what):
     raise AssertionError(what)
 
 
-def test_a_killed_store_gives_misses_and_is_used_again_when_back(fresh_redis, caplog):
+def test_a_killed_store_gives_misses_and_is_used_again_when_back(store, caplog):
     pool = env.host_pool()
-    b = env.backend(pool, remote(fresh_redis.url, breaker_backoff_max_ms=200))
+    b = env.backend(pool, remote(store.url, breaker_backoff_max_ms=200))
     keys = env.page_hashes(list(range(128 * env.PAGE)))  # one full SGLang batch
     hi = pool.alloc(len(keys) * env.PAGE)
     assert b.batch_set_v1(keys[:1], hi[:env.PAGE]) == [True]
-    fresh_redis.kill9()
+    store.kill9()
     with caplog.at_level(logging.WARNING, logger="kvoffload.sglang"):
         for _ in range(3):
             _calls_are_misses(b, pool, keys[1:], hi[env.PAGE:])
     # Failed backups say why (rate-limited), with the store's key and the tier's reason.
     assert "batch_set_v1: 127 of 127 pages failed (last: failed: kvo1:" in caplog.text
     assert bounded(b.batch_get_v1, keys[:1], hi[:env.PAGE]) == [False]
-    fresh_redis.restart()  # empty
+    store.restart()  # empty
     _until(lambda: b.batch_set_v1(keys[1:2], hi[env.PAGE:2 * env.PAGE]) == [True],
            "the store came back but batch_set_v1 kept failing")
     assert b.batch_get_v1(keys[1:2], hi[env.PAGE:2 * env.PAGE]) == [True]
     b.close()
 
 
-def test_a_frozen_store_gives_misses_within_the_deadlines(fresh_redis):
+def test_a_frozen_store_gives_misses_within_the_deadlines(store):
     pool = env.host_pool()
-    b = env.backend(pool, remote(fresh_redis.url, breaker_backoff_max_ms=200,
+    b = env.backend(pool, remote(store.url, breaker_backoff_max_ms=200,
                                  put_timeout_ms=1000))
     keys = env.page_hashes(list(range(128 * env.PAGE)))
     hi = pool.alloc(len(keys) * env.PAGE)
     assert b.batch_set_v1(keys[:4], hi[:4 * env.PAGE]) == [True] * 4
-    fresh_redis.freeze()
+    store.freeze()
     try:
         _calls_are_misses(b, pool, keys[4:], hi[4 * env.PAGE:])
         assert bounded(b.batch_get_v1, keys[:4], hi[:4 * env.PAGE]) == [False] * 4
     finally:
-        fresh_redis.thaw()
+        store.thaw()
     _until(lambda: b.batch_get_v1(keys[:4], hi[:4 * env.PAGE]) == [True] * 4,
            "the store thawed but batch_get_v1 kept missing")
     b.close()
