@@ -321,7 +321,7 @@ def test_a_frozen_store_gives_misses_within_the_deadlines(store):
     b.close()
 
 
-def test_the_password_is_never_printed(caplog):
+def test_the_password_is_never_printed(caplog, tmp_path):
     server = store_servers.Server("redis", ["--requirepass", "s3cret-pw"])
     try:
         url = f"redis://:s3cret-pw@{server.endpoint}"
@@ -336,6 +336,13 @@ def test_the_password_is_never_printed(caplog):
         assert "s3cret-pw" not in repr(b.url) and "s3cret-pw" not in str(b.stats())
         assert server.endpoint in b.url
         b.close()
+        # The secret from a file named in the URL (what the README advises: SGLang logs its
+        # server arguments, the extra config included).
+        secret = tmp_path / "redis-password"
+        secret.write_text("s3cret-pw\n")
+        c = env.backend(pool, remote(f"redis://{server.endpoint}?password_file={secret}"))
+        assert c.batch_exists(keys) == 2
+        c.close()
     finally:
         server.close()
 
@@ -457,3 +464,10 @@ def test_pages_larger_than_memcacheds_items_are_refused_at_attach(memcached):
     # attaches the backend, naming the limit, not page by page later.
     with pytest.raises(Exception, match="a value of 320 bytes .* exceeds memcached's item size 200"):
         env.backend(env.host_pool(), remote(memcached.url, memcached_item_max=200))
+
+
+def test_a_bad_url_is_refused_without_printing_its_password(caplog):
+    with caplog.at_level(logging.DEBUG), pytest.raises(Exception) as info:
+        env.backend(env.host_pool(), remote("redis://:pw-in-url@127.0.0.1:notaport"))
+    assert "port 'notaport' is not a number" in str(info.value)
+    assert "pw-in-url" not in str(info.value) and "pw-in-url" not in caplog.text
