@@ -53,8 +53,9 @@ def randomize(pool) -> None:
 
 
 def storage_config(extra: dict, *, tp_rank: int = 0, tp_size: int = 1, mla: bool = False,
-                   model: str = "org/model-7b", metrics: bool = False, layout="page_first"):
-    return HiCacheStorageConfig(tp_rank, tp_size, 0, 1, 0, 1, mla, metrics,
+                   model: str = "org/model-7b", metrics: bool = False, layout="page_first",
+                   pp=(0, 1), cp=(0, 1)):
+    return HiCacheStorageConfig(tp_rank, tp_size, pp[0], pp[1], cp[0], cp[1], mla, metrics,
                                 layout == "page_first", model,
                                 extra_config={**BASE_CONFIG, **extra})
 

@@ -44,6 +44,14 @@ def fresh_redis():
     s.close()
 
 
+@pytest.fixture(params=["redis", "memcached"])
+def store(request):
+    """A store of its own for a test that kills or freezes it."""
+    s = store_servers.Server(request.param)
+    yield s
+    s.close()
+
+
 def remote(url, **extra):
     return {"kvoffload_backend": "remote", "url": url, **extra}
 
@@ -175,7 +183,8 @@ def test_a_flipped_byte_is_a_miss_and_leaves_the_page_alone(redis, request):
 
 
 @pytest.mark.parametrize("other", [{"model": "org/other-model"}, {"tp_size": 2},
-                                   {"tp_rank": 1, "tp_size": 2}])
+                                   {"tp_rank": 1, "tp_size": 2}, {"pp": (0, 2)}, {"pp": (1, 2)},
+                                   {"cp": (1, 2)}])
 def test_another_model_or_tp_layout_never_reads_the_pages(redis, request, other):
     ns = request.node.name
     pool = env.host_pool()
@@ -274,45 +283,45 @@ def _until(predicate, what):
     raise AssertionError(what)
 
 
-def test_a_killed_store_gives_misses_and_is_used_again_when_back(fresh_redis, caplog):
+def test_a_killed_store_gives_misses_and_is_used_again_when_back(store, caplog):
     pool = env.host_pool()
-    b = env.backend(pool, remote(fresh_redis.url, breaker_backoff_max_ms=200))
+    b = env.backend(pool, remote(store.url, breaker_backoff_max_ms=200))
     keys = env.page_hashes(list(range(128 * env.PAGE)))  # one full SGLang batch
     hi = pool.alloc(len(keys) * env.PAGE)
     assert b.batch_set_v1(keys[:1], hi[:env.PAGE]) == [True]
-    fresh_redis.kill9()
+    store.kill9()
     with caplog.at_level(logging.WARNING, logger="kvoffload.sglang"):
         for _ in range(3):
             _calls_are_misses(b, pool, keys[1:], hi[env.PAGE:])
     # Failed backups say why (rate-limited), with the store's key and the tier's reason.
     assert "batch_set_v1: 127 of 127 pages failed (last: failed: kvo1:" in caplog.text
     assert bounded(b.batch_get_v1, keys[:1], hi[:env.PAGE]) == [False]
-    fresh_redis.restart()  # empty
+    store.restart()  # empty
     _until(lambda: b.batch_set_v1(keys[1:2], hi[env.PAGE:2 * env.PAGE]) == [True],
            "the store came back but batch_set_v1 kept failing")
     assert b.batch_get_v1(keys[1:2], hi[env.PAGE:2 * env.PAGE]) == [True]
     b.close()
 
 
-def test_a_frozen_store_gives_misses_within_the_deadlines(fresh_redis):
+def test_a_frozen_store_gives_misses_within_the_deadlines(store):
     pool = env.host_pool()
-    b = env.backend(pool, remote(fresh_redis.url, breaker_backoff_max_ms=200,
+    b = env.backend(pool, remote(store.url, breaker_backoff_max_ms=200,
                                  put_timeout_ms=1000))
     keys = env.page_hashes(list(range(128 * env.PAGE)))
     hi = pool.alloc(len(keys) * env.PAGE)
     assert b.batch_set_v1(keys[:4], hi[:4 * env.PAGE]) == [True] * 4
-    fresh_redis.freeze()
+    store.freeze()
     try:
         _calls_are_misses(b, pool, keys[4:], hi[4 * env.PAGE:])
         assert bounded(b.batch_get_v1, keys[:4], hi[:4 * env.PAGE]) == [False] * 4
     finally:
-        fresh_redis.thaw()
+        store.thaw()
     _until(lambda: b.batch_get_v1(keys[:4], hi[:4 * env.PAGE]) == [True] * 4,
            "the store thawed but batch_get_v1 kept missing")
     b.close()
 
 
-def test_the_password_is_never_printed(caplog):
+def test_the_password_is_never_printed(caplog, tmp_path):
     server = store_servers.Server("redis", ["--requirepass", "s3cret-pw"])
     try:
         url = f"redis://:s3cret-pw@{server.endpoint}"
@@ -327,6 +336,13 @@ def test_the_password_is_never_printed(caplog):
         assert "s3cret-pw" not in repr(b.url) and "s3cret-pw" not in str(b.stats())
         assert server.endpoint in b.url
         b.close()
+        # The secret from a file named in the URL (what the README advises: SGLang logs its
+        # server arguments, the extra config included).
+        secret = tmp_path / "redis-password"
+        secret.write_text("s3cret-pw\n")
+        c = env.backend(pool, remote(f"redis://{server.endpoint}?password_file={secret}"))
+        assert c.batch_exists(keys) == 2
+        c.close()
     finally:
         server.close()
 
@@ -441,3 +457,17 @@ def test_a_backup_larger_than_the_send_queue_goes_in_waves(redis, request):
     assert b.batch_exists(keys) == 128
     assert b.stats()["put_errors"] == 0 and b.stats()["tasks"] >= 20  # 20 waves of 4 KiB
     b.close()
+
+
+def test_pages_larger_than_memcacheds_items_are_refused_at_attach(memcached):
+    # A 256-byte piece plus its 64-byte header does not fit items of 200 bytes: refused when SGLang
+    # attaches the backend, naming the limit, not page by page later.
+    with pytest.raises(Exception, match="a value of 320 bytes .* exceeds memcached's item size 200"):
+        env.backend(env.host_pool(), remote(memcached.url, memcached_item_max=200))
+
+
+def test_a_bad_url_is_refused_without_printing_its_password(caplog):
+    with caplog.at_level(logging.DEBUG), pytest.raises(Exception) as info:
+        env.backend(env.host_pool(), remote("redis://:pw-in-url@127.0.0.1:notaport"))
+    assert "port 'notaport' is not a number" in str(info.value)
+    assert "pw-in-url" not in str(info.value) and "pw-in-url" not in caplog.text
