@@ -236,6 +236,28 @@ context manager, or call detach(): the last tenant out removes the pool.)")
              return d;
            })
       .def("check_invariants", [](PyNodePool& p) { return p.pool.check_invariants(); })
+      .def(
+          "chunk_address",
+          [](PyNodePool& p, std::uint32_t slot, std::uint32_t rank) {
+            p.check_chunk(slot, rank);
+            return reinterpret_cast<std::uintptr_t>(p.pool.chunk(slot, rank));
+          },
+          py::arg("slot"), py::arg("rank") = 0,
+          "The address of rank's slot of the chunk, for a TransferEngine over the pool's bytes "
+          "(valid until detach(); shut the engine down first)")
+      .def_property_readonly(
+          "slot_stride", [](const PyNodePool& p) { return p.pool.chunk_stride(); },
+          "bytes between ranks' slots of one chunk (slot_bytes rounded up)")
+      .def_property_readonly(
+          "row_stride",
+          [](const PyNodePool& p) {
+            // Bytes between chunks: the distance of chunk 1 from chunk 0 (with one chunk there is
+            // no next row, and the ranks' slots are all a row needs).
+            const auto& g = p.pool.geometry();
+            if (g.slot_count < 2) return p.pool.chunk_stride() * g.world_size;
+            return static_cast<std::uint64_t>(p.pool.chunk(1, 0) - p.pool.chunk(0, 0));
+          },
+          "bytes between consecutive chunks")
       .def_property_readonly("path", [](const PyNodePool& p) { return p.pool.path().string(); })
       .def_property_readonly("tenant_index",
                              [](const PyNodePool& p) { return p.pool.tenant_index(); })

@@ -86,3 +86,17 @@ with kvoffload.NodePool.attach("p", "child", shm_dir={pool_dir!r}, **GEOMETRY) a
     with pytest.raises(kvoffload.Error) as e:
         p.read_chunk(0)
     assert e.value.code == kvoffload.ErrorCode.STATE
+
+
+def test_chunk_addresses_are_where_a_transfer_engine_finds_the_slots(pool_dir):
+    # kvoffload.vllm's node pool builds TransferEngine.for_buffer over these (kvoffload.vllm_pool).
+    with kvoffload.NodePool.attach("p", "a", shm_dir=pool_dir, **GEOMETRY) as p:
+        assert p.slot_stride >= GEOMETRY["slot_bytes"] and p.slot_stride % 256 == 0
+        assert p.row_stride >= p.slot_stride * GEOMETRY["world_size"]
+        base = p.chunk_address(0, 0)
+        assert p.chunk_address(3, 1) == base + 3 * p.row_stride + p.slot_stride
+        p.write_chunk(3, chunk_bytes(3, 1), 1)
+        import ctypes
+        assert ctypes.string_at(base + 3 * p.row_stride + p.slot_stride, 64) == chunk_bytes(3, 1)
+        with pytest.raises(kvoffload.Error):
+            p.chunk_address(GEOMETRY["slot_count"], 0)
