@@ -64,6 +64,7 @@ except ImportError as _err:  # pragma: no cover - depends on the installed vLLM
     ) from _err
 
 from . import _kvoffload as _ext
+from . import vllm_pool
 from .vllm_compat import SUPPORTED_VLLM_COMMITS, check_block_hashes_shareable, check_vllm_version
 
 # The tier classes are exported but resolved lazily by __getattr__ below (a linter sees no
@@ -498,10 +499,12 @@ class KvoffloadWorker(OffloadingWorker):
         shm_dir: str | None = None,
         join_timeout: float = 30.0,
         register_host: bool = True,
+        pool_settings=None,
     ):
         self._bpc = int(blocks_per_chunk)
         self._engine = None
         self._region = None
+        self._pool = None
         # Job ids per direction in submission order, until vLLM has their results; results
         # collected from the engine wait in _done until get_finished hands them out in that order
         # (Note [Completion order] below).
@@ -530,7 +533,22 @@ class KvoffloadWorker(OffloadingWorker):
             device = device_index or 0
         self._runtime = _ext.make_runtime(self._backend, device=int(device))
         self._num_blocks = int(num_blocks)
-        if self._num_blocks == 0:
+        if pool_settings is not None:
+            # The node pool (kvoffload_pool='node'): this rank's slots of the pool's chunks; the
+            # scheduler's PoolManager hands out the pool's slots as block ids. The worker is a
+            # tenant of its own (it holds no pins or writes), so the pool stays mapped while the
+            # engine copies, and its death is one the pool repairs like any other.
+            from .vllm_pool import worker_host_slots
+
+            self._pool = pool_settings.attach(f"{engine_id}.rank{rank}")
+            try:
+                self._engine = _ext.TransferEngine.for_buffer(
+                    self._runtime, groups=self._groups, blocks_per_chunk=self._bpc,
+                    register_host=register_host, **worker_host_slots(self._pool, 0 if replicated else rank))
+            except BaseException:
+                self._pool.detach()
+                raise
+        elif self._num_blocks == 0:
             # vLLM's spec sized the cache to 0 blocks; its manager never stores, so no job comes.
             logger.warning("kvoffload: cpu_bytes_to_use holds no chunk; offloading is off")
         else:
@@ -693,6 +711,9 @@ class KvoffloadWorker(OffloadingWorker):
         region, self._region = self._region, None
         if region is not None:
             region.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.detach()  # after the engine: its copies use the pool's mapping
 
 
 class KvoffloadSpec(OffloadingSpec):
@@ -703,7 +724,10 @@ class KvoffloadSpec(OffloadingSpec):
     kvoffload's own: kvoffload_backend ("auto" | "cuda" | "hip"; "host" and "sim" for tests),
     kvoffload_engine_id (the region's name; default: vLLM's engine_id, one per data-parallel
     replica; replicas given one id have their workers refused, kvoffload.Error IN_USE), kvoffload_device (default: the KV tensors' device), kvoffload_rank (default: the
-    worker's rank), kvoffload_shm_dir (default /dev/shm or KVOFFLOAD_SHM_DIR).
+    worker's rank), kvoffload_shm_dir (default /dev/shm or KVOFFLOAD_SHM_DIR), kvoffload_pool
+    ("private", the default: a region per engine; "node": one node pool shared by every engine of
+    the model on the node, kvoffload.vllm_pool), kvoffload_pool_name (default: derived from the
+    model fingerprint), kvoffload_hash_algo (default: vLLM's prefix_caching_hash_algo).
     The replicated (MLA) layout is vLLM's decision (config.replicated_layout), as for
     CPUOffloadingSpec.
     """
@@ -747,10 +771,29 @@ class KvoffloadSpec(OffloadingSpec):
                 replicated=self.replicated_layout).row_stride
             # As vLLM: a cache smaller than one chunk has 0 blocks and offloads nothing.
             self.num_blocks = int(cpu_bytes_to_use) // row
-        self._manager: KvoffloadManager | None = None
+        self._manager: OffloadingManager | None = None
         self._worker: KvoffloadWorker | None = None
+        # kvoffload_pool='node': every engine of the model on the node shares one node pool
+        # (kvoffload.vllm_pool); checked here so a bad setting fails at start on both sides.
+        self._pool_settings = None
+        if vllm_pool.pool_mode(extra) == "node":
+            if int(extra.get("store_threshold", 0)) >= 2:
+                raise ValueError(
+                    "KvoffloadSpec: kvoffload_pool='node' does not support store_threshold >= 2 "
+                    f"(given {extra.get('store_threshold')}): the pool stores every block; "
+                    "remove store_threshold or use the private pool")
+            if str(self.eviction_policy).lower() != "lru":
+                raise ValueError(
+                    f"KvoffloadSpec: kvoffload_pool='node' evicts with the pool's node-wide LRU; "
+                    f"eviction_policy={self.eviction_policy!r} is not available there (use 'lru')")
+            self._pool_settings = vllm_pool.pool_settings(self)
+            self.num_blocks = self._pool_settings.slot_count
 
     def get_manager(self) -> OffloadingManager:
+        if self._manager is None and self._pool_settings is not None:
+            self._manager = vllm_pool.PoolManager(
+                self._pool_settings.attach(self.engine_id()), self.num_blocks,
+                enable_events=self.kv_events_config.enable_kv_cache_events)
         if self._manager is None:
             extra = self.extra_config
             self._manager = KvoffloadManager(
@@ -805,5 +848,6 @@ class KvoffloadSpec(OffloadingSpec):
                 backend=str(extra.get("kvoffload_backend", "auto")),
                 device=None if device is None else int(device),
                 shm_dir=extra.get("kvoffload_shm_dir"),
+                pool_settings=self._pool_settings,
             )
         return self._worker
