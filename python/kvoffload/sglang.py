@@ -19,7 +19,8 @@ SGLang loads it as a dynamic backend::
   under root_dir, capped (``capacity_bytes``, and never more than the filesystem holds: a full
   disk evicts the oldest pages), re-indexed when an instance restarts; ``io_threads``,
   ``read_threads``, ``direct_io``, ``fsync``.
-- ``"pool"``: kvoffload's node pool as the L3 of every instance on the node; not in this build
+- ``"pool"`` with ``capacity_bytes``: kvoffload's node pool as the L3 shared by every instance of
+  the model on the node (``kvoffload.sglang_pool``; optional ``shm_dir``, ``cap_fraction``)
   yet (refused with that reason).
 
 What every call promises SGLang (whose storage threads die on an exception, switching L3 off for
@@ -88,6 +89,7 @@ _BOUNDED_MS = ("connect_timeout_ms", "lookup_timeout_ms", "get_timeout_ms")
 _REMOTE_KEYS = ("url", "namespace", *_remote_options.KEYS)
 _FILE_KEYS = ("root_dir", "namespace", "capacity_bytes", "io_threads", "read_threads",
               "direct_io", "fsync")
+_POOL_KEYS = ("capacity_bytes", "namespace", "shm_dir", "cap_fraction")
 _BACKENDS = ("remote", "file", "pool")
 _WARN_INTERVAL_S = 10.0
 # Geometry attributes of SGLang's host pools that shape a page's bytes.
@@ -110,15 +112,11 @@ class KvoffloadStorage(HiCacheStorage):
                 f"kvoffload.sglang: kvoffload_backend={backend!r} must be one of "
                 f"{list(_BACKENDS)} (in --hicache-storage-backend-extra-config)")
         self._what = _what(backend)
-        if backend == "pool":
-            raise ValueError(
-                f"{self._what}: the node pool as SGLang's L3 is not in this build yet; use "
-                "\"remote\" (a Redis, Redis Cluster or memcached store) or \"file\"")
         self.backend = backend
         self.config = storage_config
         self.interface_v1 = bool(extra.get("interface_v1", 0))
         own = {k: v for k, v in extra.items() if k not in _SGLANG_KEYS and k != "kvoffload_backend"}
-        allowed = _REMOTE_KEYS if backend == "remote" else _FILE_KEYS
+        allowed = {"remote": _REMOTE_KEYS, "file": _FILE_KEYS, "pool": _POOL_KEYS}[backend]
         unknown = sorted(k for k in own if k not in allowed)
         if unknown:
             raise ValueError(f"{self._what}: unknown keys {unknown}; allowed: {sorted(allowed)}")
@@ -156,6 +154,15 @@ class KvoffloadStorage(HiCacheStorage):
                     raise ValueError(
                         f"{self._what}: {key}={value} exceeds {MAX_CALL_MS} ms, SGLang's "
                         "smallest prefetch budget (each call must return within it)")
+        elif self.backend == "pool":
+            if not o.get("capacity_bytes"):
+                raise ValueError(f"{self._what}: 'capacity_bytes' is required (the node pool's "
+                                 "size, the same in every instance)")
+            _remote_options.non_negative_int("capacity_bytes", o["capacity_bytes"], self._what)
+            fraction = o.get("cap_fraction", 0.0)
+            if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+                raise ValueError(f"{self._what}: cap_fraction={fraction!r} must be a number in "
+                                 "[0, 1) (0: no per-instance cap)")
         else:
             if not o.get("root_dir"):
                 raise ValueError(f"{self._what}: 'root_dir' is required (the directory of the "
@@ -200,6 +207,8 @@ class KvoffloadStorage(HiCacheStorage):
         text = json.dumps(self.identity, sort_keys=True, separators=(",", ":"))
         if self.backend == "remote":
             self._core = self._open_remote(text)
+        elif self.backend == "pool":
+            self._core = self._open_pool(text)
         else:
             self._core = self._open_file(text)
 
@@ -243,6 +252,18 @@ class KvoffloadStorage(HiCacheStorage):
         logger.info("%s: %s, %s pages of %d x %d bytes, fingerprint %016x", self._what,
                     opts.url, "zero-copy" if self.interface_v1 else "flat", self.pieces,
                     self.piece_bytes, opts.fingerprint)
+        return core
+
+    def _open_pool(self, identity: str):
+        from .sglang_pool import PoolStoreCore
+
+        o = self._options
+        core = PoolStoreCore(identity, page_bytes=self.pieces * self.piece_bytes,
+                             capacity_bytes=int(o["capacity_bytes"]),
+                             shm_dir=str(o.get("shm_dir", "")),
+                             cap_fraction=float(o.get("cap_fraction", 0.0)))
+        logger.info("%s: node pool %s (%s), pages of %d x %d bytes", self._what, core.name,
+                    core.pool.path, self.pieces, self.piece_bytes)
         return core
 
     def _open_file(self, identity: str):

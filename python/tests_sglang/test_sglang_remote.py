@@ -394,7 +394,7 @@ def test_clear_forgets_and_close_turns_calls_into_misses(redis, request):
 @pytest.mark.parametrize("extra,match", [
     ({"kvoffload_backend": "nope"}, r"kvoffload_backend='nope' must be one of \['remote', "
                                     r"'file', 'pool'\]"),
-    ({"kvoffload_backend": "pool"}, "node pool as SGLang's L3 is not in this build yet"),
+    ({"kvoffload_backend": "pool"}, "'capacity_bytes' is required"),
     ({"kvoffload_backend": "remote"}, "'url' is required"),
     (remote("redis://127.0.0.1:1", colour="red"), r"unknown keys \['colour'\]"),
     (remote("redis://127.0.0.1:1", get_timeout_ms=2500), "get_timeout_ms=2500 exceeds 2000 ms"),
