@@ -10,6 +10,9 @@ remote  the "remote" backend (zero-copy v1) on a redis-server the bench starts, 
 file    the "file" backend (zero-copy v1) against SGLang's built-in HiCacheFile (its legacy copy
         path, as SGLang's controller drives it: get_data_page / set_from_flat_data_page) in the
         same directory (--dir), the same pages and the same calls.
+pool    the "pool" backend (kvoffload's node pool in /dev/shm, zero-copy v1) against the "remote"
+        backend on a local redis-server the bench starts (the local-Redis path an instance would
+        otherwise share pages through), the same pages and calls.
 
 Throughput is page bytes / wall seconds of one backup or one load of --pages pages (MiB = 2^20),
 best of --repeat, the two sides alternating so load on a shared machine falls on both. Loads
@@ -157,6 +160,47 @@ def file_bench(args):
     return rows
 
 
+def pool_bench(args):
+    import tempfile
+
+    import store_servers
+
+    server = store_servers.Server("redis", ["--maxmemory", "0"])
+    rows = []
+    try:
+        for mib in args.sizes:
+            pool = pool_for(mib, args.pages)
+            size = page_bytes(pool)
+            tokens = list(range(args.pages * PAGE_TOKENS))
+            hi = pool.alloc(len(tokens))
+            ref = pool.kv_buffer.clone()
+            best = {"pool_set": 0.0, "pool_get": 0.0, "redis_set": 0.0, "redis_get": 0.0}
+            for r in range(args.repeat):
+                shm = tempfile.mkdtemp(dir="/dev/shm", prefix="kvo-sglang-pool-bench-")
+                try:
+                    storage = env.backend(pool, {"kvoffload_backend": "pool", "shm_dir": shm,
+                                                 "capacity_bytes": 2 * args.pages * size})
+                    t_set, t_get = run_backend(pool, storage, tokens, hi, ref)
+                    storage.close()
+                finally:
+                    shutil.rmtree(shm, ignore_errors=True)
+                best["pool_set"] = max(best["pool_set"], args.pages * size / t_set / 2**20)
+                best["pool_get"] = max(best["pool_get"], args.pages * size / t_get / 2**20)
+                server.cli("FLUSHALL")
+                storage = env.backend(pool, {"kvoffload_backend": "remote", "url": server.url,
+                                             "connections_per_node": args.connections,
+                                             "namespace": f"run{r}"})
+                t_set, t_get = run_backend(pool, storage, tokens, hi, ref)
+                storage.close()
+                best["redis_set"] = max(best["redis_set"], args.pages * size / t_set / 2**20)
+                best["redis_get"] = max(best["redis_get"], args.pages * size / t_get / 2**20)
+            rows.append({"page_mib": mib, **best})
+            del pool, ref
+    finally:
+        server.close()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/var/tmp/kvo-sglang-bench",
@@ -169,7 +213,7 @@ def main() -> int:
     ap.add_argument("--buffered", action="store_true",
                     help="file: kvoffload without O_DIRECT (through the page cache, as HiCacheFile)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--only", choices=["file", "remote"])
+    ap.add_argument("--only", choices=["file", "remote", "pool"])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     out = {}
@@ -177,6 +221,8 @@ def main() -> int:
         out["remote"] = remote_bench(args)
     if args.only in (None, "file"):
         out["file"] = file_bench(args)
+    if args.only in (None, "pool"):
+        out["pool"] = pool_bench(args)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -190,6 +236,11 @@ def main() -> int:
               f"{r['hicache_set']:.0f}, {r['kvo_set'] / r['hicache_set']:.2f}x), get "
               f"{r['kvo_get']:.0f} MiB/s (HiCacheFile {r['hicache_get']:.0f}, "
               f"{r['kvo_get'] / r['hicache_get']:.2f}x)")
+    for r in out.get("pool", []):
+        print(f"pool {r['page_mib']} MiB pages: set {r['pool_set']:.0f} MiB/s (local Redis "
+              f"{r['redis_set']:.0f}, {r['pool_set'] / r['redis_set']:.2f}x), get "
+              f"{r['pool_get']:.0f} MiB/s (local Redis {r['redis_get']:.0f}, "
+              f"{r['pool_get'] / r['redis_get']:.2f}x)")
     return 0
 
 
