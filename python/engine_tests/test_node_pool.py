@@ -84,6 +84,35 @@ def test_a_prefix_replica_0_stored_is_a_verified_hit_for_replica_1(shm_dir, seed
     assert os.listdir(shm_dir) == []  # the last tenant out removed the pool file
 
 
+def test_a_looked_up_chunk_stays_loadable_while_another_engine_evicts(shm_dir, seeded):
+    # Note [Held from lookup] in kvoffload/vllm_pool.py: between vLLM's lookup (a HIT, counted as
+    # external tokens) and its prepare_load, another engine's stores evict the pool's LRU.
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext
+
+    r0 = Engine(pool_config(shm_dir, chunks=8), block_size=BLOCK, num_gpu_blocks=24)
+    r1 = Engine(pool_config(shm_dir, chunks=8), block_size=BLOCK, num_gpu_blocks=24)
+    try:
+        manager = r1.manager
+        keys = [bytes([i]) * 33 for i in range(3)]
+        out = manager.prepare_store(keys, ReqContext("w"))
+        manager.complete_store(out.keys_to_store, ReqContext("w"))
+        ctx = ReqContext("reader")
+        assert [manager.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 3
+        other = r0.manager
+        flood = [bytes([100 + i]) * 33 for i in range(16)]  # twice the pool
+        for i in range(0, 16, 4):
+            o = other.prepare_store(flood[i:i + 4], ReqContext("flood"))
+            other.complete_store(o.keys_to_store, ReqContext("flood"))
+        spec = manager.prepare_load(keys[:2], ctx)  # the third is never loaded
+        manager.complete_load(keys[:2], ctx)
+        assert len(spec.block_ids) == 2
+        manager.on_request_finished(ctx)
+        assert manager._pool.stats()["pinned"] == 0 and manager._pool.check_invariants() == []
+    finally:
+        r0.shutdown()
+        r1.shutdown()
+
+
 def test_private_pools_are_the_default_and_share_nothing(shm_dir, seeded):
     r0 = Engine(pool_config(shm_dir, mode="private"), block_size=BLOCK, num_gpu_blocks=24)
     r1 = Engine(pool_config(shm_dir, mode="private"), block_size=BLOCK, num_gpu_blocks=24)

@@ -129,8 +129,13 @@ class PoolManager(OffloadingManager):
     lookup is HIT for a ready chunk (any engine's), HIT_PENDING for one this manager is storing,
     MISS otherwise (a chunk another engine is writing is invisible until it commits; prepare_store
     then skips it). Eviction is the pool's node-wide LRU, so evicted_keys name only keys this
-    manager knows (those it stored or loaded); a lookup that found a chunk another engine evicts
-    before this step's prepare_load is a load error vLLM retries as a recompute.
+    manager knows (those it stored or loaded).
+
+    Note [Held from lookup]: vLLM counts a HIT as external computed tokens and loads it in a later
+    call (prepare_load, the same step or after); on a shared pool another engine could evict the
+    chunk in between. A HIT therefore pins the chunk for the request (once per key), prepare_load
+    turns that pin into the load's, and on_request_finished (or reset_cache) drops what was never
+    loaded, so a looked-up chunk is always there to load.
     """
 
     def __init__(self, pool, num_blocks: int, enable_events: bool = False):
@@ -141,6 +146,7 @@ class PoolManager(OffloadingManager):
         self._writing: dict[bytes, int] = {}  # vLLM key -> writing slot
         self._pins: dict[bytes, list[int]] = defaultdict(list)  # vLLM key -> pinned slots
         self._known: dict[int, bytes] = {}  # pool key -> vLLM key, for evicted_keys
+        self._held: dict[str, dict[bytes, int]] = {}  # request -> key -> slot pinned by lookup
         self.allocation_sizes: list[int] = []
 
     def _remember(self, key: bytes) -> int:
@@ -154,24 +160,40 @@ class PoolManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context) -> None:
-        return None
+        held = self._held.pop(_request_of(req_context), None)
+        if held:
+            self._pool.unpin(list(held.values()))
 
     def lookup(self, key, req_context) -> LookupResult:
         if key in self._writing:
             return LookupResult.HIT_PENDING
-        return LookupResult.HIT if self._pool.lookup([pool_key(key)]).hits else LookupResult.MISS
+        held = self._held.setdefault(_request_of(req_context), {})
+        if key in held:
+            return LookupResult.HIT
+        got = self._pool.lookup([self._remember(key)], pin=True)
+        if not got.hits:
+            return LookupResult.MISS
+        held[key] = got.slots[0]
+        return LookupResult.HIT
 
     def prepare_load(self, keys: Collection, req_context) -> CPULoadStoreSpec:
         keys = list(keys)
-        got = self._pool.lookup([self._remember(k) for k in keys], pin=True)
-        if got.hits != len(keys):
-            self._pool.unpin(got.slots)
-            raise RuntimeError(
-                f"kvoffload node pool '{self._pool.path}': {len(keys) - got.hits} of {len(keys)} "
-                "chunks to load were evicted by another engine since their lookup")
-        for key, slot in zip(keys, got.slots):
+        held = self._held.get(_request_of(req_context), {})
+        slots = [held.pop(k, None) for k in keys]
+        rest = [k for k, s in zip(keys, slots) if s is None]
+        if rest:
+            got = self._pool.lookup([self._remember(k) for k in rest], pin=True)
+            if got.hits != len(rest):
+                self._pool.unpin(got.slots + [s for s in slots if s is not None])
+                raise RuntimeError(
+                    f"kvoffload node pool '{self._pool.path}': {len(rest) - got.hits} of "
+                    f"{len(keys)} chunks to load are not in the pool (never looked up by this "
+                    "request, and evicted since)")
+            fresh = iter(got.slots)
+            slots = [s if s is not None else next(fresh) for s in slots]
+        for key, slot in zip(keys, slots):
             self._pins[key].append(slot)
-        return CPULoadStoreSpec(list(got.slots))
+        return CPULoadStoreSpec(slots)
 
     def touch(self, keys: Collection, req_context) -> None:
         self._pool.lookup([pool_key(k) for k in keys])
@@ -217,6 +239,8 @@ class PoolManager(OffloadingManager):
         self._writing.clear()
         self._pool.unpin([s for slots in self._pins.values() for s in slots])
         self._pins.clear()
+        self._pool.unpin([s for held in self._held.values() for s in held.values()])
+        self._held.clear()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self.events is not None:
@@ -240,6 +264,10 @@ class PoolManager(OffloadingManager):
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.detach()
+
+
+def _request_of(req_context) -> str:
+    return str(getattr(req_context, "req_id", ""))
 
 
 def worker_host_slots(pool, rank: int) -> dict:
