@@ -2,6 +2,7 @@
 // (docs/DESIGN.md §6.6). Calls hold the GIL (they are microseconds); a stopped holder of the
 // pool's lock makes one fail after lock_timeout seconds, never hang.
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -76,7 +77,7 @@ std::chrono::milliseconds millis(double seconds, const char* what) {
                                                  std::to_string(seconds) +
                                                  " s is out of range; it must be 0 .. 3600");
   }
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
+  return std::chrono::milliseconds(std::llround(seconds * 1000.0));
 }
 
 py::dict tenant_dict(const pool::TenantStats& t) {

@@ -319,7 +319,7 @@ TEST_P(PoolModel, RandomMultiTenantStreamsMatchOneSharedLru) {
   EXPECT_GT(evictions, 0U);
   EXPECT_GT(cap_skips, 0U);
   EXPECT_GT(no_room, 0U);
-  std::printf(
+  (void)std::printf(
       "seed %u: %lu hits (%lu cross-engine), %lu evictions, %lu cap skips, %lu no-room skips\n",
       GetParam(), static_cast<unsigned long>(hits), static_cast<unsigned long>(cross),
       static_cast<unsigned long>(evictions), static_cast<unsigned long>(cap_skips),
