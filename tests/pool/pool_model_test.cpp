@@ -181,6 +181,7 @@ class Model {
       if (v.state == SlotState::kReady && v.pin_mask == 0) order.emplace_back(v.stamp, v.slot);
     std::sort(order.rbegin(), order.rend());
     std::vector<std::uint32_t> pool_lru;
+    pool_lru.reserve(order.size());
     for (const auto& o : order) pool_lru.push_back(o.second);
     if (pool_lru != std::vector<std::uint32_t>(lru_.begin(), lru_.end()))
       diff += "LRU order differs; ";
