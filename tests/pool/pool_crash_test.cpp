@@ -33,7 +33,7 @@ struct StepTrap {
 };
 void trap_hook(void* context, Op /*op*/, std::uint32_t /*step*/) {
   auto* t = static_cast<StepTrap*>(context);
-  if (t->armed && t->seen++ == t->at) ::raise(t->signal);
+  if (t->armed && t->seen++ == t->at) (void)::raise(t->signal);
 }
 
 enum class Scenario {
@@ -83,7 +83,7 @@ void leave_a_dead_tenant(const std::filesystem::path& dir, const char* engine) {
     const StoreOutcome s = p.prepare_stores(keys(700, 2));
     for (std::size_t i = 0; i < s.slots.size(); ++i)
       test::write_chunk(p, s.slots[i], keys(700, 2)[s.positions[i]]);
-    ::raise(SIGKILL);
+    (void)::raise(SIGKILL);
     return 0;
   });
   const int status = kvoffload::test::wait_child(pid);
@@ -197,7 +197,7 @@ TEST_P(KillAtEveryStep, TheIndexStaysConsistentAndTheLiveTenantKeepsServing) {
   // The run that finished: the child detached (or died with its tenant) and left nothing.
   parent.reclaim_dead_tenants();
   EXPECT_EQ(parent.stats().tenants.size(), 1U);
-  std::printf("%s: killed at each of %u steps\n", name_of(GetParam()), kills);
+  (void)std::printf("%s: killed at each of %u steps\n", name_of(GetParam()), kills);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, KillAtEveryStep,
@@ -220,7 +220,7 @@ TEST(PoolCrash, AHalfWrittenChunkOfADeadTenantIsNeverServedAndIsStoredAgain) {
     std::byte* b = p.chunk(s.slots[0], 0);
     for (std::uint64_t i = 0; i < 256; ++i)
       b[i] = static_cast<std::byte>(test::byte_of(k[0], 0, i));
-    ::raise(SIGKILL);  // half of rank 0's bytes written, nothing committed
+    (void)::raise(SIGKILL);  // half of rank 0's bytes written, nothing committed
     return 0;
   });
   ASSERT_TRUE(WIFSIGNALED(kvoffload::test::wait_child(pid)));
@@ -241,7 +241,7 @@ TEST(PoolCrash, ADeadTenantsPinsAndStoresAreReclaimedWhenAStoreFindsNoRoom) {
     test::store(p, keys(0, 2));
     if (p.lookup(keys(0, 2), true).hits != 2) return 1;
     if (p.prepare_stores(keys(9, 1)).slots.size() != 1) return 1;
-    ::raise(SIGKILL);  // every slot pinned or writing by a dead tenant
+    (void)::raise(SIGKILL);  // every slot pinned or writing by a dead tenant
     return 0;
   });
   ASSERT_TRUE(WIFSIGNALED(kvoffload::test::wait_child(pid)));
@@ -302,7 +302,7 @@ TEST(PoolCrash, AStoppedLockHolderIsReportedWithItsPidAfterABoundedWait) {
     EXPECT_THAT(e.what(), HasSubstr("lookup waited 0.200 s"));
   }
   EXPECT_THROW((void)parent.prepare_stores(keys(0, 1)), Error);
-  ::kill(pid, SIGCONT);
+  (void)::kill(pid, SIGCONT);
   const int status = kvoffload::test::wait_child(pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_EQ(test::store(parent, keys(0, 1)), 1U);
@@ -314,7 +314,7 @@ TEST(PoolCrash, AStoppedLockHolderKilledLeavesARepairableIndex) {
   auto parent = NodePool::attach(small_options(dir.path(), "parent"));
   test::store(parent, keys(0, 4));
   const pid_t pid = stopped_lock_holder(dir.path());
-  ::kill(pid, SIGKILL);
+  (void)::kill(pid, SIGKILL);
   (void)kvoffload::test::wait_child(pid);
   EXPECT_EQ(test::load_verified(parent, keys(0, 4)), 4U);
   EXPECT_EQ(parent.stats().tenants.size(), 1U);

@@ -181,6 +181,7 @@ class Model {
       if (v.state == SlotState::kReady && v.pin_mask == 0) order.emplace_back(v.stamp, v.slot);
     std::sort(order.rbegin(), order.rend());
     std::vector<std::uint32_t> pool_lru;
+    pool_lru.reserve(order.size());
     for (const auto& o : order) pool_lru.push_back(o.second);
     if (pool_lru != std::vector<std::uint32_t>(lru_.begin(), lru_.end()))
       diff += "LRU order differs; ";
@@ -319,7 +320,7 @@ TEST_P(PoolModel, RandomMultiTenantStreamsMatchOneSharedLru) {
   EXPECT_GT(evictions, 0U);
   EXPECT_GT(cap_skips, 0U);
   EXPECT_GT(no_room, 0U);
-  std::printf(
+  (void)std::printf(
       "seed %u: %lu hits (%lu cross-engine), %lu evictions, %lu cap skips, %lu no-room skips\n",
       GetParam(), static_cast<unsigned long>(hits), static_cast<unsigned long>(cross),
       static_cast<unsigned long>(evictions), static_cast<unsigned long>(cap_skips),

@@ -132,6 +132,7 @@ TEST(PoolProcesses, ThreeEnginesAtOnceUnderEvictionLoadOnlyVerifiedBytes) {
   int go[2];
   ASSERT_EQ(::pipe(go), 0);
   std::vector<Engine> engines;
+  engines.reserve(3);
   for (int i = 0; i < 3; ++i)
     engines.push_back(
         spawn(dir.path(), "engine-" + std::to_string(i), kSlots, 100 + i, kRequests, kDocs, go[0]));

@@ -319,7 +319,7 @@ TEST(PoolUnit, AStalePoolIsReclaimedAndAForeignFileRefused) {
   const pid_t pid = kvoffload::test::fork_child([&] {
     auto a = NodePool::attach(small_options(dir.path(), "a"));
     test::store(a, keys(0, 3));
-    ::raise(SIGKILL);
+    (void)::raise(SIGKILL);
     return 0;
   });
   ASSERT_TRUE(WIFSIGNALED(kvoffload::test::wait_child(pid)));

@@ -481,6 +481,77 @@ KVO_API kvo_status kvo_remote_tier_fingerprint(const kvo_remote_tier_options* op
 /* Bytes of one stored value (slot bytes + the 64-byte header). */
 KVO_API uint64_t kvo_remote_value_bytes(uint64_t slot_bytes);
 
+/* ---------------------------------------------------------------------------------------------
+ * The node pool (docs/DESIGN.md §6.6): one KV chunk pool per node shared by every engine that
+ * attaches, with no server. A kvo_pool_t is one tenant; it may be shared between threads (calls
+ * are serialised). Output arrays have room for `count` elements. Running out of room is counted
+ * in kvo_pool_store, never an error; a stopped holder of the pool's lock makes a call fail with
+ * KVO_TIMEOUT naming its PID after lock_timeout_ms.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct kvo_pool kvo_pool_t;
+
+typedef struct kvo_pool_options {
+  size_t struct_size;    /* set by kvo_pool_options_init */
+  const char* name;      /* the pool, 1..128 of [A-Za-z0-9._-]; required */
+  const char* engine_id; /* this tenant, same rule; unique among live tenants; required */
+  const char* shm_dir;   /* NULL or "": $KVOFFLOAD_SHM_DIR, else /dev/shm */
+  uint64_t slot_bytes;   /* every tenant must agree on these six (KVO_MISMATCH otherwise) */
+  uint32_t slot_count;
+  uint32_t world_size;        /* default 1 */
+  const char* layout;         /* 1..31 characters */
+  const char* dtype;          /* 1..31 characters */
+  const char* fingerprint;    /* model fingerprint / key namespace, 1..255 characters */
+  uint32_t max_tenants;       /* creator only; default 16, at most 64 */
+  uint64_t cap_bytes;         /* per-tenant cap (whole chunks); 0: none */
+  double cap_fraction;        /* or a fraction (0, 1] of slot_count; 0: none */
+  uint32_t lock_timeout_ms;   /* default 5000 */
+  uint32_t sweep_interval_ms; /* liveness sweep of the other tenants; default 1000 */
+} kvo_pool_options;
+
+typedef struct kvo_pool_lookup {
+  uint32_t hits;              /* the ready prefix; slots_out[0..hits) */
+  uint32_t cross_engine_hits; /* of which another engine stored */
+} kvo_pool_lookup;
+
+typedef struct kvo_pool_store {
+  size_t num_slots;   /* keys[positions_out[i]] goes to slots_out[i], i < num_slots */
+  size_t num_evicted; /* evicted_out[0..num_evicted) */
+  uint32_t skipped_present, skipped_writing, skipped_no_room, skipped_cap;
+} kvo_pool_store;
+
+typedef struct kvo_pool_stats {
+  uint64_t slot_count, free, writing, ready, pinned, repairs, tenants_reclaimed;
+  uint32_t tenants; /* live tenants */
+  /* This tenant's counters. */
+  uint64_t lookup_keys, hits, cross_engine_hits, stores_prepared, stores_committed, stores_aborted,
+      evictions, pins, pinned_slots, occupancy;
+} kvo_pool_stats;
+
+KVO_API kvo_status kvo_pool_options_init(kvo_pool_options* options);
+/* Creates the pool file or joins it (docs/DESIGN.md §6.6 for what is refused). */
+KVO_API kvo_status kvo_pool_attach(const kvo_pool_options* options, kvo_pool_t** out);
+/* Detaches the tenant (pins and writing slots dropped, ready chunks stay; the last tenant removes
+ * the pool) and frees the handle. NULL is ignored. */
+KVO_API void kvo_pool_close(kvo_pool_t* pool);
+/* The ready prefix of keys, touched or (pin != 0) pinned for this tenant; slots_out may be NULL. */
+KVO_API kvo_status kvo_pool_lookup_keys(kvo_pool_t* pool, const kvo_block_key* keys, size_t count,
+                                        int pin, uint32_t* slots_out, kvo_pool_lookup* out);
+/* Writing slots for the keys neither ready nor being written; evicted_out may be NULL. */
+KVO_API kvo_status kvo_pool_prepare_stores(kvo_pool_t* pool, const kvo_block_key* keys,
+                                           size_t count, uint32_t* positions_out,
+                                           uint32_t* slots_out, kvo_block_key* evicted_out,
+                                           kvo_pool_store* out);
+KVO_API kvo_status kvo_pool_commit_stores(kvo_pool_t* pool, const uint32_t* slots, size_t count);
+KVO_API kvo_status kvo_pool_abort_stores(kvo_pool_t* pool, const uint32_t* slots, size_t count);
+KVO_API kvo_status kvo_pool_unpin(kvo_pool_t* pool, const uint32_t* slots, size_t count);
+/* The address of rank's slot_bytes of chunk slot (valid until kvo_pool_close). */
+KVO_API kvo_status kvo_pool_chunk(kvo_pool_t* pool, uint32_t slot, uint32_t rank, void** out);
+KVO_API kvo_status kvo_pool_reclaim_dead_tenants(kvo_pool_t* pool, uint32_t* out_reclaimed);
+/* KVO_OK when every invariant of the shared index holds; else KVO_INTERNAL with the violations
+ * in kvo_last_error_message(). */
+KVO_API kvo_status kvo_pool_check_invariants(kvo_pool_t* pool);
+KVO_API kvo_status kvo_pool_stats_get(kvo_pool_t* pool, kvo_pool_stats* out);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -191,7 +191,7 @@ void PoolImpl::attach_tenant() {
   r.engine_hash = engine_hash_;
   r.cap_slots = static_cast<std::uint32_t>(std::min<std::uint64_t>(cap, v_.n()));
   r.lru_head = r.lru_tail = kNone;
-  std::memcpy(r.engine_id, options_.engine_id.data(), options_.engine_id.size());
+  options_.engine_id.copy(r.engine_id, kNameChars);  // <= 128 chars: NUL-terminated (zeroed)
   step();
   r.in_use = 1;  // last: a record is a tenant only once it is complete
   tenant_ = free_rec;

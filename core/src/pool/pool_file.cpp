@@ -44,7 +44,7 @@ std::string q(const std::filesystem::path& p) {
 
 void copy_name(char* dst, std::size_t cap, const std::string& src) {
   std::memset(dst, 0, cap);
-  std::memcpy(dst, src.data(), std::min(src.size(), cap - 1));
+  src.copy(dst, std::min(src.size(), cap - 1));  // dst stays NUL-terminated (zeroed above)
 }
 
 std::uint64_t page_size() {
@@ -262,7 +262,7 @@ JoinResult try_join(const PoolOptions& o, const std::filesystem::path& path, Poo
   if (::fstat(fd.fd, &st) != 0) throw_system_error("fstat", errno, path.string());
   if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 07777) != 0600) {
     char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    (void)std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
     throw Error(
         ErrorCode::kPermission,
         "node pool " + q(path) + " is refused: " +

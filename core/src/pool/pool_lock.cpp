@@ -61,7 +61,7 @@ void PoolImpl::lock(Op op, bool hooked) {
   if (rc == ETIMEDOUT) {
     const pid_t holder = __atomic_load_n(&v_.h->holder_pid, __ATOMIC_RELAXED);
     char secs[32];
-    std::snprintf(secs, sizeof secs, "%.3f", static_cast<double>(ms) / 1000.0);
+    (void)std::snprintf(secs, sizeof secs, "%.3f", static_cast<double>(ms) / 1000.0);
     throw Error(ErrorCode::kTimeout,
                 "node pool '" + file_.path.string() + "': " + std::string(to_string(op)) +
                     " waited " + secs + " s for the index lock, held by " +

@@ -60,11 +60,9 @@ void PoolImpl::repair(std::uint64_t dead) noexcept {
       if (p != 0) mask |= std::uint64_t{1} << t;
     }
     r.pin_mask = mask;
-    if (r.state == static_cast<std::uint32_t>(SlotState::kFree)) {
-      r.owner = kNone;
-    } else if (ready && r.owner != kNone && gone(r.owner)) {
-      r.owner = kNone;
-    }
+    // A free slot has no owner; a ready chunk of a dead owner belongs to nobody now.
+    const bool is_free = r.state == static_cast<std::uint32_t>(SlotState::kFree);
+    if (is_free || (ready && r.owner != kNone && gone(r.owner))) r.owner = kNone;
   }
   step();
   // 3. Dead tenants' records.

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,7 +15,7 @@ namespace kvoffload::pool::detail {
 std::optional<ProcStat> read_proc_stat(pid_t pid) noexcept {
   if (pid <= 0) return std::nullopt;
   char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  (void)std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
   char buf[1024];
