@@ -64,16 +64,14 @@ last.)")
       .def(py::init([](const std::string& engine_id, std::uint64_t num_chunks,
                        std::uint64_t slot_bytes, std::uint32_t world_size, std::uint32_t rank,
                        py::handle groups, std::uint32_t blocks_per_chunk,
-                       const std::string& backend, const std::vector<int>& devices,
-                       bool replicated, std::uint64_t slot_align,
-                       std::optional<std::filesystem::path> shm_dir, double join_timeout,
-                       unsigned populate_threads, const std::string& bringup,
+                       const std::string& backend, const std::vector<int>& devices, bool replicated,
+                       std::uint64_t slot_align, std::optional<std::filesystem::path> shm_dir,
+                       double join_timeout, unsigned populate_threads, const std::string& bringup,
                        std::uint64_t bringup_piece_bytes, std::uint64_t bringup_first_piece_bytes,
                        bool allow_kernel) {
              if (!(join_timeout >= 0.0)) {
-               throw Error(ErrorCode::kInvalidArgument,
-                           "join_timeout must be >= 0 seconds, got " +
-                               std::to_string(join_timeout));
+               throw Error(ErrorCode::kInvalidArgument, "join_timeout must be >= 0 seconds, got " +
+                                                            std::to_string(join_timeout));
              }
              WorkerConfig c;
              c.region.engine_id = engine_id;
@@ -97,12 +95,12 @@ last.)")
              return PyWorker{std::shared_ptr<OffloadWorker>(OffloadWorker::build(c))};
            }),
            py::kw_only(), py::arg("engine_id"), py::arg("num_chunks"), py::arg("slot_bytes"),
-           py::arg("world_size"), py::arg("rank"), py::arg("groups"),
-           py::arg("blocks_per_chunk"), py::arg("backend") = "auto",
-           py::arg("devices") = std::vector<int>{}, py::arg("replicated") = false,
-           py::arg("slot_align") = kDefaultSlotAlign, py::arg("shm_dir") = py::none(),
-           py::arg("join_timeout") = 30.0, py::arg("populate_threads") = 1,
-           py::arg("bringup") = "blocking", py::arg("bringup_piece_bytes") = kDefaultBringupPieceBytes,
+           py::arg("world_size"), py::arg("rank"), py::arg("groups"), py::arg("blocks_per_chunk"),
+           py::arg("backend") = "auto", py::arg("devices") = std::vector<int>{},
+           py::arg("replicated") = false, py::arg("slot_align") = kDefaultSlotAlign,
+           py::arg("shm_dir") = py::none(), py::arg("join_timeout") = 30.0,
+           py::arg("populate_threads") = 1, py::arg("bringup") = "blocking",
+           py::arg("bringup_piece_bytes") = kDefaultBringupPieceBytes,
            py::arg("bringup_first_piece_bytes") = kDefaultBringupFirstPieceBytes,
            py::arg("allow_kernel") = true)
       .def_property_readonly(
@@ -115,14 +113,15 @@ last.)")
           },
           "The rank's TransferEngine (submit, poll, wait); it keeps the worker alive")
       .def_property_readonly("device", [](const PyWorker& w) { return w.open().device(); })
-      .def_property_readonly("backend",
-                             [](const PyWorker& w) { return std::string(w.open().runtime().name()); })
+      .def_property_readonly(
+          "backend", [](const PyWorker& w) { return std::string(w.open().runtime().name()); })
       .def_property_readonly("region_path",
                              [](const PyWorker& w) { return w.open().region().path(); })
       .def_property_readonly("geometry",
                              [](const PyWorker& w) { return w.open().region().geometry(); })
       .def(
-          "bringup_status", [](const PyWorker& w) { return bringup_dict(w.open().region().bringup_status()); },
+          "bringup_status",
+          [](const PyWorker& w) { return bringup_dict(w.open().region().bringup_status()); },
           "This rank's bring-up: state, ready_chunks, num_chunks, seconds, failed_chunk, error")
       .def(
           "wait_bringup",
