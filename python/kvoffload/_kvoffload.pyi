@@ -368,6 +368,43 @@ class TransferEngine:
     def __enter__(self) -> Any: ...
     def __exit__(self, *args) -> bool: ...
 
+class OffloadWorker:
+    """One rank of an engine, assembled by the library.
+
+    OffloadWorker(engine_id=..., num_chunks=..., slot_bytes=..., world_size=..., rank=..., groups=...,
+    blocks_per_chunk=..., backend='auto', devices=[], bringup='blocking', ...): probes the backend,
+    makes the runtime on the rank's device (devices[rank % len(devices)], else rank % device count),
+    joins (or creates) the region for `rank` and brings its slots up: 'blocking' returns with the pool
+    registered; 'background' returns once the region is mapped and registers each piece as it comes
+    up (a 64 MiB first piece, doubling up to bringup_piece_bytes) while the rank serves. `engine` is
+    the TransferEngine over `groups` (the engine's device tensors, as for TransferEngine). close()
+    drains the engine, unregisters every piece before the region unmaps, and releases the runtime
+    last.
+    """
+    def __init__(self, *, engine_id: str, num_chunks: int, slot_bytes: int, world_size: int, rank: int, groups: Any, blocks_per_chunk: int, backend: str = 'auto', devices: List[int] = ..., replicated: bool = False, slot_align: int = 256, shm_dir: Optional[os.PathLike] = None, join_timeout: float = 30.0, populate_threads: int = 1, bringup: str = 'blocking', bringup_piece_bytes: int = 1073741824, bringup_first_piece_bytes: int = 67108864, allow_kernel: bool = True) -> None: ...
+    @property
+    def engine(self) -> TransferEngine: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def region_path(self) -> os.PathLike: ...
+    @property
+    def geometry(self) -> RegionGeometry: ...
+    def bringup_status(self) -> dict:
+        """This rank's bring-up: state, ready_chunks, num_chunks, seconds, failed_chunk, error"""
+    def wait_bringup(self) -> None:
+        """Blocks until the bring-up is no longer running; raises its error when it failed"""
+    def chunks_ready_on_all_ranks(self) -> int:
+        """Rows ready on every rank (never blocks)"""
+    def registration(self) -> dict:
+        """The pieces registered so far: pieces, bytes (this rank's registered bytes), seconds"""
+    def close(self) -> bool:
+        """Engine drains, pieces unregister, region unmaps, runtime last (idempotent). False when a teardown step failed (logged)"""
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *args) -> bool: ...
+
 class LookupResult:
     """Members:
 

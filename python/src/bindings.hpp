@@ -8,6 +8,7 @@ namespace kvoffload::python {
 void bind_errors(pybind11::module_& m);
 void bind_region(pybind11::module_& m);
 void bind_runtime(pybind11::module_& m);
+void bind_worker(pybind11::module_& m);  // after bind_runtime: it returns TransferEngines
 void bind_manager(pybind11::module_& m);
 void bind_pool(pybind11::module_& m);
 void bind_vllm_manager(pybind11::module_& m);

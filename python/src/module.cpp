@@ -17,6 +17,7 @@ PYBIND11_MODULE(_kvoffload, m) {
   kvoffload::python::bind_errors(m);
   kvoffload::python::bind_region(m);
   kvoffload::python::bind_runtime(m);
+  kvoffload::python::bind_worker(m);
   kvoffload::python::bind_manager(m);
   kvoffload::python::bind_pool(m);
   kvoffload::python::bind_vllm_manager(m);

@@ -14,6 +14,7 @@
 #include <kvoffload/transfer_engine.hpp>
 
 #include "bindings.hpp"
+#include "engine_holder.hpp"
 #include "region_holder.hpp"
 #include "stats_dict.hpp"
 
@@ -39,6 +40,16 @@ Direction direction_from_py(py::handle obj) {
               "direction must be 'store', 'load' or a kvoffload.Direction");
 }
 
+EngineOptions options_from_py(bool register_host, bool allow_kernel, bool calibrate) {
+  EngineOptions o;
+  o.register_host = register_host;
+  o.allow_kernel = allow_kernel;
+  o.calibrate = calibrate;
+  return o;
+}
+
+}  // namespace
+
 // A group is a sequence of DeviceTensor (or (base, num_blocks, page_bytes[, block_stride]) tuples).
 std::vector<KvGroup> groups_from_py(py::handle groups) {
   std::vector<KvGroup> out;
@@ -63,24 +74,6 @@ std::vector<KvGroup> groups_from_py(py::handle groups) {
   }
   return out;
 }
-
-EngineOptions options_from_py(bool register_host, bool allow_kernel, bool calibrate) {
-  EngineOptions o;
-  o.register_host = register_host;
-  o.allow_kernel = allow_kernel;
-  o.calibrate = calibrate;
-  return o;
-}
-
-// The engine plus the Python objects it depends on: the runtime (must outlive it) and the region
-// or host buffer holding its slots. Declared before `engine` so they are released after it.
-struct PyEngine {
-  py::object runtime_ref;
-  py::object host_ref;
-  std::unique_ptr<TransferEngine> engine;
-};
-
-}  // namespace
 
 void bind_transfer_engine(py::module_& m) {
   py::enum_<Direction>(m, "Direction")

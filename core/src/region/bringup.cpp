@@ -49,7 +49,8 @@
 // first request; 64 MiB pieces serve at once but cost 16 times the calls. So the first piece is
 // bringup_first_piece_bytes (64 MiB) and each next one doubles, up to bringup_piece_bytes
 // (1 GiB): the first rows serve after 64 MiB, and the pool still comes up in about
-// log2(max/first) + size/max pieces (4 GiB: 64+128+256+512 MiB, then three of 1 GiB = 7 pieces).
+// log2(max/first) + size/max pieces (4 GiB: 64+128+256+512 MiB, three of 1 GiB, then the 64 MiB
+// left: 8 pieces).
 // Sizes are in rows (bytes / row_stride, at least one row), so the doubling is exact in rows.
 
 namespace kvoffload {

@@ -1,11 +1,13 @@
 #include "runtime/fault_runtime.hpp"
 
+#include <utility>
+
 #include <kvoffload/error.hpp>
 
 namespace kvoffload {
 
 FaultInjectingRuntime::FaultInjectingRuntime(DeviceRuntime& inner, FaultPlan plan)
-    : inner_(inner), plan_(plan) {}
+    : inner_(inner), plan_(std::move(plan)) {}
 
 void FaultInjectingRuntime::set_plan(const FaultPlan& plan) {
   std::lock_guard lock(mutex_);

@@ -156,8 +156,8 @@ void validate(const WorkerConfig& config) {
     const DeviceCaches& c = *config.caches;
     if (c.tensors == 0 || c.num_blocks == 0 || c.block_bytes == 0) {
       throw_invalid("worker: caches of " + std::to_string(c.tensors) + " tensor(s) x " +
-                    std::to_string(c.num_blocks) + " block(s) x " +
-                    std::to_string(c.block_bytes) + " bytes; each must be > 0");
+                    std::to_string(c.num_blocks) + " block(s) x " + std::to_string(c.block_bytes) +
+                    " bytes; each must be > 0");
     }
     if (c.num_blocks > UINT64_MAX / c.block_bytes) {
       throw_invalid("worker: caches of " + std::to_string(c.num_blocks) + " blocks x " +
@@ -213,8 +213,8 @@ std::unique_ptr<OffloadWorker> OffloadWorker::build(const WorkerConfig& config,
     w->device_ = choose_device(config, rank, backend);
     RuntimeOptions ro = config.runtime;
     ro.device = w->device_;
-    w->runtime_ = hooks.make_runtime ? hooks.make_runtime(backend.name, ro)
-                                     : make_runtime(backend.name, ro);
+    w->runtime_ =
+        hooks.make_runtime ? hooks.make_runtime(backend.name, ro) : make_runtime(backend.name, ro);
     if (!w->runtime_) throw Error(ErrorCode::kInternal, "runtime factory returned null");
 
     w->pieces_ = std::make_unique<Pieces>(*w->runtime_);

@@ -39,7 +39,7 @@ inline void run_hook(const InitHooks& hooks, InitStep step, std::size_t index) {
 
 // Reports one released resource to the test hook; a throwing hook must not stop the teardown.
 inline void released(const std::function<void(InitStep, std::size_t)>& hook, InitStep step,
-              std::size_t index) noexcept {
+                     std::size_t index) noexcept {
   if (!hook) return;
   try {
     hook(step, index);
@@ -52,6 +52,5 @@ inline Region make_region(const InitHooks& hooks, const RegionOptions& o) {
   run_hook(hooks, InitStep::kRegion, 0);
   return hooks.make_region ? hooks.make_region(o) : Region::create_or_join(o);
 }
-
 
 }  // namespace kvoffload::detail
