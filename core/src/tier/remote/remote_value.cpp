@@ -1,7 +1,9 @@
 #include "remote_value.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <string_view>
 
 #include <xxhash.h>
 #if KVOFFLOAD_HAVE_XXH3_DISPATCH
@@ -97,9 +99,8 @@ StoreKey make_store_key(std::uint64_t fingerprint, const BlockKey& key,
                         std::uint32_t copy) noexcept {
   static constexpr char kHex[] = "0123456789abcdef";
   StoreKey k;
-  char* p = k.text.data();
-  std::memcpy(p, "kvo1:", 5);
-  p += 5;
+  static constexpr std::string_view kPrefix = "kvo1:";  // a key, not a C string: no terminator
+  char* p = std::copy(kPrefix.begin(), kPrefix.end(), k.text.data());
   for (int shift = 60; shift >= 0; shift -= 4) *p++ = kHex[(fingerprint >> shift) & 0xF];
   *p++ = ':';
   key.to_hex(p);
