@@ -2,8 +2,11 @@
 
 #include <bit>
 #include <cstring>
+#include <string>
 
 #include <xxhash.h>
+
+#include <kvoffload/remote_tier.hpp>
 
 namespace kvoffload::detail {
 
@@ -129,3 +132,14 @@ std::uint16_t cluster_slot(std::string_view key) noexcept {
 }
 
 }  // namespace kvoffload::detail
+
+namespace kvoffload {
+
+// xxh3-64 like the values' checksums: the fingerprint names the values an engine may read, so it
+// belongs with the value format (and, like it, only in a build with the remote tier).
+std::uint64_t RemoteGeometry::fingerprint() const {
+  const std::string text = describe();
+  return XXH3_64bits(text.data(), text.size());
+}
+
+}  // namespace kvoffload
