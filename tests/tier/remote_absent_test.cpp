@@ -23,9 +23,9 @@
 namespace kvoffload {
 namespace {
 
+using test::TieredFixture;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using test::TieredFixture;
 
 constexpr const char* kRefusal =
     "this build has no remote tier; rebuild with -DKVOFFLOAD_REMOTE_TIER=ON";
@@ -100,7 +100,8 @@ TEST(RemoteAbsent, TheConfigurationStillParsesAndValidates) {
   EXPECT_THAT(report.problem(), HasSubstr("the server is unreachable"));
 }
 
-// The C API's fingerprint: the error status and the same sentence, through kvo_last_error_message().
+// The C API's fingerprint: the error status and the same sentence, through
+// kvo_last_error_message().
 TEST(RemoteAbsent, TheCApisFingerprintIsRefused) {
   kvo_remote_tier_options o;
   ASSERT_EQ(kvo_remote_tier_options_init(&o), KVO_OK);

@@ -43,7 +43,9 @@ namespace {
 
 }  // namespace
 
-bool remote_tier_built() noexcept { return false; }
+bool remote_tier_built() noexcept {
+  return false;
+}
 
 std::unique_ptr<RemoteTier> RemoteTier::open(const RemoteTierOptions& options) {
   refuse("remote tier " + options.name + " at " + options.url.to_string());
@@ -64,23 +66,47 @@ struct RemoteTier::Impl {};
 RemoteTier::RemoteTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RemoteTier::~RemoteTier() = default;
 
-const std::string& RemoteTier::name() const noexcept { no_tier_exists("name"); }
-const RemoteTierOptions& RemoteTier::options() const noexcept { no_tier_exists("options"); }
+const std::string& RemoteTier::name() const noexcept {
+  no_tier_exists("name");
+}
+const RemoteTierOptions& RemoteTier::options() const noexcept {
+  no_tier_exists("options");
+}
 std::string RemoteTier::store_key(const BlockKey& /*key*/, std::uint32_t /*copy*/) const {
   no_tier_exists("store_key");
 }
-TierBatch RemoteTier::put(std::span<const TierPut> /*items*/) { no_tier_exists("put"); }
-TierBatch RemoteTier::get(std::span<const TierGet> /*items*/) { no_tier_exists("get"); }
-bool RemoteTier::contains(const BlockKey& /*key*/) const { no_tier_exists("contains"); }
+TierBatch RemoteTier::put(std::span<const TierPut> /*items*/) {
+  no_tier_exists("put");
+}
+TierBatch RemoteTier::get(std::span<const TierGet> /*items*/) {
+  no_tier_exists("get");
+}
+bool RemoteTier::contains(const BlockKey& /*key*/) const {
+  no_tier_exists("contains");
+}
 void RemoteTier::lookup(std::span<const BlockKey> /*keys*/, std::span<TierPresence> /*out*/) {
   no_tier_exists("lookup");
 }
-std::optional<TierPresence> RemoteTier::known(const BlockKey& /*key*/) { no_tier_exists("known"); }
-TierBatch RemoteTier::remove(std::span<const BlockKey> /*keys*/) { no_tier_exists("remove"); }
-void RemoteTier::drain() { no_tier_exists("drain"); }
-RemoteStats RemoteTier::remote_stats() const { no_tier_exists("remote_stats"); }
-std::string RemoteTier::first_auth_failure() const { no_tier_exists("first_auth_failure"); }
-TierStats RemoteTier::stats() const { no_tier_exists("stats"); }
-bool RemoteTier::close() noexcept { no_tier_exists("close"); }
+std::optional<TierPresence> RemoteTier::known(const BlockKey& /*key*/) {
+  no_tier_exists("known");
+}
+TierBatch RemoteTier::remove(std::span<const BlockKey> /*keys*/) {
+  no_tier_exists("remove");
+}
+void RemoteTier::drain() {
+  no_tier_exists("drain");
+}
+RemoteStats RemoteTier::remote_stats() const {
+  no_tier_exists("remote_stats");
+}
+std::string RemoteTier::first_auth_failure() const {
+  no_tier_exists("first_auth_failure");
+}
+TierStats RemoteTier::stats() const {
+  no_tier_exists("stats");
+}
+bool RemoteTier::close() noexcept {
+  no_tier_exists("close");
+}
 
 }  // namespace kvoffload
