@@ -34,10 +34,11 @@ namespace {
 }
 
 [[noreturn]] void no_tier_exists(const char* member) noexcept {
-  std::fprintf(stderr,
-               "kvoffload: RemoteTier::%s called in a build without the remote tier, where no "
-               "RemoteTier can be opened (a bug)\n",
-               member);
+  (void)std::fprintf(
+      stderr,
+      "kvoffload: RemoteTier::%s called in a build without the remote tier, where no "
+      "RemoteTier can be opened (a bug)\n",
+      member);
   std::abort();
 }
 
