@@ -16,6 +16,13 @@ option(KVOFFLOAD_WERROR "Treat warnings as errors" OFF)
 # zlib, Brotli); for a host that lacks them, e.g. a GPU host's smoke run (tools/gpu-smoke.sh
 # --no-exporter).
 option(KVOFFLOAD_EXPORTER "Build the Prometheus exporter subcommand (needs cpp-httplib)" ON)
+# OFF: no distributed tier (core/src/tier/remote: Redis, Redis Cluster, memcached), so no hiredis,
+# libmemcached (and the libsasl2 its .pc requires), libxxhash or OpenSSL; for a host that lacks
+# them, e.g. a GPU host's smoke run (tools/gpu-smoke.sh --no-remote-tier). The library keeps its
+# API: a remote URL given to such a build is refused with ErrorCode::kNotAvailable, "this build
+# has no remote tier; rebuild with -DKVOFFLOAD_REMOTE_TIER=ON" (Note [Built without the remote
+# tier] in core/src/tier/remote/remote_tier_absent.cpp).
+option(KVOFFLOAD_REMOTE_TIER "Build the remote tier (needs hiredis, libmemcached, libxxhash, OpenSSL)" ON)
 set(KVOFFLOAD_SANITIZE "" CACHE STRING "Sanitizers: empty, 'address;undefined' or 'thread'")
 
 set(KVOFFLOAD_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures for the kernels")

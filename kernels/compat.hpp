@@ -12,6 +12,8 @@
 //   st.global.cs through __ldcs/__stcs on CUDA, nontemporal loads/stores on AMD.
 // - kvo_copy_word<T>: one aligned 8-, 4- or 2-byte word copied (the kernel's narrow path); on
 //   sim it faults when misaligned, as the GPU's narrow loads and stores do.
+// - kvo_note_group(bytes, capacity): the bytes one thread moves in one group of loads and what it
+//   could move; counted on sim (bytes in flight per CTA, SimCounters), nothing on a GPU.
 // - kvo_block_scan<Threads>: a block-wide inclusive sum from the vendors' own libraries
 //   (cub::BlockScan from CCCL on CUDA, rocprim::block_scan on HIP; hipCUB is not packaged in
 //   Debian), and a plain scan over the CTA's shared arena on sim.
@@ -49,6 +51,8 @@ template <typename T>
 __device__ __forceinline__ void kvo_copy_word(unsigned char* dst, const unsigned char* src) {
   *reinterpret_cast<T*>(dst) = *reinterpret_cast<const T*>(src);
 }
+// Accounting of the simulated device only (bytes a thread moves per group); nothing on a GPU.
+__device__ __forceinline__ void kvo_note_group(unsigned /*bytes*/, unsigned /*capacity*/) {}
 
 template <int Threads>
 struct kvo_block_scan {
@@ -100,6 +104,9 @@ template <typename T>
 inline void kvo_copy_word(unsigned char* dst, const unsigned char* src) {
   ::kvoffload::kernels::sim::word_copy(dst, src, sizeof(T));
 }
+inline void kvo_note_group(unsigned bytes, unsigned capacity) {
+  ::kvoffload::kernels::sim::note_group(bytes, capacity);
+}
 
 template <int Threads>
 struct kvo_block_scan {
@@ -147,6 +154,8 @@ template <typename T>
 __device__ __forceinline__ void kvo_copy_word(unsigned char* dst, const unsigned char* src) {
   *reinterpret_cast<T*>(dst) = *reinterpret_cast<const T*>(src);
 }
+// Accounting of the simulated device only (bytes a thread moves per group); nothing on a GPU.
+__device__ __forceinline__ void kvo_note_group(unsigned /*bytes*/, unsigned /*capacity*/) {}
 
 template <int Threads>
 struct kvo_block_scan {

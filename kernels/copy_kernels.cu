@@ -5,12 +5,17 @@
 //
 // Note [Batch copy work split]
 // Descriptors are read in batches of kThreads into shared memory. Each descriptor is cut into
-// chunks of kChunk bytes (one 16-byte vector per thread), and an inclusive scan of the chunk
-// counts numbers every chunk of the batch. Chunks are taken kUnroll at a time ("groups"), and
-// group G of a batch belongs to CTA (G + rotation) % gridDim.x, where `rotation` carries the
-// group count of the previous batches so that a run of small batches does not always start at
-// CTA 0. So a 2 MiB descriptor is spread over the whole grid, 4 KiB descriptors are shared out
-// four to a group, and the work of every CTA differs by at most one group per batch. Every CTA
+// 16-byte vectors, and an inclusive scan of the vector counts numbers every vector of the batch,
+// descriptor after descriptor. A row is kThreads consecutive vectors of that numbering (thread t
+// takes the t-th), so a row may hold the end of one descriptor and the start of the next: pieces
+// under kChunk bytes share a row instead of each leaving most of one idle (before, a 1 KiB piece
+// had a 4 KiB chunk of its own, and three quarters of the loads in flight carried nothing). Rows
+// are taken kUnroll at a time ("groups"), and group G of a batch belongs to CTA
+// (G + rotation) % gridDim.x, where `rotation` carries the group count of the previous batches so
+// that a run of small batches does not always start at CTA 0. So a 2 MiB descriptor is spread
+// over the whole grid, 1 KiB descriptors fill sixteen to a group, and the work of every CTA
+// differs by at most one group per batch. Each thread finds the descriptor of its own vector
+// (a binary search of the scan in shared memory, before any load). Every CTA
 // reads every descriptor (24 bytes each), so the GPU runtime stages them in device memory with one
 // copy before the launch (Note [Descriptor rings] in core/src/runtime/gpu/gpu_kernel_path.cpp): the
 // CTAs then read them from L2, not each over PCIe.
@@ -28,7 +33,7 @@ constexpr int kThreads = kBatchCopyThreads;
 constexpr int kUnroll = kBatchCopyLoadsInFlight;
 using u64 = unsigned long long;
 constexpr u64 kChunk = kBatchCopyChunkBytes;
-static_assert(kChunk == 16ull * kThreads, "a chunk is one 16-byte vector per thread");
+static_assert(kChunk == 16ull * kThreads, "a row is one 16-byte vector per thread");
 
 // A valid, aligned device address for the loads of lanes that have no vector to copy.
 __device__ kvo_vec16 g_idle_source;
@@ -39,7 +44,7 @@ struct BatchShared {
   const unsigned char* src[kThreads];
   unsigned char* dst[kThreads];
   u64 bytes[kThreads];
-  u64 chunk_end[kThreads];  // inclusive scan of the chunk counts: chunks of desc i end here
+  u64 vec_end[kThreads];  // inclusive scan of the vector counts: vectors of desc i end here
   typename BlockScan::storage scan;
 };
 
@@ -68,14 +73,14 @@ __device__ __forceinline__ void copy_small(unsigned char* dst, const unsigned ch
   }
 }
 
-// Index of the descriptor that holds chunk g of the batch: the first d with chunk_end[d] > g.
-// Zero-byte descriptors own no chunk and are skipped by construction. g < chunk_end[n - 1].
-__device__ __forceinline__ int find_desc(const BatchShared& s, int n, u64 g) {
+// Index of the descriptor that holds vector v of the batch: the first d with vec_end[d] > v.
+// Zero-byte descriptors own no vector and are skipped by construction. v < vec_end[n - 1].
+__device__ __forceinline__ int find_desc(const BatchShared& s, int n, u64 v) {
   int lo = 0;
   int hi = n - 1;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (s.chunk_end[mid] > g) {
+    if (s.vec_end[mid] > v) {
       hi = mid;
     } else {
       lo = mid + 1;
@@ -94,22 +99,23 @@ __global__ void __launch_bounds__(kThreads)
   for (std::size_t base = 0; base < count; base += kThreads) {
     const int n = static_cast<int>(count - base < kThreads ? count - base : kThreads);
 
-    // Load this batch's descriptors (coalesced, one per thread) and scan their chunk counts.
-    u64 chunks = 0;
+    // Load this batch's descriptors (coalesced, one per thread) and scan their vector counts.
+    u64 vectors = 0;
     if (tid < n) {
       const CopyDesc d = descs[base + tid];
       s.src[tid] = static_cast<const unsigned char*>(d.src);
       s.dst[tid] = static_cast<unsigned char*>(d.dst);
       s.bytes[tid] = d.bytes;
-      chunks = (d.bytes + kChunk - 1) / kChunk;
+      vectors = (d.bytes + 15u) / 16u;
     }
     // Block-wide inclusive scan from the vendor library (compat.hpp): independent of the warp
     // size, and the library's scan beats a hand-written Hillis-Steele one.
-    s.chunk_end[tid] = BlockScan::inclusive_sum(chunks, s.scan);
+    s.vec_end[tid] = BlockScan::inclusive_sum(vectors, s.scan);
     __syncthreads();
 
-    const u64 total = s.chunk_end[kThreads - 1];
-    const u64 groups = (total + kUnroll - 1) / kUnroll;
+    const u64 total = s.vec_end[kThreads - 1];           // vectors of the batch
+    const u64 rows = (total + kThreads - 1) / kThreads;  // of kThreads vectors
+    const u64 groups = (rows + kUnroll - 1) / kUnroll;
     const u64 first = (blockIdx.x + grid - rotation) % grid;
 
     for (u64 group = first; group < groups; group += grid) {
@@ -126,22 +132,23 @@ __global__ void __launch_bounds__(kThreads)
         dst[u] = nullptr;
         len[u] = 0;
         fast[u] = false;
-        const u64 g = group * kUnroll + u;
-        if (g < total) {  // uniform across the CTA
-          const int d = find_desc(s, n, g);
-          const u64 chunk_begin = d == 0 ? 0 : s.chunk_end[d - 1];
-          const u64 off = (g - chunk_begin) * kChunk + static_cast<u64>(tid) * 16u;
-          if (off < s.bytes[d]) {
-            const u64 left = s.bytes[d] - off;
-            src[u] = s.src[d] + off;
-            dst[u] = s.dst[d] + off;
-            len[u] = static_cast<unsigned>(left < 16 ? left : 16);
-            const auto mis =
-                reinterpret_cast<std::uintptr_t>(src[u]) | reinterpret_cast<std::uintptr_t>(dst[u]);
-            fast[u] = len[u] == 16 && (mis & 15u) == 0;
-          }
+        const u64 v = (group * kUnroll + u) * kThreads + static_cast<u64>(tid);
+        if (v < total) {  // only the batch's last row has idle lanes
+          const int d = find_desc(s, n, v);
+          const u64 off = (v - (d == 0 ? 0 : s.vec_end[d - 1])) * 16u;
+          const u64 left = s.bytes[d] - off;  // > 0: vector v is one of d's
+          src[u] = s.src[d] + off;
+          dst[u] = s.dst[d] + off;
+          len[u] = static_cast<unsigned>(left < 16 ? left : 16);
+          const auto mis =
+              reinterpret_cast<std::uintptr_t>(src[u]) | reinterpret_cast<std::uintptr_t>(dst[u]);
+          fast[u] = len[u] == 16 && (mis & 15u) == 0;
         }
       }
+      unsigned moved = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) moved += len[u];
+      kvo_note_group(moved, 16u * kUnroll);  // the simulated device's accounting only
       // The loads are unconditional (a lane with nothing to load reads g_idle_source): a load in
       // its own branch gets a full wait for all earlier loads in front of it from LLVM's AMDGPU
       // backend, which would again leave one load in flight.

@@ -31,6 +31,9 @@ void vector_load(const void* src, void* out16);
 void vector_store(void* dst, const void* in16);
 // One 8-, 4- or 2-byte word copied: each address must be a multiple of `bytes`, or it faults.
 void word_copy(void* dst, const void* src, std::size_t bytes);
+// One thread's group of loads moved `bytes` of the `capacity` it could (kUnroll vectors): the
+// executor sums both, so a test reads the bytes a CTA keeps in flight (SimCounters).
+void note_group(unsigned bytes, unsigned capacity);
 
 inline void sync_threads() {
   ThreadContext& t = this_thread();

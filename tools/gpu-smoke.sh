@@ -6,13 +6,16 @@
 # recording which processes hold a context on which GPU, and writes logs and JSON under OUT_DIR
 # (at most eight files, none in subfolders). Sized for under 8 minutes on a 16-core machine.
 #
-#   tools/gpu-smoke.sh [--check-deps-only] [--no-exporter] OUT_DIR [cuda|hip]
+#   tools/gpu-smoke.sh [--check-deps-only] [--no-exporter] [--no-remote-tier] [--minimal] OUT_DIR [cuda|hip]
 #
 # --check-deps-only: check the dependencies, print the configure command it would run, build
 # nothing (CI runs it: the gpu_smoke_deps ctest). --no-exporter: build without the `kvoffload
 # exporter` subcommand (-DKVOFFLOAD_EXPORTER=OFF), so cpp-httplib and what its .pc requires
-# (OpenSSL, zlib, Brotli) are not needed. The backend is detected when not given (not with
-# --check-deps-only, which needs no GPU: give it).
+# (OpenSSL, zlib, Brotli) are not needed. --no-remote-tier: build without the Redis/memcached tier
+# (-DKVOFFLOAD_REMOTE_TIER=OFF), so hiredis, libmemcached, the libsasl2 and libcrypto its .pc
+# requires, and libxxhash are not needed. --minimal: both (then neither pkg-config nor OpenSSL
+# is needed either). The backend is detected when not given (not with --check-deps-only, which
+# needs no GPU: give it).
 #
 # OUT_DIR may be relative: it is resolved against the directory the script was started from.
 # Dependencies may come from extracted .deb files: point CMAKE_PREFIX_PATH at the prefix (e.g.
@@ -28,18 +31,22 @@ set -uo pipefail
 
 check_only=0
 exporter=ON
+remote_tier=ON
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --check-deps-only) check_only=1 ;;
     --no-exporter) exporter=OFF ;;
+    --no-remote-tier) remote_tier=OFF ;;
+    --minimal) exporter=OFF remote_tier=OFF ;;
     *)
-      echo "gpu-smoke: unknown option '$1' (--check-deps-only, --no-exporter)" >&2
+      echo "gpu-smoke: unknown option '$1' (--check-deps-only, --no-exporter, --no-remote-tier," \
+        "--minimal)" >&2
       exit 2
       ;;
   esac
   shift
 done
-out_arg=${1:?usage: tools/gpu-smoke.sh [--check-deps-only] [--no-exporter] OUT_DIR [cuda|hip]}
+out_arg=${1:?usage: tools/gpu-smoke.sh [--check-deps-only] [--no-exporter] [--no-remote-tier] [--minimal] OUT_DIR [cuda|hip]}
 backend=${2:-}
 mkdir -p "$out_arg" || exit 2
 out=$(cd "$out_arg" && pwd)  # before the cd below: a relative OUT_DIR is the caller's
@@ -91,12 +98,17 @@ deps=(
   "nlohmann_json|share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake|nlohmann-json3-dev"
   "GoogleTest|$mlib/cmake/GTest/GTestConfig.cmake|libgtest-dev libgmock-dev googletest"
   "Google Benchmark|$mlib/cmake/benchmark/benchmarkConfig.cmake|libbenchmark-dev libbenchmark1debian"
-  "hiredis|$mlib/pkgconfig/hiredis.pc|libhiredis-dev libhiredis0.14"
-  "libmemcached|$mlib/pkgconfig/libmemcached.pc|libmemcached-dev libmemcached11 libmemcachedutil2 libhashkit-dev libhashkit2"
-  "libsasl2 (libmemcached.pc requires it)|$mlib/pkgconfig/libsasl2.pc|libsasl2-dev libsasl2-2 libsasl2-modules-db libdb5.3"
-  "OpenSSL's libcrypto (libmemcached.pc requires it)|$mlib/pkgconfig/libcrypto.pc|libssl-dev libssl3"
-  "xxhash|$mlib/pkgconfig/libxxhash.pc|libxxhash-dev libxxhash0"
 )
+if [[ $remote_tier == ON ]]; then
+  deps+=(
+    "hiredis (the remote tier; --no-remote-tier builds without it)|$mlib/pkgconfig/hiredis.pc|libhiredis-dev libhiredis0.14"
+    "libmemcached (the remote tier)|$mlib/pkgconfig/libmemcached.pc|libmemcached-dev libmemcached11 libmemcachedutil2 libhashkit-dev libhashkit2"
+    "libsasl2 (libmemcached.pc requires it)|$mlib/pkgconfig/libsasl2.pc|libsasl2-dev libsasl2-2 libsasl2-modules-db libdb5.3"
+    "OpenSSL's libcrypto (libmemcached.pc requires it)|$mlib/pkgconfig/libcrypto.pc|libssl-dev libssl3"
+    "xxhash (the remote tier's checksums)|$mlib/pkgconfig/libxxhash.pc|libxxhash-dev libxxhash0"
+    "OpenSSL (the remote tier's TLS)|$mlib/pkgconfig/openssl.pc|libssl-dev libssl3"
+  )
+fi
 if [[ $exporter == ON ]]; then
   deps+=(
     "cpp-httplib (the exporter; --no-exporter builds without it)|$mlib/pkgconfig/cpp-httplib.pc|libcpp-httplib-dev libcpp-httplib0.11"
@@ -120,8 +132,11 @@ tool_missing() { command -v "$1" >/dev/null || missing+=("$2"); }
 tool_missing cmake "cmake (cmake >= 3.25)"
 tool_missing ninja "ninja (ninja-build)"
 tool_missing c++ "a C++20 compiler (g++ or clang++)"
-command -v pkg-config >/dev/null || command -v pkgconf >/dev/null ||
-  missing+=("pkg-config (pkgconf pkgconf-bin libpkgconf3)")
+# pkg-config reads the .pc files of the exporter's and the remote tier's packages only.
+if [[ $exporter == ON || $remote_tier == ON ]]; then
+  command -v pkg-config >/dev/null || command -v pkgconf >/dev/null ||
+    missing+=("pkg-config (pkgconf pkgconf-bin libpkgconf3)")
+fi
 if [[ $backend == cuda ]]; then
   tool_missing nvcc "nvcc (a CUDA toolkit 12.0 or newer under /usr/local/cuda or on PATH)"
 else
@@ -130,7 +145,7 @@ fi
 # The configure it runs (Python off: the GPU host may lack its dev packages).
 build=build/$backend
 configure=(cmake --preset "$backend" -DKVOFFLOAD_WERROR=OFF -DKVOFFLOAD_BUILD_PYTHON=OFF
-  -DKVOFFLOAD_EXPORTER="$exporter")
+  -DKVOFFLOAD_EXPORTER="$exporter" -DKVOFFLOAD_REMOTE_TIER="$remote_tier")
 if ((${#missing[@]} > 0)); then
   say "missing build dependencies, nothing was built:"
   for m in "${missing[@]}"; do say "  $m"; done

@@ -178,6 +178,9 @@ TEST_F(CliTest, VersionListsTheBackends) {
   EXPECT_THAT(text.out, HasSubstr("backends:\n"));
   EXPECT_THAT(text.out, HasSubstr("  host: 1 device"));
   EXPECT_THAT(text.out, HasSubstr("  sim: "));
+  // And whether the remote tier is built (KVOFFLOAD_REMOTE_TIER, ON in the presets).
+  EXPECT_EQ(v["remote_tier"], true);
+  EXPECT_THAT(text.out, HasSubstr("\nremote tier: built (redis, redis-cluster, memcached)\n"));
   // probe lists the same backends, the same way.
   const json p = run_json({"probe", "--shm-dir", shm_.string()});
   EXPECT_EQ(p["backends"].size(), v["backends"].size());

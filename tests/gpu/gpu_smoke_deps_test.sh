@@ -2,7 +2,8 @@
 # tools/gpu-smoke.sh --check-deps-only, as CI runs it (issue 25, item 3): every package the build
 # needs is checked before anything is built, including cpp-httplib and what its .pc requires,
 # libsasl2 (libmemcached's .pc requires it) and pkg-config; --no-exporter drops cpp-httplib's
-# part; the configure it would run has -DKVOFFLOAD_WERROR=OFF.
+# part, --no-remote-tier the remote tier's (hiredis, libmemcached, libsasl2, xxhash), --minimal
+# both; the configure it would run has -DKVOFFLOAD_WERROR=OFF and the options chosen.
 #
 #   gpu_smoke_deps_test.sh SOURCE_DIR WORK_DIR
 set -uo pipefail
@@ -35,7 +36,7 @@ for backend in cuda hip; do
     expect_rc "$backend here" 0 $rc "$out"
     has "$backend here" "$out" "build dependencies found"
     has "$backend here" "$out" "would configure: cmake --preset $backend -DKVOFFLOAD_WERROR=OFF"
-    has "$backend here" "$out" "-DKVOFFLOAD_EXPORTER=ON"
+    has "$backend here" "$out" "-DKVOFFLOAD_EXPORTER=ON -DKVOFFLOAD_REMOTE_TIER=ON"
   else
     expect_rc "$backend here, no $compiler" 2 $rc "$out"
     has "$backend here, no $compiler" "$out" "$compiler ("
@@ -59,11 +60,28 @@ expect_rc "bare machine, --no-exporter" 2 $? "$out"
 has "bare machine, --no-exporter" "$out" "libsasl2 ("
 lacks "bare machine, --no-exporter" "$out" "cpp-httplib"
 lacks "bare machine, --no-exporter" "$out" "Brotli"
+has "bare machine, --no-exporter" "$out" "hiredis (the remote tier"
+out=$(KVOFFLOAD_SMOKE_SYSTEM_PREFIXES='' env -u CMAKE_PREFIX_PATH "$smoke" --check-deps-only --no-remote-tier "$work/bare-noremote" cuda 2>&1)
+expect_rc "bare machine, --no-remote-tier" 2 $? "$out"
+for what in "hiredis" "libmemcached" "libsasl2" "xxhash" "libcrypto" "the remote tier's TLS"; do
+  lacks "bare machine, --no-remote-tier" "$out" "$what"
+done
+has "bare machine, --no-remote-tier" "$out" "spdlog (libspdlog-dev"
+has "bare machine, --no-remote-tier" "$out" "cpp-httplib (the exporter"
+has "bare machine, --no-remote-tier" "$out" "OpenSSL (cpp-httplib.pc requires it)"
+out=$(KVOFFLOAD_SMOKE_SYSTEM_PREFIXES='' env -u CMAKE_PREFIX_PATH "$smoke" --check-deps-only --minimal "$work/bare-minimal" cuda 2>&1)
+expect_rc "bare machine, --minimal" 2 $? "$out"
+for what in "hiredis" "libsasl2" "xxhash" "cpp-httplib" "OpenSSL" "Brotli" "zlib"; do
+  lacks "bare machine, --minimal" "$out" "$what"
+done
+has "bare machine, --minimal" "$out" "CLI11 (libcli11-dev"
 
 # The packages under CMAKE_PREFIX_PATH (extracted .debs): found there. /usr stands in for it.
 out=$(KVOFFLOAD_SMOKE_SYSTEM_PREFIXES='' CMAKE_PREFIX_PATH=/usr "$smoke" --check-deps-only --no-exporter "$work/prefix" cuda 2>&1)
 lacks "packages under CMAKE_PREFIX_PATH" "$out" "hiredis ("
-has "packages under CMAKE_PREFIX_PATH" "$out" "-DKVOFFLOAD_EXPORTER=OFF"
+has "packages under CMAKE_PREFIX_PATH" "$out" "-DKVOFFLOAD_EXPORTER=OFF -DKVOFFLOAD_REMOTE_TIER=ON"
+out=$(KVOFFLOAD_SMOKE_SYSTEM_PREFIXES='' CMAKE_PREFIX_PATH=/usr "$smoke" --check-deps-only --minimal "$work/prefix-minimal" cuda 2>&1)
+has "--minimal, packages under CMAKE_PREFIX_PATH" "$out" "-DKVOFFLOAD_EXPORTER=OFF -DKVOFFLOAD_REMOTE_TIER=OFF"
 
 # Usage errors.
 out=$("$smoke" --check-deps-only "$work/nobackend" 2>&1)

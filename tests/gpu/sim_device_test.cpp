@@ -769,6 +769,220 @@ TEST_F(SimDeviceTest, ASubmitOnALaneStillInTheCallersCaptureIsRefused) {
   EXPECT_TRUE(s.device_block_equals_slot(3, 1));
 }
 
+// Issue 25 (4): memory cudaMallocAsync hands out on a capturing stream is an allocation node of
+// the capture's graph. The simulator never launches graphs, so after the capture (here one that
+// failed) a copy into it faults when it runs, as on a GPU: an illegal address. The same
+// allocation on a stream that does not capture is plain memory.
+TEST_F(SimDeviceTest, AnAllocationMadeInACaptureBelongsToItsGraphAndFaultsOnReuse) {
+  make();
+  void* capturing = nullptr;
+  void* other = nullptr;
+  ASSERT_EQ(api().stream_create(ctx(), &capturing), 0);
+  ASSERT_EQ(api().stream_create(ctx(), &other), 0);
+  HostMem src(4096);
+  fill(src.data(), src.bytes, 7);
+  ASSERT_EQ(api().host_register(ctx(), src.data(), 4096), 0);
+  void* plain = nullptr;
+  ASSERT_EQ(api().device_malloc_async(ctx(), &plain, 4096, other), 0);
+  ASSERT_EQ(api().memcpy_async(ctx(), plain, src.data(), 4096, gpu::kMemcpyHostToDevice, other), 0);
+  ASSERT_EQ(api().stream_synchronize(ctx(), other), 0) << sim().sticky_reason();
+  EXPECT_EQ(sim().counters().graph_allocations.load(), 0u);
+
+  ASSERT_EQ(sim().begin_capture(capturing, gpu::kCaptureModeGlobal), 0);
+  void* owned = nullptr;
+  ASSERT_EQ(api().device_malloc_async(ctx(), &owned, 4096, capturing), 0);
+  EXPECT_EQ(sim().counters().graph_allocations.load(), 1u);
+  EXPECT_EQ(api().stream_synchronize(ctx(), capturing), kCaptureUnsupported);  // breaks it
+  (void)api().get_last_error(ctx());
+  EXPECT_EQ(sim().end_capture(capturing), kCaptureInvalidated);
+  EXPECT_EQ(api().memcpy_async(ctx(), owned, src.data(), 4096, gpu::kMemcpyHostToDevice, other), 0)
+      << "accepted at the call, as on a GPU";
+  EXPECT_EQ(api().stream_synchronize(ctx(), other), kIllegalAddress);
+  EXPECT_EQ(sim().sticky_error(), kIllegalAddress);
+  EXPECT_THAT(sim().sticky_reason(), HasSubstr("capturing a graph"));
+}
+
+// Issue 25 (4): the kernel path on a stream that captures a graph is refused before its
+// descriptor ring is touched (Note [No kernel path in a capture]): no buffer is allocated in the
+// capture (which would die with its graph), no slot event is recorded there (907 afterwards), and
+// the caller's capture is left intact. After the capture the same copies run exactly.
+TEST_F(SimDeviceTest, TheKernelPathIsRefusedOnACapturingStreamAndItsRingNeverGrowsThere) {
+  RuntimeOptions ro;
+  ro.kernel_stage_descriptors = true;  // slots allocate device memory on the stream
+  make(ro);
+  HostMem host(64 * 1024);
+  fill(host.data(), host.bytes, 11);
+  HostRegistration reg = rt().register_host(host.data(), host.bytes);
+  DeviceBuffer dev = rt().allocate_device(64 * 1024);
+  std::vector<CopyDescriptor> descs;
+  for (std::size_t i = 0; i < 16; ++i) {
+    descs.push_back({reg.device_pointer(host.data() + i * 4096),
+                     static_cast<std::byte*>(dev.data()) + i * 4096, 4096});
+  }
+  Stream st = rt().create_stream();
+  void* cs = reinterpret_cast<void*>(st.native());
+  const std::uint64_t launches = rt().counters().kernel_launches;
+  ASSERT_EQ(sim().begin_capture(cs, gpu::kCaptureModeGlobal), 0);
+  try {
+    rt().enqueue_copies(st.view(), descs, CopyKind::kHostToDevice, CopyPath::kKernel);
+    ADD_FAILURE() << "the kernel path was enqueued into a capture";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kState);
+    EXPECT_THAT(err.what(), HasSubstr("capturing a graph"));
+  }
+  EXPECT_EQ(sim().counters().graph_allocations.load(), 0u) << "the ring grew inside the capture";
+  EXPECT_EQ(sim().end_capture(cs), 0) << "the caller's capture was broken";
+  EXPECT_EQ(rt().counters().kernel_launches, launches);
+  rt().enqueue_copies(st.view(), descs, CopyKind::kHostToDevice, CopyPath::kKernel);
+  rt().synchronize_stream(st.view());
+  EXPECT_EQ(sim().sticky_error(), 0) << sim().sticky_reason();
+  std::vector<std::byte> got(64 * 1024);
+  rt().memcpy_sync(got.data(), dev.data(), got.size());
+  EXPECT_EQ(std::memcmp(got.data(), host.data(), got.size()), 0);
+}
+
+// Issue 25 (4): event queries and synchronizes, stream synchronizes and elapsed-time reads are
+// potentially unsafe during capture. From a thread in the default global mode they break
+// another thread's global capture (the raw call); the runtime makes them in thread-local mode
+// (Note [Thread-local capture mode]), so an engine polling on its own thread leaves the model's
+// capture alone.
+TEST_F(SimDeviceTest, RuntimeQueriesAndWaitsLeaveAnotherThreadsCaptureValid) {
+  make();
+  Stream st = rt().create_stream();
+  Event a = rt().create_event(/*timing=*/true);
+  Event b = rt().create_event(/*timing=*/true);
+  rt().record_event(a.view(), st.view());
+  rt().record_event(b.view(), st.view());
+  void* model = nullptr;
+  ASSERT_EQ(api().stream_create(ctx(), &model), 0);
+  for (const bool raw : {true, false}) {
+    SCOPED_TRACE(raw ? "a raw event query in global mode" : "the runtime's queries and waits");
+    std::promise<void> begun;
+    std::promise<void> queried;
+    std::future<int> ended = std::async(std::launch::async, [&] {
+      if (sim().begin_capture(model, gpu::kCaptureModeGlobal) != 0) return -1;
+      begun.set_value();
+      queried.get_future().wait();
+      return sim().end_capture(model);
+    });
+    begun.get_future().wait();
+    if (raw) {
+      EXPECT_EQ(api().event_query(ctx(), reinterpret_cast<void*>(a.native())), kCaptureUnsupported);
+      (void)api().get_last_error(ctx());
+    } else {
+      EXPECT_NO_THROW({
+        rt().synchronize_stream(st.view());
+        rt().synchronize_event(b.view());
+        EXPECT_TRUE(rt().query_event(a.view()));
+        EXPECT_GE(rt().elapsed_seconds(a.view(), b.view()), 0.0);
+      });
+    }
+    queried.set_value();
+    EXPECT_EQ(ended.get(), raw ? kCaptureInvalidated : 0);
+  }
+  EXPECT_EQ(sim().counters().captures_invalidated.load(), 1u);
+  EXPECT_EQ(api().stream_destroy(ctx(), model), 0);
+}
+
+// The scope keeps what CUDA's modes promise on the calling thread itself: its own global capture
+// still refuses a query (thread-local mode ignores only other threads), and a thread the caller
+// put in relaxed mode stays relaxed (thread-local would refuse there), its mode given back after.
+TEST_F(SimDeviceTest, TheThreadLocalScopeKeepsTheCallersOwnCaptureRules) {
+  make();
+  Stream st = rt().create_stream();
+  Event a = rt().create_event();
+  rt().record_event(a.view(), st.view());
+  rt().synchronize_stream(st.view());
+  void* own = nullptr;
+  ASSERT_EQ(api().stream_create(ctx(), &own), 0);
+
+  ASSERT_EQ(sim().begin_capture(own, gpu::kCaptureModeGlobal), 0);
+  EXPECT_THROW((void)rt().query_event(a.view()), Error) << "a query inside the caller's capture";
+  EXPECT_EQ(sim().end_capture(own), kCaptureInvalidated);
+
+  int mode = 0;
+  ASSERT_EQ(api().exchange_capture_mode(ctx(), &mode, 1), 0);  // this thread: relaxed
+  ASSERT_EQ(sim().begin_capture(own, gpu::kCaptureModeGlobal), 0);
+  EXPECT_NO_THROW(EXPECT_TRUE(rt().query_event(a.view())));
+  EXPECT_EQ(sim().end_capture(own), 0) << "relaxed mode was not kept";
+  int now = mode;
+  ASSERT_EQ(api().exchange_capture_mode(ctx(), &now, 0), 0);
+  EXPECT_EQ(now, gpu::kCaptureModeRelaxed) << "the caller's relaxed mode was not given back";
+  EXPECT_EQ(api().stream_destroy(ctx(), own), 0);
+}
+
+// Issue 25 (8): timing events only when statistics ask (Note [Job timing]). With job_timing (the
+// default) each job records two timing events, its start and end, and the event it records on the
+// caller's stream to wait for it is a plain one; without it a job records no timing event at all
+// and its seconds are 0, while its copies are as exact.
+TEST_F(SimDeviceTest, TimingEventsAreRecordedOnlyForTimedJobs) {
+  make();
+  KvRig s(rt(), 8, 4096, 4);
+  Stream compute = rt().create_stream();
+  for (const bool timing : {true, false}) {
+    SCOPED_TRACE(timing ? "job_timing" : "no job_timing");
+    EngineOptions o = dma_only();
+    o.job_timing = timing;
+    TransferEngine e(rt(), s.layout, o);
+    const std::uint64_t before = sim().counters().timing_records.load();
+    const std::uint64_t b = timing ? 1 : 0;  // other blocks each round: each must be copied
+    submit_load(e, 1, {0, 2}, {b, b + 4}, WaitOn::stream(compute.view()));
+    submit_load(e, 2, {3}, {b + 6});
+    const auto r = e.wait_all();
+    ASSERT_EQ(r.size(), 2u);
+    for (const JobResult& j : r) {
+      EXPECT_TRUE(j.success) << j.error;
+      if (!timing) {
+        EXPECT_EQ(j.seconds, 0.0);
+      }
+    }
+    EXPECT_EQ(sim().counters().timing_records.load() - before, timing ? 4u : 0u);
+    EXPECT_TRUE(s.device_block_equals_slot(b + 4, 2));
+    EXPECT_TRUE(s.device_block_equals_slot(b + 6, 3));
+  }
+}
+
+// Issue 25 (8): the copy kernel keeps its bytes in flight for pieces under 4 KiB. Each thread's
+// group of loads could move kBatchCopyLoadsInFlight x 16 bytes; a batch of 1 KiB pieces used to
+// fill a quarter of them (one piece per 4 KiB chunk, 64 of 256 lanes busy). Packed several to a
+// chunk, every lane of every full group carries data, and 1000-byte pieces (a narrow 8-byte
+// tail each) and 4080-byte ones still fill most of them. The bytes are checked too.
+double group_fill(SimDeviceTest& t, std::size_t piece, std::size_t count) {
+  DeviceRuntime& rt = t.rt();
+  const std::size_t stride = (piece + 1023) / 1024 * 1024;
+  HostMem host(count * stride);
+  fill(host.data(), host.bytes, piece);
+  HostRegistration reg = rt.register_host(host.data(), host.bytes);
+  DeviceBuffer dev = rt.allocate_device(count * stride);
+  std::vector<CopyDescriptor> descs;
+  for (std::size_t i = 0; i < count; ++i) {
+    descs.push_back({reg.device_pointer(host.data() + i * stride),
+                     static_cast<std::byte*>(dev.data()) + i * stride, piece});
+  }
+  const std::uint64_t moved = t.sim().counters().kernel_group_bytes.load();
+  const std::uint64_t capacity = t.sim().counters().kernel_group_capacity.load();
+  Stream st = rt.create_stream();
+  rt.enqueue_copies(st.view(), descs, CopyKind::kHostToDevice, CopyPath::kKernel);
+  rt.synchronize_stream(st.view());
+  EXPECT_EQ(t.sim().sticky_error(), 0) << t.sim().sticky_reason();
+  std::vector<std::byte> got(count * stride);
+  rt.memcpy_sync(got.data(), dev.data(), got.size());
+  for (std::size_t i = 0; i < count; ++i) {
+    EXPECT_EQ(std::memcmp(got.data() + i * stride, host.data() + i * stride, piece), 0) << i;
+  }
+  const std::uint64_t m = t.sim().counters().kernel_group_bytes.load() - moved;
+  const std::uint64_t c = t.sim().counters().kernel_group_capacity.load() - capacity;
+  EXPECT_EQ(m, piece * count) << "every byte is moved once";
+  return c == 0 ? 0.0 : static_cast<double>(m) / static_cast<double>(c);
+}
+TEST_F(SimDeviceTest, TheCopyKernelKeepsItsLoadsBusyForPiecesUnder4KiB) {
+  make();
+  // 256 pieces of 1 KiB: 16 full groups of 4 x 4 KiB.
+  EXPECT_DOUBLE_EQ(group_fill(*this, 1024, 256), 1.0);
+  EXPECT_GT(group_fill(*this, 1000, 256), 0.9);
+  EXPECT_GT(group_fill(*this, 4096 - 16, 64), 0.9);
+}
+
 // N8: with HIP's semantics the flag a stream waits on must be signal memory; the runtime's
 // flags are, so a gate works, and a word of registered memory is refused.
 TEST_F(SimDeviceTest, HipFlagWaitsUseSignalMemory) {

@@ -194,4 +194,10 @@ struct KVOFFLOAD_API RemoteCheckReport {
 KVOFFLOAD_API RemoteCheckReport check_remote(const RemoteUrl& url,
                                              std::chrono::milliseconds timeout);
 
+// False in a library configured with -DKVOFFLOAD_REMOTE_TIER=OFF (no hiredis, libmemcached,
+// libxxhash, OpenSSL). Such a library parses and validates remote URLs and options as any other,
+// but RemoteTier::open, check_remote and RemoteGeometry::fingerprint throw kNotAvailable: "this
+// build has no remote tier; rebuild with -DKVOFFLOAD_REMOTE_TIER=ON".
+KVOFFLOAD_API bool remote_tier_built() noexcept;
+
 }  // namespace kvoffload

@@ -44,8 +44,10 @@ struct JobResult {
   Direction direction = Direction::kStore;
   bool success = false;
   std::uint64_t bytes = 0;  // bytes the job copies (planned), also set for failed jobs
-  double seconds = 0.0;     // copy time on the stream (after the wait), 0 when failed
-  std::string error;        // empty on success
+  // Copy time on the stream (after the wait); 0 when failed, and 0 without
+  // EngineOptions::job_timing (not measured).
+  double seconds = 0.0;
+  std::string error;  // empty on success
 };
 
 // What a job waits for before its copies start.
@@ -90,6 +92,11 @@ struct EngineOptions {
   // region's live statistics page (Note [Live stats] in core/src/region/live_page.hpp), a few
   // relaxed stores per submitted and per finished job.
   bool live_stats = true;
+  // Measure each job's copy time (JobResult::seconds, the live page's copy time): two timing
+  // events recorded around its copies. false: nothing reads the timings, so no timing event is
+  // recorded; each job records one event (its end), created with cudaEventDisableTiming, and
+  // seconds stays 0 (Note [Job timing] in transfer_engine.cpp).
+  bool job_timing = true;
   bool calibrate = false;                        // run calibrate() in the constructor
   std::uint64_t calibration_bytes = 8ull << 20;  // bytes moved per measurement (>= 256 KiB)
 };

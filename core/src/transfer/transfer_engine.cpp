@@ -39,6 +39,15 @@ namespace kvoffload {
 // blocks that the caller reuses as soon as it sees the result. Events come from a pool and return
 // to it when a job is retired, so steady-state submission creates no events.
 //
+// Note [Job timing]
+// A timing event costs more to record than one created with cudaEventDisableTiming (it writes a
+// timestamp), and a job's copy time is only worth it when something reads it: JobResult::seconds
+// (vLLM's transfer_time, `kvoffload run`'s rates) and the live page's copy time. So the events
+// come from two pools: timing events, used only for a job's start and end when
+// EngineOptions::job_timing is on, and plain ones (blocking sync, timing disabled) for the end of
+// an untimed job and for the event a job records on the caller's stream to wait for it. An
+// untimed job records only its end event.
+//
 // Note [Host segments]
 // The copy kernel addresses host memory through the device address of its registration. With
 // unified addressing (CUDA) that is the host address; on ROCm every registration call may map
@@ -163,16 +172,18 @@ struct TransferEngine::Impl {
   }
 
   // Needs state_mutex.
-  Event take_event() {
-    if (!event_pool.empty()) {
-      Event e = std::move(event_pool.back());
-      event_pool.pop_back();
+  // Needs state_mutex. Note [Job timing].
+  Event take_event(bool timing) {
+    std::vector<Event>& pool = timing ? timing_events : plain_events;
+    if (!pool.empty()) {
+      Event e = std::move(pool.back());
+      pool.pop_back();
       return e;
     }
-    return runtime.create_event(/*timing=*/true);
+    return runtime.create_event(timing);
   }
-  void give_event(Event&& e) {
-    if (e) event_pool.push_back(std::move(e));
+  void give_event(Event&& e, bool timing) {
+    if (e) (timing ? timing_events : plain_events).push_back(std::move(e));
   }
 
   void submit(JobId id, Direction direction, const TransferSpec& spec, WaitOn wait_on) {
@@ -229,9 +240,9 @@ struct TransferEngine::Impl {
     Event wait_event;
     {
       std::lock_guard lock(state_mutex);
-      job.start = take_event();
-      job.end = take_event();
-      if (wait_on.kind() == WaitOn::Kind::kStream) wait_event = take_event();
+      if (options.job_timing) job.start = take_event(/*timing=*/true);
+      job.end = take_event(options.job_timing);
+      if (wait_on.kind() == WaitOn::Kind::kStream) wait_event = take_event(/*timing=*/false);
       ++stats.jobs_submitted;
       ++ln.counts.submitted;
       publish_live(ln);
@@ -260,7 +271,7 @@ struct TransferEngine::Impl {
           }
           break;
       }
-      runtime.record_event(job.start.view(), s);
+      if (job.start) runtime.record_event(job.start.view(), s);
       runtime.enqueue_copies(
           s, plan.copies,
           direction == Direction::kStore ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice, path);
@@ -286,10 +297,10 @@ struct TransferEngine::Impl {
     std::lock_guard lock(state_mutex);
     // The wait event may be reused as soon as the wait is enqueued: a later record starts a new
     // generation, and the stream's wait is bound to the one recorded here.
-    give_event(std::move(wait_event));
+    give_event(std::move(wait_event), /*timing=*/false);
     if (job.failed) {
-      give_event(std::move(job.start));
-      if (!job.end_pending) give_event(std::move(job.end));
+      give_event(std::move(job.start), /*timing=*/true);
+      if (!job.end_pending) give_event(std::move(job.end), options.job_timing);
     }
     ln.inflight.push_back(std::move(job));
   }
@@ -347,10 +358,12 @@ struct TransferEngine::Impl {
           try {
             if (!runtime.query_event(head.end.view())) break;
             r.success = true;
-            try {
-              r.seconds = runtime.elapsed_seconds(head.start.view(), head.end.view());
-            } catch (const Error&) {
-              r.seconds = 0.0;  // timing is informative; a missing figure never fails a job
+            if (head.start) {  // timed (Note [Job timing])
+              try {
+                r.seconds = runtime.elapsed_seconds(head.start.view(), head.end.view());
+              } catch (const Error&) {
+                r.seconds = 0.0;  // timing is informative; a missing figure never fails a job
+              }
             }
           } catch (const std::exception& e) {
             r.error = e.what();
@@ -368,8 +381,8 @@ struct TransferEngine::Impl {
           ++stats.jobs_failed;
           ++ln.counts.failed;
         }
-        give_event(std::move(head.start));
-        give_event(std::move(head.end));
+        give_event(std::move(head.start), /*timing=*/true);
+        give_event(std::move(head.end), options.job_timing);
         ln.inflight.pop_front();
         completed.push_back(std::move(r));
       }
@@ -507,7 +520,8 @@ struct TransferEngine::Impl {
     live = nullptr;
     // Release order: events, then streams, then the host registration (no copy can touch host
     // memory any more), all before a Region unmaps.
-    event_pool.clear();
+    timing_events.clear();
+    plain_events.clear();
     for (Lane& ln : lanes) ln.stream.reset();
     if (registration && !registration.reset()) {
       log().error("transfer engine: unregistering host memory failed (see above)");
@@ -533,7 +547,8 @@ struct TransferEngine::Impl {
   bool closed = false;
   std::unordered_set<std::uint64_t> ids;  // in flight or uncollected
   std::vector<JobResult> completed;
-  std::vector<Event> event_pool;
+  std::vector<Event> timing_events;  // Note [Job timing]
+  std::vector<Event> plain_events;
   EngineStats stats;
   detail::RankTransferBlock* live = nullptr;  // guarded by state_mutex; null: not publishing
 };

@@ -22,7 +22,7 @@ static_assert(sizeof(CopyDesc) == 24, "CopyDesc is shared by host and device cod
 
 // Threads per CTA of the batch copy kernel (a multiple of every warp size: 32 and 64).
 inline constexpr int kBatchCopyThreads = 256;
-// Bytes one CTA moves per step through a descriptor: one 16-byte vector per thread.
+// Bytes one CTA moves per row of the batch: one 16-byte vector per thread.
 inline constexpr std::uint64_t kBatchCopyChunkBytes = 16u * kBatchCopyThreads;
 // Independent 16-byte loads each thread keeps in flight before its first store. Host memory read
 // through PCIe is latency-bound (bandwidth = bytes in flight / round trip), so this matters more
@@ -47,9 +47,11 @@ inline int batch_copy_ctas(std::uint64_t total_bytes, int max_ctas) noexcept {
 // backend calls its own.
 //
 // launch_batch_copy enqueues one kernel on `stream` that performs every copy of descs[0..count).
-// Copies within the batch may run in any order and must not overlap each other. Each descriptor is
-// split into kBatchCopyChunkBytes pieces that are spread round-robin over the CTAs, so one large
-// descriptor uses the whole grid and many small ones are shared out evenly. 16-byte vector accesses
+// Copies within the batch may run in any order and must not overlap each other. The batch's
+// descriptors are cut into 16-byte vectors, numbered one after another, and rows of
+// kBatchCopyChunkBytes (one vector per thread, pieces of several descriptors sharing a row) are
+// spread round-robin over the CTAs, so one large descriptor uses the whole grid, many small ones
+// are shared out evenly and keep every lane's loads busy. 16-byte vector accesses
 // with a streaming cache hint where src and dst are 16-byte aligned; narrower words, then bytes,
 // for the rest (any size and alignment is copied exactly).
 //

@@ -81,6 +81,7 @@ void GpuRuntime::do_free_device_async(void* ptr, std::uintptr_t stream) noexcept
 void GpuRuntime::do_memcpy_sync(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   Guard guard(api_, device_);
+  ThreadLocalCapture capture_mode(api_);  // it synchronizes a stream
   // Default kind: with unified addressing the runtime tells host from device memory itself.
   check_vendor(api_, api_.memcpy_async(ctx_, dst, src, bytes, kMemcpyDefault, sync_stream_),
                "memcpy_async", std::to_string(bytes) + " bytes");
@@ -90,6 +91,7 @@ void GpuRuntime::do_memcpy_sync(void* dst, const void* src, std::size_t bytes) {
 void GpuRuntime::do_memset_sync(void* dst, int value, std::size_t bytes) {
   if (bytes == 0) return;
   Guard guard(api_, device_);
+  ThreadLocalCapture capture_mode(api_);  // it synchronizes a stream
   int is_device = 0;
   if (api_.pointer_is_device(ctx_, dst, &is_device) != 0) {
     (void)api_.get_last_error(ctx_);

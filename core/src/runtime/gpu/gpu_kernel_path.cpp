@@ -14,6 +14,18 @@
 // for later rings of this runtime and freed only with it: nothing that can run while another
 // engine serves waits for the device.
 //
+// Note [No kernel path in a capture]
+// A stream that is capturing a graph is refused the kernel path before its ring is touched
+// (kState; the DMA path may be captured). Everything the ring does is wrong inside a capture: a
+// slot grown there by cudaMallocAsync is an allocation node of the graph, owned by it and invalid
+// outside it (after a failed capture, forever: the simulated device faults with an illegal
+// address on its reuse); the slot's closing event recorded there is a node too, and querying it
+// afterwards answers cudaErrorCapturedEvent (907) until it is recorded again; and a captured
+// kernel reads its descriptors from the slot at each replay, long after the ring has reused it
+// for other copies. The question costs one cudaStreamIsCapturing per batch. A capture that a lane
+// joins later (an event recorded in a capture) is the transfer engine's to refuse (Note
+// [Capturing streams] in transfer_engine.cpp).
+//
 // Note [Retired slots]
 // A descriptor slot whose closing event could not be recorded is retired: work that reads it may
 // still run and nothing tells when it ends, except its stream. Destroying a stream synchronizes
@@ -193,6 +205,26 @@ void GpuRuntime::enqueue_kernel(void* stream, std::span<const CopyDescriptor> ba
   if (!kernel_ok_)
     throw Error(ErrorCode::kNotAvailable,
                 std::string(api_.name) + ": the kernel copy path is " + kernel_detail_);
+  // Slot queries and waits below: Note [Thread-local capture mode] in gpu_runtime_internal.hpp.
+  ThreadLocalCapture capture_mode(api_);
+  int capturing = 0;
+  if (const int err = api_.stream_capturing(ctx_, stream, &capturing); err != 0) {
+    (void)api_.get_last_error(ctx_);
+    // The legacy stream while a blocking stream of the device captures: it belongs to that
+    // capture as much as a member does.
+    if (err != api_.err_capture_implicit) throw_vendor(api_, err, "stream_capturing");
+    capturing = 1;
+  }
+  if (capturing != 0) {
+    throw Error(ErrorCode::kState,
+                std::string(api_.name) +
+                    ": the kernel copy path is refused on a stream that is capturing a graph: its "
+                    "descriptor buffers are reused after the launch, so a captured kernel would "
+                    "read other copies at replay, and a buffer allocated in the capture belongs to "
+                    "the graph (Note [No kernel path in a capture]); enqueue these copies after "
+                    "the capture, or on the DMA path",
+                0, "stream_capturing");
+  }
   Ring& ring = ring_of(stream);
   std::lock_guard lock(ring.mu);
   for (std::size_t first = 0; first < batch.size(); first += slot_descs_) {

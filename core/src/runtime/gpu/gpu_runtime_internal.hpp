@@ -53,6 +53,52 @@ class RelaxedCapture {
   bool exchanged_ = false;
 };
 
+// Note [Thread-local capture mode]
+// Event queries and synchronizes, stream synchronizes and elapsed-time reads are "potentially
+// unsafe" during stream capture: PyTorch's caching allocator skips its cudaEventQuery calls while
+// any capture is underway for that reason, and the simulated device classes them so. Under the
+// default mode an engine's poll or wait on a thread of its own would then invalidate a CUDA graph
+// the model captures on another thread. CUDA 13's cuda_runtime_api.h,
+// cudaThreadExchangeStreamCaptureMode, gives the rules: "cudaStreamCaptureModeGlobal: ... If the
+// local thread has an ongoing capture sequence that was not initiated with
+// cudaStreamCaptureModeRelaxed ..., or if any other thread has a concurrent capture sequence
+// initiated with cudaStreamCaptureModeGlobal, this thread is prohibited from potentially unsafe
+// API calls"; "cudaStreamCaptureModeThreadLocal: If the local thread has an ongoing capture
+// sequence not initiated with cudaStreamCaptureModeRelaxed, it is prohibited from potentially
+// unsafe API calls. Concurrent capture sequences in other threads are ignored"; Relaxed: "not
+// prohibited ... still prohibited from API calls which necessarily conflict with stream capture,
+// for example, attempting cudaEventQuery on an event that was last recorded inside a capture
+// sequence". So these calls run with the thread in ThreadLocal mode: other threads' captures no
+// longer see them, while a capture of the calling thread itself still refuses them (as it should:
+// that is the caller's own mistake, and the mode does not hide it). A thread the caller put in
+// Relaxed mode stays Relaxed, which prohibits less than ThreadLocal; ThreadLocal over Global only
+// ever prohibits less. The previous mode is restored at the end of the scope (the push-pop use
+// the header recommends).
+class ThreadLocalCapture {
+ public:
+  explicit ThreadLocalCapture(const VendorApi& api) noexcept : api_(api) {
+    exchanged_ = api_.exchange_capture_mode(api_.ctx, &mode_, 0) == 0;  // mode_: the previous
+    if (!exchanged_) {
+      (void)api_.get_last_error(api_.ctx);
+    } else if (mode_ == kCaptureModeRelaxed) {
+      // Relaxed already allows more than ThreadLocal: put it back, nothing to restore later.
+      int relaxed = kCaptureModeRelaxed;
+      (void)api_.exchange_capture_mode(api_.ctx, &relaxed, 0);
+      exchanged_ = false;
+    }
+  }
+  ~ThreadLocalCapture() {
+    if (exchanged_) (void)api_.exchange_capture_mode(api_.ctx, &mode_, 0);
+  }
+  ThreadLocalCapture(const ThreadLocalCapture&) = delete;
+  ThreadLocalCapture& operator=(const ThreadLocalCapture&) = delete;
+
+ private:
+  const VendorApi& api_;
+  int mode_ = kCaptureModeThreadLocal;  // what the scope sets; then the mode it replaced
+  bool exchanged_ = false;
+};
+
 // Makes the runtime's device current on this thread for the scope; restores the device the
 // thread had chosen, if any (Note [Device guard] in gpu_runtime.cpp).
 class GpuRuntime::Guard {

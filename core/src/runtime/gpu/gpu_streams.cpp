@@ -1,5 +1,7 @@
 // The GPU runtime's streams and events, host functions and host flags: each a vendor call made
-// under the device guard (Note [Device guard] in gpu_runtime.cpp).
+// under the device guard (Note [Device guard] in gpu_runtime.cpp); queries, synchronizes and
+// elapsed-time reads also in thread-local capture mode (Note [Thread-local capture mode] in
+// gpu_runtime_internal.hpp).
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -20,6 +22,7 @@ std::uintptr_t GpuRuntime::do_create_stream() {
 
 void GpuRuntime::do_destroy_stream(std::uintptr_t stream) noexcept {
   Guard guard(api_, device_, std::nothrow);
+  ThreadLocalCapture capture_mode(api_);
   // Pending work finishes first, so descriptors and buffers it reads stay valid until then.
   if (api_.stream_synchronize(ctx_, to_ptr(stream)) != 0) (void)api_.get_last_error(ctx_);
   std::unique_ptr<Ring> ring;
@@ -67,6 +70,7 @@ void GpuRuntime::do_wait_event(std::uintptr_t stream, std::uintptr_t event) {
 
 bool GpuRuntime::do_query_event(std::uintptr_t event) {
   Guard guard(api_, device_);
+  ThreadLocalCapture capture_mode(api_);
   const int err = api_.event_query(ctx_, to_ptr(event));
   if (err == 0) return true;
   if (err == api_.err_not_ready) {
@@ -78,11 +82,13 @@ bool GpuRuntime::do_query_event(std::uintptr_t event) {
 
 void GpuRuntime::do_synchronize_event(std::uintptr_t event) {
   Guard guard(api_, device_);
+  ThreadLocalCapture capture_mode(api_);
   check_vendor(api_, api_.event_synchronize(ctx_, to_ptr(event)), "event_synchronize");
 }
 
 void GpuRuntime::do_synchronize_stream(std::uintptr_t stream) {
   Guard guard(api_, device_);
+  ThreadLocalCapture capture_mode(api_);
   check_vendor(api_, api_.stream_synchronize(ctx_, to_ptr(stream)), "stream_synchronize");
 }
 
@@ -100,6 +106,7 @@ bool GpuRuntime::do_stream_capturing(std::uintptr_t stream) {
 
 double GpuRuntime::do_elapsed_seconds(std::uintptr_t start, std::uintptr_t end) {
   Guard guard(api_, device_);
+  ThreadLocalCapture capture_mode(api_);
   float ms = 0.0F;
   check_vendor(api_, api_.event_elapsed_ms(ctx_, &ms, to_ptr(start), to_ptr(end)),
                "event_elapsed_ms");

@@ -128,7 +128,8 @@ struct VendorApi {
   // "12.8"-style text of a version number in this API's encoding.
   void (*version_text)(void* ctx, int version, char* out, std::size_t out_len);
   // cudaThreadExchangeStreamCaptureMode: with relaxed = 1 switches this thread to relaxed and
-  // writes the previous mode to *mode; with relaxed = 0 sets *mode (to restore it).
+  // writes the previous mode to *mode; with relaxed = 0 sets this thread's mode to *mode (a
+  // CaptureMode) and writes the previous one to *mode (to set ThreadLocal, or to restore).
   int (*exchange_capture_mode)(void* ctx, int* mode, int relaxed);
   // cudaStreamIsCapturing: 1 when `stream` is capturing (or its capture was invalidated). For
   // the legacy stream, err_capture_implicit means a blocking stream of the device is capturing.

@@ -205,6 +205,7 @@ int sim_stream_destroy(void* ctx, void* stream) {
 int sim_stream_synchronize(void* ctx, void* stream) {
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
+  KVO_SIM_CAPTURE_SAFE(d);  // potentially unsafe (Note [Simulated device])
   SimStream* s = d.stream_of(stream, cur);
   {
     std::lock_guard lock(d.mu);
@@ -339,6 +340,7 @@ int sim_event_record(void* ctx, void* event, void* stream) {
   // "cudaEventRecord() will fail if the input event and input stream are associated to
   // different devices" (CUDA programming guide, multi-device system).
   if (e->device != s->device) return d.fail(kInvalidHandle);
+  if (e->cpu.timing) d.counters.timing_records.fetch_add(1);
   {
     std::lock_guard lock(d.mu);
     if (s->capture) {
@@ -362,6 +364,7 @@ int sim_event_query(void* ctx, void* event) {
   // A sticky error is reported at once, even while earlier work is still queued: every call of
   // a faulted context returns it.
   KVO_SIM_STICKY(d);
+  KVO_SIM_CAPTURE_SAFE(d);  // potentially unsafe (Note [Simulated device])
   auto* e = static_cast<SimEvent*>(event);
   {
     std::lock_guard lock(d.mu);
@@ -375,6 +378,7 @@ int sim_event_query(void* ctx, void* event) {
 int sim_event_synchronize(void* ctx, void* event) {
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
+  KVO_SIM_CAPTURE_SAFE(d);  // potentially unsafe (Note [Simulated device])
   auto* e = static_cast<SimEvent*>(event);
   {
     std::lock_guard lock(d.mu);
@@ -397,6 +401,7 @@ int sim_event_elapsed_ms(void* ctx, float* ms, void* start, void* end) {
   auto& d = dev(ctx);
   KVO_SIM_CONTEXT(d, cur);
   KVO_SIM_STICKY(d);
+  KVO_SIM_CAPTURE_SAFE(d);  // potentially unsafe (Note [Simulated device])
   auto* a = static_cast<SimEvent*>(start);
   auto* b = static_cast<SimEvent*>(end);
   if (a->device != b->device) return d.fail(kInvalidHandle);

@@ -11,13 +11,21 @@ namespace kvoffload::gpu::sim {
 namespace {
 
 // Checks a DMA's two sides against `kind` and returns the translated piece, or an error;
-// `pageable` is set when a host side is neither registered nor pinned.
+// `pageable` is set when a host side is neither registered nor pinned, `graph_memory` to a side
+// that a graph capture owns (the copy faults when it runs).
 int dma_piece(SimDevice::Impl& d, void* dst, const void* src, std::size_t bytes, int kind,
-              CopyPiece& out, bool& pageable) {
+              CopyPiece& out, bool& pageable, const void*& graph_memory) {
   using Side = SimDevice::Impl::Side;
-  const auto [dside, dhost] = d.translate_dma(dst, bytes);
-  const auto [sside, shost] = d.translate_dma(src, bytes);
+  auto [dside, dhost] = d.translate_dma(dst, bytes);
+  auto [sside, shost] = d.translate_dma(src, bytes);
   if (dside == Side::kInvalid || sside == Side::kInvalid) return kInvalidValue;
+  // Memory a graph capture owns is a device address like any other at the call; the copy
+  // faults when it runs (an illegal address), as a GPU's does.
+  if (dside == Side::kGraphMemory || sside == Side::kGraphMemory) {
+    graph_memory = dside == Side::kGraphMemory ? dst : src;
+    if (dside == Side::kGraphMemory) dside = Side::kDevice;
+    if (sside == Side::kGraphMemory) sside = Side::kDevice;
+  }
   const Side want_src =
       kind == kMemcpyHostToDevice || kind == kMemcpyHostToHost ? Side::kHost : Side::kDevice;
   const Side want_dst =
@@ -60,7 +68,8 @@ int sim_memcpy_async(void* ctx, void* dst, const void* src, std::size_t bytes, i
   op.kind = Op::Kind::kCopy;
   op.pieces.resize(1);
   bool pageable = false;
-  if (const int err = dma_piece(d, dst, src, bytes, kind, op.pieces[0], pageable); err != kSuccess)
+  if (const int err = dma_piece(d, dst, src, bytes, kind, op.pieces[0], pageable, op.graph_memory);
+      err != kSuccess)
     return d.fail(err);
   // A copy into another device's stream is allowed (the programming guide's multi-device rules).
   return enqueue_copy(d, d.stream_of(stream, cur), std::move(op), pageable);
@@ -113,7 +122,7 @@ int sim_memcpy_batch_async(void* ctx, void** dsts, const void** srcs, std::size_
   bool pageable = false;
   for (std::size_t i = 0; i < count; ++i) {
     if (sizes[i] == 0 || dma_piece(d, dsts[i], srcs[i], sizes[i], kMemcpyDefault, op.pieces[i],
-                                   pageable) != kSuccess) {
+                                   pageable, op.graph_memory) != kSuccess) {
       *fail_index = i;
       d.counters.batch_refused.fetch_add(1);
       return kInvalidValue;

@@ -35,10 +35,15 @@
 // - Stream capture: a capturing stream records nodes instead of running them; an event recorded
 //   during a capture pulls any stream that waits on it into that capture (CUDA's cross-stream
 //   rule), and ending a capture with such a stream not joined back fails (unjoined) and
-//   invalidates it. Potentially unsafe calls (register, malloc, free) from a thread whose capture
-//   mode is not relaxed invalidate a global-mode capture of another thread; synchronizing a
+//   invalidates it. Potentially unsafe calls (register, malloc, free, and event queries and
+//   synchronizes, stream synchronizes and elapsed-time reads, as PyTorch's caching allocator
+//   treats cudaEventQuery) are refused and invalidate the capture, under cudaStreamCaptureMode's
+//   rules: the calling thread's own capture unless that thread is in relaxed mode, and a
+//   global-mode capture of another thread when the caller is in global mode; synchronizing a
 //   capturing stream is refused and invalidates it; the legacy stream used while a blocking
-//   stream captures is refused (implicit).
+//   stream captures is refused (implicit). Memory device_malloc_async hands out on a capturing
+//   stream belongs to that capture's graph, which the simulator never launches: a copy or
+//   kernel that touches it afterwards faults with an illegal address (700).
 // - After a sticky error every call returns it at once (event_query included, even while earlier
 //   work is still queued), no more copies or kernels run, and host functions are skipped: CUDA
 //   never calls a host function after a context error (cudaLaunchHostFunc's documentation).
@@ -148,6 +153,11 @@ struct SimCounters {
   std::atomic<std::uint64_t> pageable_copies{0};  // copies that synchronized (pageable memory)
   std::atomic<std::uint64_t> kernel_launches{0};
   std::atomic<std::uint64_t> kernel_ctas{0};
+  // The copy kernel's bytes in flight: over every group of loads of every thread, the bytes
+  // moved and the bytes the group could move (kBatchCopyLoadsInFlight 16-byte vectors). Their
+  // ratio is the share of a CTA's loads in flight that carry data (1: every lane busy).
+  std::atomic<std::uint64_t> kernel_group_bytes{0};
+  std::atomic<std::uint64_t> kernel_group_capacity{0};
   std::atomic<std::uint64_t> host_register_calls{0};
   std::atomic<std::int64_t> live_registrations{0};
   std::atomic<std::int64_t> live_device_allocations{0};
@@ -159,6 +169,10 @@ struct SimCounters {
   // cudaFreeAsync of memory cudaMallocAsync did not allocate (refused with invalid value).
   std::atomic<std::uint64_t> mismatched_frees{0};
   std::atomic<std::uint64_t> captures_invalidated{0};
+  // Records of events created with timing (kEventTiming): each writes a timestamp on a GPU.
+  std::atomic<std::uint64_t> timing_records{0};
+  // device_malloc_async calls made on a capturing stream (allocation nodes of its graph).
+  std::atomic<std::uint64_t> graph_allocations{0};
   // Host waits (event_synchronize) on an unfinished event created without kEventBlockingSync:
   // on a GPU each spins a core until the event completes.
   std::atomic<std::uint64_t> spinning_waits{0};

@@ -90,6 +90,8 @@ struct Op {
   std::uint32_t flag_value = 0;
   void (*fn)(void*) = nullptr;  // kHostFunc, kBody
   void* arg = nullptr;
+  // kCopy: a side is memory a graph capture owns (Allocation::graph_owned); running it faults.
+  const void* graph_memory = nullptr;
 };
 
 struct HostMapping {
@@ -101,6 +103,10 @@ struct HostMapping {
 struct Allocation {
   int device = 0;
   bool async = false;  // from device_malloc_async
+  // Made by device_malloc_async on a capturing stream: an allocation node of that capture's
+  // graph, owned by it. The simulator never launches graphs, so it never holds valid memory
+  // outside one: a copy or kernel that touches it faults (illegal address).
+  bool graph_owned = false;
 };
 
 // Per-thread state of the runtime API: last error, bound device, capture mode.
@@ -178,9 +184,10 @@ struct SimDevice::Impl {
   int foreign_device = -1;
   int create_context(int device);
 
-  enum class Side : std::uint8_t { kDevice, kHost, kInvalid };
+  enum class Side : std::uint8_t { kDevice, kHost, kInvalid, kGraphMemory };
   // Where a DMA pointer lives and its host address: device memory (through the alias),
-  // host memory mapped at a device address (through the mapping), or plain host memory.
+  // host memory mapped at a device address (through the mapping), or plain host memory;
+  // kGraphMemory: device memory a graph capture owns (Allocation::graph_owned).
   std::pair<Side, void*> translate_dma(const void* p, std::size_t n);
   // Whether host memory [p, p + n) is registered or pinned (else pageable).
   bool host_mapped(const void* p, std::size_t n);
@@ -197,7 +204,8 @@ struct SimDevice::Impl {
   // every retiring stream (mu not held).
   void retire(SimStream* s);
   void wait_retired();
-  // Whether a potentially unsafe call (register, malloc, free) is prohibited for this thread by
+  // Whether a potentially unsafe call (register, malloc, free, event query and synchronize,
+  // stream synchronize, elapsed time: Note [Simulated device]) is prohibited for this thread by
   // a capture in progress; invalidates the captures it would break (mu held).
   bool unsafe_prohibited(const ThreadState& t);
   void invalidate(Capture& c) {

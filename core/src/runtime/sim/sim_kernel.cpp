@@ -52,6 +52,9 @@ void vector_store(void* dst, const void* in16) {
   check_vector_address(dst);
   std::memcpy(dst, in16, 16);
 }
+void note_group(unsigned bytes, unsigned capacity) {
+  gpu::sim::g_executor->note_group(bytes, capacity);
+}
 void word_copy(void* dst, const void* src, std::size_t bytes) {
   // An 8-, 4- or 2-byte ld/st.global at an address that is not a multiple of its size faults too.
   for (const void* p : {src, static_cast<const void*>(dst)}) {

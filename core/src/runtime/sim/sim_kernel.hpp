@@ -12,6 +12,7 @@
 #include <ucontext.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -43,6 +44,21 @@ class CtaExecutor {
   [[nodiscard]] const Fault& fault() const noexcept { return fault_; }
   // Called by a GPU thread of this executor: stops the kernel (never returns to the thread).
   [[noreturn]] void raise(int code, const void* address, unsigned width = 16);
+  // Called by a GPU thread of the copy kernel per group of loads (kvo_note_group): the bytes it
+  // moved and could have moved. Summed over the runs; taken (and zeroed) by take_group_bytes.
+  void note_group(unsigned bytes, unsigned capacity) noexcept {
+    group_bytes_ += bytes;
+    group_capacity_ += capacity;
+  }
+  struct GroupBytes {
+    std::uint64_t moved = 0;
+    std::uint64_t capacity = 0;
+  };
+  GroupBytes take_group_bytes() noexcept {
+    const GroupBytes g{group_bytes_, group_capacity_};
+    group_bytes_ = group_capacity_ = 0;
+    return g;
+  }
 
   struct Fiber;
 
@@ -71,6 +87,9 @@ class CtaExecutor {
   void (*body_)(void*) = nullptr;
   void* arg_ = nullptr;
   Fault fault_;
+  // Fibers of one executor run on one host thread, one at a time: plain counters.
+  std::uint64_t group_bytes_ = 0;
+  std::uint64_t group_capacity_ = 0;
 };
 
 }  // namespace kvoffload::gpu::sim

@@ -21,7 +21,11 @@ std::pair<SimDevice::Impl::Side, void*> SimDevice::Impl::translate_dma(const voi
   if (device_range.contains(addr)) {
     const auto [off, size] = device_range.find(addr, n);
     if (off == SIZE_MAX) return {Side::kInvalid, nullptr};
-    return {Side::kDevice, static_cast<std::byte*>(alias) + (addr - device_range.base())};
+    void* host = static_cast<std::byte*>(alias) + (addr - device_range.base());
+    if (auto it = allocations.find(off); it != allocations.end() && it->second.graph_owned) {
+      return {Side::kGraphMemory, host};
+    }
+    return {Side::kDevice, host};
   }
   if (window_reservation != nullptr && window_range.contains(addr)) {
     for (auto& [host, m] : host_maps) {
@@ -49,8 +53,10 @@ void* SimDevice::Impl::translate_kernel(const void* p, std::size_t n, int device
   if (device_range.contains(addr)) {
     const auto [off, size] = device_range.find(addr, n);
     if (off == SIZE_MAX) return nullptr;
-    // Another device's memory is not reachable from a kernel (no peer access here).
-    if (auto it = allocations.find(off); it == allocations.end() || it->second.device != device) {
+    // Another device's memory is not reachable from a kernel (no peer access here), nor is
+    // memory a graph capture owns outside that graph (never launched here).
+    if (auto it = allocations.find(off);
+        it == allocations.end() || it->second.device != device || it->second.graph_owned) {
       return nullptr;
     }
     return static_cast<std::byte*>(alias) + (addr - device_range.base());
@@ -200,12 +206,23 @@ int sim_flag_free(void* ctx, std::uint32_t* flag) {
   d.freed_pinned.push_back(flag);  // as host_free: a queued wait may still read it
   return kSuccess;
 }
-int device_alloc(SimDevice::Impl& d, void** ptr, std::size_t bytes, int device, bool async) {
+int device_alloc(SimDevice::Impl& d, void** ptr, std::size_t bytes, int device, bool async,
+                 SimStream* stream = nullptr) {
   if (bytes == 0) return d.fail(kInvalidValue);
   std::lock_guard lock(d.mu);
+  bool graph_owned = false;
+  if (stream != nullptr && stream->capture) {
+    // cudaMallocAsync on a capturing stream adds an allocation node to the graph: the memory
+    // is the graph's (see Allocation::graph_owned).
+    if (stream->capture->invalidated) return d.fail(kCaptureInvalidated);
+    graph_owned = true;
+    ++stream->capture_seq;
+    ++stream->capture->nodes;
+    d.counters.graph_allocations.fetch_add(1);
+  }
   const std::size_t off = d.device_range.allocate(bytes);
   if (off == SIZE_MAX) return d.fail(kOutOfMemory);
-  d.allocations[off] = Allocation{device, async};
+  d.allocations[off] = Allocation{device, async, graph_owned};
   d.counters.live_device_allocations.fetch_add(1);
   *ptr = reinterpret_cast<void*>(d.device_range.base() + off);
   return kSuccess;
@@ -224,9 +241,9 @@ int sim_device_malloc_async(void* ctx, void** ptr, std::size_t bytes, void* stre
   // A device without memory pools refuses, as cudaMallocAsync does there.
   if (!d.options.memory_pools) return d.fail(kNotSupported);
   // Stream-ordered: the simulator hands the memory out at once (a valid, stricter-than-needed
-  // reading; a GPU may reuse memory freed earlier in the same stream).
-  (void)d.stream_of(stream, cur);
-  return device_alloc(d, ptr, bytes, cur, /*async=*/true);
+  // reading; a GPU may reuse memory freed earlier in the same stream). On a capturing stream it
+  // is the capture's graph's.
+  return device_alloc(d, ptr, bytes, cur, /*async=*/true, d.stream_of(stream, cur));
 }
 int release_device(SimDevice::Impl& d, void* ptr) {
   std::lock_guard lock(d.mu);

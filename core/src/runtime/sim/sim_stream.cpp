@@ -16,7 +16,13 @@ void SimStream::execute(Op& op) {
   const bool poisoned = dev_.sticky() != 0;  // a faulted device runs no more copies
   switch (op.kind) {
     case Op::Kind::kCopy:
-      if (!poisoned) {
+      if (!poisoned && op.graph_memory != nullptr) {
+        dev_.poison(kIllegalAddress,
+                    fmt::format("a copy touched {}, memory allocated on a stream while it was "
+                                "capturing a graph: that graph owns it, and outside the graph "
+                                "it is not memory (a GPU faults here)",
+                                op.graph_memory));
+      } else if (!poisoned) {
         for (const CopyPiece& p : op.pieces) std::memmove(p.dst, p.src, p.bytes);
       }
       break;
@@ -116,6 +122,9 @@ void SimStream::run_kernel(const Op& op) {
     executor_ = std::make_unique<CtaExecutor>(static_cast<unsigned>(kernels::kBatchCopyThreads));
   dev_.counters.kernel_ctas.fetch_add(op.ctas);
   executor_->run(rewritten_.data(), op.count, op.ctas);
+  const CtaExecutor::GroupBytes g = executor_->take_group_bytes();
+  dev_.counters.kernel_group_bytes.fetch_add(g.moved);
+  dev_.counters.kernel_group_capacity.fetch_add(g.capacity);
   report_fault("copy kernel");
 }
 

@@ -1,6 +1,5 @@
-// The geometry fingerprint and option validation (no network here). URLs: remote_url.cpp.
-#include <xxhash.h>
-
+// The geometry's canonical text and option validation (no network, no dependency: in every build).
+// URLs: remote_url.cpp; the fingerprint (xxh3 of describe()): remote_value.cpp.
 #include <kvoffload/error.hpp>
 #include <kvoffload/remote_tier.hpp>
 
@@ -14,11 +13,6 @@ std::string RemoteGeometry::describe() const {
          " replicated=" + (replicated ? "1" : "0") + " block_bytes=" + std::to_string(block_bytes) +
          " blocks_per_chunk=" + std::to_string(blocks_per_chunk) + " dtype=" + dtype +
          " layout=" + tensor_layout;
-}
-
-std::uint64_t RemoteGeometry::fingerprint() const {
-  const std::string text = describe();
-  return XXH3_64bits(text.data(), text.size());
 }
 
 std::uint64_t remote_value_bytes(std::uint64_t slot_bytes) noexcept {

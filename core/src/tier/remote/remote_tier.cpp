@@ -27,6 +27,10 @@ namespace kvoffload {
 
 using namespace detail;
 
+bool remote_tier_built() noexcept {
+  return true;
+}  // remote_tier_absent.cpp: false
+
 RemoteTier::Impl::Impl(const RemoteTierOptions& options) : o(options), warn(options.warn_interval) {
   fingerprint = o.geometry.fingerprint();
   copies = o.geometry.copies();

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 #include <xxhash.h>
 #if KVOFFLOAD_HAVE_XXH3_DISPATCH
 #include <xxh_x86dispatch.h>
 #endif
+
+#include <kvoffload/remote_tier.hpp>
 
 namespace kvoffload::detail {
 
@@ -144,3 +147,14 @@ std::uint16_t cluster_slot(std::string_view key) noexcept {
 }
 
 }  // namespace kvoffload::detail
+
+namespace kvoffload {
+
+// xxh3-64 like the values' checksums: the fingerprint names the values an engine may read, so it
+// belongs with the value format (and, like it, only in a build with the remote tier).
+std::uint64_t RemoteGeometry::fingerprint() const {
+  const std::string text = describe();
+  return XXH3_64bits(text.data(), text.size());
+}
+
+}  // namespace kvoffload
