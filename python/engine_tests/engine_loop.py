@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import random
 import time
 from collections import deque
@@ -375,16 +376,22 @@ def spec_config(spec: str, cpu_blocks: int, block_size: int, blocks_per_chunk: i
     return extra
 
 
-_none_hash_ready = False
+_NOT_INITIALISED = object()
+_none_hash_seed: object = _NOT_INITIALISED  # the PYTHONHASHSEED NONE_HASH was drawn under
 
 
 def _init_none_hash_once() -> None:
-    # Once per process, as the engine core does: without PYTHONHASHSEED, vLLM 017e9f4448 draws
-    # NONE_HASH from os.urandom at each call, and two engines compared here must see one chain.
-    global _none_hash_ready
-    if not _none_hash_ready:
+    # Once per process and PYTHONHASHSEED, as the engine core does once at start: without
+    # PYTHONHASHSEED, vLLM 017e9f4448 draws NONE_HASH from os.urandom at each call, and two engines
+    # compared here must see one chain. A test that sets PYTHONHASHSEED (monkeypatch) stands for a
+    # process started with it, so the hash is drawn again under the new value: otherwise an earlier
+    # test's random NONE_HASH stays, and this process's block hashes differ from a child's that
+    # was started with the same PYTHONHASHSEED.
+    global _none_hash_seed
+    seed = os.environ.get("PYTHONHASHSEED")
+    if _none_hash_seed is _NOT_INITIALISED or seed != _none_hash_seed:
         init_none_hash(sha256)
-        _none_hash_ready = True
+        _none_hash_seed = seed
 
 
 class Engine:
