@@ -111,7 +111,8 @@ std::vector<std::byte> value_of(std::uint64_t fp, const BlockKey& key, std::uint
   const auto h = detail::make_header(fp, key, copy, payload);
   std::vector<std::byte> v(sizeof h + payload.size());
   std::memcpy(v.data(), &h, sizeof h);
-  std::memcpy(v.data() + sizeof h, payload.data(), payload.size());
+  // An empty payload's data() may be null, which memcpy must not be given (UBSan).
+  if (!payload.empty()) std::memcpy(v.data() + sizeof h, payload.data(), payload.size());
   return v;
 }
 
