@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every test from a fresh clone: dependencies, the CPU preset, ctest (label cpu)
-# and the Python tests against Debian's /usr/bin/python3 (the vLLM backend's against vLLM's
-# sources in $KVOFFLOAD_VLLM_SRC, by default against each supported vLLM commit's tree in
-# ../shared), vLLM's engine loop on each supported commit (tools/vllm-engine-tests.sh), the SGLang
+# and the Python tests against Debian's /usr/bin/python3, vLLM's engine loop on each supported
+# commit with the vLLM backend's tests in it (tools/vllm-engine-tests.sh), the SGLang
 # backend's against $KVOFFLOAD_SGLANG_SRC (default ../shared/sglang-17313cf4b2); then says how
 # many cases ran and how many were skipped, and why (tools/ci/test_summary.py). With
 # KVOFFLOAD_CI_NO_SKIPS=1 (.ci/run sets it) a skip whose reason tests/accepted_skips.txt does not
@@ -22,35 +21,11 @@ if [[ -d python/tests ]]; then
     echo "test.sh: the Python module was not built (build/cpu/python/kvoffload/_kvoffload*.so)" >&2
     exit 1
   fi
-  # The vLLM backend's tests import vLLM's own kv_offload modules from KVOFFLOAD_VLLM_SRC. Unset,
-  # they run once per supported vLLM commit, against the kv_offload part of its engine tree
-  # (tools/vllm-trees.sh), copied into build/cpu/vllm-src/ (tools/vllm_src_view.py): every test
-  # with the first, the vLLM ones (test_vllm_*.py) again with each further one. Without any tree
-  # those tests skip, naming the variable (a skip CI does not accept).
-  vllm_srcs=()
-  if [[ -n ${KVOFFLOAD_VLLM_SRC:-} ]]; then
-    vllm_srcs=("$KVOFFLOAD_VLLM_SRC")
-  else
-    source tools/vllm-trees.sh
-    for t in "${vllm_engine_trees[@]}"; do
-      [[ -d $t ]] || continue
-      view=$PWD/build/cpu/vllm-src/$(basename "$t")
-      /usr/bin/python3 tools/vllm_src_view.py "$t" "$view" || { status=1; continue; }
-      vllm_srcs+=("$view")
-    done
-  fi
-  run_python_tests() {  # run_python_tests VLLM_SRC REPORT_SUITE PYTEST_ARGS...
-    local src=$1 suite=$2
-    shift 2
-    KVOFFLOAD_VLLM_SRC=$src PYTHONPATH="$PWD/build/cpu/python" KVOFFLOAD_TEST_BIN_DIR="$PWD/build/cpu/bin" \
-      KVOFFLOAD_TEST_REPORT_DIR="$reports" KVOFFLOAD_TEST_REPORT_SUITE=$suite \
-      /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@"
-  }
-  run_python_tests "${vllm_srcs[0]:-}" pytest python/tests || status=$?
-  for src in "${vllm_srcs[@]:1}"; do
-    echo "=== test.sh: the vLLM backend's tests against $src"
-    run_python_tests "$src" "pytest-$(basename "$src")" python/tests/test_vllm_*.py || status=$?
-  done
+  # The vLLM backend's tests (test_vllm_*.py) run in vLLM's engine loop under the vLLM harness, on
+  # every supported vLLM commit's tree (tools/vllm-engine-tests.sh, below); the others here.
+  PYTHONPATH="$PWD/build/cpu/python" KVOFFLOAD_TEST_BIN_DIR="$PWD/build/cpu/bin" \
+    KVOFFLOAD_TEST_REPORT_DIR="$reports" KVOFFLOAD_TEST_REPORT_SUITE=pytest \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider --ignore-glob='*/test_vllm_*.py' python/tests || status=$?
   # The SGLang backend's tests import SGLang's own HiCache files from KVOFFLOAD_SGLANG_SRC (next to
   # a checkout here, ../shared/sglang-17313cf4b2) with Debian's real torch, so they run in their
   # own pytest process (python/tests stubs torch for vLLM). Without the tree they skip, naming it.
@@ -61,9 +36,10 @@ if [[ -d python/tests ]]; then
     KVOFFLOAD_TEST_REPORT_SUITE=pytest-sglang \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests_sglang || status=$?
 fi
-# vLLM's own OffloadingConnector tests and kvoffload's engine-loop tests (python/engine_tests), in
-# vLLM's real engine loop on each supported vLLM commit, with the vLLM harness in ../shared. Without
-# it they are skipped, saying so, except in CI (KVOFFLOAD_CI_NO_SKIPS=1), where that fails.
+# vLLM's own OffloadingConnector tests, the vLLM backend's tests (python/tests/test_vllm_*.py) and
+# kvoffload's engine-loop tests (python/engine_tests), in vLLM's real engine loop on each supported
+# vLLM commit, with the vLLM harness in ../shared. Without it they are skipped, saying so, except
+# in CI (KVOFFLOAD_CI_NO_SKIPS=1), where that fails.
 if [[ -d ../shared/vllm-harness || ${KVOFFLOAD_CI_NO_SKIPS:-} == 1 || -n ${KVOFFLOAD_VLLM_HARNESS:-} ]]; then
   ./tools/vllm-engine-tests.sh build/cpu || status=$?
 else

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs kvoffload's vLLM backend inside vLLM's real engine loop, on every supported vLLM commit:
 # for each vLLM tree, vLLM's own OffloadingConnector tests (tests/v1/kv_connector/unit/
-# offloading_connector/, unmodified) and kvoffload's engine-loop tests (python/engine_tests/:
-# vLLM's Scheduler + OffloadingConnector with KvoffloadSpec), under the vLLM harness, which
+# offloading_connector/, unmodified), the vLLM backend's tests (python/tests/test_vllm_*.py: vLLM's
+# kv_offload modules, tiers and worker with kvoffload's) and kvoffload's engine-loop tests
+# (python/engine_tests/: vLLM's Scheduler + OffloadingConnector with KvoffloadSpec), under the
+# vLLM harness, which
 # supplies stand-ins for the few third-party libraries Debian lacks (torch, msgspec, ...).
 #
 #   tools/vllm-engine-tests.sh [BUILD_DIR] [pytest args for python/engine_tests]
+#   KVOFFLOAD_VLLM_ENGINE_SUITES  which of vllm, backend, kvoffload run (default all three, ',')
 #
 # BUILD_DIR (default build/cpu) holds the built package, BUILD_DIR/python/kvoffload/. Where things
 # are, when not next to this checkout in this workplace (../shared/):
@@ -35,58 +38,38 @@ for t in "${trees[@]}"; do
     fail "no vLLM engine tree at $t (vllm/v1/core/sched/scheduler.py and vLLM's offloading_connector tests); set KVOFFLOAD_VLLM_ENGINE_TREES"
 done
 pkg=$build/python
+suites=${KVOFFLOAD_VLLM_ENGINE_SUITES:-vllm,backend,kvoffload}
 compgen -G "$pkg/kvoffload/_kvoffload*.so" >/dev/null ||
   fail "the Python module is not built ($pkg/kvoffload/_kvoffload*.so): cmake --build --preset cpu --target kvoffload_python"
 
-# The harness keeps its links (pydantic 2) in the build tree, not in a directory shared with others.
-export VLLM_HARNESS_STATE_DIR=$PWD/$build/vllm-harness
-py=${VLLM_HARNESS_PYTHON:-/usr/bin/python3}
-# pydantic 2 for Debian's interpreter: from the first CPython of its minor version that has it,
-# on PATH or in pyenv's versions. setup.sh would ask only the first python3 on PATH.
-if [[ -z ${VLLM_HARNESS_PYDANTIC_FROM:-} ]] && ! "$py" -c 'import pydantic, sys; sys.exit(int(pydantic.VERSION[0]) < 2)' 2>/dev/null; then
-  minor=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-  candidates=()
-  for name in python3 "python$minor"; do
-    while read -r c; do candidates+=("$c"); done < <(which -a "$name" 2>/dev/null || true)
-  done
-  for c in "${PYENV_ROOT:-$HOME/.pyenv}/versions/$minor".*/bin/python"$minor"; do
-    [[ -x $c ]] && candidates+=("$c")
-  done
-  for c in "${candidates[@]}"; do
-    from=$("$c" -c "import sys, os, pydantic
-assert '%d.%d' % sys.version_info[:2] == '$minor' and int(pydantic.VERSION[0]) >= 2
-print(os.path.dirname(os.path.dirname(pydantic.__file__)))" 2>/dev/null) || continue
-    export VLLM_HARNESS_PYDANTIC_FROM=$from
-    break
-  done
-  [[ -n ${VLLM_HARNESS_PYDANTIC_FROM:-} ]] ||
-    fail "pydantic 2 is needed by vLLM's config classes and Debian 12 packages 1.10: no CPython $minor with pydantic 2 found (tried: ${candidates[*]:-none}); name its site-packages in VLLM_HARNESS_PYDANTIC_FROM"
-fi
-# What the harness installs must come from install-deps.sh, or a fresh machine lacks it.
-not_listed=$(comm -23 <(bash -c 'source "$1/env.sh"; printf "%s\n" "${DEBIAN_PACKAGES[@]}"' _ "$harness" | sort -u) \
-  <(tools/setup/install-deps.sh --list | sort -u))
-[[ -z $not_listed ]] ||
-  fail "the vLLM harness needs Debian packages that tools/setup/install-deps.sh does not install: $(echo $not_listed)"
-"$harness/setup.sh"
+vllm_harness_setup "$harness" "$build" || exit 1
 
 reports=$PWD/$build/test-reports
 mkdir -p "$reports"
 status=0
 for t in "${trees[@]}"; do
   name=$(basename "$(cd "$t" && pwd)")
-  for what in vllm kvoffload; do
+  for what in vllm backend kvoffload; do
+    [[ ,$suites, == *,$what,* ]] || continue
     junit=$(mktemp "${TMPDIR:-/tmp}/vllm-engine-tests.XXXXXX.xml")
-    echo "=== vllm-engine-tests: $([[ $what == vllm ]] && echo "vLLM's own offloading_connector tests" || echo "python/engine_tests") on $name"
-    if [[ $what == vllm ]]; then
-      args=()
-    else
-      args=("$PWD/python/engine_tests" "$@")
-    fi
+    case $what in
+      vllm) echo "=== vllm-engine-tests: vLLM's own offloading_connector tests on $name"; args=() ;;
+      # python/tests' conftest writes the report and applies the CI skip policy itself; its node
+      # ids are relative to this checkout (not to the tree, which would drop their file names).
+      backend) echo "=== vllm-engine-tests: python/tests/test_vllm_*.py on $name"
+        args=(--rootdir="$PWD" "$PWD"/python/tests/test_vllm_*.py) ;;
+      kvoffload) echo "=== vllm-engine-tests: python/engine_tests on $name"
+        args=("$PWD/python/engine_tests" "$@") ;;
+    esac
     rc=0
-    "$harness/run-vllm-tests.sh" "$t" "$pkg" --junitxml="$junit" "${args[@]}" || rc=$?
+    KVOFFLOAD_TEST_BIN_DIR="$PWD/$build/bin" KVOFFLOAD_TEST_REPORT_DIR="$reports" \
+      KVOFFLOAD_TEST_REPORT_SUITE="pytest-vllm-$name" \
+      "$harness/run-vllm-tests.sh" "$t" "$pkg" --junitxml="$junit" "${args[@]}" || rc=$?
     # 5 = no test collected: as much a failure as a failed test.
     ((rc == 0)) || { echo "vllm-engine-tests: $what tests on $name: pytest exit status $rc" >&2; status=1; }
-    /usr/bin/python3 tools/ci/junit_report.py "$junit" "vllm-harness-$what-$name" "$reports" || status=1
+    if [[ $what != backend ]]; then
+      /usr/bin/python3 tools/ci/junit_report.py "$junit" "vllm-harness-$what-$name" "$reports" || status=1
+    fi
     rm -f "$junit"
   done
 done

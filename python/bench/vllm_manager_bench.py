@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Speed of kvoffload.vllm.KvoffloadManager against vLLM's own CPUOffloadingManager, both imported
-from the same vLLM source tree (KVOFFLOAD_VLLM_SRC, with torch stubbed as in the tests:
-python/tests/vllm_real), side by side in one run, through vLLM's Python interface, on the same
+from the same vLLM tree (run with tools/vllm-python.sh: vLLM's engine tree under the vLLM
+harness, as the tests run), side by side in one run, through vLLM's Python interface, on the same
 vLLM-style request stream:
 
   20k requests x 8 keys drawn from 200k, 50k blocks, ARC or LRU. Per request: look up until the
@@ -18,8 +18,7 @@ Times are CPU seconds of this process (time.process_time), so a busy machine doe
 them; wall seconds are printed too.
 
 Run (build first):
-  KVOFFLOAD_VLLM_SRC=../shared/vllm-017e9f4448 PYTHONPATH=build/cpu/python \
-    /usr/bin/python3 python/bench/vllm_manager_bench.py [--policy lru]
+  tools/vllm-python.sh python/bench/vllm_manager_bench.py [--policy lru]
 """
 
 import argparse
@@ -87,7 +86,7 @@ def main():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     import vllm_real
 
-    tree = vllm_real.require()  # raises, naming KVOFFLOAD_VLLM_SRC, when it is not set
+    tree = vllm_real.require()  # raises outside tools/vllm-python.sh (the vLLM harness)
     from vllm.v1.kv_offload.base import LookupResult, ReqContext
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 

@@ -8,13 +8,12 @@ the process's CPU time (every thread: the tier's I/O threads, the kernel's work 
 and the calling thread's CPU time (the submits and the polling loop: the Python crossing).
 
   tier  `file`: kvoffload's KvoffloadFileTier; `fs`: vLLM's FileSystemTierManager (its code from
-        the tree at KVOFFLOAD_VLLM_SRC), both in --dir with O_DIRECT and --threads read + write
+        the vLLM tree of tools/vllm-python.sh), both in --dir with O_DIRECT and --threads read + write
         threads.
 
 With --pause S it prints "stored; pid N" after the stores and sleeps S seconds before the loads, so
 a profiler can attach for the loads alone:
-  KVOFFLOAD_VLLM_SRC=../shared/vllm-017e9f4448 PYTHONPATH=build/cpu/python \\
-    /usr/bin/python3 python/bench/vllm_tier_loads.py file --block 1M --pause 1 &
+  tools/vllm-python.sh python/bench/vllm_tier_loads.py file --block 1M --pause 1 &
   perf record -e cpu-clock -g -p <pid>        # or: strace -c -f -p <pid>
 """
 

@@ -3,7 +3,7 @@
 interface, side by side in one run with what they are measured against:
 
 file  kvoffload's `file` tier (KvoffloadFileTier) against vLLM's own `fs` tier
-      (FileSystemTierManager, its code from the vLLM tree at KVOFFLOAD_VLLM_SRC), in the same
+      (FileSystemTierManager, its code from the vLLM tree of tools/vllm-python.sh), in the same
       directory (--dir), with the same block sizes (64 KiB to 4 MiB), the same n_read_threads /
       n_write_threads, the same jobs: --total bytes per size in jobs of --blocks-per-job blocks,
       all submitted at once as vLLM's tiering manager cascades a step's stores (submit_store) and
@@ -21,8 +21,7 @@ ratios (each repetition's kvoffload figure over the reference's of the same repe
 (vllm.fs_io_C) is compiled code that is not part of the vLLM source tree.
 
 Run (build first; as root or with a writable --dir on a real disk):
-  KVOFFLOAD_VLLM_SRC=../shared/vllm-017e9f4448 PYTHONPATH=build/cpu/python \\
-    /usr/bin/python3 python/bench/vllm_tiers_bench.py --dir /var/tmp/kvo-tier-bench
+  tools/vllm-python.sh python/bench/vllm_tiers_bench.py --dir /var/tmp/kvo-tier-bench
 """
 
 from __future__ import annotations
@@ -306,7 +305,7 @@ def main():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     import vllm_real
 
-    tree = vllm_real.require()  # raises, naming KVOFFLOAD_VLLM_SRC, when it is not set
+    tree = vllm_real.require()  # raises outside tools/vllm-python.sh (the vLLM harness)
     logging_quiet()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     if not args.json:

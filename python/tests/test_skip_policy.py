@@ -54,30 +54,39 @@ def test_skips_fail_ci_unless_their_reason_is_accepted(tmp_path, ci, skip, rc, n
         assert report["skipped"] == 1 and report["skips"][0]["tag"] == (skip or "")
 
 
-# The vLLM backend's tests need vLLM's sources (KVOFFLOAD_VLLM_SRC). Without them they skip with
-# the reason [no-vllm-src], which CI does not accept: there a missing tree fails them, never
-# passes them. A tree that is named but wrong is an error everywhere.
+# The vLLM backend's tests need vLLM's engine loop: they run under the vLLM harness
+# (tools/vllm-engine-tests.sh, on each supported commit's tree). Outside it they skip with the
+# reason [no-vllm-src], which CI does not accept: there a missing harness fails them, never passes
+# them. Outside pytest (a bench) vllm_real.require() raises.
+NO_HARNESS = {"VLLM_HARNESS_TREE": None, "PYTHONPATH": os.pathsep.join(
+    p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and "vllm-harness" not in p)}
+NEEDED = "[no-vllm-src] vLLM's engine loop is needed: run these tests under the vLLM harness"
+
+
 @pytest.mark.parametrize("module", ["test_vllm_spec.py", "test_vllm_manager.py",
                                     "test_vllm_worker.py", "test_vllm_own_tests.py"])
 def test_vllm_tests_without_vllm_sources_fail_in_ci(tmp_path, module):
-    code, output, report = probe(tmp_path, True, None, [module], {"KVOFFLOAD_VLLM_SRC": None})
+    code, output, report = probe(tmp_path, True, None, [module], NO_HARNESS)
     assert code != 0, output
     assert "skipped without a reason CI accepts" in output, output
-    assert "[no-vllm-src] vLLM's sources are needed: set KVOFFLOAD_VLLM_SRC" in output, output
+    assert NEEDED in output, output
     assert report["ran"] >= 1 and report["failed"] >= 1 and report["skipped"] == 0, report
 
 
 def test_vllm_tests_without_vllm_sources_are_reported_skips_outside_ci(tmp_path):
     # With the probe beside it, so that something runs (pytest exits 5 when nothing does).
     code, output, report = probe(tmp_path, False, None, ["skip_probe.py", "test_vllm_spec.py"],
-                                 {"KVOFFLOAD_VLLM_SRC": None})
+                                 NO_HARNESS)
     assert code == 0, output
     assert "[no-vllm-src]" in output and "(not accepted in CI)" in output, output
     assert report["skipped"] == 1 and report["skips"][0]["tag"] == "no-vllm-src", report
 
 
-def test_vllm_tests_with_a_wrong_vllm_tree_are_errors(tmp_path):
-    code, output, _ = probe(tmp_path, False, None, ["test_vllm_spec.py"],
-                            {"KVOFFLOAD_VLLM_SRC": str(tmp_path / "no-vllm-here")})
-    assert code != 0, output
-    assert "does not exist; point KVOFFLOAD_VLLM_SRC at a vLLM source tree" in output, output
+def test_vllm_real_outside_pytest_and_the_harness_raises(tmp_path):
+    env = {**os.environ, **{k: v for k, v in NO_HARNESS.items() if v is not None}}
+    env.pop("VLLM_HARNESS_TREE", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", "import vllm_real; vllm_real.require()"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "VllmTreeError: " + NEEDED in done.stderr, done.stderr

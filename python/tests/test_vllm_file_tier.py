@@ -1,5 +1,5 @@
 # kvoffload's file secondary tier inside vLLM's own tiering (TieringOffloadingSpec,
-# TieringOffloadingManager, SecondaryTierFactory, SharedOffloadRegion from KVOFFLOAD_VLLM_SRC), in
+# TieringOffloadingManager, SecondaryTierFactory, SharedOffloadRegion from the vLLM tree the harness runs), in
 # place of vLLM's fs tier with its keys: round trips, a restarted engine hitting the records it
 # left, a corrupted record, one owner per directory, data-parallel replicas, and a full
 # filesystem (a small tmpfs the test mounts in a private mount namespace).
@@ -246,16 +246,32 @@ def test_a_refused_job_comes_back_failed_once_and_block_ids_end_at_the_primary(t
     assert t.stats()["entries"] == 2
 
 
+@pytest.mark.parametrize("algo", ["sha256", "xxhash"])
 def test_a_tier_warns_when_its_chunks_cannot_be_found_by_another_process(tmp_path, engines,
-                                                                          monkeypatch, caplog):
-    # Here only vLLM's kv_offload part is importable (no vllm.v1.core): the tier then assumes the
-    # random NONE_HASH of a vLLM without a fixed default seed (vllm_compat).
+                                                                          monkeypatch, caplog, algo):
+    # Whether another process computes the same keys depends on the vLLM commit (the tree under
+    # test): 017e9f4448 draws NONE_HASH from os.urandom unless PYTHONHASHSEED is set, whatever the
+    # hash; 7cfb97e3 seeds the cryptographic ones from a fixed default (DEFAULT_NONE_HASH_SEED).
+    from vllm.v1.core import kv_cache_utils
+
+    from kvoffload import vllm_tiers
+
+    monkeypatch.setattr(vllm_tiers, "_prefix_caching_hash_algo", lambda: algo)
     caplog.set_level(logging.WARNING)
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     engines(tiering(file_tier(tmp_path / "a")))
     assert "found only by this process" not in caplog.text
     monkeypatch.delenv("PYTHONHASHSEED")
     engines(tiering(file_tier(tmp_path / "b")))
-    assert ("kvoffload file tier: chunks this engine stores can be found only by this process: this vLLM "
-            "seeds the block-hash chain (NONE_HASH) with os.urandom") in caplog.text
-    assert "set PYTHONHASHSEED to one value in the environment of every process" in caplog.text
+    if not hasattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED"):  # 017e9f4448
+        assert ("kvoffload file tier: chunks this engine stores can be found only by this process: "
+                "this vLLM seeds the block-hash chain (NONE_HASH) with os.urandom") in caplog.text
+        assert f"whatever the hash function ({algo} here)" in caplog.text
+    elif algo == "sha256":  # 7cfb97e3: a fixed default seed
+        assert "found only by this process" not in caplog.text
+    else:
+        assert ("kvoffload file tier: chunks this engine stores can be found only by this process: "
+                "vLLM seeds the block-hash chain of the non-cryptographic xxhash with random bytes"
+                ) in caplog.text
+    if "found only by this process" in caplog.text:
+        assert "set PYTHONHASHSEED to one value in the environment of every process" in caplog.text

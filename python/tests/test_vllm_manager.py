@@ -1,5 +1,5 @@
-# kvoffload.vllm.KvoffloadManager against vLLM's own CPUOffloadingManager (imported from the vLLM
-# tree named by KVOFFLOAD_VLLM_SRC), output by output, on random scheduler-like streams with LRU
+# kvoffload.vllm.KvoffloadManager against vLLM's own CPUOffloadingManager (imported from the
+# vLLM tree the harness runs), output by output, on random scheduler-like streams with LRU
 # and ARC, store thresholds, failed and lenient stores, overlapping loads and resets; plus the
 # individual behaviours, each also checked against vLLM's manager.
 import random

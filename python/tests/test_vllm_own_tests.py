@@ -1,5 +1,5 @@
-# vLLM's own manager tests (tests/v1/kv_offload/cpu/test_manager.py in the tree named by
-# KVOFFLOAD_VLLM_SRC, run from there, unmodified) with KvoffloadManager in place of
+# vLLM's own manager tests (tests/v1/kv_offload/cpu/test_manager.py in
+# the vLLM tree the harness runs, unmodified) with KvoffloadManager in place of
 # CPUOffloadingManager: the test module's name CPUOffloadingManager is rebound to ours, and its
 # tests are collected here. Excluded: the tests that read or patch CPUOffloadingManager's private
 # fields, each with the reason below.

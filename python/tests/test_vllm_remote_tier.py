@@ -1,5 +1,5 @@
 # kvoffload's remote secondary tier inside vLLM's own tiering (TieringOffloadingSpec,
-# TieringOffloadingManager, SecondaryTierFactory, SharedOffloadRegion from KVOFFLOAD_VLLM_SRC):
+# TieringOffloadingManager, SecondaryTierFactory, SharedOffloadRegion from the vLLM tree the harness runs):
 # engines that share chunks through one redis-server, a 3-master Redis Cluster and memcached,
 # each started by the test; kill -9 and SIGSTOP of the store mid-run; corrupted and foreign
 # values; events and metrics through vLLM's classes.

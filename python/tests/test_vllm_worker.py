@@ -1,6 +1,6 @@
 # (Over ~500 lines: every case shares the layout model below; split, each file would carry it.)
 # kvoffload.vllm.KvoffloadSpec / KvoffloadWorker with vLLM's real types (OffloadingConfig,
-# CanonicalKVCaches, GPULoadStoreSpec, CPULoadStoreSpec from the tree named by KVOFFLOAD_VLLM_SRC):
+# CanonicalKVCaches, GPULoadStoreSpec, CPULoadStoreSpec from the vLLM tree the harness runs):
 # every byte that crosses is checked against a model of vLLM's CPU layout (one section per unique
 # KV tensor, blocks_per_chunk padded pages each, each group copying its layers' unpadded pages),
 # in the region and back on the device. The device is host memory (numpy) on the host backend and
@@ -17,7 +17,7 @@ from vllm_readme import readme_transfer_config
 
 vllm_real.require()
 
-import torch  # noqa: E402  (vllm_real's stub)
+import torch  # noqa: E402  (the vLLM harness's stand-in)
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
     CanonicalKVCacheRef,
@@ -70,9 +70,8 @@ class Device:
             return torch.from_numpy(array[:, :page]), array
         whole = vllm_real.sim_tensor(self.runtime, image.shape, torch.int8, self.index)
         self.runtime.memcpy_sync(whole.data_ptr(), image.ctypes.data, image.nbytes)
-        view = torch.Tensor(address=whole.data_ptr(), shape=(image.shape[0], page),
-                            strides=(image.shape[1], 1), dtype=torch.int8, device=whole.device,
-                            owner=whole)
+        view = vllm_real.device_tensor(whole.data_ptr(), (image.shape[0], page),
+                                       (image.shape[1], 1), torch.int8, whole.device, owner=whole)
         return view, whole
 
     def read(self, owner, shape) -> np.ndarray:

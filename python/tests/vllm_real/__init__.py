@@ -1,54 +1,32 @@
-"""vLLM's real modules in kvoffload's tests: one place that finds the vLLM source tree, stubs what
-cannot be imported here, and skips (with the reason) where there is no tree.
+"""vLLM's real modules in kvoffload's tests, run under the vLLM harness (../shared/vllm-harness in
+this workplace): vLLM's code from one of the engine trees (vLLM's files at one commit with the
+whole import chain), with the harness's stand-ins for the third-party libraries Debian lacks
+(torch, msgspec, ...). Nothing of vLLM is stubbed or re-declared here.
 
     import vllm_real
     vllm_real.require()        # at the top of a test module, before importing vllm
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager   # vLLM's own file
 
-- The tree is named by KVOFFLOAD_VLLM_SRC (a directory holding vllm/v1/kv_offload/, such as the
-  vLLM sources at one commit that .ci/run points at). Unset: require() skips the calling module
-  with a message naming the variable. Set but wrong (no such directory, or a vLLM installed
-  elsewhere would shadow it): require() raises, so a misconfigured CI fails instead of skipping.
-- torch is replaced by vllm_real.torch_stub (a real torch, if one was imported already, is an
-  error: the stub's tensors are what the tests hand to kvoffload). vLLM modules the tree lacks are
-  the minimal stand-ins in vllm_real.vllm_stubs. Everything else is vLLM's code from the tree.
-- sim_tensor() makes a torch-like tensor on a simulated GPU (kvoffload's `sim` backend), so the
-  worker runs its GPU path on device memory the host cannot dereference.
-
-Also used outside pytest (python/bench/vllm_manager_bench.py): require() then raises instead of
-skipping when the variable is unset.
+- The harness's boot module (its sitecustomize, PYTHONPATH=<harness>/boot) must have run in this
+  interpreter: tools/vllm-engine-tests.sh runs python/tests/test_vllm_*.py that way on every
+  supported commit's tree, and tools/vllm-python.sh runs a script (the benches) that way. Without
+  it require() skips the calling module with a tagged reason that CI does not accept (outside
+  pytest it raises), so a CI run that forgets the harness fails instead of skipping.
+- torch is the harness's stand-in (numpy-backed tensors); sim_tensor() makes one of its tensors
+  over device memory of kvoffload's simulated GPU (the `sim` backend), which the host never reads.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from pathlib import Path
 
-from . import torch_stub, vllm_stubs
-
-ENV = "KVOFFLOAD_VLLM_SRC"
-_installed: Path | None = None
+import numpy as np
 
 
 class VllmTreeError(RuntimeError):
     pass
-
-
-def tree() -> Path | None:
-    """The vLLM source tree named by KVOFFLOAD_VLLM_SRC, or None when the variable is unset."""
-    value = os.environ.get(ENV)
-    if not value:
-        return None
-    path = Path(value).resolve()
-    marker = path / "vllm" / "v1" / "kv_offload" / "base.py"
-    if not marker.is_file():
-        raise VllmTreeError(
-            f"{ENV}={value}: {marker} does not exist; point {ENV} at a vLLM source tree "
-            "(the directory that contains vllm/v1/kv_offload/)"
-        )
-    return path
 
 
 def _skip(reason: str):
@@ -59,59 +37,66 @@ def _skip(reason: str):
     raise VllmTreeError(reason)
 
 
-def require() -> Path:
-    """Makes vLLM's modules from the tree importable (once per process) and returns the tree.
+def tree() -> Path | None:
+    """The vLLM tree the harness booted this interpreter with, or None outside the harness."""
+    boot = sys.modules.get("vllm_harness_boot")
+    return None if boot is None else Path(boot.TREE).resolve()
 
-    Skips the calling test module when KVOFFLOAD_VLLM_SRC is unset; raises when it is wrong.
-    """
-    global _installed
+
+def require() -> Path:
+    """Checks that vLLM's modules come from the harness's tree and torch is its stand-in, and
+    returns the tree. Skips the calling test module (raises outside pytest) without the harness."""
     src = tree()
     if src is None:
-        # Tagged for the CI skip policy (tests/accepted_skips.txt does not accept it): in CI a
-        # missing tree fails these tests instead of letting them pass as skipped.
-        _skip(f"[no-vllm-src] vLLM's sources are needed: set {ENV} to a vLLM source tree "
-              "(tools/test.sh copies the kv_offload part of each ../shared/vllm-*-engine tree into "
-              "build/cpu/vllm-src/ with tools/vllm_src_view.py and points it there)")
-    if _installed is not None:
-        if _installed != src:
-            raise VllmTreeError(f"{ENV} changed from {_installed} to {src} within one process")
-        return src
-    _install_torch()
-    sys.path.insert(0, str(src))
-    for name, build in vllm_stubs.STUBS.items():
-        sys.modules[name] = build(src)
-    for name in vllm_stubs.STUBS:  # `import a.b.c` then `a.b.c` works, as for real submodules
-        parent, _, child = name.rpartition(".")
-        setattr(importlib.import_module(parent), child, sys.modules[name])
+        # Tagged for the CI skip policy (tests/accepted_skips.txt does not accept it).
+        _skip("[no-vllm-src] vLLM's engine loop is needed: run these tests under the vLLM harness "
+              "(tools/vllm-engine-tests.sh runs python/tests/test_vllm_*.py on every supported "
+              "vLLM commit; tools/vllm-python.sh TREE runs a script)")
+    stubs = Path(sys.modules["vllm_harness_boot"].STUBS).resolve()
+    import torch
+
+    if not Path(torch.__file__).resolve().is_relative_to(stubs):
+        raise VllmTreeError(f"torch was imported from {torch.__file__}, not from the vLLM harness's "
+                            f"stand-in in {stubs}: the tests' tensors are the harness's")
     base = importlib.import_module("vllm.v1.kv_offload.base")
     if not Path(base.__file__).resolve().is_relative_to(src):
         raise VllmTreeError(
-            f"vllm.v1.kv_offload.base was imported from {base.__file__}, not from {ENV}={src}: "
-            "an installed vLLM shadows the tree (run the tests in an environment without it)"
-        )
-    _installed = src
+            f"vllm.v1.kv_offload.base was imported from {base.__file__}, not from the harness's "
+            f"tree {src}: an installed vLLM shadows the tree (run the tests without it)")
     return src
 
 
-def _install_torch() -> None:
-    real = sys.modules.get("torch")
-    if real is not None and real is not torch_stub:
-        raise VllmTreeError(
-            "torch was imported before vllm_real.require(): the vLLM tests hand kvoffload "
-            "tensors of vllm_real.torch_stub and cannot mix them with a real torch"
-        )
-    sys.modules["torch"] = torch_stub
-    sys.modules["torch.cuda"] = torch_stub.cuda
-    sys.modules["torch.accelerator"] = torch_stub.accelerator
+class _DeviceMemory:
+    """numpy's array interface over memory at an address the host never dereferences."""
+
+    def __init__(self, address: int, shape, strides, np_dtype, owner):
+        self.__array_interface__ = {
+            "version": 3, "data": (int(address), False), "typestr": np.dtype(np_dtype).str,
+            "shape": tuple(int(s) for s in shape), "strides": tuple(int(s) for s in strides),
+        }
+        self.owner = owner  # keeps the device memory alive as long as the array
+
+
+def device_tensor(address: int, shape, strides, dtype, device, owner):
+    """A harness torch tensor at `address` on `device` (strides in elements, as torch's), whose
+    memory `owner` keeps alive. Its data_ptr(), shape, stride(), dtype and device are torch's;
+    the host must never read its elements (device memory)."""
+    import torch
+
+    np_dtype = np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
+    mem = _DeviceMemory(address, shape, [s * np_dtype.itemsize for s in strides], np_dtype, owner)
+    return torch.Tensor(np.asarray(mem), dtype, torch.device(device))
 
 
 def sim_tensor(runtime, shape, dtype=None, device_index: int = 0):
-    """A C-contiguous torch-like tensor in a simulated GPU's memory (kvoffload's `sim` backend).
+    """A C-contiguous torch tensor in a simulated GPU's memory (kvoffload's `sim` backend).
 
     The memory is a DeviceBuffer of `runtime` (kept alive by the tensor); read and write it with
     runtime.memcpy_sync. Its device is cuda:<device_index>, as torch would name it.
     """
-    dtype = dtype or torch_stub.int8
+    import torch
+
+    dtype = dtype or torch.int8
     nbytes = dtype.itemsize
     for s in shape:
         nbytes *= int(s)
@@ -121,6 +106,5 @@ def sim_tensor(runtime, shape, dtype=None, device_index: int = 0):
     for s in reversed(shape):
         strides.append(step)
         step *= int(s)
-    return torch_stub.Tensor(address=buf.address, shape=shape, strides=tuple(reversed(strides)),
-                             dtype=dtype, device=torch_stub.device("cuda", device_index),
-                             owner=buf)
+    return device_tensor(buf.address, shape, tuple(reversed(strides)), dtype,
+                         torch.device("cuda", device_index), owner=buf)
