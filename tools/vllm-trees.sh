@@ -40,4 +40,7 @@ print(os.path.dirname(os.path.dirname(pydantic.__file__)))" 2>/dev/null) || cont
   [[ -z $not_listed ]] ||
     { vllm_harness_fail "the vLLM harness needs Debian packages that tools/setup/install-deps.sh does not install: $(echo $not_listed)"; return 1; }
   "$harness/setup.sh" || { vllm_harness_fail "$harness/setup.sh failed"; return 1; }
+  # vLLM's Scheduler imports weight_utils, which imports filelock; the harness's list lacks it.
+  "$py" -c 'import filelock' 2>/dev/null ||
+    { vllm_harness_fail "$py cannot import filelock (vLLM's Scheduler imports it): install python3-filelock (tools/setup/install-deps.sh)"; return 1; }
 }

@@ -35,6 +35,7 @@ packages=(
   python3-cachetools python3-cbor2 python3-regex python3-psutil python3-zmq python3-cloudpickle
   python3-tqdm python3-requests python3-cpuinfo python3-packaging python3-pil python3-aiohttp
   python3-uvloop python3-xxhash
+  python3-filelock   # vllm/model_executor/model_loader/weight_utils.py, on the Scheduler's import chain
   python3-torch   # SGLang's host pools and controller in python/tests_sglang (real tensors)
 )
 # Debian's HIP toolchain: the hip preset, and gpu-auto where hipcc exists. rocPRIM is header-only
