@@ -8,6 +8,7 @@
 #
 # VLLM_TREE defaults to the first tree of tools/vllm-trees.sh (../shared/vllm-017e9f4448-engine
 # here), BUILD_DIR to build/cpu; KVOFFLOAD_VLLM_HARNESS names the harness (../shared/vllm-harness).
+# BUILD_DIR/python (kvoffload) and python/engine_tests (engine_loop) come first on sys.path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "vllm-python: $*" >&2; exit 1; }
@@ -33,5 +34,5 @@ vllm_harness_setup "$harness" "$build" >&2 || exit 1
 pydeps=$(bash -c 'source "$1/env.sh"; harness_pydeps' _ "$harness") ||
   fail "pydantic 2 is not importable after the harness's setup.sh"
 PYTHONPATH=$(cd "$harness/boot" && pwd) VLLM_HARNESS_TREE=$(cd "$tree" && pwd) \
-  VLLM_HARNESS_EXTRA_PATH=$PWD/$build/python VLLM_HARNESS_PYDEPS=$pydeps PYTHONDONTWRITEBYTECODE=1 \
+  VLLM_HARNESS_EXTRA_PATH=$PWD/$build/python:$PWD/python/engine_tests VLLM_HARNESS_PYDEPS=$pydeps PYTHONDONTWRITEBYTECODE=1 \
   exec "${VLLM_HARNESS_PYTHON:-/usr/bin/python3}" "$@"

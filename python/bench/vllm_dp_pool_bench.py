@@ -10,12 +10,9 @@ external computed tokens vLLM's scheduler was told / the prefix's tokens. With
 "kvoffload_pool": "node" both replicas attach one NodePool; with the default private pools
 ("private") each has its own region, so replica 1 cannot hit replica 0's prefixes.
 
-Run under the vLLM harness (build first; ../shared/vllm-harness/setup.sh or
-tools/vllm-engine-tests.sh once):
-  PYTHONPATH=../shared/vllm-harness/boot VLLM_HARNESS_TREE=../shared/vllm-7cfb97e3-engine \\
-  VLLM_HARNESS_EXTRA_PATH=build/cpu/python:python/engine_tests \\
-  VLLM_HARNESS_PYDEPS=build/cpu/vllm-harness/pydeps PYTHONHASHSEED=0 \\
-    /usr/bin/python3 python/bench/vllm_dp_pool_bench.py [--requests 200] [--json]
+Run under the vLLM harness (build first; tools/vllm-python.sh runs its set-up):
+  PYTHONHASHSEED=0 tools/vllm-python.sh --tree ../shared/vllm-7cfb97e3-engine \\
+    python/bench/vllm_dp_pool_bench.py [--requests 200] [--json]
 """
 
 import argparse

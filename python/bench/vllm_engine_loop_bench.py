@@ -15,12 +15,9 @@ Both specs process identical work: every job completes within its step (engine_l
 CompletionGate), so both schedulers see the same stream of events (python/engine_tests/
 test_differential.py checks that they do). Best of --repeat runs.
 
-Run under the vLLM harness (build first; ../shared/vllm-harness/setup.sh or
-tools/vllm-engine-tests.sh once):
-  PYTHONPATH=../shared/vllm-harness/boot VLLM_HARNESS_TREE=../shared/vllm-7cfb97e3-engine \\
-  VLLM_HARNESS_EXTRA_PATH=build/cpu/python:python/engine_tests \\
-  VLLM_HARNESS_PYDEPS=build/cpu/vllm-harness/pydeps \\
-    /usr/bin/python3 python/bench/vllm_engine_loop_bench.py [--steps 400] [--json]
+Run under the vLLM harness (build first; tools/vllm-python.sh runs its set-up):
+  tools/vllm-python.sh --tree ../shared/vllm-7cfb97e3-engine \\
+    python/bench/vllm_engine_loop_bench.py [--steps 400] [--json]
 """
 
 import argparse
