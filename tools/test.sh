@@ -43,7 +43,7 @@ fi
 if [[ -d ../shared/vllm-harness || ${KVOFFLOAD_CI_NO_SKIPS:-} == 1 || -n ${KVOFFLOAD_VLLM_HARNESS:-} ]]; then
   ./tools/vllm-engine-tests.sh build/cpu || status=$?
 else
-  echo "test.sh: vLLM's engine-loop tests skipped: no vLLM harness at ../shared/vllm-harness (KVOFFLOAD_VLLM_HARNESS names one)"
+  echo "test.sh: vLLM's engine-loop tests and the vLLM backend's tests (python/tests/test_vllm_*.py) skipped: no vLLM harness at ../shared/vllm-harness (KVOFFLOAD_VLLM_HARNESS names one)"
 fi
 /usr/bin/python3 tools/ci/test_summary.py "$reports" || status=$?
 exit "$status"
