@@ -68,3 +68,44 @@ def test_the_engine_loop_tests_fail_without_their_trees_never_skip(tmp_path):
     done = subprocess.run([str(script)], capture_output=True, text=True, env=env)
     assert done.returncode == 1, done.stderr
     assert f"no vLLM engine tree at {tmp_path / 'tree-a'}" in done.stderr
+
+
+def test_the_backend_tests_run_under_the_harness_on_every_tree(tmp_path):
+    # tools/vllm-engine-tests.sh runs python/tests/test_vllm_*.py through the harness's runner on
+    # each tree (its report written by python/tests' conftest), besides vLLM's own tests and
+    # python/engine_tests. A fake harness records what it was asked to run.
+    script = ROOT / "tools" / "vllm-engine-tests.sh"
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    log = tmp_path / "calls.txt"
+    (harness / "env.sh").write_text("DEBIAN_PACKAGES=()\n")
+    (harness / "setup.sh").write_text("#!/bin/sh\nexit 0\n")
+    (harness / "run-vllm-tests.sh").write_text(
+        "#!/bin/bash\n"
+        f'echo "$1 ${{KVOFFLOAD_TEST_REPORT_SUITE}} ${{*:3}}" >> {log}\n'
+        'for a in "$@"; do [[ $a == --junitxml=* ]] && '
+        "echo '<testsuites><testsuite name=\"pytest\"><testcase classname=\"t\" name=\"x\"/>"
+        "</testsuite></testsuites>' > \"${a#--junitxml=}\"; done\nexit 0\n")
+    for name in ("setup.sh", "run-vllm-tests.sh"):
+        (harness / name).chmod(0o755)
+    trees = [tmp_path / "tree-a", tmp_path / "tree-b"]
+    for t in trees:
+        (t / "vllm/v1/core/sched").mkdir(parents=True)
+        (t / "vllm/v1/core/sched/scheduler.py").write_text("")
+        (t / "tests/v1/kv_connector/unit/offloading_connector").mkdir(parents=True)
+    build = tmp_path / "build"
+    (build / "python" / "kvoffload").mkdir(parents=True)
+    (build / "python" / "kvoffload" / "_kvoffload.cpython-311-x86_64-linux-gnu.so").write_text("")
+    env = {**os.environ, "KVOFFLOAD_VLLM_HARNESS": str(harness),
+           "KVOFFLOAD_VLLM_ENGINE_TREES": ":".join(map(str, trees))}
+    env.pop("KVOFFLOAD_VLLM_ENGINE_SUITES", None)  # the default: all three
+    done = subprocess.run([str(script), str(build)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = log.read_text().splitlines()
+    backend = [c for c in calls if "python/tests/test_vllm_spec.py" in c]
+    assert [c.split()[0] for c in backend] == [str(t) for t in trees], calls
+    for c, t in zip(backend, trees):
+        assert f"pytest-vllm-{t.name}" in c and f"--rootdir={ROOT}" in c, c
+        assert "python/tests/test_vllm_worker.py" in c and "python/tests/test_manager.py" not in c, c
+    assert sum("python/engine_tests" in c for c in calls) == 2, calls
+    assert len(calls) == 6, calls  # vLLM's own tests, the backend's, python/engine_tests; twice
