@@ -42,9 +42,10 @@ suites=${KVOFFLOAD_VLLM_ENGINE_SUITES:-vllm,backend,kvoffload}
 compgen -G "$pkg/kvoffload/_kvoffload*.so" >/dev/null ||
   fail "the Python module is not built ($pkg/kvoffload/_kvoffload*.so): cmake --build --preset cpu --target kvoffload_python"
 
+build=$(cd "$build" && pwd)  # absolute: BUILD_DIR may be given either way
 vllm_harness_setup "$harness" "$build" || exit 1
 
-reports=$PWD/$build/test-reports
+reports=$build/test-reports
 mkdir -p "$reports"
 status=0
 for t in "${trees[@]}"; do
@@ -62,7 +63,7 @@ for t in "${trees[@]}"; do
         args=("$PWD/python/engine_tests" "$@") ;;
     esac
     rc=0
-    KVOFFLOAD_TEST_BIN_DIR="$PWD/$build/bin" KVOFFLOAD_TEST_REPORT_DIR="$reports" \
+    KVOFFLOAD_TEST_BIN_DIR="$build/bin" KVOFFLOAD_TEST_REPORT_DIR="$reports" \
       KVOFFLOAD_TEST_REPORT_SUITE="pytest-vllm-$name" \
       "$harness/run-vllm-tests.sh" "$t" "$pkg" --junitxml="$junit" "${args[@]}" || rc=$?
     # 5 = no test collected: as much a failure as a failed test.

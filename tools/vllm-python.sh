@@ -34,5 +34,5 @@ vllm_harness_setup "$harness" "$build" >&2 || exit 1
 pydeps=$(bash -c 'source "$1/env.sh"; harness_pydeps' _ "$harness") ||
   fail "pydantic 2 is not importable after the harness's setup.sh"
 PYTHONPATH=$(cd "$harness/boot" && pwd) VLLM_HARNESS_TREE=$(cd "$tree" && pwd) \
-  VLLM_HARNESS_EXTRA_PATH=$PWD/$build/python:$PWD/python/engine_tests VLLM_HARNESS_PYDEPS=$pydeps PYTHONDONTWRITEBYTECODE=1 \
+  VLLM_HARNESS_EXTRA_PATH=$(cd "$build" && pwd)/python:$PWD/python/engine_tests VLLM_HARNESS_PYDEPS=$pydeps PYTHONDONTWRITEBYTECODE=1 \
   exec "${VLLM_HARNESS_PYTHON:-/usr/bin/python3}" "$@"

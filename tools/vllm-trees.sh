@@ -11,7 +11,7 @@ vllm_harness_fail() { echo "vllm-harness set-up: $*" >&2; }
 vllm_harness_setup() {
   local harness=$1 build=$2 py minor c from not_listed candidates name
   # The harness keeps its links (pydantic 2) in the build tree, not in a directory shared with others.
-  export VLLM_HARNESS_STATE_DIR=$PWD/$build/vllm-harness
+  export VLLM_HARNESS_STATE_DIR=$(cd "$build" && pwd)/vllm-harness
   py=${VLLM_HARNESS_PYTHON:-/usr/bin/python3}
   # pydantic 2 for Debian's interpreter: from the first CPython of its minor version that has it,
   # on PATH or in pyenv's versions. setup.sh would ask only the first python3 on PATH.

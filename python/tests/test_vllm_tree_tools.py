@@ -109,3 +109,6 @@ def test_the_backend_tests_run_under_the_harness_on_every_tree(tmp_path):
         assert "python/tests/test_vllm_worker.py" in c and "python/tests/test_manager.py" not in c, c
     assert sum("python/engine_tests" in c for c in calls) == 2, calls
     assert len(calls) == 6, calls  # vLLM's own tests, the backend's, python/engine_tests; twice
+    # An absolute BUILD_DIR: the reports go into it (not into a path made below the checkout).
+    assert {p.name for p in (build / "test-reports").iterdir()} == {
+        f"vllm-harness-{what}-{t.name}.json" for what in ("vllm", "kvoffload") for t in trees}
