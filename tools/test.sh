@@ -28,7 +28,7 @@ if [[ -d python/tests ]]; then
     /usr/bin/python3 -m pytest -q -p no:cacheprovider --ignore-glob='*/test_vllm_*.py' python/tests || status=$?
   # The SGLang backend's tests import SGLang's own HiCache files from KVOFFLOAD_SGLANG_SRC (next to
   # a checkout here, ../shared/sglang-17313cf4b2) with Debian's real torch, so they run in their
-  # own pytest process (python/tests stubs torch for vLLM). Without the tree they skip, naming it.
+  # own pytest process (the vLLM tests use the harness's torch stand-in). Without the tree they skip.
   if [[ -z ${KVOFFLOAD_SGLANG_SRC:-} && -f ../shared/sglang-17313cf4b2/python/sglang/srt/mem_cache/hicache_storage.py ]]; then
     export KVOFFLOAD_SGLANG_SRC="$(cd ../shared/sglang-17313cf4b2 && pwd)"
   fi
