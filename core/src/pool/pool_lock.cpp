@@ -9,10 +9,23 @@
 // be told from a slow one by the mutex, so the wait is bounded (pthread_mutex_clocklock on
 // CLOCK_MONOTONIC) and the timeout names the holder's PID, which each holder writes into the
 // header after locking, and its state from /proc (T: stopped).
+//
+// Note [Pool lock under TSan]: GCC 12's libtsan intercepts pthread_mutex_lock, _trylock,
+// _timedlock and _unlock but not pthread_mutex_clocklock, so without help TSan never sees this
+// lock taken: it reports every index access as a race and every unlock as "unlock of an unlocked
+// mutex". In TSan builds lock() reports the acquisition by hand, as a try-lock (it can fail, on
+// timeout), with the annotations of <sanitizer/tsan_interface.h>. The release is reported by the
+// interceptor of pthread_mutex_unlock itself, so unlock() adds no __tsan_mutex_pre/post_unlock:
+// with them TSan counts two releases and reports the second. No create/destroy either: TSan makes
+// the sync object on first use and the munmap interceptor drops it with the mapping. The limit:
+// TSan tracks memory by virtual address in one process, so it checks threads of one process
+// (tests/pool/pool_thread_test.cpp) and cannot see races between tenants in different processes,
+// nor between two mappings of the file at different addresses.
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <string>
 
@@ -20,6 +33,17 @@
 
 #include "pool/pool_impl.hpp"
 #include "pool/proc_stat.hpp"
+
+#if defined(__SANITIZE_THREAD__)
+#define KVOFFLOAD_POOL_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KVOFFLOAD_POOL_TSAN 1
+#endif
+#endif
+#ifdef KVOFFLOAD_POOL_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
 
 namespace kvoffload::pool::detail {
 
@@ -57,7 +81,17 @@ void PoolImpl::lock(Op op, bool hooked) {
     deadline.tv_sec += 1;
     deadline.tv_nsec -= 1000000000L;
   }
+#ifdef KVOFFLOAD_POOL_TSAN
+  __tsan_mutex_pre_lock(&v_.h->mutex, __tsan_mutex_try_lock);  // Note [Pool lock under TSan]
+#endif
   const int rc = pthread_mutex_clocklock(&v_.h->mutex, CLOCK_MONOTONIC, &deadline);
+#ifdef KVOFFLOAD_POOL_TSAN
+  __tsan_mutex_post_lock(&v_.h->mutex,
+                         rc == 0 || rc == EOWNERDEAD
+                             ? __tsan_mutex_try_lock
+                             : __tsan_mutex_try_lock | __tsan_mutex_try_lock_failed,
+                         0);
+#endif
   if (rc == ETIMEDOUT) {
     const pid_t holder = __atomic_load_n(&v_.h->holder_pid, __ATOMIC_RELAXED);
     char secs[32];
@@ -95,6 +129,7 @@ void PoolImpl::unlock() noexcept {
   if (!locked_) return;
   __atomic_store_n(&v_.h->holder_pid, 0, __ATOMIC_RELAXED);
   locked_ = false;
+  // Intercepted under TSan: it reports the release (Note [Pool lock under TSan]).
   pthread_mutex_unlock(&v_.h->mutex);
 }
 
