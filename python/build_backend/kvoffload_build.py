@@ -77,6 +77,72 @@ def _run(cmd: list[str], **kw) -> None:
     subprocess.run(cmd, check=True, **kw)
 
 
+_STEP = re.compile(r"^\[\s*(\d+)/(\d+)\]|^\[\s*(\d+)%\]")
+
+
+def _open_tty():
+    """The controlling terminal, for text pip does not swallow: pip captures the backend's stdout
+    and stderr and shows them only with -v or when the build fails. None when the process has
+    no terminal (CI, a daemon, `pip ... </dev/null >log` under setsid): never an error."""
+    try:
+        return open("/dev/tty", "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+    except OSError:
+        return None
+
+
+def _build_with_progress(cmd: list[str], build_dir: Path, env: dict) -> None:
+    """Runs the CMake build, passing every line on to stdout (pip's log: `pip install -v` shows it)
+    and to build_dir/kvoffload-build.log, and writing one progress line per compiled file
+    ("[12/240] Building CXX object ...") to the terminal, where pip's capture does not reach.
+    Without a terminal, one line says where the full log is."""
+    log_path = build_dir / "kvoffload-build.log"
+    tty = _open_tty()
+    print("kvoffload_build: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    hint = (f"kvoffload_build: the build's full output: {log_path} "
+            "(or `pip install -v .`)")
+    if tty is None:
+        print(hint, flush=True)
+        # pip shows nothing of stdout without -v; stderr of the backend neither, but a caller
+        # running the backend directly (python -m build, tests) sees it.
+        print(hint, file=sys.stderr, flush=True)
+    else:
+        tty.write(hint + "\n")
+        tty.flush()
+    try:
+        with open(log_path, "w", encoding="utf-8", errors="replace") as log, subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                errors="replace", bufsize=1) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                log.write(line)
+                if tty is not None and _STEP.match(line):
+                    text = "kvoffload_build: " + line.strip()
+                    try:
+                        tty.write("\r" + text[:150] + "\033[K")
+                        tty.flush()
+                    except OSError:  # the terminal went away (ssh closed): go on without it
+                        tty = None
+            proc.wait()
+            end = "\n" if proc.returncode == 0 else (
+                f"\nkvoffload_build: the build failed; full output: {log_path}\n")
+            if tty is not None:
+                try:
+                    tty.write(end)
+                    tty.flush()
+                except OSError:
+                    pass
+            if proc.returncode != 0:
+                raise subprocess.CalledProcessError(proc.returncode, cmd)
+    finally:
+        if tty is not None:
+            try:
+                tty.close()
+            except OSError:
+                pass
+
+
 def _metadata(version: str) -> str:
     return (
         "Metadata-Version: 2.1\n"
@@ -179,11 +245,8 @@ def _build(build_dir: Path, stage: Path, settings) -> None:
           f"-DCMAKE_INSTALL_BINDIR={NAME}/bin", "-DKVOFFLOAD_PYTHON_INSTALL_DIR=.",
           *extra], env=env)
     jobs = str(_setting(settings, "jobs", os.cpu_count() or 1))
-    # One line per compiled file ("[12/240] Building CXX object ..."): pip turns its spinner once
-    # per line it reads, so the build shows that it moves, and `pip install -v` shows the lines.
-    print(f"kvoffload_build: building in {build_dir} with {jobs} jobs "
-          "(several minutes; `pip install -v` shows each step)", flush=True)
-    _run([cmake, "--build", str(build_dir), "-j", jobs], env=env)
+    print(f"kvoffload_build: building in {build_dir} with {jobs} jobs (several minutes)", flush=True)
+    _build_with_progress([cmake, "--build", str(build_dir), "-j", jobs], build_dir, env)
     _run([cmake, "--install", str(build_dir), "--prefix", str(stage)], env=env)
 
 

@@ -3,6 +3,7 @@
 // never removed, by a process creating the region there. Each entry is judged by all three.
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -160,6 +161,76 @@ TEST(JunkRule, AnIntactStaleRegionIsRemovedByCleanAndReclaimedByCreate) {
   Region r = Region::create_or_join(small_options(dir.path(), "junk"));
   EXPECT_EQ(r.role(), RegionRole::kCreator);
 }
+
+// Note [Old formats]: a stale region an older kvoffload left (format 1 to 3: same leading fields,
+// no checksum) is ours: list names its format, clean removes it, and a process creating the
+// region at its path reclaims it, as `run` does, under the one rule; held, it is kept.
+class OldFormat : public ::testing::TestWithParam<std::uint32_t> {};
+
+void make_old_format(const std::filesystem::path& dir, std::uint32_t version) {
+  stale_then(dir, [&](auto& h) {
+    h.version = version;
+    h.checksum = 0;  // formats before 4 had none; the bytes there were zero
+  });
+}
+
+TEST_P(OldFormat, AStaleOneIsListedAsOldAndRemovedByCleanAndByCreate) {
+  const std::uint32_t version = GetParam();
+  const TempDir dir;
+  make_old_format(dir.path(), version);
+  ASSERT_FALSE(HasFailure());
+  const auto listed = list_regions(dir.path());
+  ASSERT_EQ(listed.size(), 1U);
+  EXPECT_THAT(listed[0].problem, HasSubstr("a region of format " + std::to_string(version) +
+                                           ", left by an older kvoffload"));
+  EXPECT_TRUE(listed[0].stale);
+  EXPECT_FALSE(listed[0].geometry.has_value()) << "never read as a region of this format";
+
+  const CleanResult cleaned = clean_regions(dir.path());
+  EXPECT_TRUE(cleaned.skipped.empty())
+      << (cleaned.skipped.empty() ? "" : cleaned.skipped[0].reason);
+  ASSERT_EQ(cleaned.removed.size(), 1U);
+  EXPECT_FALSE(std::filesystem::exists(junk_path(dir.path())));
+
+  make_old_format(dir.path(), version);
+  Region r = Region::create_or_join(small_options(dir.path(), "junk"));
+  EXPECT_EQ(r.role(), RegionRole::kCreator) << "the old file was not reclaimed";
+}
+
+TEST_P(OldFormat, AHeldOneIsKept) {
+  const TempDir dir;
+  make_old_format(dir.path(), GetParam());
+  ASSERT_FALSE(HasFailure());
+  const int fd = ::open(junk_path(dir.path()).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH), 0);  // an older kvoffload's process still attached
+  const CleanResult cleaned = clean_regions(dir.path());
+  EXPECT_TRUE(cleaned.removed.empty());
+  EXPECT_EQ(cleaned.kept.size(), 1U);
+  EXPECT_TRUE(std::filesystem::exists(junk_path(dir.path())));
+  ::close(fd);
+}
+
+// Our magic and an old version are not proof enough: the layout must account for the size.
+TEST_P(OldFormat, OneWhoseSizeTheLayoutDoesNotAccountForIsJunk) {
+  const TempDir dir;
+  make_old_format(dir.path(), GetParam());
+  ASSERT_FALSE(HasFailure());
+  std::filesystem::resize_file(junk_path(dir.path()),
+                               std::filesystem::file_size(junk_path(dir.path())) + 4096);
+  const std::string before = file_bytes(junk_path(dir.path()));
+  const CleanResult cleaned = clean_regions(dir.path());
+  EXPECT_TRUE(cleaned.removed.empty());
+  ASSERT_EQ(cleaned.skipped.size(), 1U);
+  EXPECT_THAT(cleaned.skipped[0].reason, HasSubstr("bad magic or version"));
+  expect_error([&] { (void)Region::create_or_join(small_options(dir.path(), "junk")); });
+  EXPECT_EQ(file_bytes(junk_path(dir.path())), before);
+}
+
+INSTANTIATE_TEST_SUITE_P(Region, OldFormat, ::testing::Values(1U, 2U, 3U),
+                         [](const auto& test_case) {
+                           return "Format" + std::to_string(test_case.param);
+                         });
 
 // The checksum covers every fixed field and leaves out only the state, which changes once after
 // publication (creating -> ready).

@@ -337,6 +337,25 @@ TEST(MemcachedSaslTest, CredentialsAreSaslPlain) {
   const RemoteCheckReport report =
       check_remote(RemoteUrl::parse("memcached://alice:not-it@" + at(mc)), kCheck);
   EXPECT_TRUE(report.refused());
+
+  // No credentials: the server leaves the text protocol unanswered, which must read as
+  // "authentication required", not "unreachable" (issue 26).
+  // The wait for the unanswered VERSION is the connect deadline: a short one, 2 s.
+  RemoteTierOptions bare_options = options("memcached://" + at(mc));
+  bare_options.connect_timeout = std::chrono::seconds(2);
+  try {
+    auto bare_tier = RemoteTier::open(bare_options);
+    ADD_FAILURE() << "opened a SASL server's tier without credentials";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPermission) << e.what();
+    EXPECT_THAT(e.what(), HasSubstr("authentication required at " + at(mc)));
+    EXPECT_THAT(e.what(), HasSubstr("requires SASL"));
+    EXPECT_THAT(e.what(), Not(HasSubstr("unreachable")));
+  }
+  const RemoteCheckReport bare =
+      check_remote(RemoteUrl::parse("memcached://" + at(mc)), std::chrono::seconds(2));
+  EXPECT_TRUE(bare.refused());
+  EXPECT_THAT(bare.problem(), HasSubstr("authentication required"));
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include <kvoffload/error.hpp>
@@ -70,9 +71,34 @@ std::uint64_t header_checksum(const RegionHeader& header) noexcept {
   return hash_bytes_128(&fixed, sizeof fixed).lo;
 }
 
+std::optional<std::uint32_t> old_format_version(const RegionHeader& h,
+                                                std::uint64_t file_bytes) noexcept {
+  if (std::memcmp(h.magic, kRegionMagic, sizeof h.magic) != 0 || h.version == 0 ||
+      h.version >= kRegionVersion) {
+    return std::nullopt;
+  }
+  const std::uint64_t page = h.page_size;
+  if (page < 4096 || (page & (page - 1)) != 0 || h.data_offset == 0 || h.data_offset % page != 0 ||
+      h.num_chunks == 0 || h.row_stride == 0 ||
+      h.num_chunks > std::numeric_limits<std::uint64_t>::max() / h.row_stride ||
+      h.data_bytes != h.num_chunks * h.row_stride ||
+      h.data_bytes > std::numeric_limits<std::uint64_t>::max() - h.data_offset ||
+      file_bytes != h.data_offset + h.data_bytes) {
+    return std::nullopt;
+  }
+  return h.version;
+}
+
 std::string header_problem(const RegionHeader& h, std::uint64_t file_bytes) {
   const auto layout = header_layout(h);
-  if (!layout) return "no region header (bad magic or version); not a region file";
+  if (!layout) {
+    if (const auto old = old_format_version(h, file_bytes)) {
+      return "a region of format " + std::to_string(*old) + ", left by an older kvoffload (this " +
+             "one writes format " + std::to_string(kRegionVersion) +
+             "); not a region of this format: `region clean` removes it once nothing holds it";
+    }
+    return "no region header (bad magic or version); not a region file";
+  }
   if (h.checksum != header_checksum(h)) {
     return "corrupt header (its checksum does not match its fields: changed after creation); "
            "not a region file";

@@ -103,6 +103,17 @@ std::uint64_t header_checksum(const RegionHeader& header) noexcept;
 // clean` and the reclaim of a stale file alike (Note [What is ours to remove] in ownership.hpp).
 std::string header_problem(const RegionHeader& header, std::uint64_t file_bytes);
 
+// Note [Old formats]: formats 1 to 3 begin with the same fields as this one (magic, version,
+// state, data_offset, num_chunks, slot_bytes, world_size, replicated, row_stride, data_bytes,
+// page_size, engine_id: later formats only appended fields) and have no checksum. A file whose
+// header has our magic and an older version, and whose recorded layout accounts for its size
+// exactly (data_offset a page multiple of a power-of-two page size, data_bytes = num_chunks x
+// row_stride, file size = data_offset + data_bytes), is a region an older kvoffload left:
+// provably ours, so a stale one is removed like any stale region (Note [What is ours to
+// remove]); it is never opened as a region. Returns its version, or nullopt.
+std::optional<std::uint32_t> old_format_version(const RegionHeader& header,
+                                                std::uint64_t file_bytes) noexcept;
+
 // pread of the whole header. Returns false when the file is shorter than a header; throws
 // Error(kSystem) when pread fails.
 bool read_header(const Syscalls& sys, int fd, RegionHeader& out, const std::string& path);

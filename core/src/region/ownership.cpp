@@ -22,6 +22,8 @@ std::string why_not_ours(const Syscalls& sys, int fd, const struct stat& st,
   } catch (const Error& e) {
     return "cannot read its header: " + errno_name(e.sys_errno());
   }
+  // Note [Old formats]: a region an older kvoffload left is ours too.
+  if (old_format_version(header, static_cast<std::uint64_t>(st.st_size))) return {};
   return header_problem(header, static_cast<std::uint64_t>(st.st_size));
 }
 

@@ -18,10 +18,13 @@ namespace kvoffload::detail {
 //                  header has our magic and version, a checksum that matches (Note [Header
 //                  checksum] in header.hpp), a geometry that computes and a size equal to what
 //                  that geometry needs;
+//                  A region of an older format (1 to 3, no checksum) is provably ours when its
+//                  header has our magic and its recorded layout accounts for the file's size
+//                  exactly (Note [Old formats] in header.hpp);
 //   unheld         a non-blocking LOCK_EX on it wins: no process holds the liveness lock.
 // A creator publishes a file only after writing its header and setting its size (Note [Region
 // lifetime]), so every file a kvoffload process left behind passes the first test. Anything else
-// (a junk file, a header written by a newer or older format, a damaged header, another user's
+// (a junk file, a header written by a newer format, a damaged header, another user's
 // file, a wider mode) is left where it is with the reason: `region clean` reports it as skipped,
 // `region list` as "not a region", and a process creating the region refuses with that reason
 // instead of removing it. The README's "Operating" section states the same rule.

@@ -4,6 +4,7 @@
 // of the batch's deadline, so a frozen server costs at most about one deadline.
 // Credentials (memcached://user:password@) are SASL PLAIN, which libmemcached speaks over the
 // binary protocol only: a tier with credentials uses it for every request.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -223,14 +224,57 @@ memcached_st* make_client(const RemoteEndpoint& ep, const RemoteUrl& url, long t
   return mc;
 }
 
+// The SASL probe's own deadline: it runs after the connect's has passed, so a frozen server
+// costs at most one connect deadline plus this.
+constexpr long kSaslProbeMaxMs = 2000;
+
+// Whether the server at `ep` wants SASL: a server started with -S speaks only the binary
+// protocol and leaves the text protocol's VERSION unanswered (a client without credentials sees
+// a timeout, which read as "unreachable"). Asked in the binary protocol, VERSION is answered
+// before authentication and any key command is refused with AUTHENTICATION FAILURE (status
+// 0x20); a server without SASL answers NOT FOUND. Only asked after a failed connect without
+// credentials.
+bool memcached_wants_sasl(const RemoteEndpoint& ep, long timeout_ms) {
+  memcached_st* mc = memcached_create(nullptr);
+  if (mc == nullptr) return false;
+  const auto t = static_cast<uint64_t>(std::max(1L, timeout_ms));
+  memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_BINARY_PROTOCOL, 1);
+  memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_NO_BLOCK, 1);
+  memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_CONNECT_TIMEOUT, t);
+  memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_POLL_TIMEOUT, t);
+  memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, 0);
+  bool wants = false;
+  if (memcached_server_add(mc, ep.host.c_str(), ep.port) == MEMCACHED_SUCCESS &&
+      memcached_version(mc) == MEMCACHED_SUCCESS) {
+    static constexpr char kKey[] = "kvo1:sasl-probe";
+    wants = memcached_exist(mc, kKey, sizeof kKey - 1) == MEMCACHED_AUTH_FAILURE;
+  }
+  memcached_free(mc);
+  return wants;
+}
+
+// The message for a server that wants SASL from a URL without credentials.
+std::string memcached_auth_required_text(const RemoteEndpoint& ep) {
+  return "authentication required at " + ep.to_string() +
+         ": the server requires SASL (memcached -S) and the URL has no credentials; give "
+         "memcached://USER:PASSWORD@host:port (or USER@ with password_file= / password_env=)";
+}
+
 // A failed VERSION (the connect, and with credentials the SASL exchange) as the exception it
 // means.
 [[noreturn]] void throw_connect_failure(memcached_st* mc, const RemoteEndpoint& ep,
-                                        const RemoteUrl& url, memcached_return_t rc) {
+                                        const RemoteUrl& url, memcached_return_t rc,
+                                        long probe_timeout_ms) {
   const std::string why = memcached_message(mc);
   // VERSION reports a failed SASL exchange as a plain failure; the last error says what it was.
   const memcached_return_t last = memcached_last_error(mc);
   memcached_free(mc);
+  // A refused or failed TCP connect is not a SASL server; anything else without credentials
+  // (the text protocol's VERSION unanswered) may be one.
+  if (!url.authenticates() && rc != MEMCACHED_CONNECTION_FAILURE &&
+      last != MEMCACHED_CONNECTION_FAILURE && memcached_wants_sasl(ep, probe_timeout_ms)) {
+    throw Error(ErrorCode::kPermission, memcached_auth_required_text(ep));
+  }
   if (auth_result(rc) || auth_result(last)) {
     throw Error(ErrorCode::kPermission,
                 "authentication failed at " + ep.to_string() + " as user '" + url.user +
@@ -246,10 +290,13 @@ memcached_st* make_client(const RemoteEndpoint& ep, const RemoteUrl& url, long t
 std::unique_ptr<StoreConnection> connect_memcached(const RemoteEndpoint& endpoint,
                                                    const RemoteUrl& url,
                                                    RemoteClock::time_point deadline) {
-  memcached_st* mc = make_client(endpoint, url, std::max(1L, remaining_ms(deadline)));
+  const long timeout_ms = std::max(1L, remaining_ms(deadline));
+  memcached_st* mc = make_client(endpoint, url, timeout_ms);
   // libmemcached connects lazily; VERSION makes the connect (and its failure) happen now.
   const memcached_return_t rc = memcached_version(mc);
-  if (rc != MEMCACHED_SUCCESS) throw_connect_failure(mc, endpoint, url, rc);
+  if (rc != MEMCACHED_SUCCESS) {
+    throw_connect_failure(mc, endpoint, url, rc, std::min(timeout_ms, kSaslProbeMaxMs));
+  }
   return std::make_unique<MemcachedConnection>(mc);
 }
 
@@ -260,7 +307,10 @@ MemcachedProbe probe_memcached(const RemoteEndpoint& endpoint, const RemoteUrl& 
   const auto t0 = RemoteClock::now();
   const memcached_return_t rc = memcached_version(mc);
   p.rtt_ms = std::chrono::duration<double, std::milli>(RemoteClock::now() - t0).count();
-  if (rc != MEMCACHED_SUCCESS) throw_connect_failure(mc, endpoint, url, rc);
+  if (rc != MEMCACHED_SUCCESS) {
+    throw_connect_failure(mc, endpoint, url, rc,
+                          std::min(static_cast<long>(timeout.count()), kSaslProbeMaxMs));
+  }
   const memcached_instance_st* s = memcached_server_instance_by_position(mc, 0);
   if (s != nullptr) {
     p.version = std::to_string(memcached_server_major_version(s)) + "." +
