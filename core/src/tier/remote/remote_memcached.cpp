@@ -18,7 +18,7 @@
 namespace kvoffload::detail {
 namespace {
 
-long remaining_ms(RemoteClock::time_point deadline) {
+long memcached_remaining_ms(RemoteClock::time_point deadline) {
   const auto left =
       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - RemoteClock::now()).count();
   return left <= 0 ? 0 : left;
@@ -68,7 +68,7 @@ class MemcachedConnection final : public StoreConnection {
   }
 
   bool set_deadline(RemoteClock::time_point deadline, std::string& error) {
-    const long ms = remaining_ms(deadline);
+    const long ms = memcached_remaining_ms(deadline);
     if (ms == 0) {
       error = "deadline passed";
       return false;
@@ -246,7 +246,7 @@ memcached_st* make_client(const RemoteEndpoint& ep, const RemoteUrl& url, long t
 std::unique_ptr<StoreConnection> connect_memcached(const RemoteEndpoint& endpoint,
                                                    const RemoteUrl& url,
                                                    RemoteClock::time_point deadline) {
-  memcached_st* mc = make_client(endpoint, url, std::max(1L, remaining_ms(deadline)));
+  memcached_st* mc = make_client(endpoint, url, std::max(1L, memcached_remaining_ms(deadline)));
   // libmemcached connects lazily; VERSION makes the connect (and its failure) happen now.
   const memcached_return_t rc = memcached_version(mc);
   if (rc != MEMCACHED_SUCCESS) throw_connect_failure(mc, endpoint, url, rc);
