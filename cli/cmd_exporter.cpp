@@ -227,7 +227,7 @@ int run_exporter(const ExporterOptions& o) {
   return kExitOk;
 }
 
-const CommandRegistrar kRegister("exporter", [](CLI::App& top) {
+const CommandRegistrar kRegisterExporter("exporter", [](CLI::App& top) {
   auto* app = top.add_subcommand(
       "exporter",
       "Serve the Prometheus text format for every region on this node (one exporter per node)");

@@ -80,7 +80,7 @@ int run_probe(const ProbeOptions& opts) {
   return kExitOk;
 }
 
-const CommandRegistrar kRegister("probe", [](CLI::App& top) {
+const CommandRegistrar kRegisterProbe("probe", [](CLI::App& top) {
   auto* app = top.add_subcommand("probe", "Show what this machine offers the shared host region");
   auto opts = std::make_shared<ProbeOptions>();
   app->add_option("--shm-dir", opts->shm_dir,

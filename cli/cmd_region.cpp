@@ -358,7 +358,7 @@ int run_clean(const CleanOptions& o) {
 const std::string kShmDirHelp =
     "Directory of the region files (default $KVOFFLOAD_SHM_DIR, else /dev/shm)";
 
-const CommandRegistrar kRegister("region", [](CLI::App& top) {
+const CommandRegistrar kRegisterRegion("region", [](CLI::App& top) {
   auto* app = top.add_subcommand("region", "Create, join, list and clean shared host regions");
   app->require_subcommand(1);
 

@@ -225,7 +225,7 @@ int run_simulate(const Options& opt) {
   return kExitOk;
 }
 
-const CommandRegistrar kRegister("simulate", [](CLI::App& top) {
+const CommandRegistrar kRegisterSimulate("simulate", [](CLI::App& top) {
   auto* app = top.add_subcommand(
       "simulate",
       "Replay a request trace through the manager and report hits, misses, evictions and speed.\n"

@@ -83,7 +83,7 @@ int run_top(const TopOptions& o) {
   }
 }
 
-const CommandRegistrar kRegister("top", [](CLI::App& top) {
+const CommandRegistrar kRegisterTop("top", [](CLI::App& top) {
   auto* app = top.add_subcommand(
       "top", "Live view of every engine on this node: occupancy, hits, GB/s, bring-up (q quits)");
   auto o = std::make_shared<TopOptions>();

@@ -13,7 +13,7 @@
 namespace kvoffload::cli {
 namespace {
 
-const CommandRegistrar kRegister("version", [](CLI::App& top) {
+const CommandRegistrar kRegisterVersion("version", [](CLI::App& top) {
   auto* app = top.add_subcommand("version", "Print the version and the backends built in");
   auto json = std::make_shared<bool>(false);
   app->add_flag("--json", *json, "Print one JSON object");

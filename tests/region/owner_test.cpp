@@ -105,7 +105,7 @@ struct Pipe {
 
 // A one-way gate between threads. wait() gives up after a minute so that a broken protocol fails
 // the test's assertions instead of hanging it; open() may be called more than once.
-class Gate {
+class OwnerGate {
  public:
   void open() {
     const std::lock_guard lock(mu_);
@@ -365,7 +365,7 @@ TEST_P(OwnerRace, ClaimantsStartedTogetherExactlyOneWins) {
     release.close_read();
 
     std::latch start(kThreads + 1);
-    Gate let_go;
+    OwnerGate let_go;
     std::latch threads_done(kThreads);  // each thread's result is written before it counts down
     std::vector<std::string> thread_results(kThreads);
     std::vector<std::thread> threads;
@@ -493,9 +493,9 @@ TEST(Owners, ARefusalDuringTheHoldersRecordingWaitsForItsPid) {
   }
   // The holder pauses before its record write (its first pwrite on the join path) until the
   // claimant has looked once; the claimant's next try waits until the holder has recorded.
-  Gate paused;
-  Gate looked;
-  Gate recorded;
+  OwnerGate paused;
+  OwnerGate looked;
+  OwnerGate recorded;
   FaultSyscalls holder_sys;
   holder_sys.before(Op::kPwrite, 1, [&] {
     paused.open();
@@ -527,8 +527,8 @@ TEST(Owners, AHolderThatNeverRecordsIsStillAHolder) {
   const TempDir dir;
   const std::string id = test::unique_id("norec");
   Region keeper = Region::create_or_join(small_options(dir.path(), id, 1));
-  Gate paused;
-  Gate done;
+  OwnerGate paused;
+  OwnerGate done;
   FaultSyscalls holder_sys;
   holder_sys.before(Op::kPwrite, 1, [&] {
     paused.open();

@@ -24,7 +24,7 @@ using ::testing::Not;
 
 constexpr const char* kSecret = "s3cr%t-Pw";  // the decoded form of s3cr%25t-Pw
 
-std::string url_error(const std::string& text) {
+std::string url_parse_error(const std::string& text) {
   try {
     (void)RemoteUrl::parse(text);
   } catch (const Error& e) {
@@ -93,21 +93,21 @@ TEST(RemoteUrlAuth, PasswordFromAFileOrTheEnvironment) {
   EXPECT_EQ(e.to_string(), "redis://h:1?password_env=KVO_URL_TEST_PW");
   ::unsetenv("KVO_URL_TEST_PW");
 
-  EXPECT_THAT(url_error("redis://h:1?password_env=KVO_URL_TEST_PW"),
+  EXPECT_THAT(url_parse_error("redis://h:1?password_env=KVO_URL_TEST_PW"),
               HasSubstr("password_env KVO_URL_TEST_PW: the environment variable is not set"));
   ::setenv("KVO_URL_TEST_PW", "", 1);
-  EXPECT_THAT(url_error("redis://h:1?password_env=KVO_URL_TEST_PW"),
+  EXPECT_THAT(url_parse_error("redis://h:1?password_env=KVO_URL_TEST_PW"),
               HasSubstr("the environment variable is empty"));
   ::unsetenv("KVO_URL_TEST_PW");
-  EXPECT_THAT(url_error("redis://h:1?password_file=/nonexistent/kvo-pw"),
+  EXPECT_THAT(url_parse_error("redis://h:1?password_file=/nonexistent/kvo-pw"),
               HasSubstr("password_file open /nonexistent/kvo-pw: No such file or directory"));
   const TempFile empty("\n");
-  EXPECT_THAT(url_error("redis://h:1?password_file=" + empty.path()), HasSubstr("is empty"));
-  EXPECT_THAT(url_error("redis://:pw@h:1?password_file=" + file.path()),
+  EXPECT_THAT(url_parse_error("redis://h:1?password_file=" + empty.path()), HasSubstr("is empty"));
+  EXPECT_THAT(url_parse_error("redis://:pw@h:1?password_file=" + file.path()),
               HasSubstr("the password is given twice: in the URL and in password_file"));
   ::setenv("KVO_URL_TEST_PW", "x", 1);
   EXPECT_THAT(
-      url_error("redis://h:1?password_file=" + file.path() + "&password_env=KVO_URL_TEST_PW"),
+      url_parse_error("redis://h:1?password_file=" + file.path() + "&password_env=KVO_URL_TEST_PW"),
       HasSubstr("password_file and password_env"));
   ::unsetenv("KVO_URL_TEST_PW");
 }
@@ -131,31 +131,34 @@ TEST(RemoteUrlAuth, TlsSchemesAndOptions) {
   EXPECT_EQ(c.to_string(), "rediss-cluster://:***@a:1,b:2?tls_cert=" + ca.path() +
                                "&tls_key=" + ca.path() + "&tls_server_name=redis.local");
 
-  EXPECT_THAT(url_error("redis://h:1?tls_ca=" + ca.path()),
+  EXPECT_THAT(url_parse_error("redis://h:1?tls_ca=" + ca.path()),
               HasSubstr("apply to rediss:// and rediss-cluster:// only"));
-  EXPECT_THAT(url_error("memcached://h:1?tls_ca=" + ca.path()),
+  EXPECT_THAT(url_parse_error("memcached://h:1?tls_ca=" + ca.path()),
               HasSubstr("apply to rediss:// and rediss-cluster:// only"));
-  EXPECT_THAT(url_error("rediss://h:1?tls_cert=" + ca.path()),
+  EXPECT_THAT(url_parse_error("rediss://h:1?tls_cert=" + ca.path()),
               HasSubstr("tls_cert and tls_key go together"));
-  EXPECT_THAT(url_error("rediss://h:1?tls_ca=/nonexistent/ca.pem"),
+  EXPECT_THAT(url_parse_error("rediss://h:1?tls_ca=/nonexistent/ca.pem"),
               HasSubstr("tls_ca access /nonexistent/ca.pem: No such file or directory"));
-  EXPECT_THAT(url_error("rediss://h:1?tls_ca=" + ca.path() + "&tls_ca=" + ca.path()),
+  EXPECT_THAT(url_parse_error("rediss://h:1?tls_ca=" + ca.path() + "&tls_ca=" + ca.path()),
               HasSubstr("'tls_ca' is given twice"));
 }
 
 TEST(RemoteUrlAuth, MistakesAreNamed) {
-  EXPECT_THAT(url_error("redis://h:1?nosuch=1"),
+  EXPECT_THAT(url_parse_error("redis://h:1?nosuch=1"),
               HasSubstr("unknown option 'nosuch'; allowed: password_file, password_env"));
-  EXPECT_THAT(url_error("redis://h:1?tls_ca"), HasSubstr("option 'tls_ca' has no value"));
-  EXPECT_THAT(url_error("redis://h:1?password_env="), HasSubstr("has an empty value"));
-  EXPECT_THAT(url_error("redis://h:1?"), HasSubstr("an empty option"));
-  EXPECT_THAT(url_error("redis://user:@h:1"), HasSubstr("the password after ':' is empty"));
-  EXPECT_THAT(url_error("redis://@h:1"), HasSubstr("nothing before '@'"));
-  EXPECT_THAT(url_error("redis://alice@h:1"), HasSubstr("a user name without a password"));
-  EXPECT_THAT(url_error("memcached://:pw@h:1"), HasSubstr("memcached SASL needs a user name"));
-  EXPECT_THAT(url_error("redis://:p%zz@h:1"), HasSubstr("a '%' not followed by two hex digits"));
-  EXPECT_THAT(url_error("redis://:p%2@h:1"), HasSubstr("a '%' not followed by two hex digits"));
-  EXPECT_THAT(url_error("rediss://h:1?tls_ca=/a@b"), HasSubstr("an '@' after '?'"));
+  EXPECT_THAT(url_parse_error("redis://h:1?tls_ca"), HasSubstr("option 'tls_ca' has no value"));
+  EXPECT_THAT(url_parse_error("redis://h:1?password_env="), HasSubstr("has an empty value"));
+  EXPECT_THAT(url_parse_error("redis://h:1?"), HasSubstr("an empty option"));
+  EXPECT_THAT(url_parse_error("redis://user:@h:1"), HasSubstr("the password after ':' is empty"));
+  EXPECT_THAT(url_parse_error("redis://@h:1"), HasSubstr("nothing before '@'"));
+  EXPECT_THAT(url_parse_error("redis://alice@h:1"), HasSubstr("a user name without a password"));
+  EXPECT_THAT(url_parse_error("memcached://:pw@h:1"),
+              HasSubstr("memcached SASL needs a user name"));
+  EXPECT_THAT(url_parse_error("redis://:p%zz@h:1"),
+              HasSubstr("a '%' not followed by two hex digits"));
+  EXPECT_THAT(url_parse_error("redis://:p%2@h:1"),
+              HasSubstr("a '%' not followed by two hex digits"));
+  EXPECT_THAT(url_parse_error("rediss://h:1?tls_ca=/a@b"), HasSubstr("an '@' after '?'"));
 }
 
 // Every refusal of a URL that holds the secret: none may repeat it, or any piece of it.
@@ -178,7 +181,7 @@ TEST(RemoteUrlAuth, NoErrorRepeatsThePassword) {
       "redis://:" + pw + "%zz@h:1",
   };
   for (const auto& url : bad) {
-    const std::string error = url_error(url);
+    const std::string error = url_parse_error(url);
     EXPECT_THAT(error, Not(HasSubstr(pw.substr(0, 6)))) << error;
     EXPECT_THAT(error, Not(HasSubstr(pw.substr(pw.size() - 6)))) << error;
   }

@@ -39,7 +39,7 @@ std::span<const std::uint32_t> slots_of(const uint32_t* slots, size_t count, con
   return {slots, count};
 }
 
-void require_out(const void* out, size_t count, const char* fn, const char* name) {
+void require_pool_out(const void* out, size_t count, const char* fn, const char* name) {
   if (count != 0 && out == nullptr)
     invalid_arg(fn, name, "is NULL with count " + std::to_string(count));
 }
@@ -120,8 +120,8 @@ kvo_status kvo_pool_prepare_stores(kvo_pool_t* pool, const kvo_block_key* keys, 
   return guarded(fn, [&] {
     KVO_ARG(pool);
     KVO_ARG(out);
-    require_out(positions_out, count, fn, "positions_out");
-    require_out(slots_out, count, fn, "slots_out");
+    require_pool_out(positions_out, count, fn, "positions_out");
+    require_pool_out(slots_out, count, fn, "slots_out");
     const std::lock_guard lock(pool->mutex);
     const auto r = pool->pool.prepare_stores(keys_of(*pool, keys, count, fn));
     std::copy(r.positions.begin(), r.positions.end(), positions_out);

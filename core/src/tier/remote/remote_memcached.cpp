@@ -19,7 +19,7 @@
 namespace kvoffload::detail {
 namespace {
 
-long remaining_ms(RemoteClock::time_point deadline) {
+long memcached_remaining_ms(RemoteClock::time_point deadline) {
   const auto left =
       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - RemoteClock::now()).count();
   return left <= 0 ? 0 : left;
@@ -69,7 +69,7 @@ class MemcachedConnection final : public StoreConnection {
   }
 
   bool set_deadline(RemoteClock::time_point deadline, std::string& error) {
-    const long ms = remaining_ms(deadline);
+    const long ms = memcached_remaining_ms(deadline);
     if (ms == 0) {
       error = "deadline passed";
       return false;
@@ -290,7 +290,7 @@ std::string memcached_auth_required_text(const RemoteEndpoint& ep) {
 std::unique_ptr<StoreConnection> connect_memcached(const RemoteEndpoint& endpoint,
                                                    const RemoteUrl& url,
                                                    RemoteClock::time_point deadline) {
-  const long timeout_ms = std::max(1L, remaining_ms(deadline));
+  const long timeout_ms = std::max(1L, memcached_remaining_ms(deadline));
   memcached_st* mc = make_client(endpoint, url, timeout_ms);
   // libmemcached connects lazily; VERSION makes the connect (and its failure) happen now.
   const memcached_return_t rc = memcached_version(mc);

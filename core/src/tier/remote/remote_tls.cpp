@@ -62,16 +62,17 @@ bool is_ip_address(const std::string& host) {
          ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
-struct CtxDeleter {
-  void operator()(SSL_CTX* c) const noexcept { SSL_CTX_free(c); }
-};
-struct SslDeleter {
-  void operator()(SSL* s) const noexcept { SSL_free(s); }
-};
-
 }  // namespace
 
 struct TlsStream::State {
+  // Members' types must not use the anonymous namespace (GCC's -Wsubobject-linkage, which fires
+  // when this file is batched with others in a unity build, .ci/run's sanitizer stages).
+  struct CtxDeleter {
+    void operator()(SSL_CTX* c) const noexcept { SSL_CTX_free(c); }
+  };
+  struct SslDeleter {
+    void operator()(SSL* s) const noexcept { SSL_free(s); }
+  };
   std::unique_ptr<SSL_CTX, CtxDeleter> ctx;
   std::unique_ptr<SSL, SslDeleter> ssl;
   int fd = -1;
