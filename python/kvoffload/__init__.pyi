@@ -28,6 +28,7 @@ from ._kvoffload import Direction as Direction
 from ._kvoffload import DeviceTensor as DeviceTensor
 from ._kvoffload import JobResult as JobResult
 from ._kvoffload import TransferEngine as TransferEngine
+from ._kvoffload import WorkerBytes as WorkerBytes
 from ._kvoffload import OffloadWorker as OffloadWorker
 from ._kvoffload import LookupResult as LookupResult
 from ._kvoffload import StorePlan as StorePlan

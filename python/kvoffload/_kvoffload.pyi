@@ -2,6 +2,7 @@
 # edit. After changing a binding, rebuild and run the script (README: Python stubs).
 
 import os
+import numpy
 
 from typing import Any, ClassVar, List, Optional, Sequence, Tuple
 
@@ -141,8 +142,10 @@ class Region:
     detaches.
     """
     @staticmethod
-    def create_or_join(*, engine_id: str, num_chunks: int, slot_bytes: int, world_size: int = 1, rank: Optional[int] = None, replicated: bool = False, shm_dir: Optional[os.PathLike] = None, join_timeout: float = 30.0, populate_threads: int = 1, populate: bool = True, slot_align: int = 256) -> Region:
-        """Creates the region, or joins it when another process created it, and takes this mapper's role: rank `rank`, or with rank=None the scheduler role (the unranked mapper). One live holder per role: a second one raises kvoffload.Error with code IN_USE, naming the holder's PID. join_timeout in seconds."""
+    def create_or_join(*, engine_id: str, num_chunks: int, slot_bytes: int, world_size: int = 1, rank: Optional[int] = None, replicated: bool = False, shm_dir: Optional[os.PathLike] = None, join_timeout: float = 30.0, populate_threads: int = 1, populate: bool = True, slot_align: int = 256, bringup: str = 'blocking') -> Region:
+        """Creates the region, or joins it when another process created it, and takes this mapper's role: rank `rank`, or with rank=None the scheduler role (the unranked mapper). One live holder per role: a second one raises kvoffload.Error with code IN_USE, naming the holder's PID. join_timeout in seconds. bringup='background' returns once the region is mapped (an unranked mapper then populates nothing and uses only the rows every rank made ready: chunks_ready_on_all_ranks())."""
+    def chunks_ready_on_all_ranks(self) -> int:
+        """Rows every rank has brought up (the region header's ready prefixes; never blocks)"""
     @property
     def geometry(self) -> RegionGeometry: ...
     @property
@@ -368,6 +371,10 @@ class TransferEngine:
     def __enter__(self) -> Any: ...
     def __exit__(self, *args) -> bool: ...
 
+class WorkerBytes:
+    """Writable bytes of an OffloadWorker's region (numpy.asarray views them)"""
+    def __len__(self) -> int: ...
+
 class OffloadWorker:
     """One rank of an engine, assembled by the library.
 
@@ -392,6 +399,10 @@ class OffloadWorker:
     def region_path(self) -> os.PathLike: ...
     @property
     def geometry(self) -> RegionGeometry: ...
+    @property
+    def rank(self) -> Optional[int]: ...
+    def slot(self, chunk: int, rank: Optional[int] = None) -> WorkerBytes:
+        """Rank `rank`'s slot of `chunk` (default: this rank's), a writable buffer that keeps the worker open; meaningful only below bringup_status()['ready_chunks']"""
     def bringup_status(self) -> dict:
         """This rank's bring-up: state, ready_chunks, num_chunks, seconds, failed_chunk, error"""
     def wait_bringup(self) -> None:
@@ -557,7 +568,15 @@ class VllmManagerCore:
 
     A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 128 bits in C++).
     """
-    def __init__(self, num_blocks: int, policy: str, store_threshold: int, max_tracker_size: int) -> None: ...
+    def __init__(self, num_blocks: int, policy: str, store_threshold: int, max_tracker_size: int, ready_chunks: Optional[int] = None) -> None: ...
+    def follow_readiness(self, region: Region) -> None:
+        """Hand out only the chunks every rank of `region` (an unranked mapping, in background mode) has brought up; the mapping is dropped once all are (Note [Ready prefix])"""
+    def refresh_ready(self) -> None:
+        """Grow the ready prefix now (prepare_store does it before each plan)"""
+    @property
+    def ready_chunks(self) -> int: ...
+    @property
+    def following_readiness(self) -> bool: ...
     def fast_methods(self, error_cls: Any, lookup_results: tuple, spec_cls: Any, output_cls: Any, event_cls: Any, medium: Any, events: Any, alloc_sizes: list, new_array: Any = None, plain_output: bool = False) -> dict:
         """The hot methods as C functions over vLLM's types (Note [Fast entry points]); new_array / plain_output: Note [Plain result objects]"""
     @staticmethod

@@ -194,7 +194,12 @@ class KvoffloadManager(OffloadingManager):
         enable_events: bool = False,
         store_threshold: int = 1,
         max_tracker_size: int = 64_000,
+        ready_region=None,
     ):
+        """ready_region: an unranked kvoffload.Region mapped in background mode (the workers'
+        region with kvoffload_bringup='background'): only the chunks every rank has brought up
+        are handed out (Note [Ready prefix] in python/src/vllm_manager.cpp). The manager takes
+        it over and drops it once the whole pool is up."""
         if cache_policy_module_path is not None:
             raise ValueError(
                 f"KvoffloadManager: cache_policy_module_path={cache_policy_module_path!r}: "
@@ -222,8 +227,11 @@ class KvoffloadManager(OffloadingManager):
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         self.allocation_sizes_in_current_batch: list[int] = []
         self._core = _ext.VllmManagerCore(
-            num_blocks, self._policy_name, threshold, int(max_tracker_size) if threshold else 0
+            num_blocks, self._policy_name, threshold, int(max_tracker_size) if threshold else 0,
+            ready_chunks=None if ready_region is None else 0,
         )
+        if ready_region is not None:
+            self._core.follow_readiness(ready_region)
         self.counts: _ThresholdCounts | None = _ThresholdCounts(self._core) if threshold else None
         # The hot methods are C functions building vLLM's result objects; as instance attributes
         # they replace the class's methods below for every call (Note [Fast entry points] in
@@ -293,7 +301,7 @@ class KvoffloadManager(OffloadingManager):
         return stats
 
     def shutdown(self) -> None:
-        return None
+        self._core.follow_readiness(None)  # drops the scheduler's mapping of the region, if any
 
 
 def _stats_by_methods(usage, write_usage, read_usage, sizes, skipped):
@@ -500,10 +508,13 @@ class KvoffloadWorker(OffloadingWorker):
         join_timeout: float = 30.0,
         register_host: bool = True,
         pool_settings=None,
+        bringup: str = "blocking",
+        bringup_piece_bytes: int | None = None,
     ):
         self._bpc = int(blocks_per_chunk)
         self._engine = None
-        self._region = None
+        self._worker = None  # kvoffload.OffloadWorker: this rank's runtime, region and engine
+        self._runtime = None
         self._pool = None
         # Job ids per direction in submission order, until vLLM has their results; results
         # collected from the engine wait in _done until get_finished hands them out in that order
@@ -531,7 +542,6 @@ class KvoffloadWorker(OffloadingWorker):
             )
         if device is None:
             device = device_index or 0
-        self._runtime = _ext.make_runtime(self._backend, device=int(device))
         self._num_blocks = int(num_blocks)
         if pool_settings is not None:
             # The node pool (kvoffload_pool='node'): this rank's slots of the pool's chunks; the
@@ -540,6 +550,7 @@ class KvoffloadWorker(OffloadingWorker):
             # engine copies, and its death is one the pool repairs like any other.
             from .vllm_pool import worker_host_slots
 
+            self._runtime = _ext.make_runtime(self._backend, device=int(device))
             self._pool = pool_settings.attach(f"{engine_id}.rank{rank}")
             try:
                 self._engine = _ext.TransferEngine.for_buffer(
@@ -552,29 +563,40 @@ class KvoffloadWorker(OffloadingWorker):
             # vLLM's spec sized the cache to 0 blocks; its manager never stores, so no job comes.
             logger.warning("kvoffload: cpu_bytes_to_use holds no chunk; offloading is off")
         else:
+            # The rank assembled by the library (kvoffload.OffloadWorker, docs/DESIGN.md 7.4):
+            # the runtime on the tensors' device, the region with each bring-up piece registered
+            # as it comes up, the engine told of each piece, and the one safe teardown order.
+            # "background" returns once the region is mapped: the scheduler hands out only the
+            # chunks every rank has brought up (Note [Ready prefix] in KvoffloadSpec).
             # The worker's own rank even in the replicated layout (where every rank's slot is copy
             # 0): each rank slot has one holder at a time, so a second process on this rank, or a
             # data-parallel replica given the same kvoffload_engine_id, is refused here with
             # kvoffload.Error(IN_USE) naming the holder's PID instead of sharing its slots.
-            self._region = _ext.Region.create_or_join(
+            piece = {} if bringup_piece_bytes is None else {
+                "bringup_piece_bytes": int(bringup_piece_bytes),
+                "bringup_first_piece_bytes": min(int(bringup_piece_bytes), 64 << 20)}
+            self._worker = _ext.OffloadWorker(
                 engine_id=engine_id,
                 num_chunks=self._num_blocks,
                 slot_bytes=int(slot_bytes),
                 world_size=world_size,
                 rank=rank,
+                groups=self._groups,
+                blocks_per_chunk=self._bpc,
+                backend=self._backend,
+                devices=[int(device)],
                 replicated=replicated,
                 shm_dir=shm_dir,
                 join_timeout=join_timeout,
+                bringup=bringup,
+                **piece,
             )
-            try:
-                self._engine = _ext.TransferEngine(
-                    self._runtime, self._region, rank, self._groups, self._bpc,
-                    register_host=register_host,
-                )
-            except BaseException:
-                self._region.close()
-                raise
-        self._stream_of = self._compute_stream_getter(self._backend, device_index)
+            self._engine = self._worker.engine
+        try:
+            self._stream_of = self._compute_stream_getter(self._backend, device_index)
+        except BaseException:
+            self.shutdown()  # the rank is free before the error propagates
+            raise
 
     def _layout(self, kv_caches) -> tuple[list, int]:
         """The engine's KV groups (explicit slot sections) and the slot bytes they reach."""
@@ -704,16 +726,54 @@ class KvoffloadWorker(OffloadingWorker):
         if wanted:
             self._collect(self._engine.wait(wanted))
 
+    def bringup_status(self) -> dict | None:
+        """This rank's bring-up (state, ready_chunks, num_chunks, seconds, ...); None for the node
+        pool or a cache of 0 chunks."""
+        return None if self._worker is None else self._worker.bringup_status()
+
     def shutdown(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
-        region, self._region = self._region, None
-        if region is not None:
-            region.close()
+            del engine  # the worker's engine keeps the worker alive: the last reference goes first
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            try:
+                worker.close()  # engine drained, pieces unregistered, region unmapped, runtime last
+            except _ext.Error as err:
+                # A slot() view is still alive: the worker closes when the last one is dropped.
+                logger.warning("kvoffload: %s", err)
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.detach()  # after the engine: its copies use the pool's mapping
+
+
+_BRINGUP_MODES = ("blocking", "background")
+_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def bringup_settings(extra: Mapping[str, Any]) -> tuple[str, int | None]:
+    """(kvoffload_bringup, kvoffload_bringup_piece in bytes or None for the default) from the
+    kv_connector_extra_config, refusing a bad value with the key, the value and what is allowed."""
+    mode = extra.get("kvoffload_bringup", "blocking")
+    if not isinstance(mode, str) or mode.lower() not in _BRINGUP_MODES:
+        raise ValueError(f"KvoffloadSpec: kvoffload_bringup={mode!r} is not one of "
+                         f"{list(_BRINGUP_MODES)}")
+    piece = extra.get("kvoffload_bringup_piece")
+    if piece is None:
+        return mode.lower(), None
+    allowed = ("a positive number of bytes, as an int or a string with a K, M, G or T suffix "
+               "(e.g. 268435456 or '256M')")
+    value = None
+    if isinstance(piece, int) and not isinstance(piece, bool):
+        value = piece
+    elif isinstance(piece, str):
+        m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", piece, re.IGNORECASE)
+        if m:
+            value = int(m.group(1)) * _SIZE_SUFFIXES[m.group(2).upper()]
+    if value is None or value <= 0:
+        raise ValueError(f"KvoffloadSpec: kvoffload_bringup_piece={piece!r} is not {allowed}")
+    return mode.lower(), value
 
 
 class KvoffloadSpec(OffloadingSpec):
@@ -727,7 +787,11 @@ class KvoffloadSpec(OffloadingSpec):
     worker's rank), kvoffload_shm_dir (default /dev/shm or KVOFFLOAD_SHM_DIR), kvoffload_pool
     ("private", the default: a region per engine; "node": one node pool shared by every engine of
     the model on the node, kvoffload.vllm_pool), kvoffload_pool_name (default: derived from the
-    model fingerprint), kvoffload_hash_algo (default: vLLM's prefix_caching_hash_algo).
+    model fingerprint), kvoffload_hash_algo (default: vLLM's prefix_caching_hash_algo),
+    kvoffload_bringup ("blocking", the default: a worker returns with its pool pinned;
+    "background": it serves from the first piece while the rest comes up, and the scheduler hands
+    out only chunks every rank has up), kvoffload_bringup_piece (the largest bring-up piece, bytes
+    or "256M"; default 1 GiB, the first piece at most 64 MiB).
     The replicated (MLA) layout is vLLM's decision (config.replicated_layout), as for
     CPUOffloadingSpec.
     """
@@ -773,6 +837,9 @@ class KvoffloadSpec(OffloadingSpec):
             self.num_blocks = int(cpu_bytes_to_use) // row
         self._manager: OffloadingManager | None = None
         self._worker: KvoffloadWorker | None = None
+        # kvoffload_bringup / kvoffload_bringup_piece: checked here so a bad value fails at start
+        # on the scheduler and on every worker alike.
+        self.bringup, self.bringup_piece_bytes = bringup_settings(extra)
         # kvoffload_pool='node': every engine of the model on the node shares one node pool
         # (kvoffload.vllm_pool); checked here so a bad setting fails at start on both sides.
         self._pool_settings = None
@@ -786,6 +853,11 @@ class KvoffloadSpec(OffloadingSpec):
                 raise ValueError(
                     f"KvoffloadSpec: kvoffload_pool='node' evicts with the pool's node-wide LRU; "
                     f"eviction_policy={self.eviction_policy!r} is not available there (use 'lru')")
+            if self.bringup != "blocking":
+                raise ValueError(
+                    "KvoffloadSpec: kvoffload_bringup='background' is for the private pool; "
+                    "kvoffload_pool='node' maps a pool the node already brought up (remove "
+                    "kvoffload_bringup or use kvoffload_pool='private')")
             self._pool_settings = vllm_pool.pool_settings(self)
             self.num_blocks = self._pool_settings.slot_count
 
@@ -796,13 +868,25 @@ class KvoffloadSpec(OffloadingSpec):
                 enable_events=self.kv_events_config.enable_kv_cache_events)
         if self._manager is None:
             extra = self.extra_config
+            ready_region = None
+            if self.bringup == "background" and self.num_blocks > 0:
+                # Note [Ready prefix]: the workers bring their pool up while they serve; the
+                # scheduler maps the region unranked (populating nothing) to read how far every
+                # rank is, and hands out only those chunks.
+                ready_region = _ext.Region.create_or_join(
+                    engine_id=self.engine_id(), num_chunks=self.num_blocks,
+                    slot_bytes=self.slot_bytes, world_size=self.world_size, rank=None,
+                    replicated=self.replicated_layout, shm_dir=extra.get("kvoffload_shm_dir"),
+                    bringup="background")
             self._manager = KvoffloadManager(
                 num_blocks=self.num_blocks,
                 cache_policy=self.eviction_policy,
                 enable_events=self.kv_events_config.enable_kv_cache_events,
                 store_threshold=int(extra.get("store_threshold", 0)),
                 max_tracker_size=int(extra.get("max_tracker_size", 64_000)),
+                ready_region=ready_region,
             )
+            del ready_region  # the manager's core holds the only reference
         return self._manager
 
     def engine_id(self) -> str:
@@ -849,5 +933,7 @@ class KvoffloadSpec(OffloadingSpec):
                 device=None if device is None else int(device),
                 shm_dir=extra.get("kvoffload_shm_dir"),
                 pool_settings=self._pool_settings,
+                bringup=self.bringup,
+                bringup_piece_bytes=self.bringup_piece_bytes,
             )
         return self._worker

@@ -111,7 +111,8 @@ detaches.)")
           [](const std::string& engine_id, std::uint64_t num_chunks, std::uint64_t slot_bytes,
              std::uint32_t world_size, std::optional<std::uint32_t> rank, bool replicated,
              std::optional<std::filesystem::path> shm_dir, double join_timeout,
-             unsigned populate_threads, bool populate, std::uint64_t slot_align) {
+             unsigned populate_threads, bool populate, std::uint64_t slot_align,
+             const std::string& bringup) {
             if (!(join_timeout >= 0.0)) {
               throw Error(ErrorCode::kInvalidArgument,
                           "join_timeout must be >= 0 seconds, got " + std::to_string(join_timeout));
@@ -125,6 +126,7 @@ detaches.)")
                 std::chrono::milliseconds(static_cast<std::int64_t>(join_timeout * 1000.0));
             opts.populate_threads = populate_threads;
             opts.populate = populate;
+            opts.bringup = parse_bringup_mode(bringup);
             // A joiner may wait for the creator (another thread of this process, perhaps).
             py::gil_scoped_release release;
             return std::make_shared<RegionHolder>(Region::create_or_join(opts));
@@ -133,11 +135,17 @@ detaches.)")
           py::arg("world_size") = 1, py::arg("rank") = py::none(), py::arg("replicated") = false,
           py::arg("shm_dir") = py::none(), py::arg("join_timeout") = 30.0,
           py::arg("populate_threads") = 1, py::arg("populate") = true,
-          py::arg("slot_align") = kDefaultSlotAlign,
+          py::arg("slot_align") = kDefaultSlotAlign, py::arg("bringup") = "blocking",
           "Creates the region, or joins it when another process created it, and takes this "
           "mapper's role: rank `rank`, or with rank=None the scheduler role (the unranked mapper). "
           "One live holder per role: a second one raises kvoffload.Error with code IN_USE, naming "
-          "the holder's PID. join_timeout in seconds.")
+          "the holder's PID. join_timeout in seconds. bringup='background' returns once the "
+          "region is mapped (an unranked mapper then populates nothing and uses only the rows "
+          "every rank made ready: chunks_ready_on_all_ranks()).")
+      .def(
+          "chunks_ready_on_all_ranks",
+          [](const RegionHolder& h) { return open_region(h).chunks_ready_on_all_ranks(); },
+          "Rows every rank has brought up (the region header's ready prefixes; never blocks)")
       .def_property_readonly("geometry",
                              [](const RegionHolder& h) { return open_region(h).geometry(); })
       .def_property_readonly(

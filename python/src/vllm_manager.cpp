@@ -13,8 +13,11 @@
 //
 // The Manager runs with ManagerSemantics::kVllm (Note [vLLM semantics] in manager.cpp). Calls hold
 // the GIL throughout (they take microseconds), so Python threads are serialised.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,6 +28,7 @@
 #include <kvoffload/manager.hpp>
 
 #include "bindings.hpp"
+#include "region_holder.hpp"
 #include "vllm_keys.hpp"
 
 namespace py = pybind11;
@@ -55,7 +59,34 @@ class VllmManagerCore {
     return manager_.prepare_load(convert(keys));
   }
   void complete_load(const Items& keys) { manager_.complete_load(convert(keys)); }
-  StorePlan prepare_store(const Items& keys) { return manager_.prepare_store(convert(keys)); }
+  StorePlan prepare_store(const Items& keys) {
+    refresh_ready();
+    return manager_.prepare_store(convert(keys));
+  }
+
+  // Note [Ready prefix]: with kvoffload_bringup='background' the workers serve while their pool
+  // comes up, so the scheduler must never hand out a chunk some rank has not brought up yet. The
+  // manager starts with no ready slot; the scheduler maps the region unranked (in background
+  // mode: it populates nothing) and, before each store is planned, grows the manager's ready
+  // prefix to the rows every rank has published as ready in the region header (one atomic
+  // load per rank). Once every row is ready the mapping is dropped and prepare_store costs
+  // nothing more. A rank that fails its bring-up keeps the prefix where it stopped.
+  void follow_readiness(std::shared_ptr<RegionHolder> region) {
+    ready_region_ = std::move(region);
+    refresh_ready();
+  }
+  void refresh_ready() {
+    if (!ready_region_) return;
+    const Region& r = ready_region_->region;
+    if (r.is_open()) {
+      const std::uint64_t n =
+          std::min<std::uint64_t>(r.chunks_ready_on_all_ranks(), manager_.num_chunks());
+      if (n > manager_.ready_chunks()) manager_.set_ready_chunks(n);
+    }
+    if (!r.is_open() || manager_.ready_chunks() >= manager_.num_chunks()) ready_region_.reset();
+  }
+  [[nodiscard]] std::uint32_t ready_chunks() const noexcept { return manager_.ready_chunks(); }
+  [[nodiscard]] bool following_readiness() const noexcept { return ready_region_ != nullptr; }
   std::span<const std::uint32_t> complete_store(const Items& keys, bool success) {
     return manager_.complete_store(convert(keys), success);
   }
@@ -136,7 +167,8 @@ class VllmManagerCore {
   }
 
   Manager manager_;
-  std::vector<PyObject*> slot_keys_;  // strong references; slot s's latest key object
+  std::vector<PyObject*> slot_keys_;            // strong references; slot s's latest key object
+  std::shared_ptr<RegionHolder> ready_region_;  // Note [Ready prefix]; null: every slot is ready
   std::vector<BlockKey> keys_;
 };
 
@@ -451,9 +483,11 @@ void bind_vllm_manager(py::module_& m) {
 
 A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 128 bits in C++).)")
       .def(py::init([](std::uint64_t num_blocks, const std::string& policy,
-                       std::uint32_t store_threshold, std::uint64_t max_tracker_size) {
+                       std::uint32_t store_threshold, std::uint64_t max_tracker_size,
+                       std::optional<std::uint64_t> ready_chunks) {
              ManagerConfig c;
              c.num_chunks = num_blocks;
+             c.ready_chunks = ready_chunks;
              c.policy = parse_policy_kind(policy);
              c.store_threshold = store_threshold;
              c.threshold_tracker_capacity = max_tracker_size;
@@ -462,7 +496,14 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
              return std::make_unique<VllmManagerCore>(c);
            }),
            py::arg("num_blocks"), py::arg("policy"), py::arg("store_threshold"),
-           py::arg("max_tracker_size"))
+           py::arg("max_tracker_size"), py::arg("ready_chunks") = py::none())
+      .def("follow_readiness", &VllmManagerCore::follow_readiness, py::arg("region"),
+           "Hand out only the chunks every rank of `region` (an unranked mapping, in background "
+           "mode) has brought up; the mapping is dropped once all are (Note [Ready prefix])")
+      .def("refresh_ready", &VllmManagerCore::refresh_ready,
+           "Grow the ready prefix now (prepare_store does it before each plan)")
+      .def_property_readonly("ready_chunks", &VllmManagerCore::ready_chunks)
+      .def_property_readonly("following_readiness", &VllmManagerCore::following_readiness)
       .def(
           "fast_methods",
           [](const py::object& self, py::object error_cls, py::tuple lookup_results,

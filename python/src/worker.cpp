@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,9 +48,24 @@ py::dict bringup_dict(const BringupStatus& b) {
   return d;
 }
 
+// Bytes of the worker's region (a slot), kept mapped by the shared reference to the worker:
+// close() refuses while one is alive, as it does while the engine is referenced.
+struct WorkerBytes {
+  std::shared_ptr<OffloadWorker> owner;
+  std::span<std::byte> bytes;
+};
+
 }  // namespace
 
 void bind_worker(py::module_& m) {
+  py::class_<WorkerBytes>(m, "WorkerBytes", py::buffer_protocol(),
+                          "Writable bytes of an OffloadWorker's region (numpy.asarray views them)")
+      .def_buffer([](WorkerBytes& b) {
+        return py::buffer_info(reinterpret_cast<std::uint8_t*>(b.bytes.data()),
+                               static_cast<py::ssize_t>(b.bytes.size()), false);
+      })
+      .def("__len__", [](const WorkerBytes& b) { return b.bytes.size(); });
+
   py::class_<PyWorker>(m, "OffloadWorker", R"(One rank of an engine, assembled by the library.
 
 OffloadWorker(engine_id=..., num_chunks=..., slot_bytes=..., world_size=..., rank=..., groups=...,
@@ -119,6 +135,16 @@ last.)")
                              [](const PyWorker& w) { return w.open().region().path(); })
       .def_property_readonly("geometry",
                              [](const PyWorker& w) { return w.open().region().geometry(); })
+      .def_property_readonly("rank", [](const PyWorker& w) { return w.open().region().rank(); })
+      .def(
+          "slot",
+          [](const PyWorker& w, std::uint64_t chunk, std::optional<std::uint32_t> rank) {
+            const Region& r = w.open().region();
+            return WorkerBytes{w.worker, rank ? r.slot(chunk, *rank) : r.slot(chunk)};
+          },
+          py::arg("chunk"), py::arg("rank") = py::none(),
+          "Rank `rank`'s slot of `chunk` (default: this rank's), a writable buffer that keeps "
+          "the worker open; meaningful only below bringup_status()['ready_chunks']")
       .def(
           "bringup_status",
           [](const PyWorker& w) { return bringup_dict(w.open().region().bringup_status()); },
@@ -154,7 +180,7 @@ last.)")
             if (w.worker.use_count() > 1) {
               throw Error(ErrorCode::kState,
                           "cannot close the OffloadWorker: its engine is still referenced "
-                          "(drop every worker.engine object first)");
+                          "(drop every worker.engine object and worker.slot() buffer first)");
             }
             std::shared_ptr<OffloadWorker> ow = std::move(w.worker);
             py::gil_scoped_release release;

@@ -192,7 +192,7 @@ def round_trip(worker, kv, store_jobs, load_jobs, region_rank=None, num_chunks=8
         (res,) = worker.get_finished()
         assert isinstance(res, TransferResult) and (res.job_id, res.success) == (job, True)
         assert res.transfer_size == sum(p for *_, p in kv._places(gpu, cpu))
-    kv.check_region(worker._region, rank=region_rank, num_chunks=num_chunks)
+    kv.check_region(worker._worker, rank=region_rank, num_chunks=num_chunks)
     for cpu, gpu in load_jobs:
         job += 1
         assert worker.submit_load(job, cpu, gpu)
@@ -279,7 +279,7 @@ def test_mla_replicated_layout_one_copy_for_all_ranks(shm_dir, backend):
                                             cpu_bytes_to_use=spec0.extra_config["cpu_bytes_to_use"]))
     assert split.num_blocks == 4
     w0, w1 = spec0.get_worker(kv0.caches), spec1.get_worker(kv1.caches)
-    assert w0._region.path == w1._region.path
+    assert w0._worker.region_path == w1._worker.region_path
     # Rank 0 writes (vLLM's connector skips the store on the other ranks); rank 1 reads it.
     gpu = GPULoadStoreSpec([3, 4, 5], group_sizes=[3], block_indices=[0])
     assert w0.submit_store(1, gpu, CPULoadStoreSpec([6, 7]))
@@ -317,7 +317,7 @@ def test_two_data_parallel_replicas_never_see_each_others_bytes(shm_dir, backend
         spec = OffloadingSpecFactory.create_spec(cfg)
         assert spec.engine_id() == f"{transfer.engine_id}_dp{dp}"
         workers.append(spec.get_worker(kv.caches))
-    assert workers[0]._region.path != workers[1]._region.path
+    assert workers[0]._worker.region_path != workers[1]._worker.region_path
     # Both replicas store their own KV into the same chunk ids and load it back.
     for w, kv in zip(workers, kvs):
         gpu = GPULoadStoreSpec([0, 1, 2, 3], group_sizes=[4], block_indices=[0])
@@ -326,7 +326,7 @@ def test_two_data_parallel_replicas_never_see_each_others_bytes(shm_dir, backend
         w.wait({1})
         assert [r.success for r in w.get_finished()] == [True]
     for w, kv in zip(workers, kvs):
-        kv.check_region(w._region)
+        kv.check_region(w._worker)
         dst = GPULoadStoreSpec([8, 9, 10, 11], group_sizes=[4], block_indices=[0])
         assert w.submit_load(2, CPULoadStoreSpec([0, 1]), dst)
         kv.model_load(CPULoadStoreSpec([0, 1]), dst)
@@ -392,22 +392,22 @@ def test_results_come_in_vllms_order_stores_then_loads_each_as_submitted(shm_dir
 
 def test_device_defaults_to_the_tensors_device(shm_dir, monkeypatch):
     calls = []
-    real = kv_vllm._ext.make_runtime
+    real = kv_vllm._ext.OffloadWorker
 
-    def spy(name, device=0, **kw):
-        calls.append((name, device))
-        return real(name, device=0, **kw)  # one simulated device here
+    def spy(**kw):
+        calls.append((kw["backend"], kw["devices"]))
+        return real(**{**kw, "devices": [0]})  # one simulated device here
 
     kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)
     for t in kv.caches.tensors:
         t.tensor.device = torch.device("cuda", 3)  # as the tensors of rank 3 would be
-    monkeypatch.setattr(kv_vllm._ext, "make_runtime", spy)
+    monkeypatch.setattr(kv_vllm._ext, "OffloadWorker", spy)
     worker = KvoffloadSpec(offloading_config(shm_dir, kv, "sim")).get_worker(kv.caches)
-    assert calls == [("sim", 3)]
+    assert calls == [("sim", [3])]
     worker.shutdown()
     calls.clear()
     worker = KvoffloadSpec(offloading_config(shm_dir, kv, "sim", kvoffload_device=3)).get_worker(kv.caches)
-    assert calls == [("sim", 3)]
+    assert calls == [("sim", [3])]
     worker.shutdown()
 
 
@@ -416,6 +416,7 @@ def test_a_device_other_than_the_tensors_is_refused(shm_dir, monkeypatch):
     # the tensors' GPU.
     made = []
     monkeypatch.setattr(kv_vllm._ext, "make_runtime", lambda *a, **k: made.append(a))
+    monkeypatch.setattr(kv_vllm._ext, "OffloadWorker", lambda **k: made.append(k))
     kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)
     for t in kv.caches.tensors:
         t.tensor.device = torch.device("cuda", 3)
@@ -520,8 +521,8 @@ def test_rank_selects_the_slot_of_a_two_rank_region(shm_dir):
     kv.model_store(gpu, CPULoadStoreSpec([3]))
     worker.wait({1})
     assert [r.success for r in worker.get_finished()] == [True]
-    kv.check_region(worker._region, rank=1)
-    assert not np.asarray(worker._region.slot(3, rank=0)).any()
+    kv.check_region(worker._worker, rank=1)
+    assert not np.asarray(worker._worker.slot(3, rank=0)).any()
     worker.shutdown()
 
 
@@ -540,7 +541,7 @@ def test_spec_configuration(shm_dir):
     manager = spec.get_manager()
     assert manager.prepare_store([make_offload_key(b"k" * 32, 0)], CTX) is None
     worker = spec.get_worker(kv.caches)
-    assert worker._region is None
+    assert worker._worker is None
     assert worker.submit_store(1, GPULoadStoreSpec([0], group_sizes=[1], block_indices=[0]),
                                CPULoadStoreSpec([0])) is False
     assert worker.get_finished() == []
@@ -581,9 +582,9 @@ def test_replicated_layout_workers_each_hold_their_own_rank(shm_dir):
         return KvoffloadSpec(cfg).get_worker(kv.caches)
 
     rank0, rank1 = worker(0), worker(1)
-    assert rank0._region.rank == 0 and rank1._region.rank == 1
-    np.asarray(rank0._region.slot(2))[:] = 0x3C
-    assert (np.asarray(rank1._region.slot(2)) == 0x3C).all()  # rank 1's slot is copy 0 too
+    assert rank0._worker.rank == 0 and rank1._worker.rank == 1
+    np.asarray(rank0._worker.slot(2))[:] = 0x3C
+    assert (np.asarray(rank1._worker.slot(2)) == 0x3C).all()  # rank 1's slot is copy 0 too
     with pytest.raises(kvoffload.Error) as e:
         worker(1)
     assert e.value.code == kvoffload.ErrorCode.IN_USE
@@ -592,9 +593,10 @@ def test_replicated_layout_workers_each_hold_their_own_rank(shm_dir):
 
 
 def test_a_worker_whose_engine_cannot_be_built_gives_its_region_back(shm_dir, monkeypatch):
-    # The transfer engine fails after the worker took its rank of the region: the worker closes
-    # the region before the error propagates, so the rank is free at once, even while the error
-    # (whose traceback holds the half-built worker) is still alive.
+    # A step fails after the rank was assembled (kvoffload.OffloadWorker: region and engine; its
+    # own failures release in C++, tests/stack): the worker closes it before the error
+    # propagates, so the rank is free at once, even while the error (whose traceback holds the
+    # half-built worker) is still alive.
     kv = KvCaches(Device("host"), bpc=1, seed=9, **ONE_GROUP)
     name = "noengine-" + uuid.uuid4().hex[:8]
 
@@ -602,12 +604,12 @@ def test_a_worker_whose_engine_cannot_be_built_gives_its_region_back(shm_dir, mo
         raise kvoffload.Error("injected: no transfer engine")
 
     with monkeypatch.context() as m:
-        m.setattr(kv_vllm._ext, "TransferEngine", refuse)
+        m.setattr(KvoffloadWorker, "_compute_stream_getter", staticmethod(refuse))
         with pytest.raises(kvoffload.Error, match="injected: no transfer engine") as failed:
             KvoffloadSpec(offloading_config(shm_dir, kv, kvoffload_engine_id=name)).get_worker(
                 kv.caches)
     assert failed.value is not None  # alive: the failed worker's frames are still referenced
     worker = KvoffloadSpec(offloading_config(shm_dir, kv, kvoffload_engine_id=name)).get_worker(
         kv.caches)  # rank 0 is free again
-    assert worker._region.rank == 0
+    assert worker._worker.rank == 0
     worker.shutdown()

@@ -323,6 +323,95 @@ KVO_API kvo_status kvo_engine_wait_all(kvo_engine_t* engine, kvo_job_result* out
 KVO_API kvo_status kvo_engine_stats_get(const kvo_engine_t* engine, kvo_engine_stats* out);
 
 /* ---------------------------------------------------------------------------------------------
+ * The rank-side worker (docs/DESIGN.md §7.4): one rank assembled and torn down in one place.
+ * kvo_worker_create probes the backend, makes the runtime on the rank's device, maps the region
+ * ranked with each bring-up piece registered with the device as it comes up, and builds the
+ * transfer engine over the pieces; kvo_worker_close undoes it in the one safe order (the engine
+ * drains, the caches are freed, the bring-up stops, the pieces unregister, the region unmaps, the
+ * runtime goes last), as does a failed create.
+ *
+ * Bring-up: KVO_BRINGUP_BLOCKING returns with the whole pool up; KVO_BRINGUP_BACKGROUND returns
+ * once the region is mapped and brings the pool up piece by piece while the rank serves. Pieces
+ * grow: the first is min(bringup_first_piece_bytes, bringup_piece_bytes), each next twice the last
+ * up to bringup_piece_bytes. A job may use only chunks below kvo_worker_bringup.ready_chunks on
+ * every rank: the caller's scheduler hands out only those (it reads every rank's prefix from the
+ * region header); the engine does not check.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct kvo_worker kvo_worker_t;
+
+typedef enum kvo_bringup_mode {
+  KVO_BRINGUP_BLOCKING = 0,
+  KVO_BRINGUP_BACKGROUND = 1
+} kvo_bringup_mode;
+/* Values equal kvoffload::BringupState (stored in the region header) and never change. */
+typedef enum kvo_bringup_state {
+  KVO_BRINGUP_PENDING = 0,
+  KVO_BRINGUP_RUNNING = 1,
+  KVO_BRINGUP_READY = 2,
+  KVO_BRINGUP_FAILED = 3,
+  KVO_BRINGUP_STOPPED = 4
+} kvo_bringup_state;
+
+typedef struct kvo_worker_options {
+  size_t struct_size;           /* set by kvo_worker_options_init */
+  kvo_region_options region;    /* initialised too; region.rank is required (0..world_size-1) */
+  const char* backend;          /* "auto" (default, NULL too) | "host" | "sim" | "cuda" | "hip" */
+  int device;                   /* -1 (default): device rank mod the backend's count; else >= 0 */
+  kvo_bringup_mode bringup;     /* default KVO_BRINGUP_BLOCKING */
+  uint64_t bringup_piece_bytes; /* largest piece, > 0 (default 1 GiB) */
+  uint64_t bringup_first_piece_bytes; /* > 0 (default 64 MiB) */
+  /* The device KV: the engine's own tensors (groups, num_groups) or, with num_groups 0, caches
+   * the worker allocates on its device (cache_tensors tensors of cache_num_blocks blocks of
+   * cache_block_bytes, blocks packed; one group). Exactly one of the two. */
+  const kvo_kv_group* groups;
+  size_t num_groups;
+  uint32_t cache_tensors;
+  uint64_t cache_num_blocks;
+  uint64_t cache_block_bytes;
+  uint32_t blocks_per_chunk;        /* > 0 */
+  const kvo_engine_options* engine; /* NULL: defaults; register_host is ignored (the worker
+                                       registers the pieces) */
+} kvo_worker_options;
+
+typedef struct kvo_worker_bringup {
+  kvo_bringup_state state;
+  uint64_t ready_chunks;     /* rows [0, ready_chunks) are up and registered on this rank */
+  uint64_t num_chunks;       /* the region's rows */
+  uint64_t ready_bytes;      /* ready_chunks * row_stride */
+  uint64_t pieces;           /* pieces registered with the device so far */
+  uint64_t registered_bytes; /* bytes registered with the device so far */
+  double seconds;            /* from create until ready or failed (so far while running) */
+  double register_seconds;   /* in register calls, all pieces */
+  double longest_piece_seconds;
+  int error_status; /* the kvo_status of a failed bring-up, else KVO_OK */
+} kvo_worker_bringup;
+
+KVO_API kvo_status kvo_worker_options_init(kvo_worker_options* options);
+/* Builds the rank (see above). On error everything built is released and *out is untouched. */
+KVO_API kvo_status kvo_worker_create(const kvo_worker_options* options, kvo_worker_t** out);
+/* The rank's transfer engine, owned by the worker: valid until kvo_worker_close, which shuts it
+ * down; kvo_engine_destroy on it does nothing. Jobs go through the kvo_engine_* calls. */
+KVO_API kvo_status kvo_worker_engine(kvo_worker_t* worker, kvo_engine_t** out);
+/* The device the rank uses, and the region's geometry. */
+KVO_API kvo_status kvo_worker_device(const kvo_worker_t* worker, int* out);
+KVO_API kvo_status kvo_worker_geometry_get(const kvo_worker_t* worker, kvo_region_geometry* out);
+/* This rank's slot of `chunk` (host memory; the bytes are meaningful only below ready_chunks). */
+KVO_API kvo_status kvo_worker_slot(const kvo_worker_t* worker, uint64_t chunk, void** out_ptr,
+                                   uint64_t* out_bytes);
+/* Device address of block `block` of tensor `tensor` of the caches the worker allocated
+ * (KVO_STATE when the engine gave its own groups). */
+KVO_API kvo_status kvo_worker_cache_block(const kvo_worker_t* worker, uint32_t tensor,
+                                          uint64_t block, uint64_t* out_ptr);
+/* The bring-up so far (thread-safe, never blocks). */
+KVO_API kvo_status kvo_worker_bringup_get(const kvo_worker_t* worker, kvo_worker_bringup* out);
+/* Blocks until the bring-up is no longer running: KVO_OK when the pool is up, else the failure's
+ * status and message (KVO_STATE when it was stopped). */
+KVO_API kvo_status kvo_worker_wait_bringup(const kvo_worker_t* worker);
+/* Closes the rank in the safe order and frees the handle (always; KVO_SYSTEM when a teardown step
+ * failed, logged). NULL is ignored. */
+KVO_API kvo_status kvo_worker_close(kvo_worker_t* worker);
+
+/* ---------------------------------------------------------------------------------------------
  * The manager (docs/DESIGN.md §6): which KV chunks live in the region's chunk slots. The scheduler
  * side of an engine uses it. A kvo_manager_t may be shared between threads: calls are serialised.
  * Arrays of keys are (pointer, count); a NULL pointer is allowed only with count 0. Output arrays

@@ -38,6 +38,7 @@ struct kvo_manager {
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include <kvoffload/device_runtime.hpp>
@@ -68,10 +69,23 @@ struct kvo_registration {
   kvoffload::HostRegistration registration;
 };
 
-// The engine plus results poll() collected but the caller had no room for.
+// The engine plus results poll() collected but the caller had no room for. Owned (made by
+// kvo_engine_create*) or borrowed (a worker's, kvo_worker_engine: the worker closes it).
 struct kvo_engine {
-  explicit kvo_engine(kvoffload::TransferEngine e) : engine(std::move(e)) {}
-  kvoffload::TransferEngine engine;
+  explicit kvo_engine(kvoffload::TransferEngine e) : owned(std::move(e)), engine(*owned) {}
+  explicit kvo_engine(kvoffload::TransferEngine* worker_engine)
+      : engine(*worker_engine), borrowed(true) {}
+  std::optional<kvoffload::TransferEngine> owned;
+  kvoffload::TransferEngine& engine;
+  const bool borrowed = false;
   std::mutex mutex;  // guards `undelivered`
   std::deque<kvoffload::JobResult> undelivered;
 };
+
+namespace kvoffload::capi {
+// The C API's conversions, shared by the engine and worker wrappers (kInvalidArgument naming
+// `function` and the field).
+RegionOptions region_options_of(const kvo_region_options* options, const char* function);
+std::vector<KvGroup> groups_of(const kvo_kv_group* groups, size_t num_groups, const char* function);
+EngineOptions engine_options_of(const kvo_engine_options* options, const char* function);
+}  // namespace kvoffload::capi

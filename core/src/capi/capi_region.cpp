@@ -27,6 +27,38 @@ const kvoffload::Region& open_region(const kvo_region_t* region, const char* fun
 
 }  // namespace
 
+namespace kvoffload::capi {
+
+RegionOptions region_options_of(const kvo_region_options* options, const char* fn) {
+  KVO_ARG(options);
+  if (options->struct_size != sizeof(kvo_region_options)) {
+    invalid_arg(fn, "options",
+                "has struct_size " + std::to_string(options->struct_size) + ", expected " +
+                    std::to_string(sizeof(kvo_region_options)) +
+                    " (initialise it with kvo_region_options_init)");
+  }
+  if (options->engine_id == nullptr) invalid_arg(fn, "options->engine_id", "is NULL");
+  if (options->rank < KVO_UNRANKED) {
+    invalid_arg(fn, "options->rank",
+                "is " + std::to_string(options->rank) + "; use 0..world_size-1 or KVO_UNRANKED");
+  }
+  kvoffload::RegionOptions opts;
+  opts.engine_id = options->engine_id;
+  opts.layout.num_chunks = options->num_chunks;
+  opts.layout.slot_bytes = options->slot_bytes;
+  opts.layout.world_size = options->world_size;
+  opts.layout.replicated = options->replicated != 0;
+  opts.layout.slot_align = options->slot_align;
+  if (options->rank != KVO_UNRANKED) opts.rank = static_cast<std::uint32_t>(options->rank);
+  if (options->shm_dir != nullptr) opts.shm_dir = options->shm_dir;
+  opts.join_timeout = std::chrono::milliseconds(options->join_timeout_ms);
+  opts.populate_threads = options->populate_threads;
+  opts.populate = options->populate != 0;
+  return opts;
+}
+
+}  // namespace kvoffload::capi
+
 extern "C" {
 
 kvo_status kvo_region_options_init(kvo_region_options* options) {
@@ -49,29 +81,7 @@ kvo_status kvo_region_create_or_join(const kvo_region_options* options, kvo_regi
   return guarded(fn, [&] {
     KVO_ARG(options);
     KVO_ARG(out);
-    if (options->struct_size != sizeof(kvo_region_options)) {
-      invalid_arg(fn, "options",
-                  "has struct_size " + std::to_string(options->struct_size) + ", expected " +
-                      std::to_string(sizeof(kvo_region_options)) +
-                      " (initialise it with kvo_region_options_init)");
-    }
-    if (options->engine_id == nullptr) invalid_arg(fn, "options->engine_id", "is NULL");
-    if (options->rank < KVO_UNRANKED) {
-      invalid_arg(fn, "options->rank",
-                  "is " + std::to_string(options->rank) + "; use 0..world_size-1 or KVO_UNRANKED");
-    }
-    kvoffload::RegionOptions opts;
-    opts.engine_id = options->engine_id;
-    opts.layout.num_chunks = options->num_chunks;
-    opts.layout.slot_bytes = options->slot_bytes;
-    opts.layout.world_size = options->world_size;
-    opts.layout.replicated = options->replicated != 0;
-    opts.layout.slot_align = options->slot_align;
-    if (options->rank != KVO_UNRANKED) opts.rank = static_cast<std::uint32_t>(options->rank);
-    if (options->shm_dir != nullptr) opts.shm_dir = options->shm_dir;
-    opts.join_timeout = std::chrono::milliseconds(options->join_timeout_ms);
-    opts.populate_threads = options->populate_threads;
-    opts.populate = options->populate != 0;
+    const kvoffload::RegionOptions opts = kvoffload::capi::region_options_of(options, fn);
     // Build the handle first so that a failed allocation cannot strand an attached region.
     auto handle = std::make_unique<kvo_region>(kvoffload::Region::create_or_join(opts));
     *out = handle.release();

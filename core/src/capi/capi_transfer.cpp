@@ -46,6 +46,10 @@ kvo_job_result to_c(const kvoffload::JobResult& r) {
                         error};
 }
 
+}  // namespace
+
+namespace kvoffload::capi {
+
 std::vector<kvoffload::KvGroup> groups_of(const kvo_kv_group* groups, size_t num_groups,
                                           const char* function) {
   if (num_groups == 0) invalid_arg(function, "num_groups", "is 0; a layout has at least one group");
@@ -64,7 +68,7 @@ std::vector<kvoffload::KvGroup> groups_of(const kvo_kv_group* groups, size_t num
   return out;
 }
 
-kvoffload::EngineOptions options_of(const kvo_engine_options* o, const char* function) {
+kvoffload::EngineOptions engine_options_of(const kvo_engine_options* o, const char* function) {
   kvoffload::EngineOptions opts;
   if (o == nullptr) return opts;
   if (o->struct_size != sizeof(kvo_engine_options)) {
@@ -81,7 +85,7 @@ kvoffload::EngineOptions options_of(const kvo_engine_options* o, const char* fun
   return opts;
 }
 
-}  // namespace
+}  // namespace kvoffload::capi
 
 extern "C" {
 
@@ -109,8 +113,8 @@ kvo_status kvo_engine_create_for_region(kvo_runtime_t* runtime, kvo_region_t* re
     auto& rt = runtime_of(runtime, fn);
     KVO_ARG(region);
     KVO_ARG(out);
-    auto g = groups_of(groups, num_groups, fn);
-    auto opts = options_of(options, fn);
+    auto g = kvoffload::capi::groups_of(groups, num_groups, fn);
+    auto opts = kvoffload::capi::engine_options_of(options, fn);
     if (!region->region.is_open())
       throw Error(ErrorCode::kState, std::string(fn) + ": the region is closed");
     *out = std::make_unique<kvo_engine>(kvoffload::TransferEngine(*rt.runtime, region->region, rank,
@@ -131,7 +135,7 @@ kvo_status kvo_engine_create(kvo_runtime_t* runtime, const kvo_host_slots* host,
     KVO_ARG(out);
     if (host->base == nullptr) invalid_arg(fn, "host->base", "is NULL");
     kvoffload::KvLayout layout;
-    layout.groups = groups_of(groups, num_groups, fn);
+    layout.groups = kvoffload::capi::groups_of(groups, num_groups, fn);
     layout.blocks_per_chunk = blocks_per_chunk;
     layout.host = kvoffload::HostSlots{static_cast<std::byte*>(host->base),
                                        host->buffer_bytes,
@@ -139,7 +143,7 @@ kvo_status kvo_engine_create(kvo_runtime_t* runtime, const kvo_host_slots* host,
                                        host->row_stride,
                                        host->slot_offset,
                                        host->slot_bytes};
-    auto opts = options_of(options, fn);
+    auto opts = kvoffload::capi::engine_options_of(options, fn);
     *out = std::make_unique<kvo_engine>(
                kvoffload::TransferEngine(*rt.runtime, std::move(layout), opts))
                .release();
@@ -147,7 +151,7 @@ kvo_status kvo_engine_create(kvo_runtime_t* runtime, const kvo_host_slots* host,
 }
 
 void kvo_engine_destroy(kvo_engine_t* engine) {
-  if (engine == nullptr) return;
+  if (engine == nullptr || engine->borrowed) return;  // a worker's engine: kvo_worker_close
   engine->engine.shutdown();  // noexcept; the destructor would do it too, this states the order
   delete engine;
 }

@@ -6,4 +6,5 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/capi_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/capi_runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/capi_transfer.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/capi_remote.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/capi_remote.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/capi_worker.cpp)
