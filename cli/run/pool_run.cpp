@@ -111,17 +111,24 @@ RunOutcome run_pool_scheduler(RunConfig config) {
   std::vector<std::string> errors;
   std::set<std::string> peers;  // other engines seen attached
   std::uint32_t most_tenants = 1;
+  bool lingering = false;  // then each engine seen joining is said on stderr
+  // Engines seen joining while this run lingered: once they have all left, so does this run.
+  std::set<std::string> joined_meanwhile;
   auto note_tenants = [&] {
     const pool::PoolStats s = pool.stats();
     most_tenants = std::max<std::uint32_t>(most_tenants, s.tenants.size());
-    std::size_t others = 0;
+    std::size_t still_here = 0;  // of joined_meanwhile
     for (const auto& t : s.tenants) {
-      if (t.engine_id != config.engine_id) {
-        peers.insert(t.engine_id);
-        ++others;
+      if (t.engine_id == config.engine_id) continue;
+      if (peers.insert(t.engine_id).second && lingering) {
+        joined_meanwhile.insert(t.engine_id);
+        std::fprintf(stderr, "kvoffload run: engine %s (PID %d) joined pool %s\n",
+                     t.engine_id.c_str(), static_cast<int>(t.pid), config.pool.c_str());
+        std::fflush(stderr);
       }
+      if (joined_meanwhile.count(t.engine_id) != 0) ++still_here;
     }
-    return others;
+    return still_here;
   };
   std::optional<double> ready_seconds, first_request_seconds;
   std::vector<RankProcess> ranks;
@@ -236,12 +243,13 @@ RunOutcome run_pool_scheduler(RunConfig config) {
                    static_cast<unsigned long long>(requests), config.pool.c_str(),
                    config.pool_linger_seconds);
       std::fflush(stderr);
+      lingering = true;
       const auto until =
           Clock::now() + std::chrono::duration_cast<Clock::duration>(
                              std::chrono::duration<double>(config.pool_linger_seconds));
       while (Clock::now() < until && !interrupted()) {
-        const std::size_t others = note_tenants();
-        if (!peers.empty() && others == 0) break;  // they came and went
+        const std::size_t still_here = note_tenants();
+        if (!joined_meanwhile.empty() && still_here == 0) break;  // they came and went
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
