@@ -108,8 +108,29 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
   app->add_flag("--wait-for-tiers", config->wait_for_tiers,
                 "Wait for the secondary tiers' writes after every request (with --bringup "
                 "blocking the same seed then makes the same decisions on any machine)");
+  app->add_option("--pool", config->pool,
+                  "Run as a tenant of the node pool NAME (kvoffload_NAME.pool in the shm dir), "
+                  "shared with every other run given the same --pool (each its own --engine-id, "
+                  "the same geometry and --seed), instead of a private region")
+      ->type_name("NAME");
+  app->add_option("--pool-linger", config->pool_linger_seconds,
+                  "With --pool: after the last request, stay attached (the chunks stay for runs "
+                  "that join later) up to this many seconds, or until the other tenants seen "
+                  "meanwhile have all left")
+      ->capture_default_str()
+      ->check(real_range(0.0, 24 * 3600.0, "seconds"));
   app->add_flag("--json", config->json, "Print one JSON object");
-  return Command{app, [config] {
+  return Command{app, [config, app] {
+                   // Note [Run on a node pool]: the pool's chunk bytes exist in full once the
+                   // pool is attached, so its ranks bring up blocking.
+                   if (!config->pool.empty() && app->count("--bringup") > 0 &&
+                       config->bringup == "background") {
+                     throw_invalid("--pool " + config->pool +
+                                   " and --bringup background cannot be combined: a run on a "
+                                   "node pool maps and registers the pool's chunk bytes before "
+                                   "its first request; drop --bringup");
+                   }
+                   if (!config->pool.empty()) config->bringup = "blocking";
                    if (config->engine_id.empty())
                      config->engine_id = "run-" + std::to_string(::getpid());
                    if (config->shm_dir.empty()) config->shm_dir = default_shm_dir().string();

@@ -67,6 +67,13 @@ std::string format_report(const nlohmann::json& r) {
     phase("  coming up       ", coming_up);
     phase("  once ready      ", ready);
   }
+  if (r.contains("pool")) {
+    const auto& p = r["pool"];
+    out << "  node pool       " << p["name"].get<std::string>() << ": " << r["cross_engine_hits"]
+        << " cross-engine hits (chunks another tenant stored), " << r["tenants"]
+        << " tenants at most, " << p["tenants_at_end"] << " at the end; " << p["skipped_present"]
+        << " stores skipped (present)\n";
+  }
   out << "  verified        " << bytes(r["verified_bytes"]) << ", " << bytes(r["mismatched_bytes"])
       << " mismatched, " << r["failed_jobs"] << " failed jobs\n";
   if (r.contains("remote")) {
@@ -87,7 +94,10 @@ std::string format_report(const nlohmann::json& r) {
     verdict = "every byte verified";
   }
   out << "  " << verdict
-      << (r["region_removed"].get<bool>() ? "; region removed" : "; region NOT removed")
+      << (r.contains("pool")
+              ? (r["region_removed"].get<bool>() ? "; pool removed (last tenant out)"
+                                                 : "; pool kept for its other tenants")
+              : (r["region_removed"].get<bool>() ? "; region removed" : "; region NOT removed"))
       << (r["interrupted"].get<bool>() ? " (interrupted)" : "") << "\n";
   return out.str();
 }

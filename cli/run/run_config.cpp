@@ -9,6 +9,7 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/geometry.hpp>
+#include <kvoffload/node_pool.hpp>
 #include <kvoffload/platform.hpp>
 #include <kvoffload/remote_tier.hpp>
 
@@ -96,6 +97,24 @@ void RunConfig::finalize() {
                   (remote_url ? "; this run's is " + remote_url->to_string()
                               : std::string("; this run has no --remote-tier")));
   }
+  if (!pool.empty()) {
+    try {
+      (void)pool::pool_path(shm_dir.empty() ? std::string(".") : shm_dir, pool);
+    } catch (const Error& e) {
+      throw_invalid("--pool '" + pool + "': " + e.what());
+    }
+    // Note [Run on a node pool]: the pool is the only host tier of such a run.
+    if (!file_tier.empty()) {
+      throw_invalid("--pool " + pool + " and --file-tier " + file_tier +
+                    " cannot be combined: a run on a node pool has no secondary tiers; drop one");
+    }
+    if (!remote_tier.empty()) {
+      throw_invalid("--pool " + pool + " and --remote-tier " + remote_tier +
+                    " cannot be combined: a run on a node pool has no secondary tiers; drop one");
+    }
+  } else if (pool_linger_seconds != 0) {
+    throw_invalid("--pool-linger applies to a run on a node pool only; this run has no --pool");
+  }
   if (duration_seconds == 0 && requests == 0) {
     throw_invalid("--duration 0 needs --requests N > 0, or the run would never end");
   }
@@ -170,7 +189,10 @@ void to_json(nlohmann::json& j, const RunConfig& c) {
                      {"slot_bytes", c.slot_bytes},
                      {"num_chunks", c.num_chunks},
                      {"bringup", c.bringup},
-                     {"bringup_piece_bytes", c.bringup_piece_bytes}};
+                     {"bringup_piece_bytes", c.bringup_piece_bytes},
+                     {"pool", c.pool},
+                     {"pool_slot_stride", c.pool_slot_stride},
+                     {"pool_row_stride", c.pool_row_stride}};
 }
 
 void from_json(const nlohmann::json& j, RunConfig& c) {
@@ -190,6 +212,9 @@ void from_json(const nlohmann::json& j, RunConfig& c) {
   j.at("num_chunks").get_to(c.num_chunks);
   j.at("bringup").get_to(c.bringup);
   j.at("bringup_piece_bytes").get_to(c.bringup_piece_bytes);
+  j.at("pool").get_to(c.pool);
+  j.at("pool_slot_stride").get_to(c.pool_slot_stride);
+  j.at("pool_row_stride").get_to(c.pool_row_stride);
 }
 
 }  // namespace kvoffload::run

@@ -50,10 +50,21 @@ struct RunConfig {
   std::string bringup = "background";
   std::uint64_t bringup_piece_bytes = 1ULL << 30;
   bool json = false;
+  // Note [Run on a node pool]: non-empty: the scheduler is a tenant of the node pool of this name
+  // (kvoffload_<pool>.pool in shm_dir) instead of owning a private region; the ranks map the
+  // pool's chunk bytes.
+  std::string pool;
+  // After its last request, a run on a pool stays attached (its chunks stay for runs that join
+  // later) until this many seconds pass, or until the other tenants it saw have all left.
+  double pool_linger_seconds = 0;
 
   // Derived (computed by finalize()).
   std::uint64_t slot_bytes = 0;  // layers · block_bytes · blocks_per_chunk
   std::uint64_t num_chunks = 0;  // host_pool_bytes / row_stride
+  // Set by the scheduler after it attached the pool, for the ranks: bytes between the ranks'
+  // slots of one chunk and between chunks in the pool's chunk bytes.
+  std::uint64_t pool_slot_stride = 0;
+  std::uint64_t pool_row_stride = 0;
 
   // Validates every field (kInvalidArgument naming the flag, the value and what is allowed) and
   // computes slot_bytes and num_chunks from the page size.

@@ -188,6 +188,7 @@ double registration_figure(bool background, const nlohmann::json& ready,
 }  // namespace
 
 RunOutcome run_scheduler(const RunConfig& config) {
+  if (!config.pool.empty()) return run_pool_scheduler(config);
   const InterruptGuard interrupt_guard;  // and a new run starts uninterrupted
   const auto started = Clock::now();
 

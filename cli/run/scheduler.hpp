@@ -19,6 +19,9 @@ struct RunOutcome {
 };
 
 RunOutcome run_scheduler(const RunConfig& config);
+// The same as a tenant of the node pool config.pool (Note [Run on a node pool], pool_run.cpp);
+// run_scheduler calls it when --pool is given.
+RunOutcome run_pool_scheduler(RunConfig config);
 
 // Human-readable form of the report.
 std::string format_report(const nlohmann::json& report);

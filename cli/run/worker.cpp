@@ -1,9 +1,16 @@
 #include "worker.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <span>
 #include <vector>
@@ -11,7 +18,9 @@
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
+#include <kvoffload/node_pool.hpp>
 #include <kvoffload/offload_stack.hpp>
+#include <kvoffload/platform.hpp>
 #include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
@@ -47,14 +56,119 @@ std::optional<JobPart> parse_part(const nlohmann::json& request, const char* nam
   return part;
 }
 
+// One rank of a run on a node pool (Note [Run on a node pool] in pool_run.cpp): its runtime, its
+// device caches, the pool file's chunk bytes mapped and registered, and a transfer engine over
+// this rank's slots there. Torn down in reverse: engine (drains, unregisters), caches, munmap,
+// runtime.
+class PoolRank {
+ public:
+  PoolRank(const RunConfig& c, std::uint32_t rank) {
+    const BackendInfo backend = probe_backend(c.backend);
+    const std::vector<int> devices = c.device_list();
+    if (devices.empty() && backend.device_count <= 0) {
+      throw Error(ErrorCode::kNotAvailable,
+                  "backend " + backend.name + " has no device (" + backend.detail + ")");
+    }
+    device_ = devices.empty() ? static_cast<int>(rank % backend.device_count)
+                              : devices[rank % devices.size()];
+    RuntimeOptions ro;
+    ro.device = device_;
+    runtime_ = make_runtime(backend.name, ro);
+    map_pool(c);
+    KvLayout layout;
+    KvGroup group;
+    for (std::uint32_t t = 0; t < c.layers; ++t) {
+      caches_.push_back(runtime_->allocate_device(c.gpu_blocks * c.block_bytes));
+      group.tensors.push_back({.base = reinterpret_cast<std::uint64_t>(caches_.back().data()),
+                               .num_blocks = c.gpu_blocks,
+                               .page_bytes = c.block_bytes,
+                               .block_stride = c.block_bytes});
+    }
+    layout.groups = {group};
+    layout.blocks_per_chunk = c.blocks_per_chunk;
+    layout.host = HostSlots{.base = static_cast<std::byte*>(map_),
+                            .buffer_bytes = map_bytes_,
+                            .num_chunks = c.num_chunks,
+                            .row_stride = c.pool_row_stride,
+                            .slot_offset = rank * c.pool_slot_stride,
+                            .slot_bytes = c.slot_bytes};
+    const auto start = std::chrono::steady_clock::now();
+    engine_ = std::make_unique<TransferEngine>(*runtime_, layout);  // registers the mapping
+    registration_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  ~PoolRank() {
+    if (engine_) engine_->shutdown();
+    engine_.reset();
+    caches_.clear();
+    if (map_ != nullptr) ::munmap(map_, map_bytes_);
+    runtime_.reset();
+  }
+  PoolRank(const PoolRank&) = delete;
+  PoolRank& operator=(const PoolRank&) = delete;
+
+  DeviceRuntime& runtime() { return *runtime_; }
+  TransferEngine& engine() { return *engine_; }
+  [[nodiscard]] std::span<const DeviceBuffer> caches() const { return caches_; }
+  [[nodiscard]] int device() const { return device_; }
+  [[nodiscard]] std::uint64_t mapped_bytes() const { return map_bytes_; }
+  [[nodiscard]] double registration_seconds() const { return registration_seconds_; }
+
+ private:
+  // The chunk bytes are the file's last num_chunks x row_stride bytes (node_pool.hpp's layout:
+  // index, then the page-aligned chunk bytes); the rank maps only them.
+  void map_pool(const RunConfig& c) {
+    const std::filesystem::path path = pool::pool_path(c.shm_dir, c.pool);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) throw_system_error("open", errno, "of the node pool " + path.string());
+    struct stat st {};
+    char magic[8] = {};
+    const bool stat_ok = ::fstat(fd, &st) == 0;
+    const bool magic_ok = ::pread(fd, magic, sizeof magic, 0) == sizeof magic &&
+                          std::memcmp(magic, "KVOPOOL", 8) == 0;
+    map_bytes_ = c.num_chunks * c.pool_row_stride;
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    const std::uint64_t page = platform::page_size();
+    if (!stat_ok || !magic_ok || size <= map_bytes_ || (size - map_bytes_) % page != 0) {
+      ::close(fd);
+      throw Error(ErrorCode::kMismatch, "the node pool " + path.string() + " (" +
+                                            std::to_string(size) + " bytes) does not end in " +
+                                            std::to_string(c.num_chunks) + " chunks of " +
+                                            std::to_string(c.pool_row_stride) + " bytes");
+    }
+    void* p = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                     static_cast<off_t>(size - map_bytes_));
+    const int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) throw_system_error("mmap", err, "of the node pool " + path.string());
+    map_ = p;
+  }
+
+  int device_ = 0;
+  std::unique_ptr<DeviceRuntime> runtime_;
+  void* map_ = nullptr;
+  std::uint64_t map_bytes_ = 0;
+  std::vector<DeviceBuffer> caches_;
+  std::unique_ptr<TransferEngine> engine_;
+  double registration_seconds_ = 0;
+};
+
 // One rank of the run: an OffloadWorker (Note [Rank assembly]: probe, runtime, region with each
 // bring-up piece registered as it comes up, the KV caches, the transfer engine; torn down in the
 // one safe order), a compute stream, and the staging buffer the "model" writes through.
 class RankState {
  public:
-  RankState(const RunConfig& config, std::uint32_t rank)
-      : config_(config), rank_(rank), worker_(OffloadWorker::build(worker_config(config, rank))) {
-    compute_ = worker_->runtime().create_stream();
+  RankState(const RunConfig& config, std::uint32_t rank) : config_(config), rank_(rank) {
+    if (config.pool.empty()) {
+      worker_ = OffloadWorker::build(worker_config(config, rank));
+      runtime_ = &worker_->runtime();
+      engine_ = &worker_->engine();
+    } else {
+      pool_rank_ = std::make_unique<PoolRank>(config, rank);
+      runtime_ = &pool_rank_->runtime();
+      engine_ = &pool_rank_->engine();
+    }
+    compute_ = runtime_->create_stream();
     staging_.resize(config.block_bytes);
   }
   RankState(const RankState&) = delete;
@@ -82,10 +196,21 @@ class RankState {
   }
 
   nlohmann::json ready_message() const {
+    if (pool_rank_) {
+      return {{"op", "ready"},
+              {"rank", rank_},
+              {"backend", std::string(runtime_->name())},
+              {"device", pool_rank_->device()},
+              {"role", "pool"},
+              {"populate", {{"method", "pool"}, {"bytes", 0}, {"seconds", 0.0}}},
+              {"registration_seconds", pool_rank_->registration_seconds()},
+              {"host_registered", engine_->host_registered()},
+              {"device_bytes", config_.gpu_blocks * config_.block_bytes * config_.layers}};
+    }
     const PopulateReport p = worker_->region().populate_report();
     return {{"op", "ready"},
             {"rank", rank_},
-            {"backend", std::string(worker_->runtime().name())},
+            {"backend", std::string(runtime_->name())},
             {"device", worker_->device()},
             {"role", std::string(to_string(worker_->region().role()))},
             {"populate",
@@ -106,16 +231,16 @@ class RankState {
     if (store)
       for_each_block(*store, [&](const BlockTag& tag, void* device) {
         fill_pattern(tag, staging_);
-        worker_->runtime().memcpy_sync(device, staging_.data(), staging_.size());
+        runtime_->memcpy_sync(device, staging_.data(), staging_.size());
       });
     if (load)
       for_each_block(*load, [&](const BlockTag&, void* device) {
-        worker_->runtime().memset_sync(device, 0x5A, config_.block_bytes);
+        runtime_->memset_sync(device, 0x5A, config_.block_bytes);
       });
     std::vector<JobId> ids;
     if (load) ids.push_back(submit(*load, Direction::kLoad));
     if (store) ids.push_back(submit(*store, Direction::kStore));
-    const std::vector<JobResult> results = worker_->engine().wait(ids);
+    const std::vector<JobResult> results = engine_->wait(ids);
 
     nlohmann::json reply{{"op", "done"}, {"id", request.at("id")}};
     std::size_t next = 0;
@@ -125,7 +250,7 @@ class RankState {
       std::uint64_t mismatched = 0;
       if (r.success) {
         for_each_block(*load, [&](const BlockTag& tag, void* device) {
-          worker_->runtime().memcpy_sync(staging_.data(), device, staging_.size());
+          runtime_->memcpy_sync(staging_.data(), device, staging_.size());
           const std::uint64_t bad = count_mismatches(tag, staging_);
           mismatched += bad;
           verified += staging_.size() - bad;
@@ -140,6 +265,23 @@ class RankState {
   }
 
   nlohmann::json bye_message() const {
+    if (pool_rank_) {
+      const EngineStats s = engine_->stats();
+      const std::uint64_t reg = s.host_registered ? pool_rank_->mapped_bytes() : 0;
+      return {{"op", "bye"},
+              {"rank", rank_},
+              {"dma_batches", s.dma_batches},
+              {"kernel_batches", s.kernel_batches},
+              {"fragments", s.fragments},
+              {"descriptors", s.descriptors},
+              {"registration",
+               {{"pieces", 1},
+                {"bytes", reg},
+                {"seconds", pool_rank_->registration_seconds()},
+                {"longest_piece_seconds", pool_rank_->registration_seconds()}}},
+              // The pool is chunk-major: a rank registers all of its chunk bytes.
+              {"registered_bytes", reg}};
+    }
     const EngineStats s = worker_->engine().stats();
     const BringupStatus b = worker_->region().bringup_status();
     const PopulateReport p = worker_->region().populate_report();
@@ -180,8 +322,8 @@ class RankState {
       for (std::uint32_t layer = 0; layer < config_.layers; ++layer) {
         BlockTag t = tag;
         t.layer = layer;
-        auto* device = static_cast<std::byte*>(worker_->caches()[layer].data()) +
-                       part.blocks[i] * config_.block_bytes;
+        auto* device =
+            static_cast<std::byte*>(caches()[layer].data()) + part.blocks[i] * config_.block_bytes;
         fn(t, device);
       }
     }
@@ -192,7 +334,7 @@ class RankState {
     const std::span<const std::uint64_t> groups[] = {blocks};
     TransferSpec spec{.chunks = part.chunks, .skip = 0, .group_blocks = groups};
     const JobId id{part.job};
-    worker_->engine().submit(id, direction, spec, WaitOn::stream(compute_.view()));
+    engine_->submit(id, direction, spec, WaitOn::stream(compute_.view()));
     return id;
   }
 
@@ -200,9 +342,16 @@ class RankState {
     return {{"success", r.success}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"error", r.error}};
   }
 
+  [[nodiscard]] std::span<const DeviceBuffer> caches() const {
+    return pool_rank_ ? pool_rank_->caches() : worker_->caches();
+  }
+
   RunConfig config_;
   std::uint32_t rank_;
   std::unique_ptr<OffloadWorker> worker_;
+  std::unique_ptr<PoolRank> pool_rank_;
+  DeviceRuntime* runtime_ = nullptr;
+  TransferEngine* engine_ = nullptr;
   Stream compute_;  // before the worker's runtime goes (members go in reverse)
   std::vector<std::byte> staging_;
 };
