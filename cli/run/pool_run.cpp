@@ -11,11 +11,6 @@
 // of it: the pool is laid out chunk-major (a chunk's ranks' slots side by side), so a rank's slots
 // are not one contiguous range. A chunk another engine stored is loaded and verified like one of
 // this run's own: the KV pattern depends only on the key, the rank, the layer and the position.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -122,9 +117,9 @@ RunOutcome run_pool_scheduler(RunConfig config) {
       if (t.engine_id == config.engine_id) continue;
       if (peers.insert(t.engine_id).second && lingering) {
         joined_meanwhile.insert(t.engine_id);
-        std::fprintf(stderr, "kvoffload run: engine %s (PID %d) joined pool %s\n",
-                     t.engine_id.c_str(), static_cast<int>(t.pid), config.pool.c_str());
-        std::fflush(stderr);
+        (void)std::fprintf(stderr, "kvoffload run: engine %s (PID %d) joined pool %s\n",
+                           t.engine_id.c_str(), static_cast<int>(t.pid), config.pool.c_str());
+        (void)std::fflush(stderr);
       }
       if (joined_meanwhile.count(t.engine_id) != 0) ++still_here;
     }
@@ -238,11 +233,11 @@ RunOutcome run_pool_scheduler(RunConfig config) {
     (void)note_tenants();
     if (config.pool_linger_seconds > 0 && !interrupted()) {
       // Say so on stderr (a test or a script waits for this line before it starts the next run).
-      std::fprintf(stderr,
-                   "kvoffload run: %llu requests served; staying on pool %s for up to %.0f s\n",
-                   static_cast<unsigned long long>(requests), config.pool.c_str(),
-                   config.pool_linger_seconds);
-      std::fflush(stderr);
+      (void)std::fprintf(
+          stderr, "kvoffload run: %llu requests served; staying on pool %s for up to %.0f s\n",
+          static_cast<unsigned long long>(requests), config.pool.c_str(),
+          config.pool_linger_seconds);
+      (void)std::fflush(stderr);
       lingering = true;
       const auto until =
           Clock::now() + std::chrono::duration_cast<Clock::duration>(
