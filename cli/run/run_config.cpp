@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
 #include <kvoffload/geometry.hpp>
 #include <kvoffload/node_pool.hpp>
@@ -60,13 +61,19 @@ void RunConfig::check_device_bytes() const {
   const std::uint64_t per_rank = gpu_blocks * block_bytes * layers;
   // The host and sim backends keep "device" memory in this machine's RAM: more than it has can
   // never be allocated. A GPU's own memory is checked when the rank allocates it.
-  if (backend == "host" || backend == "sim") {
-    const std::uint64_t ram = cli::physical_memory_bytes();
-    if (ram != 0 && (per_rank > ram || per_rank * world_size > ram)) {
+  // --backend auto (the default) is the host backend on a machine without a GPU backend: asked
+  // only when the size is past the RAM, so a fitting run never probes a device here.
+  const std::uint64_t ram = cli::physical_memory_bytes();
+  const bool past_ram = ram != 0 && (per_rank > ram || per_rank * world_size > ram);
+  std::string in_ram = backend;
+  if (past_ram && backend == "auto") in_ram = probe_backend("auto").name;
+  if (in_ram == "host" || in_ram == "sim") {
+    if (past_ram) {
       throw_invalid(product + " = " + cli::human_bytes(per_rank) + " of device memory per rank (" +
                     std::to_string(world_size) + " ranks) is more than this machine's " +
-                    cli::human_bytes(ram) + " of RAM, where the " + backend +
-                    " backend keeps it; give fewer --gpu-blocks");
+                    cli::human_bytes(ram) + " of RAM, where the " + in_ram + " backend" +
+                    (backend == "auto" ? " (--backend auto here)" : "") +
+                    " keeps it; give fewer --gpu-blocks");
     }
   }
 }

@@ -118,6 +118,21 @@ TEST_F(CliTest, InputThatSlippedThroughIsRefusedNamingFlagValueAndRange) {
   const Result big = run_with({"--gpu-blocks", "4294967296", "--backend", "host"});
   EXPECT_THAT(big.err, HasSubstr("of RAM, where the host backend keeps it"));
   EXPECT_THAT(big.err, ::testing::Not(HasSubstr("allocate_device")));
+  // The same without --backend (the command): auto is the host backend without a GPU.
+  // auto: the first of cuda, hip, host that is built and sees a device (`probe --json`).
+  std::string auto_backend;
+  const nlohmann::json probe = run_json({"probe"});
+  for (const auto& b : probe["backends"]) {
+    if (b["name"] != "sim" && b["built"].get<bool>() && b["device_count"].get<int>() > 0) {
+      auto_backend = b["name"].get<std::string>();
+      break;
+    }
+  }
+  EXPECT_FALSE(auto_backend.empty()) << probe.dump();
+  if (auto_backend == "host") {
+    expect_error_object(run_with({"--gpu-blocks", "4294967296"}), kExitUsage, "usage",
+                        "of RAM, where the host backend (--backend auto here) keeps it");
+  }
   // An unknown subcommand is named, with the commands there are.
   expect_error_object(run({"nosuch", "--json"}), kExitUsage, "usage",
                       "unknown command 'nosuch'; the commands are exporter, probe, region, "
