@@ -8,8 +8,8 @@
 // BlockKey hash128(utf-8 key, 0, tag + piece index): tag 0 for the zero-copy pieces, another tag
 // for the legacy flat pages SGLang copies (kLegacyTag in sglang.py), so one store never mixes the
 // two forms. A page succeeds when every one of its pieces does. No byte passes through Python:
-// the tiers read the pieces for a put and write them on a get, verified in place (a miss may
-// leave bytes in a page SGLang then frees: Note [Gets into the destination], open_file).
+// the tiers read the pieces for a put and write them on a verified get (nothing on a miss, in the
+// remote tier; the file tier, like the vLLM tier, verifies in place, see open_file).
 //
 // Note [Bounded calls]: SGLang calls these from its storage threads and gives up on a prefetch
 // at its budget (2 s + 0.1 s per 1k tokens); an exception or a hang kills its thread. Every call
@@ -286,9 +286,6 @@ class SglangStoreCore {
     if (const auto it = tiers_.find(bytes); it != tiers_.end()) return it->second;
     RemoteTierOptions o = *remote_;
     o.geometry.slot_bytes = bytes;
-    // SGLang frees the host pages of a page that did not load (as for the file tier, open_file):
-    // values are received straight into the pages and verified there.
-    o.verify_in_destination = true;
     o.name = remote_->name + "/" + std::to_string(bytes);
     // Bounded by connect_timeout; an unreachable store is a warning, refused credentials throw
     // (and leave no entry behind).

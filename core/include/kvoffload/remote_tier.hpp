@@ -92,9 +92,9 @@ struct KVOFFLOAD_API RemoteTierOptions {
   // the connection, the part received; the other slots of the row hold their own values. Off
   // (the default), every value is received into a recycled buffer, verified, and copied into
   // `into` only when the whole row verified (the TierGet contract: untouched on a miss). For
-  // callers that discard the destination of an item that did not succeed, as vLLM's tiering and
-  // SGLang's HiCache do. memcached gets always take the second way (libmemcached owns the
-  // receive): one copy, out of libmemcached's value, after the row verified.
+  // callers that discard the destination of an item that did not succeed, as vLLM's tiering does
+  // (kvoffload.vllm's remote tier turns it on). memcached gets always take the second way
+  // (libmemcached owns the receive): one copy, out of libmemcached's value, after the row verified.
   bool verify_in_destination = false;
   std::string name = "remote";
 
