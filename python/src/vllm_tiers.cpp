@@ -324,10 +324,15 @@ buffer, jobs submitted and polled without blocking the scheduler.)")
                               std::to_string(row_bytes) + " bytes (" + options.geometry.describe() +
                               ")");
             }
+            // As for the file tier: vLLM discards the primary slots of a failed promotion, so
+            // values are received straight into the slots and verified there (Note [Gets into
+            // the destination] in remote_tier.hpp).
+            RemoteTierOptions o = options;
+            o.verify_in_destination = true;
             std::unique_ptr<RemoteTier> tier;
             {
               py::gil_scoped_release release;  // probes the store (bounded by connect_timeout)
-              tier = RemoteTier::open(options);
+              tier = RemoteTier::open(o);
             }
             RemoteTier* remote = tier.get();
             return std::make_unique<VllmTierCore>(std::move(tier), remote, std::move(info),

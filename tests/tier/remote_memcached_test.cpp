@@ -79,5 +79,53 @@ TEST(RemoteMemcached, CorruptValueIsACountedMiss) {
   EXPECT_EQ(tier->remote_stats().corrupt, 1u);
 }
 
+// Note [Gets into the destination]: memcached values come out of libmemcached's own buffer, so
+// even with verify_in_destination a slot is written only once its row verified: a damaged payload
+// leaves the destination untouched.
+TEST(RemoteMemcached, VerifyInDestinationStillLeavesAMissUntouched) {
+  SKIP_WITHOUT("memcached");
+  ServerProcess m(ServerProcess::Kind::kMemcached);
+  RemoteTierOptions o = options(m.url(), kSlot, 1);
+  o.verify_in_destination = true;
+  auto tier = RemoteTier::open(o);
+  const auto keys = keys_from(1, 2);
+  ASSERT_EQ(count(put_rows(*tier, keys), TierItemStatus::kOk), 2u);
+  // Read the first value through the text protocol, flip one payload byte, store it back.
+  const std::string key = tier->store_key(keys[0], 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(m.port()));
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const std::string get = "get " + key + "\r\n";
+  ASSERT_EQ(::send(fd, get.data(), get.size(), 0), static_cast<ssize_t>(get.size()));
+  const std::size_t value_bytes = remote_value_bytes(kSlot);
+  std::string reply;
+  while (reply.find("\r\nEND\r\n") == std::string::npos) {
+    char buf[8192];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    reply.append(buf, static_cast<std::size_t>(n));
+  }
+  const std::size_t body = reply.find("\r\n") + 2;
+  ASSERT_GE(reply.size(), body + value_bytes);
+  std::string value = reply.substr(body, value_bytes);
+  value[1000] = static_cast<char>(value[1000] ^ 0x5A);
+  const std::string set =
+      "set " + key + " 0 0 " + std::to_string(value_bytes) + "\r\n" + value + "\r\n";
+  ASSERT_EQ(::send(fd, set.data(), set.size(), 0), static_cast<ssize_t>(set.size()));
+  char ack[64];
+  ASSERT_GT(::recv(fd, ack, sizeof ack, 0), 0);
+  ::close(fd);
+  const GetResult g = get_rows(*tier, keys);
+  EXPECT_EQ(g.items[0].status, TierItemStatus::kMiss);
+  EXPECT_THAT(g.items[0].detail, HasSubstr("payload checksum mismatch"));
+  EXPECT_TRUE(all_sentinel(g.rows[0]));
+  ASSERT_EQ(g.items[1].status, TierItemStatus::kOk);
+  EXPECT_EQ(g.rows[1], row_of(keys[1], kSlot));
+  EXPECT_EQ(tier->remote_stats().corrupt, 1u);
+}
+
 }  // namespace
 }  // namespace kvoffload

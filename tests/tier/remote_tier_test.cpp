@@ -229,6 +229,64 @@ TEST(RemoteRedis, CorruptedValuesAreCountedMissesAndNeverData) {
   EXPECT_FALSE(tier->contains(keys[0]));  // a corrupt key is no longer advertised
 }
 
+// Note [Gets into the destination]: with verify_in_destination a value's payload is received
+// straight into its slot of the row, after its header verified. The same damage as above: the
+// slot of a value rejected by its header, its length or its absence is untouched, the slot of a
+// payload that fails its checksum holds the bytes received; the row is a miss either way, and the
+// verified copies of the same row sit in their slots.
+TEST(RemoteRedis, VerifyInDestinationLeavesASlotUntouchedUntilItsHeaderVerified) {
+  SKIP_WITHOUT("redis-server", "redis-cli");
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  RemoteTierOptions o = options(redis.url());
+  o.verify_in_destination = true;
+  auto tier = RemoteTier::open(o);
+  const auto keys = keys_from(1, 6);
+  ASSERT_EQ(count(put_rows(*tier, keys), TierItemStatus::kOk), 6u);
+  redis.cli({"SETRANGE", tier->store_key(keys[0], 1), "1000", "X"});  // payload byte of copy 1
+  redis.cli({"SETRANGE", tier->store_key(keys[1], 0), "8", "Z"});     // copy 0's header
+  redis.cli({"SET", tier->store_key(keys[2], 0), "short"});           // copy 0 truncated
+  redis.cli({"APPEND", tier->store_key(keys[3], 1), "tail"});         // copy 1 too long
+  redis.cli({"DEL", tier->store_key(keys[4], 0)});                    // copy 0 absent
+  const GetResult g = get_rows(*tier, keys);
+  const auto part = [&](std::size_t row, std::uint32_t copy) {
+    const auto begin = g.rows[row].begin() + static_cast<std::ptrdiff_t>(copy * kSlot);
+    return std::vector<std::byte>(begin, begin + static_cast<std::ptrdiff_t>(kSlot));
+  };
+  const auto want = [&](std::size_t row, std::uint32_t copy) {
+    const std::vector<std::byte> whole = row_of(keys[row], kSlot * kWorld);
+    const auto begin = whole.begin() + static_cast<std::ptrdiff_t>(copy * kSlot);
+    return std::vector<std::byte>(begin, begin + static_cast<std::ptrdiff_t>(kSlot));
+  };
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(g.items[i].status, TierItemStatus::kMiss) << i;
+  EXPECT_THAT(g.items[0].detail, HasSubstr("payload checksum mismatch"));
+  EXPECT_THAT(g.items[1].detail, HasSubstr("header checksum mismatch"));
+  EXPECT_THAT(g.items[2].detail, HasSubstr("shorter than a header"));
+  EXPECT_THAT(g.items[3].detail, HasSubstr("payload length mismatch"));
+  EXPECT_THAT(g.items[4].detail, HasSubstr("absent"));
+  // Untouched: rejected by the header, the length, or absent.
+  EXPECT_TRUE(all_sentinel(part(1, 0)));
+  EXPECT_TRUE(all_sentinel(part(2, 0)));
+  EXPECT_TRUE(all_sentinel(part(3, 1)));
+  EXPECT_TRUE(all_sentinel(part(4, 0)));
+  // Received into the slot, then rejected: the bytes the store held (one of them damaged).
+  std::vector<std::byte> damaged = want(0, 1);
+  damaged[1000 - 64] = std::byte{'X'};
+  EXPECT_EQ(part(0, 1), damaged);
+  // The other copies of those rows verified where they landed.
+  EXPECT_EQ(part(0, 0), want(0, 0));
+  EXPECT_EQ(part(1, 1), want(1, 1));
+  EXPECT_EQ(part(4, 1), want(4, 1));
+  ASSERT_EQ(g.items[5].status, TierItemStatus::kOk);
+  EXPECT_EQ(g.rows[5], row_of(keys[5], kSlot * kWorld));
+  EXPECT_EQ(tier->remote_stats().corrupt, 4u);
+  EXPECT_EQ(tier->remote_stats().loaded, 1u);
+  // A row read again after a miss: every slot rewritten with its verified value.
+  std::vector<std::byte> again(kSlot * kWorld, std::byte{0xEE});
+  const TierGet one[] = {{keys[5], again}};
+  ASSERT_EQ(tier->get(one).wait().front().status, TierItemStatus::kOk);
+  EXPECT_EQ(again, row_of(keys[5], kSlot * kWorld));
+}
+
 TEST(RemoteRedis, EvictionUnderMaxmemoryIsAMissNeverCorrupt) {
   SKIP_WITHOUT("redis-server", "redis-cli");
   ServerProcess redis(ServerProcess::Kind::kRedis,

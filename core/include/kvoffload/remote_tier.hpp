@@ -83,6 +83,19 @@ struct KVOFFLOAD_API RemoteTierOptions {
   // header: use -I of at least slot_bytes + 1 KiB, e.g. -I 4m for 2 MiB slots).
   std::uint64_t memcached_item_max = 1ULL << 20;
   std::chrono::milliseconds warn_interval{5000};  // rate limit of repeated warnings
+  // Note [Gets into the destination]: Redis gets receive a value's payload from the socket
+  // straight into its slot of TierGet::into and verify it there (no staging buffer, no copy),
+  // after its header has verified. What a get that is not kOk leaves in `into` then: the slot of
+  // a value that is absent, or whose header does not verify (another geometry, key, copy, length,
+  // format, a damaged header), is untouched; the slot of a value whose payload fails its checksum
+  // holds the unverified bytes received, and of a transfer cut by its deadline or a failure of
+  // the connection, the part received; the other slots of the row hold their own values. Off
+  // (the default), every value is received into a recycled buffer, verified, and copied into
+  // `into` only when the whole row verified (the TierGet contract: untouched on a miss). For
+  // callers that discard the destination of an item that did not succeed, as vLLM's tiering does
+  // (kvoffload.vllm's remote tier turns it on). memcached gets always take the second way
+  // (libmemcached owns the receive): one copy, out of libmemcached's value, after the row verified.
+  bool verify_in_destination = false;
   std::string name = "remote";
 
   // Throws kInvalidArgument naming the field and what is allowed. Touches no network.

@@ -83,6 +83,7 @@ TierBatch RemoteTier::Impl::submit_rows(OpKind kind, std::span<const RowIo> item
         continue;
       }
       if (put) ctx->ops[i].payload = item.payload.subspan(c * stride, slot);
+      if (!put && o.verify_in_destination) ctx->ops[i].into = item.into.subspan(c * stride, slot);
       indices.push_back(i);
     }
   }
@@ -198,6 +199,7 @@ void RemoteTier::Impl::redirect(const std::shared_ptr<BatchCtx>& ctx, std::uint3
   op.asking = ask;
   op.status = OpStatus::kPending;
   op.value = HeldValue{};
+  op.in_place = false;
   op.node = target;
   const std::uint32_t one[] = {i};
   enqueue(ctx, target, one);
@@ -239,6 +241,7 @@ void RemoteTier::Impl::finish_row(BatchCtx& ctx, std::uint32_t r) {
     case OpKind::kGet:
       if (ok) {
         for (std::uint32_t c = 0; c < copies; ++c) {
+          if (ops[c].in_place) continue;  // verified where it landed (Note [Gets into the ...])
           std::memcpy(row.into.data() + c * stride, ops[c].value.bytes.data() + kRemoteHeaderBytes,
                       slot);
         }

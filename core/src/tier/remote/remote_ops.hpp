@@ -107,6 +107,10 @@ struct ValueOp {
   RemoteValueHeader header;            // put: built by the node's worker (hashed once)
   bool hashed = false;
   std::uint64_t expected_payload = 0;  // get: slot bytes
+  // get: this copy's slot in the caller's row when the tier verifies in the destination
+  // (RemoteTierOptions::verify_in_destination, Note [Gets into the destination]); empty: the
+  // value is received into a buffer of its own and copied once the row verified.
+  std::span<std::byte> into;
   std::uint64_t fingerprint = 0;
   BlockKey chunk{};
   // Results.
@@ -115,8 +119,9 @@ struct ValueOp {
   std::uint8_t redirects = 0;
   std::uint16_t redirect_slot = 0;
   RemoteEndpoint redirect_to;
-  std::string detail;  // why an error or corrupt value (allocates only on failure)
-  HeldValue value;     // get: the verified value until the row completes
+  std::string detail;     // why an error or corrupt value (allocates only on failure)
+  HeldValue value;        // get: the verified value until the row completes
+  bool in_place = false;  // get: the verified payload is in `into` already (nothing held)
 
   // Bytes this op puts on the wire or expects back (for the in-flight cap).
   [[nodiscard]] std::uint64_t wire_bytes() const noexcept {

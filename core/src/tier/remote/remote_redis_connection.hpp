@@ -77,6 +77,9 @@ class RedisConnection final : public StoreConnection {
   bool read_exact(char* dst, std::size_t len, RemoteClock::time_point deadline, std::string& error);
   static bool parse_int(std::string_view text, long long& v);
   bool read_value_reply(ValueOp& op, RemoteClock::time_point deadline, std::string& error);
+  bool read_value_in_place(ValueOp& op, std::size_t len, RemoteClock::time_point deadline,
+                           std::string& error);
+  bool read_crlf(RemoteClock::time_point deadline, std::string& error);
   bool skip_reply(RemoteClock::time_point deadline, std::string& error);
   static void apply_error(ValueOp& op, std::string_view text);
 

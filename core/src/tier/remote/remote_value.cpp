@@ -76,12 +76,14 @@ std::string_view to_string(ValueCheck check) noexcept {
   return "unknown";
 }
 
-ValueCheck verify_value(std::span<const std::byte> value, std::uint64_t fingerprint,
-                        const BlockKey& key, std::uint32_t copy,
-                        std::uint64_t expected_payload) noexcept {
-  if (value.size() < kRemoteHeaderBytes) return ValueCheck::kShort;
-  RemoteValueHeader h;
-  std::memcpy(&h, value.data(), sizeof h);
+ValueCheck verify_header(std::span<const std::byte> header, std::uint64_t value_bytes,
+                         std::uint64_t fingerprint, const BlockKey& key, std::uint32_t copy,
+                         std::uint64_t expected_payload, RemoteValueHeader& out) noexcept {
+  if (header.size() < kRemoteHeaderBytes || value_bytes < kRemoteHeaderBytes) {
+    return ValueCheck::kShort;
+  }
+  RemoteValueHeader& h = out;
+  std::memcpy(&h, header.data(), sizeof h);
   if (h.magic != kRemoteMagic) return ValueCheck::kMagic;
   if (h.version != kRemoteFormatVersion || h.header_bytes != kRemoteHeaderBytes) {
     return ValueCheck::kVersion;
@@ -90,11 +92,24 @@ ValueCheck verify_value(std::span<const std::byte> value, std::uint64_t fingerpr
   if (h.fingerprint != fingerprint) return ValueCheck::kFingerprint;
   if (h.key_hi != key.hi() || h.key_lo != key.lo()) return ValueCheck::kKey;
   if (h.copy != copy) return ValueCheck::kCopy;
-  const std::uint64_t payload = value.size() - kRemoteHeaderBytes;
+  const std::uint64_t payload = value_bytes - kRemoteHeaderBytes;
   if (h.payload_bytes != payload || payload != expected_payload) return ValueCheck::kLength;
-  if (payload_hash(value.data() + kRemoteHeaderBytes, payload) != h.payload_xxh3) {
-    return ValueCheck::kPayloadChecksum;
-  }
+  return ValueCheck::kOk;
+}
+
+bool payload_matches(const RemoteValueHeader& header, std::span<const std::byte> payload) noexcept {
+  return payload.size() == header.payload_bytes &&
+         payload_hash(payload.data(), payload.size()) == header.payload_xxh3;
+}
+
+ValueCheck verify_value(std::span<const std::byte> value, std::uint64_t fingerprint,
+                        const BlockKey& key, std::uint32_t copy,
+                        std::uint64_t expected_payload) noexcept {
+  RemoteValueHeader h;
+  const ValueCheck check =
+      verify_header(value, value.size(), fingerprint, key, copy, expected_payload, h);
+  if (check != ValueCheck::kOk) return check;
+  if (!payload_matches(h, value.subspan(kRemoteHeaderBytes))) return ValueCheck::kPayloadChecksum;
   return ValueCheck::kOk;
 }
 

@@ -59,6 +59,16 @@ enum class ValueCheck : std::uint8_t {
 };
 std::string_view to_string(ValueCheck check) noexcept;
 
+// Verifies the header of a value of `value_bytes` (the header and its payload) read back for
+// (fingerprint, key, copy) with `expected_payload` bytes: every check but the payload checksum.
+// `header` holds at least the header's bytes (kShort otherwise); `out` receives the header.
+ValueCheck verify_header(std::span<const std::byte> header, std::uint64_t value_bytes,
+                         std::uint64_t fingerprint, const BlockKey& key, std::uint32_t copy,
+                         std::uint64_t expected_payload, RemoteValueHeader& out) noexcept;
+
+// True when `payload` is the payload `header` (verified) describes: its xxh3 matches.
+bool payload_matches(const RemoteValueHeader& header, std::span<const std::byte> payload) noexcept;
+
 // Verifies a value read back for (fingerprint, key, copy) with `expected_payload` bytes.
 ValueCheck verify_value(std::span<const std::byte> value, std::uint64_t fingerprint,
                         const BlockKey& key, std::uint32_t copy,
