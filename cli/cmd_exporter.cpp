@@ -25,6 +25,7 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/live_stats.hpp>
 #include <kvoffload/log.hpp>
+#include <kvoffload/node_pool.hpp>
 
 #include "cli.hpp"
 #include "monitor/connection_reaper.hpp"
@@ -134,7 +135,8 @@ int run_exporter(const ExporterOptions& o) {
   });
   server.Get("/metrics", [shm_dir](const httplib::Request&, httplib::Response& res) {
     try {
-      res.set_content(prometheus_text(snapshot_engines(shm_dir)), kPrometheusContentType);
+      res.set_content(prometheus_text(snapshot_engines(shm_dir), pool::observe_pools(shm_dir)),
+                      kPrometheusContentType);
     } catch (const std::exception& e) {
       log().warn("exporter: scrape failed: {}", e.what());
       res.status = 500;

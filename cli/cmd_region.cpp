@@ -37,6 +37,7 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/live_stats.hpp>
+#include <kvoffload/node_pool.hpp>
 #include <kvoffload/region.hpp>
 
 #include "cli.hpp"
@@ -316,7 +317,14 @@ int run_list(const ListOptions& o) {
          << (engine.live ? occupancy_text(*engine.live) : "live state: " + engine.live_problem)
          << "\n";
   }
-  emit(o.json, nlohmann::json{{"shm_dir", shm_dir.string()}, {"regions", items}}, text.str());
+  // The node pools, read the same way: no lock, no tenant slot (Note [Pool observer]).
+  nlohmann::json pools = nlohmann::json::array();
+  for (const pool::PoolObservation& p : pool::observe_pools(shm_dir)) {
+    pools.push_back(pool_json(p));
+    text << pool_text(p);
+  }
+  emit(o.json, nlohmann::json{{"shm_dir", shm_dir.string()}, {"regions", items}, {"pools", pools}},
+       text.str());
   return kExitOk;
 }
 
@@ -342,11 +350,31 @@ int run_clean(const CleanOptions& o) {
     text << "kept    " << p.string() << " (in use)\n";
   }
   nlohmann::json skipped = nlohmann::json::array();
+  // Stale node pools (nobody attached), by the joiners' rule (remove_stale_pool); not with
+  // --engine-id, which names one engine's region.
+  bool any_pool = false;
+  if (!o.engine_id) {
+    for (const pool::PoolObservation& p : pool::observe_pools(shm_dir)) {
+      any_pool = true;
+      try {
+        if (pool::remove_stale_pool(p.path)) {
+          removed.push_back(p.path.string());
+          text << "removed " << p.path.string() << " (stale pool)\n";
+        } else {
+          kept.push_back(p.path.string());
+          text << "kept    " << p.path.string() << " (pool in use)\n";
+        }
+      } catch (const std::exception& e) {
+        skipped.push_back({{"path", p.path.string()}, {"reason", e.what()}});
+        text << "skipped " << p.path.string() << " (" << e.what() << ")\n";
+      }
+    }
+  }
   for (const auto& sk : result.skipped) {
     skipped.push_back({{"path", sk.path.string()}, {"reason", sk.reason}});
     text << "skipped " << sk.path.string() << " (" << sk.reason << ")\n";
   }
-  if (result.removed.empty() && result.kept.empty() && result.skipped.empty()) {
+  if (result.removed.empty() && result.kept.empty() && result.skipped.empty() && !any_pool) {
     text << "no regions" << (o.engine_id ? " of engine " + *o.engine_id : std::string()) << " in "
          << shm_dir.string() << "\n";
   }

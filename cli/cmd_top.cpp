@@ -12,8 +12,12 @@
 #include <ctime>
 #include <iostream>
 #include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include <kvoffload/live_stats.hpp>
+#include <kvoffload/node_pool.hpp>
 
 #include "cli.hpp"
 #include "monitor/live_json.hpp"
@@ -46,7 +50,10 @@ int run_top(const TopOptions& o) {
   if (o.json) {
     nlohmann::json engines = nlohmann::json::array();
     for (const EngineSnapshot& e : snapshot_engines(shm_dir)) engines.push_back(engine_json(e));
-    emit(true, {{"shm_dir", shm_dir.string()}, {"engines", engines}}, "");
+    nlohmann::json pools = nlohmann::json::array();
+    for (const pool::PoolObservation& p : pool::observe_pools(shm_dir))
+      pools.push_back(pool_json(p));
+    emit(true, {{"shm_dir", shm_dir.string()}, {"engines", engines}, {"pools", pools}}, "");
     return kExitOk;
   }
   TopHeader header{.shm_dir = shm_dir, .interval_seconds = o.interval, .clock = local_clock()};
@@ -58,6 +65,7 @@ int run_top(const TopOptions& o) {
     rates.update(engines, RateTracker::Clock::now());
     std::string text;
     for (const std::string& line : render_top(engines, rates, header)) text += line + "\n";
+    for (const pool::PoolObservation& p : pool::observe_pools(shm_dir)) text += pool_text(p);
     std::cout << text << std::flush;
     return kExitOk;
   }
@@ -68,7 +76,12 @@ int run_top(const TopOptions& o) {
     const std::vector<EngineSnapshot> engines = snapshot_engines(shm_dir);
     rates.update(engines, RateTracker::Clock::now());
     header.clock = local_clock();
-    screen.draw(render_top(engines, rates, header));
+    std::vector<std::string> lines = render_top(engines, rates, header);
+    for (const pool::PoolObservation& p : pool::observe_pools(shm_dir)) {
+      std::istringstream in(pool_text(p));
+      for (std::string line; std::getline(in, line);) lines.push_back(line);
+    }
+    screen.draw(lines);
     if (o.frames != 0 && frame >= o.frames) return kExitOk;
     const auto next = std::chrono::steady_clock::now() + interval;
     for (;;) {

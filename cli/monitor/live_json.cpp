@@ -134,4 +134,62 @@ std::string occupancy_text(const LiveStats& live) {
   return out;
 }
 
+nlohmann::json pool_json(const pool::PoolObservation& p) {
+  nlohmann::json j{{"path", p.path.string()}, {"name", p.name}};
+  if (!p.problem.empty()) {
+    j["problem"] = p.problem;
+    return j;
+  }
+  const pool::PoolStats& s = p.stats;
+  j["stale"] = p.stale;
+  j["slot_count"] = s.slot_count;
+  j["free"] = s.free;
+  j["writing"] = s.writing;
+  j["ready"] = s.ready;
+  j["pinned"] = s.pinned;
+  j["repairs"] = s.repairs;
+  j["tenants_reclaimed"] = s.tenants_reclaimed;
+  j["geometry"] = {{"slot_bytes", p.geometry.slot_bytes},
+                   {"world_size", p.geometry.world_size},
+                   {"layout", p.geometry.layout},
+                   {"dtype", p.geometry.dtype},
+                   {"fingerprint", p.geometry.fingerprint}};
+  nlohmann::json tenants = nlohmann::json::array();
+  for (const pool::TenantStats& t : s.tenants) {
+    tenants.push_back({{"engine_id", t.engine_id},
+                       {"pid", t.pid},
+                       {"alive", t.alive},
+                       {"occupancy", t.occupancy},
+                       {"pinned", t.pinned},
+                       {"pins", t.pins},
+                       {"hits", t.hits},
+                       {"cross_engine_hits", t.cross_engine_hits},
+                       {"lookup_keys", t.lookup_keys},
+                       {"evictions", t.evictions},
+                       {"cap_slots", t.cap_slots}});
+  }
+  j["tenants"] = tenants;
+  return j;
+}
+
+std::string pool_text(const pool::PoolObservation& p) {
+  std::ostringstream out;
+  out << "pool " << p.name << "  ";
+  if (!p.problem.empty()) {
+    out << "not a pool: " << p.problem << "  " << p.path.string() << "\n";
+    return out.str();
+  }
+  const pool::PoolStats& s = p.stats;
+  out << (p.stale ? "stale" : "in use") << "  " << s.tenants.size() << " tenants, " << s.free
+      << " of " << s.slot_count << " slots free, " << s.ready << " ready, " << s.writing
+      << " writing, " << s.pinned << " pinned  " << p.path.string() << "\n";
+  for (const pool::TenantStats& t : s.tenants) {
+    out << "    tenant " << t.engine_id << "  pid " << t.pid << (t.alive ? "" : " (dead)")
+        << "  occupancy " << t.occupancy << ", " << t.pinned << " pinned (" << t.pins
+        << " pins); hits " << t.hits << " of " << t.lookup_keys << " keys, " << t.cross_engine_hits
+        << " cross-engine\n";
+  }
+  return out.str();
+}
+
 }  // namespace kvoffload::cli

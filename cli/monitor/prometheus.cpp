@@ -210,7 +210,8 @@ std::string escape_label_value(const std::string& value) {
   return out;
 }
 
-std::string prometheus_text(const std::vector<EngineSnapshot>& engines) {
+std::string prometheus_text(const std::vector<EngineSnapshot>& engines,
+                            const std::vector<pool::PoolObservation>& pools) {
   Exposition x;
   x.gauge("kvoffload_regions", "Region files in the shm dir (every engine of the node)", {},
           num(engines.size()));
@@ -250,6 +251,47 @@ std::string prometheus_text(const std::vector<EngineSnapshot>& engines) {
     scheduler_metrics(x, e, live.scheduler);
     for (const LiveTier& t : live.tiers) tier_metrics(x, e, t);
     for (const LiveRank& rank : live.ranks) rank_metrics(x, e, rank);
+  }
+  x.gauge("kvoffload_pools", "Node pool files in the shm dir", {}, num(pools.size()));
+  for (const pool::PoolObservation& p : pools) {
+    const Labels l{{"pool", p.name}};
+    Labels info = l;
+    info.emplace_back("path", p.path.string());
+    info.emplace_back("problem", p.problem);
+    x.gauge("kvoffload_pool_info",
+            "One per node pool file, with its path and, for one that is not readable, why", info,
+            1);
+    if (!p.problem.empty()) continue;
+    const pool::PoolStats& s = p.stats;
+    x.gauge("kvoffload_pool_stale", "1 when no tenant is alive (region clean removes it)", l,
+            p.stale ? 1 : 0);
+    x.gauge("kvoffload_pool_slots", "Chunk slots of the pool", l, num(s.slot_count));
+    x.gauge("kvoffload_pool_slots_free", "Free chunk slots", l, num(s.free));
+    x.gauge("kvoffload_pool_slots_writing", "Chunk slots being written", l, num(s.writing));
+    x.gauge("kvoffload_pool_slots_ready", "Chunk slots ready (loadable by every tenant)", l,
+            num(s.ready));
+    x.gauge("kvoffload_pool_slots_pinned", "Ready slots pinned by at least one tenant", l,
+            num(s.pinned));
+    x.gauge("kvoffload_pool_tenants", "Tenant records in use (alive or not yet reclaimed)", l,
+            num(s.tenants.size()));
+    x.counter("kvoffload_pool_repairs_total", "Index repairs after a dead holder or tenant", l,
+              num(s.repairs));
+    for (const pool::TenantStats& t : s.tenants) {
+      Labels tl = l;
+      tl.emplace_back("engine_id", t.engine_id);
+      x.gauge("kvoffload_pool_tenant_pid", "The tenant's process ID", tl, t.pid);
+      x.gauge("kvoffload_pool_tenant_alive", "1 while the tenant's process runs", tl,
+              t.alive ? 1 : 0);
+      x.gauge("kvoffload_pool_tenant_occupancy_slots",
+              "Slots the tenant owns now (writing + ready)", tl, num(t.occupancy));
+      x.gauge("kvoffload_pool_tenant_pinned_slots", "Slots the tenant pins now", tl, num(t.pinned));
+      x.counter("kvoffload_pool_tenant_pins_total", "Pins the tenant took", tl, num(t.pins));
+      x.counter("kvoffload_pool_tenant_lookup_keys_total", "Keys the tenant looked up", tl,
+                num(t.lookup_keys));
+      x.counter("kvoffload_pool_tenant_hits_total", "Lookup hits of the tenant", tl, num(t.hits));
+      x.counter("kvoffload_pool_tenant_cross_engine_hits_total",
+                "Hits on chunks another engine stored", tl, num(t.cross_engine_hits));
+    }
   }
   return x.text();
 }

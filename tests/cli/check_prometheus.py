@@ -14,7 +14,8 @@ import sys
 
 from prometheus_client.parser import text_string_to_metric_families
 
-ALLOWED_LABELS = {"engine_id", "rank", "tier", "direction", "result", "state", "path", "problem"}
+ALLOWED_LABELS = {"engine_id", "rank", "tier", "direction", "result", "state", "path", "problem",
+                  "pool"}
 NAME = re.compile(r"^kvoffload_[a-z][a-z0-9_]*$")
 # Units must be base units (seconds, bytes) and spelled out as Prometheus recommends.
 BAD_UNITS = re.compile(r"_(ms|us|ns|kb|mb|gb|kib|mib|gib|milliseconds|microseconds|nanoseconds|"

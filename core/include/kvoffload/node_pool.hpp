@@ -132,6 +132,7 @@ struct TenantStats {
   std::uint64_t pinned = 0;     // slots this tenant pins now
   std::uint64_t occupancy = 0;  // slots it owns now (writing + ready)
   std::uint64_t cap_slots = 0;  // 0: no cap
+  bool alive = true;            // its process runs (observe_pools: false for a dead one's record)
 };
 
 struct PoolStats {
@@ -217,5 +218,25 @@ class KVOFFLOAD_API NodePool {
 // shm_dir / "kvoffload_<name>.pool" (validates the name).
 KVOFFLOAD_API std::filesystem::path pool_path(const std::filesystem::path& shm_dir,
                                               const std::string& name);
+
+// A pool as a monitor sees it (`kvoffload region list`, `top`, the exporter): read through a
+// PROT_READ mapping without the lock and without a tenant slot, so it never writes, never waits
+// on a stopped holder and never changes what the tenants see (Note [Pool observer]). Each field
+// is one aligned load; the set may straddle an operation in progress.
+struct PoolObservation {
+  std::filesystem::path path;
+  std::string name;       // from kvoffload_<name>.pool
+  std::string problem;    // not empty: named like a pool but unreadable (why); the rest is empty
+  PoolGeometry geometry;  // slot_count etc. as the pool's header records them
+  PoolStats stats;        // tenants: every record in use, alive or not (TenantStats::alive)
+  bool stale = false;     // no recorded tenant is alive: `region clean` removes it
+};
+// Every kvoffload_*.pool file in shm_dir, by name.
+KVOFFLOAD_API std::vector<PoolObservation> observe_pools(const std::filesystem::path& shm_dir);
+
+// Removes the pool at path when nobody is attached (the joiners' stale-file rule, Note [Pool
+// file lifetime]: its exclusive flock is free) and it is provably a pool of this user; returns
+// whether it removed it. A pool in use is never touched.
+KVOFFLOAD_API bool remove_stale_pool(const std::filesystem::path& path);
 
 }  // namespace kvoffload::pool

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <new>
@@ -30,6 +31,7 @@
 #include <kvoffload/error.hpp>
 
 #include "pool/pool_impl.hpp"
+#include "pool/proc_stat.hpp"
 #include "util/retry_eintr.hpp"
 
 namespace kvoffload::pool::detail {
@@ -339,3 +341,140 @@ void PoolFile::close() noexcept {
 }
 
 }  // namespace kvoffload::pool::detail
+
+namespace kvoffload::pool::detail {
+
+// Note [Pool observer]: how a monitor reads a pool. It opens the file O_RDONLY, checks the header
+// as a joiner does, maps the index part PROT_READ and copies the counters, tenant records and
+// header fields with no lock and no flock. The alternatives were worse for a monitor: attaching
+// takes a tenant slot (and could be refused with a full table), and even a bounded lock wait
+// would stall `top` and /metrics for lock_timeout behind a stopped holder, which is exactly when
+// an operator looks. Taking the mutex also writes the file. A shared flock would keep the last
+// tenant's exclusive try from winning, leaving the file behind. The cost: the copy may straddle
+// an operation (a tenant's occupancy and the pool's free count from either side of it); every
+// field is one aligned word, so no value is torn. Liveness is the repair's own: a tenant record
+// whose PID and start time no longer name a live process is dead, and a pool with no live record
+// is stale. remove_stale_pool decides removal by the flock instead (nobody attached at all), as
+// the joiners do, so a tenant between taking its flock and writing its record is never removed.
+namespace {
+
+PoolObservation observe_one(const std::filesystem::path& path, std::string name) {
+  PoolObservation o;
+  o.path = path;
+  o.name = std::move(name);
+  try {
+    Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+    if (fd.fd < 0) throw_system_error("open", errno, "of the node pool " + q(path));
+    struct stat st {};
+    if (::fstat(fd.fd, &st) != 0) throw_system_error("fstat", errno, path.string());
+    if (!S_ISREG(st.st_mode)) throw Error(ErrorCode::kMismatch, "not a regular file");
+    const PoolHeader h = read_header(fd.fd, path, static_cast<std::uint64_t>(st.st_size));
+    const std::uint64_t index_bytes = h.data_offset;  // header, records, pins, key table
+    void* base = ::mmap(nullptr, index_bytes, PROT_READ, MAP_SHARED, fd.fd, 0);
+    if (base == MAP_FAILED) throw_system_error("mmap", errno, "PROT_READ of " + path.string());
+    View v;
+    v.bind(base);
+    const PoolHeader& m = *v.h;
+    o.geometry.slot_bytes = h.slot_bytes;
+    o.geometry.slot_count = h.slot_count;
+    o.geometry.world_size = h.world_size;
+    o.geometry.layout = std::string(h.layout, strnlen(h.layout, sizeof h.layout));
+    o.geometry.dtype = std::string(h.dtype, strnlen(h.dtype, sizeof h.dtype));
+    o.geometry.fingerprint =
+        std::string(h.fingerprint, strnlen(h.fingerprint, sizeof h.fingerprint));
+    PoolStats& s = o.stats;
+    s.slot_count = h.slot_count;
+    s.free = __atomic_load_n(&m.n_free, __ATOMIC_RELAXED);
+    s.writing = __atomic_load_n(&m.n_writing, __ATOMIC_RELAXED);
+    s.ready = __atomic_load_n(&m.n_ready, __ATOMIC_RELAXED);
+    s.pinned = __atomic_load_n(&m.n_pinned, __ATOMIC_RELAXED);
+    s.repairs = __atomic_load_n(&m.repairs, __ATOMIC_RELAXED);
+    s.tenants_reclaimed = __atomic_load_n(&m.tenants_reclaimed, __ATOMIC_RELAXED);
+    bool any_alive = false;
+    for (std::uint32_t t = 0; t < h.max_tenants; ++t) {
+      const TenantRecord& r = v.tenants[t];
+      if (__atomic_load_n(&r.in_use, __ATOMIC_ACQUIRE) == 0) continue;
+      TenantStats ts;
+      ts.index = t;
+      char id[sizeof r.engine_id];
+      std::memcpy(id, r.engine_id, sizeof id);
+      id[sizeof id - 1] = '\0';
+      ts.engine_id = id;
+      ts.pid = __atomic_load_n(&r.pid, __ATOMIC_RELAXED);
+      ts.lookup_keys = __atomic_load_n(&r.lookup_keys, __ATOMIC_RELAXED);
+      ts.hits = __atomic_load_n(&r.hits, __ATOMIC_RELAXED);
+      ts.cross_engine_hits = __atomic_load_n(&r.cross_engine_hits, __ATOMIC_RELAXED);
+      ts.stores_prepared = __atomic_load_n(&r.stores_prepared, __ATOMIC_RELAXED);
+      ts.stores_committed = __atomic_load_n(&r.stores_committed, __ATOMIC_RELAXED);
+      ts.stores_aborted = __atomic_load_n(&r.stores_aborted, __ATOMIC_RELAXED);
+      ts.evictions = __atomic_load_n(&r.evictions, __ATOMIC_RELAXED);
+      ts.pins = __atomic_load_n(&r.pins, __ATOMIC_RELAXED);
+      ts.pinned = __atomic_load_n(&r.pinned, __ATOMIC_RELAXED);
+      ts.occupancy = __atomic_load_n(&r.occupancy, __ATOMIC_RELAXED);
+      ts.cap_slots = __atomic_load_n(&r.cap_slots, __ATOMIC_RELAXED);
+      ts.alive = process_alive(ts.pid, __atomic_load_n(&r.start_time, __ATOMIC_RELAXED));
+      any_alive = any_alive || ts.alive;
+      s.tenants.push_back(std::move(ts));
+    }
+    ::munmap(base, index_bytes);
+    o.stale = !any_alive;
+  } catch (const std::exception& e) {
+    PoolObservation bad;
+    bad.path = path;
+    bad.name = o.name;
+    bad.problem = e.what();
+    return bad;
+  }
+  return o;
+}
+
+}  // namespace
+
+}  // namespace kvoffload::pool::detail
+
+namespace kvoffload::pool {
+
+std::vector<PoolObservation> observe_pools(const std::filesystem::path& shm_dir) {
+  std::vector<PoolObservation> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(shm_dir, ec)) {
+    const std::string f = e.path().filename().string();
+    constexpr std::string_view kPrefix = "kvoffload_";
+    constexpr std::string_view kSuffix = ".pool";
+    if (f.size() <= kPrefix.size() + kSuffix.size() || !f.starts_with(kPrefix) ||
+        !f.ends_with(kSuffix))
+      continue;
+    out.push_back(detail::observe_one(
+        e.path(), f.substr(kPrefix.size(), f.size() - kPrefix.size() - kSuffix.size())));
+  }
+  if (ec) throw_system_error("opendir", ec.value(), shm_dir.string());
+  std::sort(out.begin(), out.end(),
+            [](const PoolObservation& a, const PoolObservation& b) { return a.name < b.name; });
+  return out;
+}
+
+bool remove_stale_pool(const std::filesystem::path& path) {
+  detail::Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (fd.fd < 0) {
+    if (errno == ENOENT) return false;
+    throw_system_error("open", errno, "of the node pool " + detail::q(path));
+  }
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) throw_system_error("fstat", errno, path.string());
+  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 07777) != 0600) {
+    throw Error(ErrorCode::kPermission,
+                "node pool " + detail::q(path) +
+                    " is not a regular file of this user with mode 0600; left in place");
+  }
+  if (::flock(fd.fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) return false;  // a tenant is attached (or leaving)
+    throw_system_error("flock", errno, "LOCK_EX|LOCK_NB on " + path.string());
+  }
+  // Nobody attached. Remove it when it is provably a pool (the header check throws otherwise).
+  (void)detail::read_header(fd.fd, path, static_cast<std::uint64_t>(st.st_size));
+  if (!detail::path_names(path, st.st_dev, st.st_ino)) return false;
+  if (::unlink(path.c_str()) != 0) throw_system_error("unlink", errno, path.string());
+  return true;
+}
+
+}  // namespace kvoffload::pool
