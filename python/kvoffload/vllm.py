@@ -500,8 +500,10 @@ class KvoffloadWorker(OffloadingWorker):
         join_timeout: float = 30.0,
         register_host: bool = True,
         pool_settings=None,
+        job_timing: bool = False,
     ):
         self._bpc = int(blocks_per_chunk)
+        self._job_timing = bool(job_timing)  # kvoffload_job_timing: transfer_time, else None
         self._engine = None
         self._region = None
         self._pool = None
@@ -544,7 +546,8 @@ class KvoffloadWorker(OffloadingWorker):
             try:
                 self._engine = _ext.TransferEngine.for_buffer(
                     self._runtime, groups=self._groups, blocks_per_chunk=self._bpc,
-                    register_host=register_host, **worker_host_slots(self._pool, 0 if replicated else rank))
+                    register_host=register_host, job_timing=self._job_timing,
+                    **worker_host_slots(self._pool, 0 if replicated else rank))
             except BaseException:
                 self._pool.detach()
                 raise
@@ -569,7 +572,7 @@ class KvoffloadWorker(OffloadingWorker):
             try:
                 self._engine = _ext.TransferEngine(
                     self._runtime, self._region, rank, self._groups, self._bpc,
-                    register_host=register_host,
+                    register_host=register_host, job_timing=self._job_timing,
                 )
             except BaseException:
                 self._region.close()
@@ -668,7 +671,8 @@ class KvoffloadWorker(OffloadingWorker):
             if not r.success:
                 logger.error("kvoffload: %s job %d failed: %s", r.direction, r.job_id, r.error)
             self._done[r.job_id] = TransferResult(job_id=r.job_id, success=r.success,
-                                                  transfer_size=r.bytes, transfer_time=r.seconds)
+                                                  transfer_size=r.bytes,
+                                                  transfer_time=r.seconds if self._job_timing else None)
 
     # Note [Completion order]
     # vLLM's CPU worker reports its stores, then its loads, each direction in submission order
@@ -849,5 +853,6 @@ class KvoffloadSpec(OffloadingSpec):
                 device=None if device is None else int(device),
                 shm_dir=extra.get("kvoffload_shm_dir"),
                 pool_settings=self._pool_settings,
+                job_timing=bool(extra.get("kvoffload_job_timing", False)),
             )
         return self._worker
