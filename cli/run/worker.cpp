@@ -192,6 +192,10 @@ class RankState {
                             .num_blocks = config.gpu_blocks,
                             .block_bytes = config.block_bytes};
     w.blocks_per_chunk = config.blocks_per_chunk;
+    // The report's store/load GB/s are bytes over each job's copy time on the device
+    // (JobResult::seconds), so the run's engines always time their jobs
+    // (EngineOptions::job_timing).
+    w.engine.job_timing = true;
     return w;
   }
 

@@ -353,10 +353,12 @@ class TransferEngine:
     slots in any HostBuffer (or an int address with nbytes=...).
     groups: a list of KV groups, each a list of DeviceTensor (or (base, num_blocks, page_bytes[,
     block_stride]) tuples) with device addresses as ints.
+    job_timing=True: each result's seconds is its copy time on the stream (two timing events per
+    job); False: no timing event is recorded and seconds is 0 (EngineOptions::job_timing).
     """
-    def __init__(self, runtime: Any, region: Region, rank: int, groups: Any, blocks_per_chunk: int, *, register_host: bool = True, allow_kernel: bool = True, calibrate: bool = False) -> None: ...
+    def __init__(self, runtime: Any, region: Region, rank: int, groups: Any, blocks_per_chunk: int, *, register_host: bool = True, allow_kernel: bool = True, calibrate: bool = False, job_timing: bool = True) -> None: ...
     @staticmethod
-    def for_buffer(runtime: Any, buffer: Any, slot_bytes: int, groups: Any, blocks_per_chunk: int, *, row_stride: int = 0, copy_index: int = 0, nbytes: int = 0, register_host: bool = True, allow_kernel: bool = True, calibrate: bool = False) -> TransferEngine: ...
+    def for_buffer(runtime: Any, buffer: Any, slot_bytes: int, groups: Any, blocks_per_chunk: int, *, row_stride: int = 0, copy_index: int = 0, nbytes: int = 0, register_host: bool = True, allow_kernel: bool = True, calibrate: bool = False, job_timing: bool = True) -> TransferEngine: ...
     def submit(self, job_id: int, direction: Any, chunks: List[int], group_blocks: List[List[int]], *, skip: int = 0, group_chunks: Optional[List[Tuple[List[int], int]]] = None, wait_stream: Any = None, wait_event: Any = None) -> None:
         """Enqueues a job (direction 'store' = device to host, 'load' = host to device) after wait_stream (a Stream or an int handle, e.g. torch.cuda.current_stream().cuda_stream) or wait_event; returns at once. group_blocks[g] lists group g's device block ids. group_chunks: instead of chunks and skip (pass [] and 0), one (chunk ids, skip) pair per group, each group filling chunks of its own."""
     def poll(self) -> List[JobResult]:
@@ -388,7 +390,7 @@ class OffloadWorker:
     drains the engine, unregisters every piece before the region unmaps, and releases the runtime
     last.
     """
-    def __init__(self, *, engine_id: str, num_chunks: int, slot_bytes: int, world_size: int, rank: int, groups: Any, blocks_per_chunk: int, backend: str = 'auto', devices: List[int] = ..., replicated: bool = False, slot_align: int = 256, shm_dir: Optional[os.PathLike] = None, join_timeout: float = 30.0, populate_threads: int = 1, bringup: str = 'blocking', bringup_piece_bytes: int = 1073741824, bringup_first_piece_bytes: int = 67108864, allow_kernel: bool = True) -> None: ...
+    def __init__(self, *, engine_id: str, num_chunks: int, slot_bytes: int, world_size: int, rank: int, groups: Any, blocks_per_chunk: int, backend: str = 'auto', devices: List[int] = ..., replicated: bool = False, slot_align: int = 256, shm_dir: Optional[os.PathLike] = None, join_timeout: float = 30.0, populate_threads: int = 1, bringup: str = 'blocking', bringup_piece_bytes: int = 1073741824, bringup_first_piece_bytes: int = 67108864, allow_kernel: bool = True, job_timing: bool = True) -> None: ...
     @property
     def engine(self) -> TransferEngine: ...
     @property

@@ -510,8 +510,10 @@ class KvoffloadWorker(OffloadingWorker):
         pool_settings=None,
         bringup: str = "blocking",
         bringup_piece_bytes: int | None = None,
+        job_timing: bool = False,
     ):
         self._bpc = int(blocks_per_chunk)
+        self._job_timing = bool(job_timing)  # kvoffload_job_timing: transfer_time, else None
         self._engine = None
         self._worker = None  # kvoffload.OffloadWorker: this rank's runtime, region and engine
         self._runtime = None
@@ -555,7 +557,8 @@ class KvoffloadWorker(OffloadingWorker):
             try:
                 self._engine = _ext.TransferEngine.for_buffer(
                     self._runtime, groups=self._groups, blocks_per_chunk=self._bpc,
-                    register_host=register_host, **worker_host_slots(self._pool, 0 if replicated else rank))
+                    register_host=register_host, job_timing=self._job_timing,
+                    **worker_host_slots(self._pool, 0 if replicated else rank))
             except BaseException:
                 self._pool.detach()
                 raise
@@ -589,6 +592,7 @@ class KvoffloadWorker(OffloadingWorker):
                 shm_dir=shm_dir,
                 join_timeout=join_timeout,
                 bringup=bringup,
+                job_timing=self._job_timing,
                 **piece,
             )
             self._engine = self._worker.engine
@@ -690,7 +694,8 @@ class KvoffloadWorker(OffloadingWorker):
             if not r.success:
                 logger.error("kvoffload: %s job %d failed: %s", r.direction, r.job_id, r.error)
             self._done[r.job_id] = TransferResult(job_id=r.job_id, success=r.success,
-                                                  transfer_size=r.bytes, transfer_time=r.seconds)
+                                                  transfer_size=r.bytes,
+                                                  transfer_time=r.seconds if self._job_timing else None)
 
     # Note [Completion order]
     # vLLM's CPU worker reports its stores, then its loads, each direction in submission order
@@ -935,5 +940,6 @@ class KvoffloadSpec(OffloadingSpec):
                 pool_settings=self._pool_settings,
                 bringup=self.bringup,
                 bringup_piece_bytes=self.bringup_piece_bytes,
+                job_timing=bool(extra.get("kvoffload_job_timing", False)),
             )
         return self._worker

@@ -40,8 +40,10 @@ Direction direction_from_py(py::handle obj) {
               "direction must be 'store', 'load' or a kvoffload.Direction");
 }
 
-EngineOptions options_from_py(bool register_host, bool allow_kernel, bool calibrate) {
+EngineOptions options_from_py(bool register_host, bool allow_kernel, bool calibrate,
+                              bool job_timing) {
   EngineOptions o;
+  o.job_timing = job_timing;
   o.register_host = register_host;
   o.allow_kernel = allow_kernel;
   o.calibrate = calibrate;
@@ -133,10 +135,12 @@ TransferEngine(runtime, region, rank, groups, blocks_per_chunk): this rank's slo
 TransferEngine.for_buffer(runtime, buffer, slot_bytes, groups, blocks_per_chunk, row_stride=0):
 slots in any HostBuffer (or an int address with nbytes=...).
 groups: a list of KV groups, each a list of DeviceTensor (or (base, num_blocks, page_bytes[,
-block_stride]) tuples) with device addresses as ints.)")
+block_stride]) tuples) with device addresses as ints.
+job_timing=True: each result's seconds is its copy time on the stream (two timing events per
+job); False: no timing event is recorded and seconds is 0 (EngineOptions::job_timing).)")
       .def(py::init([](const py::object& runtime, const std::shared_ptr<RegionHolder>& region,
                        std::uint32_t rank, py::handle groups, std::uint32_t blocks_per_chunk,
-                       bool register_host, bool allow_kernel, bool calibrate) {
+                       bool register_host, bool allow_kernel, bool calibrate, bool job_timing) {
              if (!region->region.is_open()) throw Error(ErrorCode::kState, "the region is closed");
              auto& rt = runtime.cast<DeviceRuntime&>();
              auto g = groups_from_py(groups);
@@ -145,18 +149,19 @@ block_stride]) tuples) with device addresses as ints.)")
              p->host_ref = py::cast(region);
              p->engine = std::make_unique<TransferEngine>(
                  rt, region->region, rank, std::move(g), blocks_per_chunk,
-                 options_from_py(register_host, allow_kernel, calibrate));
+                 options_from_py(register_host, allow_kernel, calibrate, job_timing));
              return p;
            }),
            py::arg("runtime"), py::arg("region"), py::arg("rank"), py::arg("groups"),
            py::arg("blocks_per_chunk"), py::kw_only(), py::arg("register_host") = true,
-           py::arg("allow_kernel") = true, py::arg("calibrate") = false)
+           py::arg("allow_kernel") = true, py::arg("calibrate") = false,
+           py::arg("job_timing") = true)
       .def_static(
           "for_buffer",
           [](const py::object& runtime, py::object buffer, std::uint64_t slot_bytes,
              py::handle groups, std::uint32_t blocks_per_chunk, std::uint64_t row_stride,
              std::uint32_t copy_index, std::uint64_t nbytes, bool register_host, bool allow_kernel,
-             bool calibrate) {
+             bool calibrate, bool job_timing) {
             auto& rt = runtime.cast<DeviceRuntime&>();
             std::byte* base = nullptr;
             std::uint64_t size = 0;
@@ -178,13 +183,15 @@ block_stride]) tuples) with device addresses as ints.)")
             p->runtime_ref = runtime;
             p->host_ref = buffer;
             p->engine = std::make_unique<TransferEngine>(
-                rt, std::move(layout), options_from_py(register_host, allow_kernel, calibrate));
+                rt, std::move(layout),
+                options_from_py(register_host, allow_kernel, calibrate, job_timing));
             return p;
           },
           py::arg("runtime"), py::arg("buffer"), py::arg("slot_bytes"), py::arg("groups"),
           py::arg("blocks_per_chunk"), py::kw_only(), py::arg("row_stride") = 0,
           py::arg("copy_index") = 0, py::arg("nbytes") = 0, py::arg("register_host") = true,
-          py::arg("allow_kernel") = true, py::arg("calibrate") = false)
+          py::arg("allow_kernel") = true, py::arg("calibrate") = false,
+          py::arg("job_timing") = true)
       .def(
           "submit",
           [](PyEngine& p, std::uint64_t job_id, py::handle direction,

@@ -84,7 +84,7 @@ last.)")
                        std::uint64_t slot_align, std::optional<std::filesystem::path> shm_dir,
                        double join_timeout, unsigned populate_threads, const std::string& bringup,
                        std::uint64_t bringup_piece_bytes, std::uint64_t bringup_first_piece_bytes,
-                       bool allow_kernel) {
+                       bool allow_kernel, bool job_timing) {
              if (!(join_timeout >= 0.0)) {
                throw Error(ErrorCode::kInvalidArgument, "join_timeout must be >= 0 seconds, got " +
                                                             std::to_string(join_timeout));
@@ -106,6 +106,7 @@ last.)")
              c.groups = groups_from_py(groups);
              c.blocks_per_chunk = blocks_per_chunk;
              c.engine.allow_kernel = allow_kernel;
+             c.engine.job_timing = job_timing;
              // A joiner may wait for the creator; a blocking bring-up populates the whole pool.
              py::gil_scoped_release release;
              return PyWorker{std::shared_ptr<OffloadWorker>(OffloadWorker::build(c))};
@@ -118,7 +119,7 @@ last.)")
            py::arg("populate_threads") = 1, py::arg("bringup") = "blocking",
            py::arg("bringup_piece_bytes") = kDefaultBringupPieceBytes,
            py::arg("bringup_first_piece_bytes") = kDefaultBringupFirstPieceBytes,
-           py::arg("allow_kernel") = true)
+           py::arg("allow_kernel") = true, py::arg("job_timing") = true)
       .def_property_readonly(
           "engine",
           [](const PyWorker& w) {

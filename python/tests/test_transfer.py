@@ -114,3 +114,25 @@ def test_engine_over_a_numpy_buffer():
         engine.submit(10, "store", [0], [[6, 7]])
         assert engine.wait([10])[0].success
     assert (host[:PAGE0] == k[6]).all() and (host[PAGE0:2 * PAGE0] == k[7]).all()
+
+
+@pytest.mark.parametrize("backend", ["host", "sim"])
+def test_job_timing_off_leaves_seconds_zero(backend):
+    # Issue 25 (8): job_timing=False records no timing event (counted on the simulated device by
+    # sim_device_test's TimingEventsAreRecordedOnlyForTimedJobs), so a result's seconds is 0; by
+    # default each job's copies are timed.
+    rt = kvoffload.make_runtime(backend)
+    page = 4096
+    dev = rt.allocate_device(4 * page)
+    rt.memset_sync(int(dev), 0x5A, 4 * page)
+    host = np.zeros(4 * page, dtype=np.uint8)
+    groups = [[kvoffload.DeviceTensor(int(dev), 4, page, page)]]
+    for timing in (True, False):
+        with kvoffload.TransferEngine.for_buffer(rt, host, 2 * page, groups, 2, register_host=False,
+                                                 allow_kernel=False, job_timing=timing) as engine:
+            engine.submit(1, "store", [0, 1], [[0, 1, 2, 3]])
+            (r,) = engine.wait([1])
+            assert r.success and r.bytes == 4 * page
+            assert (r.seconds > 0.0) if timing else (r.seconds == 0.0)
+        assert (host == 0x5A).all()
+        host[:] = 0

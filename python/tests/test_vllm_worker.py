@@ -348,6 +348,26 @@ def test_explicit_region_name_gets_the_data_parallel_suffix(shm_dir):
         KvoffloadSpec(offloading_config(shm_dir, kv, engine_id="a/b")).engine_id()
 
 
+@pytest.mark.parametrize("timing", [None, False, True])
+def test_transfer_time_only_when_kvoffload_job_timing_asks(shm_dir, timing):
+    # Issue 25 (8): by default the worker's engine records no timing event and its results carry
+    # transfer_time None (vLLM then records no transfer stats for them, rather than 0 s);
+    # kvoffload_job_timing: true times each job's copies.
+    kv = KvCaches(Device("sim"), bpc=1, seed=7, **ONE_GROUP)
+    extra = {} if timing is None else {"kvoffload_job_timing": timing}
+    worker = KvoffloadSpec(offloading_config(shm_dir, kv, "sim", **extra)).get_worker(kv.caches)
+    gpu = GPULoadStoreSpec([0], group_sizes=[1], block_indices=[0])
+    assert worker.submit_store(1, gpu, CPULoadStoreSpec([0]))
+    worker.wait({1})
+    (r,) = worker.get_finished()
+    assert r.success and r.transfer_size > 0
+    if timing:
+        assert isinstance(r.transfer_time, float) and r.transfer_time > 0.0
+    else:
+        assert r.transfer_time is None
+    worker.shutdown()
+
+
 def test_wait_ignores_ids_never_submitted_or_already_collected(shm_dir):
     kv = KvCaches(Device("host"), bpc=1, seed=7, **ONE_GROUP)
     worker = KvoffloadSpec(offloading_config(shm_dir, kv)).get_worker(kv.caches)

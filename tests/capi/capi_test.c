@@ -794,6 +794,81 @@ static void test_failed_job(void) {
   kvo_runtime_destroy(rt);
 }
 
+/* Issue 25 (8): kvo_engine_options.job_timing. By default a job's copies are timed (seconds > 0
+ * on the simulated device, whose timing events carry the copies' completion times); with
+ * job_timing 0 no timing event is recorded and seconds is exactly 0, the copies still exact. */
+static void test_job_timing(void) {
+  kvo_runtime_t* rt = NULL;
+  kvo_region_options ro;
+  kvo_region_t* region = NULL;
+  kvo_engine_t* engine = NULL;
+  kvo_engine_options eo;
+  kvo_device_tensor tensor;
+  kvo_kv_group group;
+  kvo_transfer_spec spec;
+  kvo_block_list blocks;
+  kvo_wait_on no_wait;
+  kvo_job_result result;
+  uint64_t dev = 0;
+  uint64_t chunk = 1;
+  uint64_t block_ids[BPC] = {0, 1};
+  uint64_t id = 0;
+  void* slot = NULL;
+  uint64_t bytes = 0;
+  int timing;
+
+  CHECK_OK(kvo_runtime_create("sim", 0, &rt));
+  CHECK_OK(kvo_runtime_device_alloc(rt, 2 * PAGE0, &dev));
+  tensor.base = dev;
+  tensor.num_blocks = 2;
+  tensor.page_bytes = PAGE0;
+  tensor.block_stride = 0;
+  group.tensors = &tensor;
+  group.num_tensors = 1;
+  CHECK_OK(kvo_region_options_init(&ro));
+  ro.engine_id = "capi-job-timing";
+  ro.num_chunks = 4;
+  ro.slot_bytes = BPC * PAGE0;
+  ro.world_size = 1;
+  ro.rank = 0;
+  ro.shm_dir = shm_dir;
+  CHECK_OK(kvo_region_create_or_join(&ro, &region));
+  CHECK_OK(kvo_engine_options_init(&eo));
+  CHECK(eo.job_timing == 1);
+  spec.chunks = &chunk;
+  spec.num_chunks = 1;
+  spec.skip = 0;
+  spec.groups = &blocks;
+  spec.num_groups = 1;
+  blocks.blocks = block_ids;
+  blocks.count = BPC;
+  no_wait.kind = KVO_WAIT_NOTHING;
+  no_wait.handle = 0;
+  CHECK_OK(kvo_region_slot(region, chunk, KVO_OWN_RANK, &slot, &bytes));
+  for (timing = 1; timing >= 0; --timing) {
+    CHECK_OK(kvo_engine_options_init(&eo));
+    eo.allow_kernel = 0;
+    eo.job_timing = timing;
+    CHECK_OK(kvo_runtime_memset(rt, dev, 0x30 + timing, 2 * PAGE0));
+    CHECK_OK(kvo_engine_create_for_region(rt, region, 0, &group, 1, BPC, &eo, &engine));
+    id = 1;
+    CHECK_OK(kvo_engine_submit(engine, id, KVO_STORE, &spec, no_wait));
+    CHECK_OK(kvo_engine_wait(engine, &id, 1, &result));
+    CHECK(result.success == 1 && result.bytes == 2 * PAGE0);
+    if (timing)
+      CHECK(result.seconds > 0.0);
+    else
+      CHECK(result.seconds == 0.0);
+    CHECK(((unsigned char*)slot)[0] == 0x30 + timing &&
+          ((unsigned char*)slot)[2 * PAGE0 - 1] == 0x30 + timing);
+    kvo_engine_destroy(engine);
+    engine = NULL;
+  }
+  CHECK_OK(kvo_runtime_device_free(rt, dev));
+  CHECK_OK(kvo_region_close(region));
+  kvo_runtime_destroy(rt);
+}
+
 int main(void) {
   char tmpl[] = "/tmp/kvoffload-capi-XXXXXX";
   char cmd[300];
@@ -808,6 +883,7 @@ int main(void) {
   test_manager();
   test_runtime_and_engine();
   test_failed_job();
+  test_job_timing();
 
   (void)snprintf(cmd, sizeof cmd, "rm -rf '%s'", shm_dir);
   if (system(cmd) != 0) (void)fprintf(stderr, "warning: could not remove %s\n", shm_dir);

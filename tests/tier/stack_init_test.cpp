@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "tiered_store_test_util.hpp"
@@ -187,6 +188,20 @@ TEST_F(TieredFixture, ReleaseOrderIsTheReverseOfConstructionAtEveryStep) {
 // released first (before the file tiers, the Manager and the region), on success and after a
 // failure at its own step or after it.
 TEST_F(TieredFixture, ReleaseOrderWithARemoteTierIsTheReverseOfConstruction) {
+  if (!remote_tier_built()) {
+    // -DKVOFFLOAD_REMOTE_TIER=OFF: the remote tier's step refuses, and what came before it is
+    // released in reverse (the file tiers, the primary, the region), nothing left behind.
+    StackConfig with_remote = config(2);
+    with_remote.remote_tiers.push_back(remote_tier());
+    try {
+      (void)OffloadStack::build(with_remote);
+      ADD_FAILURE() << "a stack with a remote tier was built without the remote tier";
+    } catch (const Error& e) {
+      EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("this build has no remote tier"));
+    }
+    EXPECT_TRUE(test::files_under(shm_.path()).empty());
+    return;
+  }
   const std::vector<std::string> all = {
       "released:tiered_store", "remote.close",   "released:secondary#2", "tier1.close",
       "released:secondary#1",  "tier0.close",    "released:secondary#0", "released:primary",
@@ -295,6 +310,15 @@ TEST_F(TieredFixture, InvalidConfigurationCreatesNothing) {
   // The same remote tier, matching: the stack builds (the check above is not a blanket refusal).
   c = config();
   c.remote_tiers.push_back(remote_tier());
+  if (!remote_tier_built()) {  // -DKVOFFLOAD_REMOTE_TIER=OFF: refused, naming the option
+    try {
+      (void)OffloadStack::build(c);
+      ADD_FAILURE() << "a stack with a remote tier was built without the remote tier";
+    } catch (const Error& e) {
+      EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("-DKVOFFLOAD_REMOTE_TIER=ON"));
+    }
+    return;
+  }
   auto built = OffloadStack::build(c);
   EXPECT_EQ(built->tiers().size(), 2u);
   EXPECT_TRUE(built->close());

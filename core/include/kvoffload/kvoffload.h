@@ -238,6 +238,13 @@ typedef struct kvo_engine_options {
   uint64_t store_kernel_below_bytes, store_kernel_min_count;
   uint64_t load_kernel_below_bytes, load_kernel_min_count;
   int calibrate; /* nonzero: measure both paths at creation and set the thresholds */
+  /* Nonzero (default): time each job's copies (kvo_job_result.seconds, the live page's copy
+   * time) with two timing events; 0: no timing event is recorded and seconds stays 0 (for an
+   * engine whose statistics do not read copy times). Added after calibrate, in what was
+   * the struct's tail padding: struct_size is unchanged, so a caller built against the older
+   * header that initialises the struct with kvo_engine_options_init (as it must) gets the
+   * library's default here. */
+  int job_timing;
 } kvo_engine_options;
 
 typedef enum kvo_direction { KVO_STORE = 0, KVO_LOAD = 1 } kvo_direction; /* D2H, H2D */

@@ -68,6 +68,11 @@ std::vector<kvoffload::KvGroup> groups_of(const kvo_kv_group* groups, size_t num
   return out;
 }
 
+// job_timing lives in what was calibrate's tail padding (kvoffload.h): the struct's size, which
+// callers built against the older header pass as struct_size, must not change.
+static_assert(sizeof(void*) != 8 || sizeof(kvo_engine_options) == 56,
+              "kvo_engine_options changed size: callers built against the older header break");
+
 kvoffload::EngineOptions engine_options_of(const kvo_engine_options* o, const char* function) {
   kvoffload::EngineOptions opts;
   if (o == nullptr) return opts;
@@ -82,6 +87,7 @@ kvoffload::EngineOptions engine_options_of(const kvo_engine_options* o, const ch
   opts.store_policy = {o->store_kernel_below_bytes, o->store_kernel_min_count};
   opts.load_policy = {o->load_kernel_below_bytes, o->load_kernel_min_count};
   opts.calibrate = o->calibrate != 0;
+  opts.job_timing = o->job_timing != 0;
   return opts;
 }
 
@@ -96,11 +102,15 @@ kvo_status kvo_engine_options_init(kvo_engine_options* options) {
   return guarded(fn, [&] {
     KVO_ARG(options);
     const kvoffload::EngineOptions d;
-    *options =
-        kvo_engine_options{sizeof(kvo_engine_options),      d.register_host ? 1 : 0,
-                           d.allow_kernel ? 1 : 0,          d.store_policy.kernel_below_bytes,
-                           d.store_policy.kernel_min_count, d.load_policy.kernel_below_bytes,
-                           d.load_policy.kernel_min_count,  d.calibrate ? 1 : 0};
+    *options = kvo_engine_options{sizeof(kvo_engine_options),
+                                  d.register_host ? 1 : 0,
+                                  d.allow_kernel ? 1 : 0,
+                                  d.store_policy.kernel_below_bytes,
+                                  d.store_policy.kernel_min_count,
+                                  d.load_policy.kernel_below_bytes,
+                                  d.load_policy.kernel_min_count,
+                                  d.calibrate ? 1 : 0,
+                                  d.job_timing ? 1 : 0};
   });
 }
 
