@@ -12,8 +12,8 @@ Then until the whole pool is up (bringup_status()['state'] == 'ready'). Runs alt
 --repeat each; printed as JSON, with the medians.
 
 Run (build first):
-  KVOFFLOAD_VLLM_SRC=build/cpu/vllm-src/vllm-017e9f4448-engine PYTHONPATH=build/cpu/python \\
-    /usr/bin/python3 python/bench/vllm_bringup_bench.py --pool 4G --repeat 3
+  tools/vllm-python.sh --tree ../shared/vllm-017e9f4448-engine \\
+    python/bench/vllm_bringup_bench.py --pool 4G --repeat 3
 """
 
 from __future__ import annotations
