@@ -510,7 +510,7 @@ class KvoffloadWorker(OffloadingWorker):
         pool_settings=None,
         bringup: str = "blocking",
         bringup_piece_bytes: int | None = None,
-        job_timing: bool = False,
+        job_timing: bool = True,
     ):
         self._bpc = int(blocks_per_chunk)
         self._job_timing = bool(job_timing)  # kvoffload_job_timing: transfer_time, else None
@@ -940,6 +940,6 @@ class KvoffloadSpec(OffloadingSpec):
                 pool_settings=self._pool_settings,
                 bringup=self.bringup,
                 bringup_piece_bytes=self.bringup_piece_bytes,
-                job_timing=bool(extra.get("kvoffload_job_timing", False)),
+                job_timing=bool(extra.get("kvoffload_job_timing", True)),
             )
         return self._worker
