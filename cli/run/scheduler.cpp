@@ -557,19 +557,10 @@ RunOutcome run_scheduler(const RunConfig& config) {
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   const bool all_verified =
       t.mismatched_bytes == 0 && t.failed_jobs == 0 && t.verified_bytes == t.load_bytes;
-  nlohmann::json report{
-      {"engine_id", config.engine_id},
-      {"backend",
-       rank_reports.empty() ? config.backend : rank_reports[0].value("backend", config.backend)},
-      {"world_size", config.world_size},
-      {"layers", config.layers},
-      {"block_bytes", config.block_bytes},
-      {"blocks_per_chunk", config.blocks_per_chunk},
-      {"chunks", config.num_chunks},
+  nlohmann::json report = geometry_report(config, rank_reports);
+  report.update(nlohmann::json{
       // The rows the scheduler could hand out by the end: those ready on every rank.
       {"ready_chunks", ms.ready_chunks},
-      {"slot_bytes", config.slot_bytes},
-      {"host_pool_bytes", config.host_pool_bytes},
       {"region_path", region_path.string()},
       {"requests", t.requests},
       {"chunks_looked_up", t.chunks_looked_up},
@@ -594,7 +585,7 @@ RunOutcome run_scheduler(const RunConfig& config) {
       {"interrupted", interrupted()},
       {"region_removed", region_removed && closed},
       {"errors", t.errors},
-      {"seconds", seconds}};
+      {"seconds", seconds}});
   report["registration_seconds"] = registration_figure(background, rank_reports, byes);
   if (!remote_json.is_null()) report["remote"] = remote_json;
   report["bringup"] = config.bringup;
@@ -654,6 +645,19 @@ RunOutcome run_scheduler(const RunConfig& config) {
     outcome.failure = message;
   }
   return outcome;
+}
+
+nlohmann::json geometry_report(const RunConfig& config, const nlohmann::json& rank_reports) {
+  return {{"engine_id", config.engine_id},
+          {"backend", rank_reports.empty() ? config.backend
+                                           : rank_reports[0].value("backend", config.backend)},
+          {"world_size", config.world_size},
+          {"layers", config.layers},
+          {"block_bytes", config.block_bytes},
+          {"blocks_per_chunk", config.blocks_per_chunk},
+          {"chunks", config.num_chunks},
+          {"slot_bytes", config.slot_bytes},
+          {"host_pool_bytes", config.host_pool_bytes}};
 }
 
 }  // namespace kvoffload::run

@@ -23,6 +23,11 @@ RunOutcome run_scheduler(const RunConfig& config);
 // run_scheduler calls it when --pool is given.
 RunOutcome run_pool_scheduler(RunConfig config);
 
+// The report's fields that describe the run's geometry, the same for a private region and a node
+// pool: engine id, backend (what rank 0 reported, else the configured one), world size, layers,
+// block and slot bytes, chunks, host pool bytes.
+nlohmann::json geometry_report(const RunConfig& config, const nlohmann::json& rank_reports);
+
 // Human-readable form of the report.
 std::string format_report(const nlohmann::json& report);
 
