@@ -48,7 +48,7 @@ constexpr std::uint64_t kMaxTotal = 32ULL << 20;
 
 // Tuning knobs for the host backend: KVOFFLOAD_BENCH_HOST_THREADS, KVOFFLOAD_BENCH_HOST_SPLIT_MIN
 // (bytes); KVOFFLOAD_BENCH_KERNEL_CTAS for the copy kernel's grid. Unset: the runtime's defaults
-// (what the figures in the README use).
+// (what the figures in docs/PERFORMANCE.md use).
 kvoffload::RuntimeOptions options_from_env() {
   kvoffload::RuntimeOptions o;
   // The kernel path's grid bound (the "at most 12 CTAs" case: =12).

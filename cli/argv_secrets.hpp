@@ -1,8 +1,8 @@
 #pragma once
 // Store passwords typed on the command line (`--remote-tier redis://:PASSWORD@host:port`): kept
 // out of the program's messages and, once the options are parsed, out of its argv, so that
-// /proc/PID/cmdline and `ps` show the run with "***" for the rest of its life (the README's
-// Security section; password_file= and password_env= keep them out of argv altogether).
+// /proc/PID/cmdline and `ps` show the run with "***" for the rest of its life (docs/OPERATING.md,
+// Security; password_file= and password_env= keep them out of argv altogether).
 #include <string>
 
 namespace kvoffload::cli {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks `pip install --no-build-isolation .` the way a vLLM user installs kvoffload into a
-# virtualenv (README: "Building for a vLLM environment"), offline, with no PYTHONPATH:
+# virtualenv (docs/VLLM.md: "Building for a vLLM environment"), offline, with no PYTHONPATH:
 #   1. a venv of Debian's /usr/bin/python3 (--system-site-packages: numpy, pytest from Debian):
 #      pip builds the package for that venv's interpreter and installs it; `import kvoffload`
 #      resolves to the venv's site-packages; the `kvoffload` console script runs; with

@@ -24,7 +24,7 @@
 # GPU host's compiler is not CI's, and a warning it adds must not stop the one run it gets.
 #
 # Environment: KVOFFLOAD_SMOKE_ARCH (CUDA architectures, default: the device's own, e.g. 90),
-# KVOFFLOAD_SMOKE_BENCH_FILTER (a transfer_bench filter, default: the README's cases),
+# KVOFFLOAD_SMOKE_BENCH_FILTER (a transfer_bench filter, default: docs/PERFORMANCE.md's cases),
 # KVOFFLOAD_SMOKE_SYSTEM_PREFIXES (where the system's packages are, default "/usr /usr/local";
 # the dependency check's own test empties it).
 set -uo pipefail
@@ -240,7 +240,7 @@ if [[ $backend == cuda ]]; then
 fi
 say "tests done at $((SECONDS - start)) s"
 
-# 3. Transfer benchmark for this backend (figures for the README), then the 12-CTA kernel case.
+# 3. Transfer benchmark for this backend (figures for docs/PERFORMANCE.md), then the 12-CTA kernel case.
 filter=${KVOFFLOAD_SMOKE_BENCH_FILTER:-"^$backend/"}
 if KVOFFLOAD_BENCH_BACKENDS=$backend "$build/bin/transfer_bench" --benchmark_filter="$filter" \
   --benchmark_out="$out/transfer_bench.json" --benchmark_out_format=json \

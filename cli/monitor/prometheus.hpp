@@ -2,7 +2,7 @@
 // The Prometheus text exposition format (version 0.0.4) for every engine of a node: what
 // `kvoffload exporter` serves on /metrics. Names follow Prometheus' conventions: the kvoffload_
 // prefix, _total on counters, base units in the name (_bytes, _seconds), and the labels engine_id,
-// rank, tier and direction (README: "Watching engines").
+// rank, tier and direction (docs/OPERATING.md: "Watching engines").
 
 #include <string>
 #include <vector>

@@ -1,5 +1,6 @@
 #pragma once
-// Configuration of `kvoffload run`, the end-to-end offload cycle (README: "The main job").
+// Configuration of `kvoffload run`, the end-to-end offload cycle (docs/OPERATING.md: "The main
+// job").
 // The scheduler validates it, derives the geometry, and sends it to every worker as JSON.
 
 #include <cstdint>

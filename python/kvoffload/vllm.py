@@ -4,7 +4,7 @@
 and its worker, share the import checks of vLLM's interface and the metric names below.)
 
 Select it with ``spec_name="KvoffloadSpec"`` and ``spec_module_path="kvoffload.vllm"`` in the
-connector's ``kv_connector_extra_config`` (the README's "vLLM integration" section has the whole
+connector's ``kv_connector_extra_config`` (docs/VLLM.md, "vLLM integration", has the whole
 ``--kv-transfer-config``).
 
 - :class:`KvoffloadManager` is vLLM's ``OffloadingManager`` with the observable behaviour of
@@ -93,7 +93,7 @@ def __getattr__(name: str):
 logger = logging.getLogger(__name__)
 
 # The vLLM commits whose offloading interface and engine loop this module is tested against
-# (README: vLLM); VLLM_COMMIT is the first. A vLLM naming another commit is logged once here.
+# (docs/VLLM.md); VLLM_COMMIT is the first. A vLLM naming another commit is logged once here.
 VLLM_COMMIT = next(iter(SUPPORTED_VLLM_COMMITS))
 check_vllm_version(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
 
@@ -457,7 +457,7 @@ def _select_backend(requested: str, device_type: str, device_name: str) -> str:
                 f"{gpu.upper()}), but this kvoffload has no usable {gpu} backend ({gpu}: "
                 f"{info.detail or 'not built'}), and the host backend would memcpy from device "
                 f"pointers. Install a kvoffload built with {gpu.upper()} for this machine "
-                "(README: 'Building for a vLLM environment': pip install . with nvcc or hipcc on "
+                "(docs/VLLM.md: 'Building for a vLLM environment': pip install . with nvcc or hipcc on "
                 f"PATH), or set KVOFFLOAD_BACKEND_DIR to the directory holding libkvoffload_{gpu}.so"
             )
         return gpu

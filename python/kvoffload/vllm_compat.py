@@ -1,7 +1,7 @@
 """The vLLM commits kvoffload.vllm supports, and when vLLM's block hashes agree across processes.
 
 - :data:`SUPPORTED_VLLM_COMMITS`: the commits whose offloading interface and engine loop the tests
-  run against (README, "vLLM"). :func:`check_vllm_version` says, once per process, when the vLLM
+  run against (docs/VLLM.md, "Supported vLLM commits"). :func:`check_vllm_version` says, once per process, when the vLLM
   in use is another one; a vLLM that lacks part of the interface is refused earlier, when
   kvoffload.vllm is imported.
 - :func:`check_block_hashes_shareable`: offload keys are vLLM's block hashes, chained from
@@ -64,8 +64,8 @@ def check_vllm_version(version: str) -> str | None:
         else:
             logger.warning(
                 "kvoffload: vLLM %s (commit %s) is not a commit kvoffload.vllm is tested against "
-                "(%s); its offloading interface was found complete, but check the results (README: "
-                "vLLM, supported commits)", version, short, supported)
+                "(%s); its offloading interface was found complete, but check the results "
+                "(docs/VLLM.md: supported vLLM commits)", version, short, supported)
     return found
 
 

@@ -1,5 +1,5 @@
 # KvoffloadSpec as vLLM's API server and scheduler see it: created by vLLM's OffloadingSpecFactory
-# from the README's --kv-transfer-config, its build_metric_definitions feeding vLLM's
+# from docs/VLLM.md's --kv-transfer-config, its build_metric_definitions feeding vLLM's
 # OffloadPromMetrics, and KvoffloadManager.get_stats passing through vLLM's
 # OffloadingConnectorStats into Prometheus (prometheus_client, a registry per test).
 import functools
@@ -33,7 +33,7 @@ def key(i):
 
 
 def prom_metrics(extra_config):
-    """vLLM's OffloadPromMetrics for the README's connector config, with a private registry."""
+    """vLLM's OffloadPromMetrics for docs/VLLM.md's connector config, with a private registry."""
     registry = CollectorRegistry()
     types = {cls: functools.partial(cls, registry=registry) for cls in (Gauge, Counter, Histogram)}
     transfer = KVTransferConfig(**{**readme_transfer_config(), "kv_connector_extra_config": extra_config})

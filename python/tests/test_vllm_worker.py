@@ -300,7 +300,7 @@ def test_mla_replicated_layout_one_copy_for_all_ranks(shm_dir, backend):
 
 @pytest.mark.parametrize("backend", backends())
 def test_two_data_parallel_replicas_never_see_each_others_bytes(shm_dir, backend):
-    # The README's JSON, as vLLM parses it: no region name in it, so each replica's region is
+    # docs/VLLM.md's JSON, as vLLM parses it: no region name in it, so each replica's region is
     # named by vLLM's per-replica engine_id (<engine_id>_dp<rank>, set by vLLM's engine core).
     transfer = KVTransferConfig(**readme_transfer_config())
     assert "kvoffload_engine_id" not in transfer.kv_connector_extra_config
@@ -309,7 +309,7 @@ def test_two_data_parallel_replicas_never_see_each_others_bytes(shm_dir, backend
     for dp, kv in enumerate(kvs):
         cfg = offloading_config(shm_dir, kv, backend, engine_id=f"{transfer.engine_id}_dp{dp}",
                                 dp_index=dp, dp_size=2)
-        # The README's keys as written, with this test's backend, directory and a small size.
+        # docs/VLLM.md's keys as written, with this test's backend, directory and a small size.
         extra = dict(transfer.kv_connector_extra_config)
         extra.update({k: cfg.extra_config[k] for k in
                       ("kvoffload_backend", "kvoffload_shm_dir", "blocks_per_chunk", "cpu_bytes_to_use")})

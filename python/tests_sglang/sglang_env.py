@@ -20,7 +20,7 @@ from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 
 PAGE = 4  # tokens per page (SGLang's default is 64; small pages keep the tests fast)
 
-# The README's extra config, as SGLang's --hicache-storage-backend-extra-config passes it.
+# docs/SGLANG.md's extra config, as SGLang's --hicache-storage-backend-extra-config passes it.
 BASE_CONFIG = {"backend_name": "kvoffload", "module_path": "kvoffload.sglang",
                "class_name": "KvoffloadStorage", "interface_v1": 1}
 

@@ -336,7 +336,7 @@ def test_the_password_is_never_printed(caplog, tmp_path):
         assert "s3cret-pw" not in repr(b.url) and "s3cret-pw" not in str(b.stats())
         assert server.endpoint in b.url
         b.close()
-        # The secret from a file named in the URL (what the README advises: SGLang logs its
+        # The secret from a file named in the URL (what docs/SGLANG.md advises: SGLang logs its
         # server arguments, the extra config included).
         secret = tmp_path / "redis-password"
         secret.write_text("s3cret-pw\n")

@@ -27,7 +27,8 @@ namespace kvoffload::detail {
 // (a junk file, a header written by a newer format, a damaged header, another user's
 // file, a wider mode) is left where it is with the reason: `region clean` reports it as skipped,
 // `region list` as "not a region", and a process creating the region refuses with that reason
-// instead of removing it. The README's "Operating" section states the same rule.
+// instead of removing it. docs/OPERATING.md ("Full disks and hostile shm entries") states the
+// same rule.
 
 // Why the regular file open at `fd` (its stat `st`) is not provably a region of this user, as a
 // short reason ending in "not a region file" or naming the owner or mode; "" when it is ours.
