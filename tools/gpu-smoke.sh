@@ -187,7 +187,7 @@ else
 fi
 
 # 1. Build: only what the checks need.
-targets=(kvoffload "kvoffload_$backend" kvoffload_cli transfer_gpu_test gpu_runtime_gpu_test transfer_bench)
+targets=(kvoffload "kvoffload_$backend" kvoffload_cli transfer_gpu_tests runtime_gpu_tests transfer_bench)
 if ! { "${configure[@]}" "${arch_flag[@]}" "${pkg_args[@]}" &&
   cmake --build --preset "$backend" -j"$(nproc)" --target "${targets[@]}"; } >"$out/build.log" 2>&1; then
   say "build FAILED (build.log)"
@@ -225,7 +225,7 @@ if [[ $backend == cuda ]]; then
   if [[ -z $sanitizer ]]; then
     say "compute-sanitizer memcheck skipped: not found on PATH or under $nvcc_dir/.. or /usr/local/cuda"
   elif "$sanitizer" --tool memcheck --error-exitcode 1 \
-    "$build/tests/gpu/gpu_runtime_gpu_test" --gtest_filter='*Kernel*:*Paths*:*Ring*' >"$out/memcheck.log" 2>&1; then
+    "$build/tests/runtime/runtime_gpu_tests" --gtest_filter='*Kernel*:*Paths*:*Ring*' >"$out/memcheck.log" 2>&1; then
     # Clean only counts when its cases ran: cases that all skipped are clean and checked nothing.
     if memcheck_cases=$(/usr/bin/python3 tools/gpu_cases.py --backend cuda --suite memcheck "$out/memcheck.log"); then
       say "compute-sanitizer memcheck clean on the kernel cases ($memcheck_cases; $sanitizer)"

@@ -1,6 +1,6 @@
 """kvoffload.ErrorCode and kvoffload.Error: every code, written out by hand. The values are the C
 API's stable kvo_status numbers and the names are stable too, so a renumbered, renamed, added or
-dropped code in core/include/kvoffload/error_codes.h fails here (and in error_test, capi_test)."""
+dropped code in core/include/kvoffload/error_codes.h fails here (and in error_tests, capi_test)."""
 
 import pytest
 

@@ -5,7 +5,7 @@
 # tools/gpu-smoke.sh --minimal does) without reading hiredis, libmemcached, libxxhash or OpenSSL,
 # and compiles remote_tier_absent.cpp in place of the store clients; ON fails the configure
 # naming each missing package and the option that builds without them. Configure only: that such
-# a library links without the stores' libraries and refuses remote URLs is remote_absent_test's.
+# a library links without the stores' libraries and refuses remote URLs is remote_absent_tests'.
 cmake_minimum_required(VERSION 3.25)
 if(NOT GENERATOR)
   set(GENERATOR Ninja)

@@ -22,7 +22,7 @@ target_sources(kvoffload_objects PRIVATE
 # KVOFFLOAD_REMOTE_TIER, kvoffload_remote_absent takes its place: the same symbols, refusing every
 # remote URL (Note [Built without the remote tier]). The shared library and the INTERNAL suites
 # link the one KVOFFLOAD_REMOTE_OBJECTS names; kvoffload_remote_absent is also built beside the
-# real tier when tests are, for remote_absent_test (the rest of the library links without the
+# real tier when tests are, for remote_absent_tests (the rest of the library links without the
 # stores' libraries, and the refusal reads as documented).
 target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/remote/remote_url.cpp

@@ -13,7 +13,7 @@
 // RemoteGeometry::fingerprint (the C API's and Python's fingerprint). No RemoteTier object can
 // exist in this build (its constructor is private and open() throws), so its members, which must
 // be defined for its vtable and exports, are unreachable and abort if that invariant ever broke.
-// Tested by remote_absent_test, which links the rest of the library with this file.
+// Tested by remote_absent_tests, which links the rest of the library with this file.
 #include <cstdio>
 #include <cstdlib>
 #include <string>

@@ -3,7 +3,8 @@
 python3-prometheus-client) and checks it against Prometheus' naming conventions, as
 `promtool check metrics` does for the rules that apply here. Prints the samples as one JSON
 object {"samples": [[name, {labels}, value], ...]} and exits 0, or prints the problems on stderr
-and exits 1. Used by tests/cli/monitor_test.cpp on what `kvoffload exporter` serves.
+and exits 1. Used by tests/cli/monitor/exporter_test.cpp and pool_monitor_test.cpp on what
+`kvoffload exporter` serves.
 
 usage: check_prometheus.py FILE
 """

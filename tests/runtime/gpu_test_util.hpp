@@ -1,5 +1,5 @@
 #pragma once
-// Helpers of the GPU runtime's suites (gpu_runtime_test, sim_device_test): host buffers, a flag
+// Helpers of the GPU runtime's suites (runtime_tests, runtime_gpu_tests): host buffers, a flag
 // gate that holds streams, a one-tensor KV rig, and job submission shorthands.
 #include <chrono>
 #include <cstdint>
