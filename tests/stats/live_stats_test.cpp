@@ -1,4 +1,4 @@
-// The live statistics page (Note [Live stats] in core/src/region/live_page.hpp): every writer's
+// The live statistics page (Note [Live stats] in core/src/live/live_page.hpp): every writer's
 // counters for a scripted sequence of operations, read back exactly through the reader that
 // `region list`, `top` and the exporter use; a reader in another process; no lock taken by a
 // reader (the last process out still unlinks); a writer killed mid-write reported, not waited for.
@@ -27,8 +27,8 @@
 #include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
+#include "live/live_page.hpp"
 #include "region/header.hpp"
-#include "region/live_page.hpp"
 #include "runtime/fault_runtime.hpp"
 #include "test_env.hpp"
 

@@ -242,7 +242,7 @@ class KVOFFLOAD_API Manager {
   void set_ready_chunks(std::uint64_t n);
 
   // From now on, mirror occupancy and statistics into `region`'s live statistics page (Note [Live
-  // stats] in core/src/region/live_page.hpp) after every call that changes them: a few relaxed
+  // stats] in core/src/live/live_page.hpp) after every call that changes them: a few relaxed
   // stores per call, no lock. Other processes read it (`kvoffload region list`, `top`, the
   // exporter). The region's close() stops it. The region must have num_chunks() chunks
   // (kInvalidArgument otherwise); OffloadStack::build does this for its manager.

@@ -31,7 +31,7 @@ namespace kvoffload {
 
 struct Syscalls;  // kvoffload/syscalls.hpp: the test seam for every system call this layer makes
 namespace detail {
-struct LivePage;  // core/src/region/live_page.hpp (Note [Live stats])
+struct LivePage;  // core/src/live/live_page.hpp (Note [Live stats])
 }
 
 enum class RegionRole { kCreator, kJoiner };
@@ -161,7 +161,7 @@ class KVOFFLOAD_API Region {
   // Rows ready on every rank: the minimum of the ranks' ready prefixes. Never blocks.
   [[nodiscard]] std::uint64_t chunks_ready_on_all_ranks() const;
 
-  // The region's live statistics page (Note [Live stats] in core/src/region/live_page.hpp), where
+  // The region's live statistics page (Note [Live stats] in core/src/live/live_page.hpp), where
   // Manager::publish_live_stats, TieredStore::publish_live_stats and the TransferEngine write;
   // nullptr once closed. Read it with read_live_stats() (kvoffload/live_stats.hpp).
   [[nodiscard]] detail::LivePage* live_page() const noexcept;

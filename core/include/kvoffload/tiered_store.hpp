@@ -122,7 +122,7 @@ class KVOFFLOAD_API TieredStore {
 
   // From now on, mirror the per-tier counters (lookups, present, pending, promoted, offloaded and
   // their failures) into `region`'s live statistics page (Note [Live stats] in
-  // core/src/region/live_page.hpp); the first 8 tiers are published. The region's close() stops
+  // core/src/live/live_page.hpp); the first 8 tiers are published. The region's close() stops
   // it. OffloadStack::build does this for its store.
   void publish_live_stats(Region& region);
 

@@ -34,10 +34,10 @@
 #include <kvoffload/manager.hpp>
 #include <kvoffload/region.hpp>
 
+#include "live/live_page.hpp"
 #include "manager/key_table.hpp"
 #include "manager/slot_pool.hpp"
 #include "manager/threshold_tracker.hpp"
-#include "region/live_page.hpp"
 
 namespace kvoffload {
 
@@ -532,7 +532,7 @@ class ManagerImpl {
 
   void reset_stats() noexcept { stats_ = ManagerStats{}; }
 
-  // ---- live statistics (Note [Live stats] in core/src/region/live_page.hpp) ----
+  // ---- live statistics (Note [Live stats] in core/src/live/live_page.hpp) ----
   // What an operation changed, so it stores only those fields.
   enum LiveGroup : unsigned {
     kLiveLookups = 1U,    // lookup counters

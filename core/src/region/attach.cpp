@@ -22,7 +22,7 @@
 #include "region/owners.hpp"
 #include "region/ownership.hpp"
 #include "region/region_internal.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
 #include "util/clock.hpp"
 
 // Note [Region lifetime]

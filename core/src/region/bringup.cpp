@@ -12,8 +12,8 @@
 #include <kvoffload/region.hpp>
 #include <kvoffload/syscalls.hpp>
 
+#include "live/live_page.hpp"
 #include "region/header.hpp"
-#include "region/live_page.hpp"
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
 

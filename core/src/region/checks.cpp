@@ -16,7 +16,7 @@
 
 #include "region/header.hpp"
 #include "region/region_internal.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
 
 namespace kvoffload {
 

@@ -24,7 +24,7 @@
 #include "region/ownership.hpp"
 #include "region/proc_locks.hpp"
 #include "region/region_internal.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
 
 namespace kvoffload {
 namespace {

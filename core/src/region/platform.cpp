@@ -14,7 +14,7 @@
 #include <kvoffload/syscalls.hpp>
 
 #include "region/populate.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
 
 namespace kvoffload::platform {
 namespace {

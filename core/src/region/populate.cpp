@@ -16,7 +16,7 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
 
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
 
 namespace kvoffload::detail {
 namespace {

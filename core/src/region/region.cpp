@@ -15,12 +15,12 @@
 #include <kvoffload/region.hpp>
 #include <kvoffload/syscalls.hpp>
 
+#include "live/live_page.hpp"
 #include "region/header.hpp"
-#include "region/live_page.hpp"
 #include "region/owners.hpp"
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
 #include "util/clock.hpp"
 
 namespace kvoffload {

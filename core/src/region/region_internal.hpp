@@ -22,7 +22,7 @@
 #include <kvoffload/syscalls.hpp>
 
 #include "region/header.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
 
 namespace kvoffload::detail {
 

@@ -11,10 +11,10 @@
 #include <kvoffload/live_stats.hpp>
 #include <kvoffload/syscalls.hpp>
 
+#include "live/live_page.hpp"
 #include "region/header.hpp"
 #include "region/listing.hpp"
-#include "region/live_page.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
 
 namespace kvoffload {
 namespace {

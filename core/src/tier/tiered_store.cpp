@@ -9,7 +9,7 @@
 #include <kvoffload/region.hpp>
 #include <kvoffload/tiered_store.hpp>
 
-#include "region/live_page.hpp"
+#include "live/live_page.hpp"
 #include "util/rate_limited_log.hpp"
 
 namespace kvoffload {

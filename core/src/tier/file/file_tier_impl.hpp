@@ -25,7 +25,7 @@
 #include <kvoffload/file_tier.hpp>
 #include <kvoffload/syscalls.hpp>
 
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
 #include "tier/file/direct_io.hpp"
 #include "tier/file/file_record.hpp"
 #include "tier/file/io_pool.hpp"

@@ -1,4 +1,4 @@
-#include "region/live_page.hpp"
+#include "live/live_page.hpp"
 
 #include <algorithm>
 #include <chrono>
