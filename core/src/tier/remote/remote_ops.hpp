@@ -15,7 +15,7 @@
 #include <kvoffload/log.hpp>
 #include <kvoffload/remote_tier.hpp>
 
-#include "remote_value.hpp"
+#include "tier/remote/remote_value.hpp"
 
 namespace kvoffload::detail {
 

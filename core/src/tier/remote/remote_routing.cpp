@@ -8,7 +8,7 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/log.hpp>
 
-#include "remote_tier_impl.hpp"
+#include "tier/remote/remote_tier_impl.hpp"
 
 namespace kvoffload {
 
