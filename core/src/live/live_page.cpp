@@ -3,6 +3,12 @@
 #include <algorithm>
 #include <chrono>
 
+namespace kvoffload {
+
+LivePageSink::~LivePageSink() = default;
+
+}  // namespace kvoffload
+
 namespace kvoffload::detail {
 
 void format_live_page(std::span<std::byte> area, std::uint32_t world_size) noexcept {

@@ -232,6 +232,22 @@ void Region::add_teardown_hook(std::function<void()> hook) {
   state_->hooks.push_back(std::move(hook));
 }
 
+std::span<std::byte> Region::live_area() const noexcept {
+  if (!is_open()) return {};
+  const RegionGeometry& g = state_->geometry;
+  return {reinterpret_cast<std::byte*>(state_->live),
+          static_cast<std::size_t>(detail::stats_bytes_for(g.page_size(), g.world_size()))};
+}
+std::uint64_t Region::live_num_chunks() const noexcept {
+  return state_ == nullptr ? 0 : state_->geometry.num_chunks();
+}
+std::string Region::live_name() const {
+  return state_ == nullptr ? std::string("the region") : "region " + state_->path.string();
+}
+void Region::on_live_close(std::function<void()> hook) {
+  add_teardown_hook(std::move(hook));
+}
+
 bool Region::close() noexcept {
   if (!is_open()) return true;
   State& s = *state_;
