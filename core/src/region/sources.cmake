@@ -1,5 +1,7 @@
 # The shared host region and the platform layer under it. It lays out the live statistics page
-# (live/) in its file and makes its system calls through the seam (sys/).
+# (live/) in its file, reads it back from outside a running engine (live_read.cpp, the readers of
+# kvoffload/live_stats.hpp: they read the region's header and list the shm dir as the region
+# does), and makes its system calls through the seam (sys/).
 target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/platform.cpp
   ${CMAKE_CURRENT_LIST_DIR}/geometry.cpp
@@ -12,4 +14,5 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/attach.cpp
   ${CMAKE_CURRENT_LIST_DIR}/bringup.cpp
   ${CMAKE_CURRENT_LIST_DIR}/region.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/listing.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/listing.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/live_read.cpp)
