@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the installed package the way an engine author uses it:
-#   1. `cmake --install <build> --prefix <temp>` and the expected files are there;
+#   1. `cmake --install <build> --prefix <temp>` and the expected files are there, and no test seam
+#      or internal header (tools/ci/check-installed-headers.sh);
 #   2. examples/ (C++ and C) configured with find_package(kvoffload) against that prefix, built, run;
 #   3. a C program built with `pkg-config --cflags --libs kvoffload` only, run;
 #   4. the installed `kvoffload` program runs;
@@ -43,6 +44,8 @@ for f in include/kvoffload/kvoffload.h include/kvoffload/region.hpp include/kvof
          "$libdir/pkgconfig/kvoffload.pc" bin/kvoffload; do
   [[ -e $prefix/$f ]] || die "missing from the install: $f"
 done
+step "the installed headers are the public API only (tools/ci/check-installed-headers.sh)"
+"$src/tools/ci/check-installed-headers.sh" "$prefix/include" || die "a test seam or internal header is installed"
 
 # An installed CUDA module carries its runtime: it must load beside a torch built for another
 # CUDA runtime, on a system path without this toolkit's libcudart (issue 25).

@@ -16,8 +16,8 @@ import sys
 # wing: (directories under core/src, public headers it owns, wings it may include)
 BASE = "base"
 WINGS = {
-    BASE: (["util"], ["error.hpp", "error_codes.h", "export.h", "log.hpp", "version.hpp"], []),
-    "sys": (["sys"], ["syscalls.hpp"], [BASE]),
+    BASE: (["util"], ["error.hpp", "error_codes.h", "export.h", "version.hpp"], []),
+    "sys": (["sys"], [], [BASE]),
     "live": (["live"], ["live_page.hpp"], [BASE]),
     "key": (["key"], ["block_key.hpp", "hash.hpp"], [BASE]),
     "region": (["region"], ["region.hpp", "geometry.hpp", "platform.hpp", "live_stats.hpp"],

@@ -30,10 +30,8 @@
 
 namespace kvoffload {
 
-struct Syscalls;  // kvoffload/syscalls.hpp: the test seam for every system call this layer makes
-namespace detail {
-struct LivePage;  // core/src/live/live_page.hpp (Note [Live stats])
-}
+struct Syscalls;  // core/src/sys/syscalls.hpp: the test seam (internal) for every system call made
+                  // here
 
 enum class RegionRole { kCreator, kJoiner };
 enum class PopulateMethod { kMadvise, kFallback, kNone };
@@ -163,17 +161,15 @@ class KVOFFLOAD_API Region : public LivePageSink {
   // Rows ready on every rank: the minimum of the ranks' ready prefixes. Never blocks.
   [[nodiscard]] std::uint64_t chunks_ready_on_all_ranks() const;
 
-  // The region's live statistics page (Note [Live stats] in core/src/live/live_page.hpp), where
-  // Manager::publish_live_stats, TieredStore::publish_live_stats and the TransferEngine write;
-  // nullptr once closed. Read it with read_live_stats() (kvoffload/live_stats.hpp).
-  [[nodiscard]] detail::LivePage* live_page() const noexcept;
-
   // Runs `hook` at close() before munmap, in reverse order of registration. The transfer engine
   // uses it to unregister host memory (teardown order: unregister, munmap, close).
   void add_teardown_hook(std::function<void()> hook);
 
-  // The live statistics page as a sink (kvoffload/live_page.hpp): the page's bytes (empty once
-  // closed), num_chunks of the geometry, "region <path>", and add_teardown_hook.
+  // The region's live statistics page (Note [Live stats] in core/src/live/live_page.hpp) as a
+  // sink (kvoffload/live_page.hpp), where Manager::publish_live_stats,
+  // TieredStore::publish_live_stats and the TransferEngine write: the page's bytes (empty once
+  // closed), num_chunks of the geometry, "region <path>", and add_teardown_hook. Read it with
+  // read_live_stats() (kvoffload/live_stats.hpp).
   [[nodiscard]] std::span<std::byte> live_area() const noexcept override;
   [[nodiscard]] std::uint64_t live_num_chunks() const noexcept override;
   [[nodiscard]] std::string live_name() const override;

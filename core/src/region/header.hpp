@@ -9,7 +9,8 @@
 #include <string_view>
 
 #include <kvoffload/geometry.hpp>
-#include <kvoffload/syscalls.hpp>
+
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::detail {
 

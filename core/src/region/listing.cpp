@@ -15,9 +15,7 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/geometry.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "region/header.hpp"
 #include "region/owners.hpp"
@@ -25,6 +23,8 @@
 #include "region/proc_locks.hpp"
 #include "region/region_internal.hpp"
 #include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 namespace {

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "region/header.hpp"
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::detail {
 

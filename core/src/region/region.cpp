@@ -10,10 +10,8 @@
 #include <utility>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/platform.hpp>
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "live/live_page.hpp"
 #include "region/header.hpp"
@@ -21,7 +19,9 @@
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
 #include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
 #include "util/clock.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 
@@ -197,9 +197,6 @@ bool Region::is_open() const noexcept {
 }
 std::byte* Region::data() const noexcept {
   return is_open() ? state_->data : nullptr;
-}
-detail::LivePage* Region::live_page() const noexcept {
-  return is_open() ? state_->live : nullptr;
 }
 
 std::span<std::byte> Region::slot(std::uint64_t chunk, std::uint32_t rank) const {

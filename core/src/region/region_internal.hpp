@@ -19,10 +19,10 @@
 #include <vector>
 
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "region/header.hpp"
 #include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::detail {
 

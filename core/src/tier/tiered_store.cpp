@@ -6,11 +6,11 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/live_page.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/region.hpp>
 #include <kvoffload/tiered_store.hpp>
 
 #include "live/live_page.hpp"
+#include "util/log.hpp"
 #include "util/rate_limited_log.hpp"
 
 namespace kvoffload {
