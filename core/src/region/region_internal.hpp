@@ -20,6 +20,7 @@
 
 #include <kvoffload/region.hpp>
 
+#include "live/live_page.hpp"
 #include "region/header.hpp"
 #include "sys/sys.hpp"
 #include "sys/syscalls.hpp"
