@@ -3,7 +3,7 @@
 # when the installed include directory carries a test seam or an internal header (the system-call
 # table, the stack's InitHooks, the fault-injecting runtime, the tests' fault tables, the logger,
 # anything under a detail/ folder) or a header that includes spdlog (no part of the public API).
-#   tools/ci/check-installed-headers.sh PREFIX/include   (tools/check-install.sh runs it)
+#   tools/ci/check-installed-headers.sh PREFIX/include   (tools/ci/check-install.sh runs it)
 set -euo pipefail
 inc=${1:?usage: check-installed-headers.sh INCLUDE_DIR}
 [[ -d $inc/kvoffload ]] || { echo "check-installed-headers: no kvoffload/ under $inc" >&2; exit 2; }

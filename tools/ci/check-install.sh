@@ -6,11 +6,11 @@
 #   3. a C program built with `pkg-config --cflags --libs kvoffload` only, run;
 #   4. the installed `kvoffload` program runs;
 #   5. `import kvoffload` from the installed Python package (not the build tree).
-# Usage: tools/check-install.sh [BUILD_DIR]   (default build/cpu; it must be built already)
+# Usage: tools/ci/check-install.sh [BUILD_DIR]   (default build/cpu; it must be built already)
 # Env:   KVOFFLOAD_EXAMPLE_BACKEND (default auto), KEEP=1 keeps the temp dir for inspection.
 # Fails loudly: the first failing step prints what failed and exits non-zero.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 src=$PWD
 build=${1:-build/cpu}
 backend=${KVOFFLOAD_EXAMPLE_BACKEND:-auto}
