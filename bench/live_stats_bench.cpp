@@ -28,7 +28,7 @@
 #include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
-#include "region/live_page.hpp"
+#include "live/live_page.hpp"
 
 namespace {
 

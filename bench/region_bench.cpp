@@ -36,7 +36,8 @@
 #include <benchmark/benchmark.h>
 
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
+
+#include "sys/syscalls.hpp"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older libc headers lack it

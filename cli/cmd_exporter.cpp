@@ -24,13 +24,13 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/live_stats.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/node_pool.hpp>
 
 #include "cli.hpp"
 #include "monitor/connection_reaper.hpp"
 #include "monitor/listen_address.hpp"
 #include "monitor/prometheus.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::cli {
 namespace {

@@ -7,7 +7,8 @@
 #include <cstdio>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
+
+#include "util/log.hpp"
 
 namespace kvoffload::cli {
 

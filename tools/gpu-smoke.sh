@@ -207,7 +207,7 @@ else
   say "gpu tests FAILED (ctest.log)"
   status=1
 fi
-if cases=$(/usr/bin/python3 tools/gpu_cases.py --backend "$backend" "$out/ctest.log"); then
+if cases=$(/usr/bin/python3 tools/ci/gpu_cases.py --backend "$backend" "$out/ctest.log"); then
   say "gpu cases run: ${cases//$'\n'/; }"
 else
   say "gpu cases run: ${cases//$'\n'/; } (FAILED: a GPU suite ran no GPU case)"
@@ -227,7 +227,7 @@ if [[ $backend == cuda ]]; then
   elif "$sanitizer" --tool memcheck --error-exitcode 1 \
     "$build/tests/runtime/runtime_gpu_tests" --gtest_filter='*Kernel*:*Paths*:*Ring*' >"$out/memcheck.log" 2>&1; then
     # Clean only counts when its cases ran: cases that all skipped are clean and checked nothing.
-    if memcheck_cases=$(/usr/bin/python3 tools/gpu_cases.py --backend cuda --suite memcheck "$out/memcheck.log"); then
+    if memcheck_cases=$(/usr/bin/python3 tools/ci/gpu_cases.py --backend cuda --suite memcheck "$out/memcheck.log"); then
       say "compute-sanitizer memcheck clean on the kernel cases ($memcheck_cases; $sanitizer)"
     else
       say "compute-sanitizer memcheck FAILED: $memcheck_cases (memcheck.log)"

@@ -10,7 +10,7 @@
 #include <set>
 #include <vector>
 
-#include <kvoffload/log.hpp>
+#include "util/log.hpp"
 
 namespace kvoffload::cli {
 namespace {

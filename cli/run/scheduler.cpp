@@ -23,7 +23,6 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/geometry.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/offload_stack.hpp>
 #include <kvoffload/platform.hpp>
 
@@ -32,6 +31,7 @@
 #include "interrupt.hpp"
 #include "progress.hpp"
 #include "ranks.hpp"
+#include "util/log.hpp"
 #include "workload.hpp"
 
 namespace kvoffload::run {

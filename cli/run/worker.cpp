@@ -17,7 +17,6 @@
 
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/node_pool.hpp>
 #include <kvoffload/offload_stack.hpp>
 #include <kvoffload/platform.hpp>
@@ -27,6 +26,7 @@
 #include "channel.hpp"
 #include "kv_pattern.hpp"
 #include "run_config.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::run {
 namespace {

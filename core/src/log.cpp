@@ -1,10 +1,10 @@
+#include "util/log.hpp"
+
 #include <cstdlib>
 #include <memory>
 #include <string>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
-
-#include <kvoffload/log.hpp>
 
 namespace kvoffload {
 namespace {

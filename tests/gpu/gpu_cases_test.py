@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""tools/gpu_cases.py, which makes tools/gpu-smoke.sh fail when a GPU suite ran no GPU case.
+"""tools/ci/gpu_cases.py, which makes tools/gpu-smoke.sh fail when a GPU suite ran no GPU case.
 
-    gpu_cases_test.py path/to/tools/gpu_cases.py
+    gpu_cases_test.py path/to/tools/ci/gpu_cases.py
 """
 import os
 import subprocess

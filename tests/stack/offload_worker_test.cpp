@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/fault_runtime.hpp"
+#include "stack/init_hooks.hpp"
 #include "test_env.hpp"
 #include "tiered_store_test_util.hpp"
 

@@ -13,6 +13,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "stack/init_hooks.hpp"
 #include "tiered_store_test_util.hpp"
 
 namespace kvoffload {

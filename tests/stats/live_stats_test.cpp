@@ -1,4 +1,4 @@
-// The live statistics page (Note [Live stats] in core/src/region/live_page.hpp): every writer's
+// The live statistics page (Note [Live stats] in core/src/live/live_page.hpp): every writer's
 // counters for a scripted sequence of operations, read back exactly through the reader that
 // `region list`, `top` and the exporter use; a reader in another process; no lock taken by a
 // reader (the last process out still unlinks); a writer killed mid-write reported, not waited for.
@@ -27,8 +27,8 @@
 #include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
+#include "live/live_page.hpp"
 #include "region/header.hpp"
-#include "region/live_page.hpp"
 #include "runtime/fault_runtime.hpp"
 #include "test_env.hpp"
 
@@ -94,7 +94,7 @@ TEST(LiveStats, RegionLayoutKeepsTheDataPageAlignedAfterTheStatsArea) {
   Region region = Region::create_or_join(options(dir, unique_id("layout"), 4, std::nullopt, 3));
   const std::size_t page = platform::page_size();
   const auto base = reinterpret_cast<std::uintptr_t>(region.data());
-  const auto live = reinterpret_cast<std::uintptr_t>(region.live_page());
+  const auto live = reinterpret_cast<std::uintptr_t>(detail::live_page_of(region));
   EXPECT_EQ(base % page, 0U);
   EXPECT_EQ(live % page, 0U);
   EXPECT_LT(live, base);
@@ -461,7 +461,7 @@ TEST(LiveStats, ATornBlockIsReportedNotWaitedFor) {
   Manager manager({.num_chunks = 8});
   manager.publish_live_stats(region);
   manager.lookup(keys(0, 3));
-  detail::SchedulerBlock& block = region.live_page()->scheduler;
+  detail::SchedulerBlock& block = detail::live_page_of(region)->scheduler;
   std::atomic_ref(block.seq).fetch_add(1);   // a write that never ended
   const LiveStats s = snapshot_of(dir, id);  // returns (a reader that waited would hang here)
   EXPECT_FALSE(s.consistent);
@@ -539,7 +539,7 @@ TEST(LiveStats, ATierCountBeyondTheTiersBlockIsBounded) {
   TempDir dir;
   const std::string id = unique_id("tiers");
   Region region = Region::create_or_join(options(dir, id, 8, std::nullopt));
-  detail::TiersBlock& block = region.live_page()->tiers;
+  detail::TiersBlock& block = detail::live_page_of(region)->tiers;
   for (std::uint32_t t = 0; t < detail::kLiveMaxTiers; ++t) {
     detail::put_tier_name(block.tiers[t], "t" + std::to_string(t));
     block.tiers[t].lookups = t + 1;
@@ -558,7 +558,7 @@ TEST(LiveStats, APageThatDoesNotMatchItsRegionIsReportedNotRead) {
   TempDir dir;
   const std::string id = unique_id("badpage");
   Region region = Region::create_or_join(options(dir, id, 8, std::nullopt));
-  detail::LivePageHeader& h = region.live_page()->header;
+  detail::LivePageHeader& h = detail::live_page_of(region)->header;
   const detail::LivePageHeader good = h;
   auto problem = [&]() -> std::string {
     for (const EngineSnapshot& e : snapshot_engines(dir.path())) {

@@ -1,6 +1,6 @@
 #pragma once
 // The one fault-injecting Syscalls table of the tests (docs/DESIGN.md §11.2), for the region and
-// the file tier alike (both make their system calls through kvoffload/syscalls.hpp). It passes
+// the file tier alike (both make their system calls through core/src/sys/syscalls.hpp). It passes
 // every call to the real system call unless a fault plan says otherwise:
 //   FaultSyscalls sys;
 //   sys.fail(Op::kFallocate, 1, ENOSPC);           // the 1st fallocate fails with ENOSPC
@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include <kvoffload/syscalls.hpp>
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::test {
 

@@ -46,7 +46,6 @@
 namespace kvoffload {
 
 class DeviceRuntime;
-class FaultInjectingRuntime;  // core/src/runtime/fault_runtime.hpp (a test decorator)
 
 // ---- copy batches ----------------------------------------------------------------------------
 
@@ -454,7 +453,84 @@ class KVOFFLOAD_API DeviceRuntime {
   friend class HostRegistration;
   friend class DeviceBuffer;
   friend class HostFlag;
-  friend class FaultInjectingRuntime;  // forwards to another runtime's do_* functions
+  friend class ForwardingRuntime;  // calls another runtime's do_* functions
+};
+
+// A runtime over another one (a decorator: fault injection, tracing). Every function forwards to
+// `inner`, which must outlive it; a subclass overrides what it changes and reaches the inner
+// runtime through ForwardingRuntime's own functions (protected access does not reach another
+// object's do_* functions through a DeviceRuntime&).
+class KVOFFLOAD_API ForwardingRuntime : public DeviceRuntime {
+ public:
+  explicit ForwardingRuntime(DeviceRuntime& inner) noexcept : inner_(inner) {}
+  ~ForwardingRuntime() override;
+
+  [[nodiscard]] std::string_view name() const noexcept override { return inner_.name(); }
+  [[nodiscard]] BackendInfo info() const override { return inner_.info(); }
+  [[nodiscard]] bool supports_kernel_path() const noexcept override {
+    return inner_.supports_kernel_path();
+  }
+  [[nodiscard]] RuntimeCounters counters() const noexcept override { return inner_.counters(); }
+
+ protected:
+  RegistrationRecord do_register_host(void* ptr, std::size_t bytes, std::size_t align) override {
+    return inner_.do_register_host(ptr, bytes, align);
+  }
+  bool do_unregister_host(std::uintptr_t handle) noexcept override {
+    return inner_.do_unregister_host(handle);
+  }
+  std::uintptr_t do_create_stream() override { return inner_.do_create_stream(); }
+  void do_destroy_stream(std::uintptr_t stream) noexcept override {
+    inner_.do_destroy_stream(stream);
+  }
+  std::uintptr_t do_create_event(bool timing) override { return inner_.do_create_event(timing); }
+  void do_destroy_event(std::uintptr_t event) noexcept override { inner_.do_destroy_event(event); }
+  void* do_allocate_device(std::size_t bytes) override { return inner_.do_allocate_device(bytes); }
+  void do_free_device(void* ptr) noexcept override { inner_.do_free_device(ptr); }
+  void do_enqueue_copies(std::uintptr_t stream, std::span<const CopyDescriptor> batch,
+                         CopyKind kind, CopyPath path) override {
+    inner_.do_enqueue_copies(stream, batch, kind, path);
+  }
+  void do_record_event(std::uintptr_t event, std::uintptr_t stream) override {
+    inner_.do_record_event(event, stream);
+  }
+  void do_wait_event(std::uintptr_t stream, std::uintptr_t event) override {
+    inner_.do_wait_event(stream, event);
+  }
+  bool do_query_event(std::uintptr_t event) override { return inner_.do_query_event(event); }
+  void do_synchronize_event(std::uintptr_t event) override { inner_.do_synchronize_event(event); }
+  void do_synchronize_stream(std::uintptr_t stream) override {
+    inner_.do_synchronize_stream(stream);
+  }
+  double do_elapsed_seconds(std::uintptr_t start, std::uintptr_t end) override {
+    return inner_.do_elapsed_seconds(start, end);
+  }
+  void do_launch_host_func(std::uintptr_t stream, void (*fn)(void*), void* arg) override {
+    inner_.do_launch_host_func(stream, fn, arg);
+  }
+  void do_memcpy_sync(void* dst, const void* src, std::size_t bytes) override {
+    inner_.do_memcpy_sync(dst, src, bytes);
+  }
+  void do_memset_sync(void* dst, int value, std::size_t bytes) override {
+    inner_.do_memset_sync(dst, value, bytes);
+  }
+  void do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag,
+                         std::uint32_t value) override {
+    inner_.do_wait_host_flag(stream, flag, value);
+  }
+  void do_free_device_async(void* ptr, std::uintptr_t stream) noexcept override {
+    inner_.do_free_device_async(ptr, stream);
+  }
+  std::uint32_t* do_create_host_flag() override { return inner_.do_create_host_flag(); }
+  void do_destroy_host_flag(std::uint32_t* flag) noexcept override {
+    inner_.do_destroy_host_flag(flag);
+  }
+  bool do_stream_capturing(std::uintptr_t stream) override {
+    return inner_.do_stream_capturing(stream);
+  }
+
+ private:
+  DeviceRuntime& inner_;
 };
 
 }  // namespace kvoffload

@@ -43,7 +43,7 @@
 
 namespace kvoffload {
 
-struct Syscalls;  // kvoffload/syscalls.hpp
+struct Syscalls;  // core/src/sys/syscalls.hpp
 
 enum class FsyncPolicy : std::uint8_t { kNone, kData, kFull };
 enum class DirectIoMode : std::uint8_t { kAuto, kBuffered };
@@ -65,7 +65,7 @@ struct FileTierOptions {
   // that did not succeed, as vLLM's tiering does with a failed promotion's primary slots.
   bool verify_in_destination = false;
   std::string name = "file";  // for logs and stats
-  // The system calls the tier makes (kvoffload/syscalls.hpp, the seam the region uses too):
+  // The system calls the tier makes (core/src/sys/syscalls.hpp, the seam the region uses too):
   // tests pass a table that fails chosen calls. nullptr: the real calls. A table given here must
   // outlive the tier and be safe to call from its I/O threads.
   const Syscalls* syscalls = nullptr;

@@ -8,6 +8,7 @@
 //   hash_128_to_64  BlockKey::hash(), for in-process hash tables only.
 // tests/manager/hash_test.cpp pins each one to known values.
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -53,15 +54,10 @@ struct Hash128 {
   std::uint64_t lo = 0;
 };
 
-namespace detail {
-constexpr std::uint64_t rotl64(std::uint64_t x, int r) noexcept {
-  return (x << r) | (x >> (64 - r));
-}
 // MurmurHash3's 64-bit finaliser (fmix64).
 constexpr std::uint64_t murmur3_fmix64(std::uint64_t k) noexcept {
   return xorshift_multiply<33, 0xff51afd7ed558ccdULL, 33, 0xc4ceb9fe1a85ec53ULL, 33>(k);
 }
-}  // namespace detail
 
 // 128-bit hash of `len` bytes: MurmurHash3_x64_128's block mixing and finalisation (little-endian
 // blocks), with fixed starting words instead of a seed, the tail zero-padded into one last block
@@ -77,17 +73,17 @@ inline Hash128 hash_bytes_128(const void* bytes, std::size_t len) noexcept {
   std::uint64_t h2 = 0xC2B2AE3D27D4EB4FULL;
   const auto mix = [&](std::uint64_t k1, std::uint64_t k2) {
     k1 *= c1;
-    k1 = detail::rotl64(k1, 31);
+    k1 = std::rotl(k1, 31);
     k1 *= c2;
     h1 ^= k1;
-    h1 = detail::rotl64(h1, 27);
+    h1 = std::rotl(h1, 27);
     h1 += h2;
     h1 = h1 * 5 + 0x52dce729;
     k2 *= c2;
-    k2 = detail::rotl64(k2, 33);
+    k2 = std::rotl(k2, 33);
     k2 *= c1;
     h2 ^= k2;
-    h2 = detail::rotl64(h2, 31);
+    h2 = std::rotl(h2, 31);
     h2 += h1;
     h2 = h2 * 5 + 0x38495ab5;
   };
@@ -112,8 +108,8 @@ inline Hash128 hash_bytes_128(const void* bytes, std::size_t len) noexcept {
   h2 ^= len;
   h1 += h2;
   h2 += h1;
-  h1 = detail::murmur3_fmix64(h1);
-  h2 = detail::murmur3_fmix64(h2);
+  h1 = murmur3_fmix64(h1);
+  h2 = murmur3_fmix64(h2);
   h1 += h2;
   h2 += h1;
   return {h1, h2};

@@ -1,7 +1,7 @@
 #pragma once
 // Live state of the engines on a node, read from outside without disturbing them.
 //
-// Every region carries a live statistics page (Note [Live stats] in core/src/region/live_page.hpp):
+// Every region carries a live statistics page (Note [Live stats] in core/src/live/live_page.hpp):
 // the scheduler's Manager and TieredStore and each rank's TransferEngine and bring-up keep it
 // current with a few relaxed stores per operation. Any process that can open the region file can
 // read it: snapshot_engines() lists the regions of a shm dir as list_regions() does (no lock, no

@@ -45,7 +45,7 @@
 
 namespace kvoffload {
 
-class Region;
+class LivePageSink;  // kvoffload/live_page.hpp (a Region is one)
 
 namespace detail {
 class ManagerImpl;
@@ -241,12 +241,13 @@ class KVOFFLOAD_API Manager {
   [[nodiscard]] std::uint32_t ready_chunks() const noexcept;
   void set_ready_chunks(std::uint64_t n);
 
-  // From now on, mirror occupancy and statistics into `region`'s live statistics page (Note [Live
-  // stats] in core/src/region/live_page.hpp) after every call that changes them: a few relaxed
-  // stores per call, no lock. Other processes read it (`kvoffload region list`, `top`, the
-  // exporter). The region's close() stops it. The region must have num_chunks() chunks
-  // (kInvalidArgument otherwise); OffloadStack::build does this for its manager.
-  void publish_live_stats(Region& region);
+  // From now on, mirror occupancy and statistics into `page` (a region's live statistics page:
+  // Note [Live stats] in core/src/live/live_page.hpp) after every call that changes them: a few
+  // relaxed stores per call, no lock. Other processes read it (`kvoffload region list`, `top`, the
+  // exporter). The page's close (the region's close()) stops it. The page must describe
+  // num_chunks() chunks (kInvalidArgument otherwise); OffloadStack::build does this for its
+  // manager with its region.
+  void publish_live_stats(LivePageSink& page);
 
  private:
   std::unique_ptr<detail::ManagerImpl> impl_;

@@ -11,8 +11,9 @@
 // exists, so a bad tier root or capacity never creates a region. When a step throws, what was
 // built is released in reverse order (tiers closed, manager dropped, region closed: the last
 // process out unlinks the file) and the ORIGINAL exception is rethrown unchanged; a failure while
-// releasing is logged and never replaces it. Every step goes through InitHooks, so a test can fail
-// any step (before_step) or substitute a factory that fails inside it.
+// releasing is logged and never replaces it. Every step goes through InitHooks (internal:
+// core/src/stack/init_hooks.hpp), so a test can fail any step (before_step) or substitute a
+// factory that fails inside it.
 
 #include <cstddef>
 #include <functional>
@@ -48,19 +49,10 @@ enum class InitStep : std::uint8_t {
 };
 KVOFFLOAD_API std::string_view to_string(InitStep step) noexcept;
 
-struct InitHooks {
-  // Called before each step; throwing from it fails that step (tests).
-  std::function<void(InitStep step, std::size_t index)> before_step;
-  // Factories; empty: the real ones (Region::create_or_join, FileTier::open, make_runtime).
-  std::function<Region(const RegionOptions&)> make_region;
-  std::function<std::unique_ptr<SecondaryTier>(const FileTierOptions&)> make_file_tier;
-  std::function<std::unique_ptr<SecondaryTier>(const RemoteTierOptions&)> make_remote_tier;
-  std::function<std::unique_ptr<DeviceRuntime>(std::string_view, const RuntimeOptions&)>
-      make_runtime;
-  // Called by close() right after each resource is released (also on a failed build), so tests
-  // can record the release order. Kept by the built object; must not throw.
-  std::function<void(InitStep step, std::size_t index)> after_release;
-};
+// The test seam of Note [Initialisation failures]: a hook before each step, substitute factories,
+// a hook after each release. Internal (core/src/stack/init_hooks.hpp); an engine calls build()
+// without it.
+struct InitHooks;
 
 struct StackConfig {
   RegionOptions region;                     // the scheduler maps it unranked (rank = nullopt)
@@ -76,8 +68,9 @@ KVOFFLOAD_API void validate(const StackConfig& config);
 
 class KVOFFLOAD_API OffloadStack {
  public:
-  static std::unique_ptr<OffloadStack> build(const StackConfig& config,
-                                             const InitHooks& hooks = {});
+  static std::unique_ptr<OffloadStack> build(const StackConfig& config);
+  // The same, each step through `hooks` (tests).
+  static std::unique_ptr<OffloadStack> build(const StackConfig& config, const InitHooks& hooks);
   ~OffloadStack();
   OffloadStack(const OffloadStack&) = delete;
   OffloadStack& operator=(const OffloadStack&) = delete;
@@ -150,8 +143,9 @@ class KVOFFLOAD_API OffloadWorker {
   // Blocking bring-up: returns with the pool up and registered (or throws, having released
   // everything). Background: returns once the region is mapped; the pieces come up, are
   // registered and told to the engine while the rank serves (region().bringup_status()).
-  static std::unique_ptr<OffloadWorker> build(const WorkerConfig& config,
-                                              const InitHooks& hooks = {});
+  static std::unique_ptr<OffloadWorker> build(const WorkerConfig& config);
+  // The same, each step through `hooks` (tests).
+  static std::unique_ptr<OffloadWorker> build(const WorkerConfig& config, const InitHooks& hooks);
   ~OffloadWorker();
   OffloadWorker(const OffloadWorker&) = delete;
   OffloadWorker& operator=(const OffloadWorker&) = delete;

@@ -26,13 +26,12 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/export.h>
 #include <kvoffload/geometry.hpp>
+#include <kvoffload/live_page.hpp>
 
 namespace kvoffload {
 
-struct Syscalls;  // kvoffload/syscalls.hpp: the test seam for every system call this layer makes
-namespace detail {
-struct LivePage;  // core/src/region/live_page.hpp (Note [Live stats])
-}
+struct Syscalls;  // core/src/sys/syscalls.hpp: the test seam (internal) for every system call made
+                  // here
 
 enum class RegionRole { kCreator, kJoiner };
 enum class PopulateMethod { kMadvise, kFallback, kNone };
@@ -116,8 +115,9 @@ struct PopulateReport {
 
 // One process's attachment to the region. Move-only; not synchronised: close() and the
 // destructor must not race other calls on the same object (distinct Region objects, in one
-// process or many, are independent attachments with their own lock).
-class KVOFFLOAD_API Region {
+// process or many, are independent attachments with their own lock). It carries the live
+// statistics page its writers publish to (LivePageSink, kvoffload/live_page.hpp).
+class KVOFFLOAD_API Region : public LivePageSink {
  public:
   // Creates the region, or joins it when another process created it (or is creating it), and
   // takes this mapper's role: its rank slot, or (unranked) the scheduler role. A role has one
@@ -130,7 +130,7 @@ class KVOFFLOAD_API Region {
   Region& operator=(Region&& other) noexcept;
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
-  ~Region();
+  ~Region() override;
 
   [[nodiscard]] const RegionGeometry& geometry() const noexcept;
   [[nodiscard]] RegionRole role() const noexcept;
@@ -161,14 +161,19 @@ class KVOFFLOAD_API Region {
   // Rows ready on every rank: the minimum of the ranks' ready prefixes. Never blocks.
   [[nodiscard]] std::uint64_t chunks_ready_on_all_ranks() const;
 
-  // The region's live statistics page (Note [Live stats] in core/src/region/live_page.hpp), where
-  // Manager::publish_live_stats, TieredStore::publish_live_stats and the TransferEngine write;
-  // nullptr once closed. Read it with read_live_stats() (kvoffload/live_stats.hpp).
-  [[nodiscard]] detail::LivePage* live_page() const noexcept;
-
   // Runs `hook` at close() before munmap, in reverse order of registration. The transfer engine
   // uses it to unregister host memory (teardown order: unregister, munmap, close).
   void add_teardown_hook(std::function<void()> hook);
+
+  // The region's live statistics page (Note [Live stats] in core/src/live/live_page.hpp) as a
+  // sink (kvoffload/live_page.hpp), where Manager::publish_live_stats,
+  // TieredStore::publish_live_stats and the TransferEngine write: the page's bytes (empty once
+  // closed), num_chunks of the geometry, "region <path>", and add_teardown_hook. Read it with
+  // read_live_stats() (kvoffload/live_stats.hpp).
+  [[nodiscard]] std::span<std::byte> live_area() const noexcept override;
+  [[nodiscard]] std::uint64_t live_num_chunks() const noexcept override;
+  [[nodiscard]] std::string live_name() const override;
+  void on_live_close(std::function<void()> hook) override;
 
   // Detaches: stops and joins a background bring-up, hooks, munmap, releases the shared lock,
   // close; the last process out unlinks the file (only if the path still names our inode).

@@ -37,6 +37,7 @@ class RateLimitedLog;
 }
 
 class Region;
+class LivePageSink;  // kvoffload/live_page.hpp
 
 // The chunk rows of the primary tier as a tier sees them: row(slot) is the first row_bytes bytes
 // (all copies, without the page padding) of the slot's row.
@@ -121,10 +122,10 @@ class KVOFFLOAD_API TieredStore {
   [[nodiscard]] std::span<SecondaryTier* const> tiers() const noexcept { return tiers_; }
 
   // From now on, mirror the per-tier counters (lookups, present, pending, promoted, offloaded and
-  // their failures) into `region`'s live statistics page (Note [Live stats] in
-  // core/src/region/live_page.hpp); the first 8 tiers are published. The region's close() stops
-  // it. OffloadStack::build does this for its store.
-  void publish_live_stats(Region& region);
+  // their failures) into `page` (a region's live statistics page: Note [Live stats] in
+  // core/src/live/live_page.hpp); the first 8 tiers are published. The page's close (the
+  // region's close()) stops it. OffloadStack::build does this for its store with its region.
+  void publish_live_stats(LivePageSink& page);
 
  private:
   struct Offload {

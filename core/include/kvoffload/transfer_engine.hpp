@@ -89,7 +89,7 @@ struct EngineOptions {
   PathPolicy store_policy{};
   PathPolicy load_policy{};
   // Engines built on a Region: mirror this rank's job counts, bytes and copy time into the
-  // region's live statistics page (Note [Live stats] in core/src/region/live_page.hpp), a few
+  // region's live statistics page (Note [Live stats] in core/src/live/live_page.hpp), a few
   // relaxed stores per submitted and per finished job.
   bool live_stats = true;
   // Measure each job's copy time (JobResult::seconds, the live page's copy time): two timing

@@ -31,13 +31,13 @@
 #include <utility>
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/live_page.hpp>
 #include <kvoffload/manager.hpp>
-#include <kvoffload/region.hpp>
 
+#include "live/live_page.hpp"
 #include "manager/key_table.hpp"
 #include "manager/slot_pool.hpp"
 #include "manager/threshold_tracker.hpp"
-#include "region/live_page.hpp"
 
 namespace kvoffload {
 
@@ -532,7 +532,7 @@ class ManagerImpl {
 
   void reset_stats() noexcept { stats_ = ManagerStats{}; }
 
-  // ---- live statistics (Note [Live stats] in core/src/region/live_page.hpp) ----
+  // ---- live statistics (Note [Live stats] in core/src/live/live_page.hpp) ----
   // What an operation changed, so it stores only those fields.
   enum LiveGroup : unsigned {
     kLiveLookups = 1U,    // lookup counters
@@ -561,17 +561,18 @@ class ManagerImpl {
   ManagerImpl(const ManagerImpl&) = delete;
   ManagerImpl& operator=(const ManagerImpl&) = delete;
 
-  void attach_live(Region& region) {
-    detail::LivePage* page = region.live_page();
-    if (page == nullptr) throw Error(ErrorCode::kState, "publish_live_stats: the region is closed");
-    if (region.geometry().num_chunks() != n_) {
-      throw_invalid("publish_live_stats: the manager has " + std::to_string(n_) +
-                    " chunks but region " + region.path().string() + " has " +
-                    std::to_string(region.geometry().num_chunks()));
+  void attach_live(LivePageSink& sink) {
+    detail::LivePage* page = detail::live_page_of(sink);
+    if (page == nullptr) {
+      throw Error(ErrorCode::kState, "publish_live_stats: " + sink.live_name() + " is closed");
+    }
+    if (sink.live_num_chunks() != n_) {
+      throw_invalid("publish_live_stats: the manager has " + std::to_string(n_) + " chunks but " +
+                    sink.live_name() + " has " + std::to_string(sink.live_num_chunks()));
     }
     auto link = std::make_shared<LiveLink>();
     link->block = &page->scheduler;
-    region.add_teardown_hook([weak = std::weak_ptr<LiveLink>(link)] {
+    sink.on_live_close([weak = std::weak_ptr<LiveLink>(link)] {
       if (auto l = weak.lock()) l->detach();
     });
     if (live_) live_->detach();  // attached elsewhere before
@@ -847,8 +848,8 @@ void Manager::set_ready_chunks(std::uint64_t n) {
   impl_->set_ready_chunks(n);
   impl_->publish(detail::ManagerImpl::kLiveOccupancy);
 }
-void Manager::publish_live_stats(Region& region) {
-  impl_->attach_live(region);
+void Manager::publish_live_stats(LivePageSink& page) {
+  impl_->attach_live(page);
 }
 
 }  // namespace kvoffload

@@ -14,16 +14,16 @@
 #include <utility>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "region/header.hpp"
 #include "region/owners.hpp"
 #include "region/ownership.hpp"
 #include "region/region_internal.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
 #include "util/clock.hpp"
+#include "util/log.hpp"
 
 // Note [Region lifetime]
 // ~~~~~~~~~~~~~~~~~~~~~~

@@ -8,14 +8,14 @@
 #include <string>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
+#include "live/live_page.hpp"
 #include "region/header.hpp"
-#include "region/live_page.hpp"
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
+#include "sys/syscalls.hpp"
+#include "util/log.hpp"
 
 // Note [Progressive bring-up]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

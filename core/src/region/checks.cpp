@@ -12,11 +12,11 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/platform.hpp>
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "region/header.hpp"
 #include "region/region_internal.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
 
 namespace kvoffload {
 

@@ -9,8 +9,8 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/hash.hpp>
 
-#include "region/live_page.hpp"
-#include "region/sys.hpp"
+#include "live/live_page.hpp"
+#include "sys/sys.hpp"
 
 namespace kvoffload::detail {
 

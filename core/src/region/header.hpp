@@ -9,14 +9,15 @@
 #include <string_view>
 
 #include <kvoffload/geometry.hpp>
-#include <kvoffload/syscalls.hpp>
+
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::detail {
 
 inline constexpr char kRegionMagic[8] = {'K', 'V', 'O', 'F', 'F', 'R', 'G', 'N'};
 // Version 2 added slot_align (Note [Slot alignment] in geometry.hpp); version 3 the owner table
 // (owners_offset, Note [Owners] in owners.hpp) and the live statistics area (stats_offset,
-// stats_bytes; Note [Live stats] in core/src/region/live_page.hpp); version 4 the checksum over
+// stats_bytes; Note [Live stats] in core/src/live/live_page.hpp); version 4 the checksum over
 // the fixed fields (Note [Header checksum]).
 inline constexpr std::uint32_t kRegionVersion = 4;
 

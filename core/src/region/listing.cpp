@@ -15,16 +15,16 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/geometry.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "region/header.hpp"
 #include "region/owners.hpp"
 #include "region/ownership.hpp"
 #include "region/proc_locks.hpp"
 #include "region/region_internal.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 namespace {

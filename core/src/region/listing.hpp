@@ -1,6 +1,6 @@
 #pragma once
 // list_regions with a look inside each region: the live statistics reader
-// (core/src/stats/live_read.cpp) reads each region's page through the descriptor the listing
+// (core/src/region/live_read.cpp) reads each region's page through the descriptor the listing
 // opened (read-only, never locked: Note [Hostile entries], docs/DESIGN.md §3.7).
 
 #include <sys/stat.h>
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "region/header.hpp"
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::detail {
 

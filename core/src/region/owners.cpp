@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "region/proc_locks.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
 
 namespace kvoffload::detail {
 namespace {

@@ -45,9 +45,9 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "region/header.hpp"
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::detail {
 

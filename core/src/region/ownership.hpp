@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include <kvoffload/syscalls.hpp>
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::detail {
 

@@ -11,10 +11,10 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/platform.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "region/populate.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::platform {
 namespace {

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::detail {
 namespace {

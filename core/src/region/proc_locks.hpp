@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include <kvoffload/syscalls.hpp>
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::detail {
 

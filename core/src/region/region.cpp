@@ -10,18 +10,18 @@
 #include <utility>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/platform.hpp>
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
+#include "live/live_page.hpp"
 #include "region/header.hpp"
-#include "region/live_page.hpp"
 #include "region/owners.hpp"
 #include "region/populate.hpp"
 #include "region/region_internal.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
 #include "util/clock.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 
@@ -198,9 +198,6 @@ bool Region::is_open() const noexcept {
 std::byte* Region::data() const noexcept {
   return is_open() ? state_->data : nullptr;
 }
-detail::LivePage* Region::live_page() const noexcept {
-  return is_open() ? state_->live : nullptr;
-}
 
 std::span<std::byte> Region::slot(std::uint64_t chunk, std::uint32_t rank) const {
   if (!is_open()) throw Error(ErrorCode::kState, "slot() on a closed region");
@@ -230,6 +227,22 @@ std::span<std::byte> Region::row(std::uint64_t chunk) const {
 void Region::add_teardown_hook(std::function<void()> hook) {
   if (!is_open()) throw Error(ErrorCode::kState, "add_teardown_hook() on a closed region");
   state_->hooks.push_back(std::move(hook));
+}
+
+std::span<std::byte> Region::live_area() const noexcept {
+  if (!is_open()) return {};
+  const RegionGeometry& g = state_->geometry;
+  return {reinterpret_cast<std::byte*>(state_->live),
+          static_cast<std::size_t>(detail::stats_bytes_for(g.page_size(), g.world_size()))};
+}
+std::uint64_t Region::live_num_chunks() const noexcept {
+  return state_ == nullptr ? 0 : state_->geometry.num_chunks();
+}
+std::string Region::live_name() const {
+  return state_ == nullptr ? std::string("the region") : "region " + state_->path.string();
+}
+void Region::on_live_close(std::function<void()> hook) {
+  add_teardown_hook(std::move(hook));
 }
 
 bool Region::close() noexcept {

@@ -19,10 +19,11 @@
 #include <vector>
 
 #include <kvoffload/region.hpp>
-#include <kvoffload/syscalls.hpp>
 
+#include "live/live_page.hpp"
 #include "region/header.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::detail {
 

@@ -1,7 +1,8 @@
-# The shared host region and the platform layer under it, with the live statistics page it carries
-# (its layout and the sequence lock its writers use; stats/ reads it from outside).
+# The shared host region and the platform layer under it. It lays out the live statistics page
+# (live/) in its file, reads it back from outside a running engine (live_read.cpp, the readers of
+# kvoffload/live_stats.hpp: they read the region's header and list the shm dir as the region
+# does), and makes its system calls through the seam (sys/).
 target_sources(kvoffload_objects PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/syscalls.cpp
   ${CMAKE_CURRENT_LIST_DIR}/platform.cpp
   ${CMAKE_CURRENT_LIST_DIR}/geometry.cpp
   ${CMAKE_CURRENT_LIST_DIR}/header.cpp
@@ -14,4 +15,4 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/bringup.cpp
   ${CMAKE_CURRENT_LIST_DIR}/region.cpp
   ${CMAKE_CURRENT_LIST_DIR}/listing.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/live_page.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/live_read.cpp)

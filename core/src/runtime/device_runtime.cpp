@@ -5,9 +5,9 @@
 
 #include <kvoffload/device_runtime.hpp>
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 
 #include "runtime/backend_factories.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 
@@ -175,6 +175,7 @@ void DeviceBuffer::release_async(StreamView stream) noexcept {
 // ---- DeviceRuntime ----
 
 DeviceRuntime::~DeviceRuntime() = default;
+ForwardingRuntime::~ForwardingRuntime() = default;
 
 void DeviceRuntime::do_free_device_async(void* ptr, std::uintptr_t stream) noexcept {
   try {

@@ -7,7 +7,7 @@
 namespace kvoffload {
 
 FaultInjectingRuntime::FaultInjectingRuntime(DeviceRuntime& inner, FaultPlan plan)
-    : inner_(inner), plan_(std::move(plan)) {}
+    : ForwardingRuntime(inner), plan_(std::move(plan)) {}
 
 void FaultInjectingRuntime::set_plan(const FaultPlan& plan) {
   std::lock_guard lock(mutex_);
@@ -29,7 +29,7 @@ DeviceRuntime::RegistrationRecord FaultInjectingRuntime::do_register_host(void* 
                   "register_host");
     }
   }
-  RegistrationRecord record = inner_.do_register_host(ptr, bytes, align);
+  RegistrationRecord record = ForwardingRuntime::do_register_host(ptr, bytes, align);
   std::function<void(bool, const void*, std::size_t)> observe;
   {
     std::lock_guard lock(mutex_);
@@ -52,7 +52,7 @@ bool FaultInjectingRuntime::do_unregister_host(std::uintptr_t handle) noexcept {
     observe = plan_.on_registration;
   }
   if (observe) observe(false, range.first, range.second);
-  return inner_.do_unregister_host(handle);
+  return ForwardingRuntime::do_unregister_host(handle);
 }
 
 void FaultInjectingRuntime::do_enqueue_copies(std::uintptr_t stream,
@@ -88,7 +88,7 @@ void FaultInjectingRuntime::do_enqueue_copies(std::uintptr_t stream,
                   "enqueue_copies");
     return;  // the bytes are not copied; the next event on this stream reports the fault
   }
-  inner_.do_enqueue_copies(stream, batch, kind, path);
+  ForwardingRuntime::do_enqueue_copies(stream, batch, kind, path);
 }
 
 void FaultInjectingRuntime::do_record_event(std::uintptr_t event, std::uintptr_t stream) {
@@ -100,7 +100,7 @@ void FaultInjectingRuntime::do_record_event(std::uintptr_t event, std::uintptr_t
       poisoned_events_.erase(event);  // a new record starts clean
     }
   }
-  inner_.do_record_event(event, stream);
+  ForwardingRuntime::do_record_event(event, stream);
 }
 
 void FaultInjectingRuntime::check_poisoned(std::uintptr_t event) {
@@ -112,13 +112,13 @@ void FaultInjectingRuntime::check_poisoned(std::uintptr_t event) {
 }
 
 bool FaultInjectingRuntime::do_query_event(std::uintptr_t event) {
-  const bool done = inner_.do_query_event(event);
+  const bool done = ForwardingRuntime::do_query_event(event);
   if (done) check_poisoned(event);
   return done;
 }
 
 void FaultInjectingRuntime::do_synchronize_event(std::uintptr_t event) {
-  inner_.do_synchronize_event(event);
+  ForwardingRuntime::do_synchronize_event(event);
   check_poisoned(event);
 }
 
@@ -127,7 +127,7 @@ void FaultInjectingRuntime::do_destroy_event(std::uintptr_t event) noexcept {
     std::lock_guard lock(mutex_);
     poisoned_events_.erase(event);
   }
-  inner_.do_destroy_event(event);
+  ForwardingRuntime::do_destroy_event(event);
 }
 
 }  // namespace kvoffload

@@ -1,7 +1,8 @@
 #pragma once
-// FaultInjectingRuntime: a DeviceRuntime decorator that forwards to another runtime and injects
-// failures on demand, so tests drive registration and copy failures without a GPU. It also counts
-// what passes through (batches per path, descriptors) for tests that check the engine's choices.
+// FaultInjectingRuntime: a DeviceRuntime decorator (a ForwardingRuntime) that forwards to another
+// runtime and injects failures on demand, so tests drive registration and copy failures without a
+// GPU. It also counts what passes through (batches per path, descriptors) for tests that check the
+// engine's choices.
 
 #include <atomic>
 #include <cstdint>
@@ -39,7 +40,7 @@ struct FaultPlan {
   double elapsed_seconds = -1;
 };
 
-class FaultInjectingRuntime final : public DeviceRuntime {
+class FaultInjectingRuntime final : public ForwardingRuntime {
  public:
   // `inner` must outlive this decorator.
   explicit FaultInjectingRuntime(DeviceRuntime& inner, FaultPlan plan = {});
@@ -59,68 +60,25 @@ class FaultInjectingRuntime final : public DeviceRuntime {
     return injected_reg_failures_.load();
   }
 
-  [[nodiscard]] std::string_view name() const noexcept override { return inner_.name(); }
-  [[nodiscard]] BackendInfo info() const override { return inner_.info(); }
-  [[nodiscard]] bool supports_kernel_path() const noexcept override {
-    return inner_.supports_kernel_path();
-  }
-  [[nodiscard]] RuntimeCounters counters() const noexcept override { return inner_.counters(); }
-
  protected:
   RegistrationRecord do_register_host(void* ptr, std::size_t bytes, std::size_t align) override;
   bool do_unregister_host(std::uintptr_t handle) noexcept override;
-  std::uintptr_t do_create_stream() override { return inner_.do_create_stream(); }
-  void do_destroy_stream(std::uintptr_t stream) noexcept override {
-    inner_.do_destroy_stream(stream);
-  }
-  std::uintptr_t do_create_event(bool timing) override { return inner_.do_create_event(timing); }
   void do_destroy_event(std::uintptr_t event) noexcept override;
-  void* do_allocate_device(std::size_t bytes) override { return inner_.do_allocate_device(bytes); }
-  void do_free_device(void* ptr) noexcept override { inner_.do_free_device(ptr); }
   void do_enqueue_copies(std::uintptr_t stream, std::span<const CopyDescriptor> batch,
                          CopyKind kind, CopyPath path) override;
   void do_record_event(std::uintptr_t event, std::uintptr_t stream) override;
-  void do_wait_event(std::uintptr_t stream, std::uintptr_t event) override {
-    inner_.do_wait_event(stream, event);
-  }
   bool do_query_event(std::uintptr_t event) override;
   void do_synchronize_event(std::uintptr_t event) override;
-  void do_synchronize_stream(std::uintptr_t stream) override {
-    inner_.do_synchronize_stream(stream);
-  }
   double do_elapsed_seconds(std::uintptr_t start, std::uintptr_t end) override {
-    const double measured = inner_.do_elapsed_seconds(start, end);  // its errors stay errors
+    // The inner runtime's errors stay errors.
+    const double measured = ForwardingRuntime::do_elapsed_seconds(start, end);
     std::lock_guard lock(mutex_);
     return plan_.elapsed_seconds >= 0 ? plan_.elapsed_seconds : measured;
-  }
-  void do_launch_host_func(std::uintptr_t stream, void (*fn)(void*), void* arg) override {
-    inner_.do_launch_host_func(stream, fn, arg);
-  }
-  void do_memcpy_sync(void* dst, const void* src, std::size_t bytes) override {
-    inner_.do_memcpy_sync(dst, src, bytes);
-  }
-  void do_memset_sync(void* dst, int value, std::size_t bytes) override {
-    inner_.do_memset_sync(dst, value, bytes);
-  }
-  void do_wait_host_flag(std::uintptr_t stream, const std::uint32_t* flag,
-                         std::uint32_t value) override {
-    inner_.do_wait_host_flag(stream, flag, value);
-  }
-  void do_free_device_async(void* ptr, std::uintptr_t stream) noexcept override {
-    inner_.do_free_device_async(ptr, stream);
-  }
-  std::uint32_t* do_create_host_flag() override { return inner_.do_create_host_flag(); }
-  void do_destroy_host_flag(std::uint32_t* flag) noexcept override {
-    inner_.do_destroy_host_flag(flag);
-  }
-  bool do_stream_capturing(std::uintptr_t stream) override {
-    return inner_.do_stream_capturing(stream);
   }
 
  private:
   void check_poisoned(std::uintptr_t event);
 
-  DeviceRuntime& inner_;
   std::mutex mutex_;
   FaultPlan plan_;
   int registrations_seen_ = 0;

@@ -17,11 +17,11 @@
 #include <vector>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 
 #include "runtime/backend_factories.hpp"
 #include "runtime/cpu_event.hpp"
 #include "runtime/cpu_stream.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::detail {
 namespace {

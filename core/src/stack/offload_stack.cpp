@@ -4,10 +4,11 @@
 #include <utility>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/offload_stack.hpp>
 
+#include "stack/init_hooks.hpp"
 #include "stack/stack_internal.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 
@@ -82,6 +83,10 @@ void validate(const StackConfig& config) {
 }
 
 // ---- OffloadStack -------------------------------------------------------------------------------
+
+std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config) {
+  return build(config, InitHooks{});
+}
 
 std::unique_ptr<OffloadStack> OffloadStack::build(const StackConfig& config,
                                                   const InitHooks& hooks) {

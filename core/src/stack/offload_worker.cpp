@@ -8,10 +8,11 @@
 #include <utility>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/offload_stack.hpp>
 
+#include "stack/init_hooks.hpp"
 #include "stack/stack_internal.hpp"
+#include "util/log.hpp"
 
 // Note [Rank assembly]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -200,6 +201,10 @@ void validate(const WorkerConfig& config) {
 }
 
 OffloadWorker::OffloadWorker() = default;
+
+std::unique_ptr<OffloadWorker> OffloadWorker::build(const WorkerConfig& config) {
+  return build(config, InitHooks{});
+}
 
 std::unique_ptr<OffloadWorker> OffloadWorker::build(const WorkerConfig& config,
                                                     const InitHooks& hooks) {

@@ -11,8 +11,10 @@
 #include <string>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/offload_stack.hpp>
+
+#include "stack/init_hooks.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::detail {
 

@@ -5,11 +5,12 @@
 #include <utility>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
+#include <kvoffload/live_page.hpp>
 #include <kvoffload/region.hpp>
 #include <kvoffload/tiered_store.hpp>
 
-#include "region/live_page.hpp"
+#include "live/live_page.hpp"
+#include "util/log.hpp"
 #include "util/rate_limited_log.hpp"
 
 namespace kvoffload {
@@ -345,12 +346,14 @@ struct TieredStore::LiveLink {
   detail::TiersBlock* block = nullptr;
 };
 
-void TieredStore::publish_live_stats(Region& region) {
-  detail::LivePage* page = region.live_page();
-  if (page == nullptr) throw Error(ErrorCode::kState, "publish_live_stats: the region is closed");
+void TieredStore::publish_live_stats(LivePageSink& sink) {
+  detail::LivePage* page = detail::live_page_of(sink);
+  if (page == nullptr) {
+    throw Error(ErrorCode::kState, "publish_live_stats: " + sink.live_name() + " is closed");
+  }
   auto link = std::make_shared<LiveLink>();
   link->block = &page->tiers;
-  region.add_teardown_hook([weak = std::weak_ptr<LiveLink>(link)] {
+  sink.on_live_close([weak = std::weak_ptr<LiveLink>(link)] {
     if (auto l = weak.lock()) l->block = nullptr;
   });
   live_ = std::move(link);

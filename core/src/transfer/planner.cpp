@@ -4,7 +4,8 @@
 #include <string>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
+
+#include "util/log.hpp"
 
 namespace kvoffload::detail {
 

@@ -18,13 +18,13 @@
 #include <vector>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/region.hpp>
 #include <kvoffload/transfer_engine.hpp>
 
-#include "region/live_page.hpp"
+#include "live/live_page.hpp"
 #include "transfer/calibrate.hpp"
 #include "transfer/planner.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 
@@ -593,7 +593,7 @@ TransferEngine::TransferEngine(DeviceRuntime& runtime, Region& region, std::uint
   layout.blocks_per_chunk = blocks_per_chunk;
   layout.host = HostSlots::from_region(region, rank);
   impl_ = std::make_shared<Impl>(runtime, std::move(layout), options);
-  if (options.live_stats) impl_->attach_live(region.live_page()->ranks()[rank].transfer);
+  if (options.live_stats) impl_->attach_live(detail::live_page_of(region)->ranks()[rank].transfer);
   // The region may close before the engine is destroyed: its close() then shuts the engine down
   // (drain, unregister) before munmap. A weak pointer: a destroyed engine needs nothing.
   region.add_teardown_hook([weak = std::weak_ptr<Impl>(impl_)] {

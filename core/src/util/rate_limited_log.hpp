@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include <kvoffload/log.hpp>
+#include "util/log.hpp"
 
 namespace kvoffload::detail {
 

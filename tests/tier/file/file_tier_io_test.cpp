@@ -22,9 +22,9 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/file_tier.hpp>
-#include <kvoffload/syscalls.hpp>
 
 #include "file_tier_test_util.hpp"
+#include "sys/syscalls.hpp"
 #include "tier/file/io_pool.hpp"
 #include "tier_test_util.hpp"
 

@@ -22,11 +22,11 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/file_tier.hpp>
-#include <kvoffload/log.hpp>
 
 #include "private_tmpfs.hpp"
 #include "skip.hpp"
 #include "tier_test_util.hpp"
+#include "util/log.hpp"
 #include "util/rate_limited_log.hpp"
 
 namespace kvoffload {

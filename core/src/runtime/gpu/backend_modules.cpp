@@ -32,11 +32,11 @@
 #include <string_view>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 
 #include "runtime/backend_factories.hpp"
 #include "runtime/gpu/gpu_runtime.hpp"
 #include "runtime/sim/sim_device.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::detail {
 

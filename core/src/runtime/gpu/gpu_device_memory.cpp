@@ -11,9 +11,9 @@
 #include <mutex>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 
 #include "runtime/gpu/gpu_runtime_internal.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::gpu {
 

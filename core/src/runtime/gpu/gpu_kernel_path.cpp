@@ -41,9 +41,9 @@
 #include <string>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 
 #include "runtime/gpu/gpu_runtime_internal.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::gpu {
 

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 
 #include "runtime/gpu/gpu_runtime_internal.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::gpu {
 

@@ -36,9 +36,9 @@
 #include <string_view>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 
 #include "runtime/gpu/gpu_runtime_internal.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::gpu {
 

@@ -8,9 +8,8 @@
 #include <string>
 #include <utility>
 
-#include <kvoffload/log.hpp>
-
 #include "runtime/gpu/gpu_runtime.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::gpu {
 

@@ -7,9 +7,9 @@
 #include <utility>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 
 #include "runtime/gpu/gpu_runtime_internal.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::gpu {
 

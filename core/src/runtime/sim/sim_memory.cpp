@@ -8,9 +8,8 @@
 #include <iterator>
 #include <thread>
 
-#include <kvoffload/log.hpp>
-
 #include "runtime/sim/sim_device_internal.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::gpu::sim {
 

@@ -6,9 +6,8 @@
 
 #include <cstring>
 
-#include <kvoffload/log.hpp>
-
 #include "runtime/sim/sim_device_internal.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::gpu::sim {
 

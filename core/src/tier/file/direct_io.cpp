@@ -9,8 +9,7 @@
 #include <cerrno>
 #include <string>
 
-#include <kvoffload/log.hpp>
-
+#include "util/log.hpp"
 #include "util/retry_eintr.hpp"
 
 namespace kvoffload {

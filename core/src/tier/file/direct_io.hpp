@@ -15,8 +15,8 @@
 #include <string_view>
 
 #include <kvoffload/file_tier.hpp>
-#include <kvoffload/syscalls.hpp>
 
+#include "sys/syscalls.hpp"
 #include "tier/file/file_record.hpp"
 
 namespace kvoffload::detail {

@@ -11,10 +11,10 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/file_tier.hpp>
-#include <kvoffload/log.hpp>
 
 #include "tier/file/file_tier_impl.hpp"
 #include "tier/file/file_tier_recovery.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 

@@ -23,9 +23,9 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/file_tier.hpp>
-#include <kvoffload/syscalls.hpp>
 
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
 #include "tier/file/direct_io.hpp"
 #include "tier/file/file_record.hpp"
 #include "tier/file/io_pool.hpp"
@@ -45,7 +45,7 @@ struct __attribute__((visibility("hidden"))) FileTier::Impl {
         index(o.capacity_bytes) {}
 
   FileTierOptions options;
-  const Syscalls& sys;  // the platform seam, shared with the region (kvoffload/syscalls.hpp)
+  const Syscalls& sys;  // the platform seam, shared with the region (core/src/sys/syscalls.hpp)
   std::filesystem::path root;
   detail::UniqueFd lock_fd;  // the root's lock file, flock'ed exclusively while the tier is open
   detail::DirectIo dio;

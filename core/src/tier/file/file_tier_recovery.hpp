@@ -10,7 +10,8 @@
 
 #include <kvoffload/block_key.hpp>
 #include <kvoffload/file_tier.hpp>
-#include <kvoffload/syscalls.hpp>
+
+#include "sys/syscalls.hpp"
 
 namespace kvoffload::detail {
 

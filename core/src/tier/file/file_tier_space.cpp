@@ -7,9 +7,8 @@
 #include <cerrno>
 #include <vector>
 
-#include <kvoffload/log.hpp>
-
 #include "tier/file/file_tier_impl.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 

@@ -15,9 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include <kvoffload/log.hpp>
-
 #include "tier/file/file_tier_impl.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 

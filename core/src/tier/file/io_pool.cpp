@@ -6,7 +6,7 @@
 #include <new>
 #include <utility>
 
-#include <kvoffload/log.hpp>
+#include "util/log.hpp"
 
 namespace kvoffload::detail {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "remote_tier_impl.hpp"
+#include "tier/remote/remote_tier_impl.hpp"
 
 namespace kvoffload {
 

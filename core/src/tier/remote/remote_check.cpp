@@ -7,7 +7,7 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/remote_tier.hpp>
 
-#include "remote_ops.hpp"
+#include "tier/remote/remote_ops.hpp"
 
 namespace kvoffload {
 

@@ -6,7 +6,7 @@
 
 #include <kvoffload/remote_tier.hpp>
 
-#include "remote_value.hpp"
+#include "tier/remote/remote_value.hpp"
 
 namespace kvoffload {
 

@@ -3,7 +3,7 @@
 #include <kvoffload/error.hpp>
 #include <kvoffload/remote_tier.hpp>
 
-#include "remote_value.hpp"
+#include "tier/remote/remote_value.hpp"
 
 namespace kvoffload {
 

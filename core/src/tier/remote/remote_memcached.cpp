@@ -13,8 +13,8 @@
 
 #include <kvoffload/error.hpp>
 
-#include "memcached_message.hpp"
-#include "remote_ops.hpp"
+#include "tier/remote/memcached_message.hpp"
+#include "tier/remote/remote_ops.hpp"
 
 namespace kvoffload::detail {
 namespace {

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include <kvoffload/log.hpp>
 #include <kvoffload/remote_tier.hpp>
 
-#include "remote_value.hpp"
+#include "tier/remote/remote_value.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload::detail {
 

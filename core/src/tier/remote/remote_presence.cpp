@@ -3,7 +3,7 @@
 // and a chunk is asked about at most once per answer's lifetime (negative_ttl, lookup_timeout).
 #include <vector>
 
-#include "remote_tier_impl.hpp"
+#include "tier/remote/remote_tier_impl.hpp"
 
 namespace kvoffload {
 

@@ -21,8 +21,8 @@
 
 #include <kvoffload/error.hpp>
 
-#include "remote_ops.hpp"
-#include "remote_tls.hpp"
+#include "tier/remote/remote_ops.hpp"
+#include "tier/remote/remote_tls.hpp"
 
 namespace kvoffload::detail {
 

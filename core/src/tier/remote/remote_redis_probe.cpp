@@ -5,7 +5,7 @@
 
 #include <kvoffload/error.hpp>
 
-#include "remote_redis_connection.hpp"
+#include "tier/remote/remote_redis_connection.hpp"
 
 namespace kvoffload::detail {
 namespace {

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 
-#include "remote_tier_impl.hpp"
+#include "tier/remote/remote_tier_impl.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 

@@ -17,11 +17,11 @@
 #include <vector>
 
 #include <kvoffload/error.hpp>
-#include <kvoffload/log.hpp>
 #include <kvoffload/remote_tier.hpp>
 
-#include "memcached_message.hpp"
-#include "remote_tier_impl.hpp"
+#include "tier/remote/memcached_message.hpp"
+#include "tier/remote/remote_tier_impl.hpp"
+#include "util/log.hpp"
 
 namespace kvoffload {
 

@@ -19,7 +19,7 @@
 
 #include <kvoffload/remote_tier.hpp>
 
-#include "remote_ops.hpp"
+#include "tier/remote/remote_ops.hpp"
 #include "util/rate_limited_log.hpp"
 
 namespace kvoffload {

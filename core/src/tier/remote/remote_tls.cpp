@@ -1,6 +1,6 @@
 // TlsStream (remote_tls.hpp): an OpenSSL client session on a connected, non-blocking socket,
 // driven with poll() against the caller's deadline.
-#include "remote_tls.hpp"
+#include "tier/remote/remote_tls.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -16,7 +16,7 @@
 
 #include <kvoffload/remote_url.hpp>
 
-#include "remote_ops.hpp"
+#include "tier/remote/remote_ops.hpp"
 
 namespace kvoffload::detail {
 

@@ -1,4 +1,4 @@
-#include "remote_value.hpp"
+#include "tier/remote/remote_value.hpp"
 
 #include <algorithm>
 #include <bit>

@@ -1,3 +1,5 @@
+#include "sys/syscalls.hpp"
+
 #include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -6,8 +8,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-
-#include <kvoffload/syscalls.hpp>
 
 namespace kvoffload {
 namespace {

@@ -1,5 +1,7 @@
 #pragma once
-// One spdlog logger for the whole library, named "kvoffload", writing to stderr.
+// One spdlog logger for the whole library, named "kvoffload", writing to stderr. Internal: spdlog
+// is no part of the public headers (an engine needs no spdlog to build against kvoffload); the
+// `kvoffload` program logs through it too (kvoffload_util), so log() stays exported.
 // Its level comes from KVOFFLOAD_LOG_LEVEL (trace, debug, info, warn, error, critical, off;
 // default "warn" so that libraries linked into an engine stay quiet unless asked).
 

@@ -1,7 +1,13 @@
-#include "region/live_page.hpp"
+#include "live/live_page.hpp"
 
 #include <algorithm>
 #include <chrono>
+
+namespace kvoffload {
+
+LivePageSink::~LivePageSink() = default;
+
+}  // namespace kvoffload
 
 namespace kvoffload::detail {
 

@@ -35,6 +35,8 @@
 #include <span>
 #include <string_view>
 
+#include <kvoffload/live_page.hpp>
+
 namespace kvoffload::detail {
 
 inline constexpr char kLiveMagic[8] = {'K', 'V', 'O', 'L', 'I', 'V', 'E', 'S'};
@@ -156,6 +158,12 @@ struct LivePage {
   }
 };
 static_assert(sizeof(LivePage) % 64 == 0);
+
+// The page in a sink's area; nullptr once the page is gone.
+inline LivePage* live_page_of(const LivePageSink& sink) noexcept {
+  const std::span<std::byte> area = sink.live_area();
+  return area.size() < sizeof(LivePage) ? nullptr : reinterpret_cast<LivePage*>(area.data());
+}
 
 // Bytes of the area in use for `world_size` ranks (before rounding up to a page).
 constexpr std::uint64_t live_bytes(std::uint32_t world_size) noexcept {

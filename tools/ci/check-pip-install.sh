@@ -8,13 +8,13 @@
 #   2. a venv of the first python3 on PATH when that is another interpreter (a pyenv build here,
 #      without numpy or the `wheel` package): the same install, `import kvoffload`, a Manager, the
 #      console script.
-# Usage: tools/check-pip-install.sh   (from anywhere; builds in build/pip, reused)
+# Usage: tools/ci/check-pip-install.sh   (from anywhere; builds in build/pip, reused)
 #   KVOFFLOAD_PIP_BUILD_DIR=DIR   build there instead (.ci/run passes its plain Makefile build, so the
 #                                 library is compiled once for both checks)
 # Env:   KVOFFLOAD_PIP_CMAKE_ARGS (default "-DKVOFFLOAD_CUDA=OFF -DKVOFFLOAD_HIP=OFF": the GPU
 #        backends are compiled by .ci/run's cuda/hip stages), KEEP=1 keeps the temp dir.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 src=$PWD
 cmake_args=${KVOFFLOAD_PIP_CMAKE_ARGS:--DKVOFFLOAD_CUDA=OFF -DKVOFFLOAD_HIP=OFF}
 build_dir=$(realpath -m "${KVOFFLOAD_PIP_BUILD_DIR:-$src/build/pip}")

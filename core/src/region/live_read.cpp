@@ -9,12 +9,12 @@
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/live_stats.hpp>
-#include <kvoffload/syscalls.hpp>
 
+#include "live/live_page.hpp"
 #include "region/header.hpp"
 #include "region/listing.hpp"
-#include "region/live_page.hpp"
-#include "region/sys.hpp"
+#include "sys/sys.hpp"
+#include "sys/syscalls.hpp"
 
 namespace kvoffload {
 namespace {
@@ -193,7 +193,7 @@ std::vector<EngineSnapshot> snapshot_engines(const std::filesystem::path& shm_di
 }
 
 LiveStats read_live_stats(const Region& region) {
-  detail::LivePage* page = region.live_page();
+  detail::LivePage* page = detail::live_page_of(region);
   if (page == nullptr) throw Error(ErrorCode::kState, "read_live_stats() on a closed region");
   const std::uint32_t world = region.geometry().world_size();
   const auto* table = reinterpret_cast<const detail::RankReadiness*>(

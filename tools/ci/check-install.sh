@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Checks the installed package the way an engine author uses it:
-#   1. `cmake --install <build> --prefix <temp>` and the expected files are there;
+#   1. `cmake --install <build> --prefix <temp>` and the expected files are there, and no test seam
+#      or internal header (tools/ci/check-installed-headers.sh);
 #   2. examples/ (C++ and C) configured with find_package(kvoffload) against that prefix, built, run;
 #   3. a C program built with `pkg-config --cflags --libs kvoffload` only, run;
 #   4. the installed `kvoffload` program runs;
 #   5. `import kvoffload` from the installed Python package (not the build tree).
-# Usage: tools/check-install.sh [BUILD_DIR]   (default build/cpu; it must be built already)
+# Usage: tools/ci/check-install.sh [BUILD_DIR]   (default build/cpu; it must be built already)
 # Env:   KVOFFLOAD_EXAMPLE_BACKEND (default auto), KEEP=1 keeps the temp dir for inspection.
 # Fails loudly: the first failing step prints what failed and exits non-zero.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 src=$PWD
 build=${1:-build/cpu}
 backend=${KVOFFLOAD_EXAMPLE_BACKEND:-auto}
@@ -43,6 +44,8 @@ for f in include/kvoffload/kvoffload.h include/kvoffload/region.hpp include/kvof
          "$libdir/pkgconfig/kvoffload.pc" bin/kvoffload; do
   [[ -e $prefix/$f ]] || die "missing from the install: $f"
 done
+step "the installed headers are the public API only (tools/ci/check-installed-headers.sh)"
+"$src/tools/ci/check-installed-headers.sh" "$prefix/include" || die "a test seam or internal header is installed"
 
 # An installed CUDA module carries its runtime: it must load beside a torch built for another
 # CUDA runtime, on a system path without this toolkit's libcudart (issue 25).

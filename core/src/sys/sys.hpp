@@ -6,8 +6,7 @@
 #include <cstddef>
 #include <utility>
 
-#include <kvoffload/syscalls.hpp>
-
+#include "sys/syscalls.hpp"
 #include "util/retry_eintr.hpp"  // retry_eintr, shared with the file tier
 
 namespace kvoffload::detail {
