@@ -1,6 +1,6 @@
 // Manager: slot states, key index and events over an EvictionPolicy, with its slot pool
 // (slot_pool.hpp) and store threshold tracker (threshold_tracker.hpp).
-// Over 500 lines for one reason: ManagerImpl is one state machine (slot states, pins, pending
+// Over 500 lines for one reason: Manager::Impl is one state machine (slot states, pins, pending
 // stores, events) whose operations share its invariants; its pool and tracker live apart.
 // See manager.hpp for the contract; Note [Parked slots] in eviction_policy.hpp for how pinned and
 // write-pending chunks stay out of eviction.
@@ -92,11 +92,13 @@ std::string StorePlan::describe() const {
   return s;
 }
 
-namespace detail {
+struct Manager::Impl {
+  using KeyTable = detail::KeyTable;
+  using SlotPool = detail::SlotPool;
+  using ThresholdTracker = detail::ThresholdTracker;
 
-class ManagerImpl {
  public:
-  ManagerImpl(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> policy)
+  Impl(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> policy)
       : config_(config),
         policy_(std::move(policy)),
         vllm_(config.semantics == ManagerSemantics::kVllm) {
@@ -572,11 +574,11 @@ class ManagerImpl {
       block = nullptr;
     }
   };
-  ~ManagerImpl() {
+  ~Impl() {
     if (live_) live_->detach();
   }
-  ManagerImpl(const ManagerImpl&) = delete;
-  ManagerImpl& operator=(const ManagerImpl&) = delete;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
 
   void attach_live(Region& region) {
     detail::LivePage* page = region.live_page();
@@ -721,8 +723,6 @@ class ManagerImpl {
   std::shared_ptr<LiveLink> live_;  // null: not publishing
 };
 
-}  // namespace detail
-
 namespace {
 
 ManagerConfig validated(ManagerConfig config) {
@@ -778,7 +778,7 @@ Manager::Manager(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> po
                   std::to_string(policy->capacity()) + " slots, the manager has " +
                   std::to_string(checked.num_chunks));
   }
-  impl_ = std::make_unique<detail::ManagerImpl>(checked, std::move(policy));
+  impl_ = std::make_unique<Impl>(checked, std::move(policy));
 }
 
 Manager::~Manager() = default;
@@ -797,40 +797,40 @@ const EvictionPolicy& Manager::policy() const noexcept {
 
 std::size_t Manager::lookup(std::span<const BlockKey> keys, std::span<LookupResult> results) {
   const std::size_t prefix = impl_->lookup(keys, results);
-  impl_->publish(detail::ManagerImpl::kLiveLookups);
+  impl_->publish(Impl::kLiveLookups);
   return prefix;
 }
 StorePlan Manager::prepare_store(std::span<const BlockKey> keys,
                                  std::span<const BlockKey> protected_keys) {
   StorePlan plan = impl_->prepare_store(keys, protected_keys);
-  impl_->publish(detail::ManagerImpl::kLiveStores | detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveStores | Impl::kLiveOccupancy);
   return plan;
 }
 std::span<const std::uint32_t> Manager::complete_store(std::span<const BlockKey> keys,
                                                        bool success) {
   const std::span<const std::uint32_t> done = impl_->complete_store(keys, success);
-  impl_->publish(detail::ManagerImpl::kLiveStores | detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveStores | Impl::kLiveOccupancy);
   return done;
 }
 void Manager::prepare_load(std::span<const BlockKey> keys, std::span<SlotIndex> slots_out) {
   impl_->prepare_load(keys, slots_out);
-  impl_->publish(detail::ManagerImpl::kLiveLoads | detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveLoads | Impl::kLiveOccupancy);
 }
 std::span<const SlotIndex> Manager::prepare_load(std::span<const BlockKey> keys) {
   const std::span<const SlotIndex> slots = impl_->prepare_load(keys);
-  impl_->publish(detail::ManagerImpl::kLiveLoads | detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveLoads | Impl::kLiveOccupancy);
   return slots;
 }
 void Manager::complete_load(std::span<const BlockKey> keys) {
   impl_->complete_load(keys);
-  impl_->publish(detail::ManagerImpl::kLiveLoads | detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveLoads | Impl::kLiveOccupancy);
 }
 void Manager::touch(std::span<const BlockKey> keys) {
   impl_->touch(keys);
 }
 void Manager::reset() {
   impl_->reset();
-  impl_->publish(detail::ManagerImpl::kLiveAll);
+  impl_->publish(Impl::kLiveAll);
 }
 LookupResult Manager::state_of(const BlockKey& key) const noexcept {
   return impl_->state_of(key);
@@ -855,14 +855,14 @@ ManagerStats Manager::stats() const noexcept {
 }
 void Manager::reset_stats() noexcept {
   impl_->reset_stats();
-  impl_->publish(detail::ManagerImpl::kLiveAll);
+  impl_->publish(Impl::kLiveAll);
 }
 std::uint32_t Manager::ready_chunks() const noexcept {
   return impl_->ready_chunks();
 }
 void Manager::set_ready_chunks(std::uint64_t n) {
   impl_->set_ready_chunks(n);
-  impl_->publish(detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveOccupancy);
 }
 void Manager::publish_live_stats(Region& region) {
   impl_->attach_live(region);
