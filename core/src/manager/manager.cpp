@@ -737,7 +737,7 @@ ManagerConfig validated(ManagerConfig config) {
     throw_invalid("manager: ready_chunks " + std::to_string(*config.ready_chunks) +
                   " exceeds num_chunks " + std::to_string(config.num_chunks));
   }
-  if (config.policy != PolicyKind::kLru && config.policy != PolicyKind::kArc) {
+  if (!is_policy_kind(config.policy)) {
     throw_invalid("manager: policy " + std::to_string(static_cast<int>(config.policy)) +
                   " is unknown");
   }
