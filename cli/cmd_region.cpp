@@ -159,17 +159,8 @@ int hold_attached(double seconds) {
   }
 }
 
-int run_create(const CreateOptions& o) {
-  const std::filesystem::path shm_dir = resolve_shm_dir(o.shm_dir);
-  // Validates the engine id before anything else (kInvalidArgument: a usage error).
-  const std::filesystem::path path = region_path(shm_dir, o.engine_id);
-  if (!o.unranked && o.rank >= o.world_size) {
-    throw_invalid("--rank " + std::to_string(o.rank) + " must be less than --world-size " +
-                  std::to_string(o.world_size) + " (ranks are 0.." +
-                  std::to_string(o.world_size - 1) +
-                  "); use --unranked to map the region without a slot of its own");
-  }
-
+// The region the options ask for (the engine id was validated by region_path already).
+RegionOptions create_options(const CreateOptions& o, const std::filesystem::path& shm_dir) {
   RegionOptions ropts;
   ropts.engine_id = o.engine_id;
   ropts.layout = RegionLayout{.num_chunks = o.chunks,
@@ -181,15 +172,14 @@ int run_create(const CreateOptions& o) {
   ropts.shm_dir = shm_dir;
   ropts.join_timeout = std::chrono::milliseconds(std::llround(o.join_timeout_s * 1000.0));
   ropts.populate_threads = o.threads;
+  return ropts;
+}
 
-  const auto start = Clock::now();
-  warn_if_disk_shm_dir(shm_dir);
-  Region region = Region::create_or_join(ropts);
-  const double attach_seconds = seconds_since(start);
-
+// The report of a region just created or joined, as JSON.
+nlohmann::json created_json(const Region& region, const CreateOptions& o) {
   const RegionGeometry& geo = region.geometry();
   const PopulateReport& pop = region.populate_report();
-  nlohmann::json out{
+  return {
       {"path", region.path().string()},
       {"engine_id", region.engine_id()},
       {"role", std::string(to_string(region.role()))},
@@ -208,8 +198,12 @@ int run_create(const CreateOptions& o) {
       {"populate_seconds", pop.seconds},
       {"threads", o.threads},
   };
+}
 
-  std::ostringstream text;
+// The same as text (the fill, check and timing lines follow).
+void write_created_text(std::ostream& text, const Region& region, const CreateOptions& o) {
+  const RegionGeometry& geo = region.geometry();
+  const PopulateReport& pop = region.populate_report();
   text << "region " << region.path().string() << ": " << to_string(region.role()) << ", "
        << (region.rank() ? "rank " + std::to_string(*region.rank()) + " of " +
                                std::to_string(geo.world_size())
@@ -221,6 +215,29 @@ int run_create(const CreateOptions& o) {
        << "  populate: " << to_string(pop.method) << ", " << human_bytes(pop.bytes) << " in "
        << fixed(pop.seconds, 3) << " s (" << rate(pop.bytes, pop.seconds) << ") with " << o.threads
        << " thread" << (o.threads == 1 ? "" : "s") << "\n";
+}
+
+int run_create(const CreateOptions& o) {
+  const std::filesystem::path shm_dir = resolve_shm_dir(o.shm_dir);
+  // Validates the engine id before anything else (kInvalidArgument: a usage error).
+  const std::filesystem::path path = region_path(shm_dir, o.engine_id);
+  if (!o.unranked && o.rank >= o.world_size) {
+    throw_invalid("--rank " + std::to_string(o.rank) + " must be less than --world-size " +
+                  std::to_string(o.world_size) + " (ranks are 0.." +
+                  std::to_string(o.world_size - 1) +
+                  "); use --unranked to map the region without a slot of its own");
+  }
+
+  const RegionOptions ropts = create_options(o, shm_dir);
+
+  const auto start = Clock::now();
+  warn_if_disk_shm_dir(shm_dir);
+  Region region = Region::create_or_join(ropts);
+  const double attach_seconds = seconds_since(start);
+
+  nlohmann::json out = created_json(region, o);
+  std::ostringstream text;
+  write_created_text(text, region, o);
 
   if (o.fill) {
     const auto t0 = Clock::now();

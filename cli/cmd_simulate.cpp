@@ -233,7 +233,8 @@ const CommandRegistrar kRegisterSimulate("simulate", [](CLI::App& top) {
       "(up to 32 digits, zero-padded on the left); lines starting with # are comments.");
   auto opt = std::make_shared<Options>();
   app->add_option("--trace", opt->trace, "Trace file")->required();
-  app->add_option("--policy", opt->policy, "Eviction policy: lru or arc (default lru)");
+  app->add_option("--policy", opt->policy,
+                  "Eviction policy: " + policy_kind_names() + " (default lru)");
   // The manager's limit: slot indexes are 32-bit and one value is reserved.
   app->add_option("--chunks", opt->chunks, "Chunk slots in the simulated region")
       ->required()

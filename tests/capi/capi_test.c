@@ -308,7 +308,8 @@ static void test_manager(void) {
   CHECK(untouched == NULL);
   o.num_chunks = 2;
   o.policy = (kvo_policy)7;
-  CHECK_ERR(kvo_manager_create(&o, &m), KVO_INVALID_ARGUMENT, "options->policy");
+  CHECK_ERR(kvo_manager_create(&o, &m), KVO_INVALID_ARGUMENT,
+            "'options->policy' is 7; use KVO_POLICY_LRU or KVO_POLICY_ARC");
   o.policy = KVO_POLICY_ARC;
   o.struct_size = 1;
   CHECK_ERR(kvo_manager_create(&o, &m), KVO_INVALID_ARGUMENT, "struct_size");

@@ -170,6 +170,9 @@ TEST_F(Simulate, UsageErrors) {
   r = run("simulate --trace " + trace.string() + " --policy lfu --chunks 4");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("lfu"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("expected lru or arc"), std::string::npos) << r.err;  // the allowed kinds
+  r = run("simulate --help");
+  EXPECT_NE(r.out.find("Eviction policy: lru or arc (default lru)"), std::string::npos) << r.out;
   // Numeric options: the message names the flag, the value and the range.
   r = run("simulate --trace " + trace.string() + " --chunks 0");
   EXPECT_EQ(r.exit_code, 2);

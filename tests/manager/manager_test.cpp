@@ -13,8 +13,14 @@ using namespace kvoffload::test;
 
 class ManagerApi : public ::testing::TestWithParam<PolicyKind> {};
 
-INSTANTIATE_TEST_SUITE_P(Policies, ManagerApi,
-                         ::testing::Values(PolicyKind::kLru, PolicyKind::kArc),
+// Every kind of the list (policy_kinds.h).
+std::vector<PolicyKind> all_policy_kinds() {
+  std::vector<PolicyKind> out;
+  for (const PolicyKindName& k : kPolicyKinds) out.push_back(k.kind);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, ManagerApi, ::testing::ValuesIn(all_policy_kinds()),
                          [](const auto& pi) { return std::string(to_string(pi.param)); });
 
 TEST(ManagerConfig, Validation) {
@@ -31,6 +37,35 @@ TEST(ManagerConfig, Validation) {
   EXPECT_EQ(ok.policy().kind(), PolicyKind::kLru);  // the caller's policy wins over config.policy
   EXPECT_EQ(parse_policy_kind("ARC"), PolicyKind::kArc);
   EXPECT_EQ(code_of([] { (void)parse_policy_kind("lfu"); }), ErrorCode::kInvalidArgument);
+}
+
+// The policy kinds come from one list (policy_kinds.h): names, parsing, factories and the message
+// that lists the allowed kinds all follow it.
+TEST(ManagerConfig, PolicyKindsFromOneList) {
+  ASSERT_EQ(std::size(kPolicyKinds), 2u);
+  for (const PolicyKindName& k : kPolicyKinds) {
+    EXPECT_EQ(to_string(k.kind), k.name);
+    EXPECT_EQ(parse_policy_kind(k.name), k.kind);
+    EXPECT_TRUE(is_policy_kind(k.kind));
+    EXPECT_EQ(make_policy(k.kind, 4)->kind(), k.kind);
+    EXPECT_EQ(make_policy(k.kind, 4)->name(), k.name);
+    EXPECT_EQ(make_vllm_policy(k.kind, 4)->kind(), k.kind);
+    EXPECT_EQ(make_vllm_policy(k.kind, 4)->name(), k.name);
+  }
+  EXPECT_EQ(to_string(PolicyKind::kLru), "lru");
+  EXPECT_EQ(to_string(PolicyKind::kArc), "arc");
+  EXPECT_EQ(to_string(static_cast<PolicyKind>(9)), "unknown");
+  EXPECT_FALSE(is_policy_kind(static_cast<PolicyKind>(9)));
+  EXPECT_EQ(policy_kind_names(), "lru or arc");
+  EXPECT_NE(message_of([] {
+              (void)parse_policy_kind("lfu");
+            }).find("eviction policy 'lfu': unknown; expected lru or arc"),
+            std::string::npos);
+  ManagerConfig c;
+  c.num_chunks = 8;
+  c.policy = static_cast<PolicyKind>(9);
+  EXPECT_NE(message_of([&] { Manager m(c); }).find("manager: policy 9 is unknown"),
+            std::string::npos);
 }
 
 // Note [Ready slots]: while the region comes up, only slots of ready rows are handed out; a store

@@ -24,10 +24,12 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include <kvoffload/block_key.hpp>
 #include <kvoffload/export.h>
+#include <kvoffload/policy_kinds.h>
 
 namespace kvoffload {
 
@@ -35,12 +37,39 @@ namespace kvoffload {
 using SlotIndex = std::uint32_t;
 inline constexpr SlotIndex kNoSlot = 0xFFFFFFFFu;
 
-enum class PolicyKind : std::uint8_t { kLru = 0, kArc = 1 };
+// The kinds, listed once in policy_kinds.h (with the C API's kvo_policy): kLru, kArc.
+enum class PolicyKind : std::uint8_t {
+#define KVOFFLOAD_POLICY_KIND_ENUMERATOR_(value, upper, camel, name) k##camel = (value),
+  KVOFFLOAD_POLICY_KINDS(KVOFFLOAD_POLICY_KIND_ENUMERATOR_)
+#undef KVOFFLOAD_POLICY_KIND_ENUMERATOR_
+};
 
-// "lru" / "arc".
+// Every kind with its name, in the order of policy_kinds.h.
+struct PolicyKindName {
+  PolicyKind kind;
+  std::string_view name;
+};
+inline constexpr PolicyKindName kPolicyKinds[] = {
+#define KVOFFLOAD_POLICY_KIND_ENTRY_(value, upper, camel, name) {PolicyKind::k##camel, #name},
+    KVOFFLOAD_POLICY_KINDS(KVOFFLOAD_POLICY_KIND_ENTRY_)
+#undef KVOFFLOAD_POLICY_KIND_ENTRY_
+};
+
+// Whether `kind` is one of the list (a PolicyKind can be cast from any number).
+[[nodiscard]] constexpr bool is_policy_kind(PolicyKind kind) noexcept {
+  for (const PolicyKindName& k : kPolicyKinds) {
+    if (k.kind == kind) return true;
+  }
+  return false;
+}
+
+// "lru", "arc"; "unknown" for a value outside the list.
 KVOFFLOAD_API std::string_view to_string(PolicyKind kind) noexcept;
-// Parses "lru" / "arc" (case-insensitive); throws Error(kInvalidArgument) otherwise.
+// Parses a kind's name (case-insensitive); throws Error(kInvalidArgument) naming the text and the
+// kinds otherwise.
 KVOFFLOAD_API PolicyKind parse_policy_kind(std::string_view text);
+// The kinds' names for a message or a help text: "lru or arc".
+KVOFFLOAD_API std::string policy_kind_names();
 
 // Slots the current eviction must not choose: those whose mark equals epoch. The Manager stamps the
 // slots of the keys in a call's protected set, so the test is one load and compare, inlined.

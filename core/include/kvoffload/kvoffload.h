@@ -27,6 +27,7 @@
 
 #include <kvoffload/error_codes.h>
 #include <kvoffload/export.h>
+#include <kvoffload/policy_kinds.h>
 #include <kvoffload/stats_fields.h>
 
 #ifdef __cplusplus
@@ -434,7 +435,11 @@ typedef struct kvo_block_key {
 
 #define KVO_NO_SLOT UINT32_MAX
 
-typedef enum kvo_policy { KVO_POLICY_LRU = 0, KVO_POLICY_ARC = 1 } kvo_policy;
+/* kvo_policy: the eviction policy kinds are listed once, in policy_kinds.h: KVO_POLICY_LRU = 0,
+ * KVO_POLICY_ARC = 1. */
+#define KVO_POLICY_ENUMERATOR_(value, upper, camel, name) KVO_POLICY_##upper = (value),
+typedef enum kvo_policy { KVOFFLOAD_POLICY_KINDS(KVO_POLICY_ENUMERATOR_) } kvo_policy;
+#undef KVO_POLICY_ENUMERATOR_
 typedef enum kvo_lookup_result { KVO_MISS = 0, KVO_HIT = 1, KVO_HIT_PENDING = 2 } kvo_lookup_result;
 typedef enum kvo_cannot_store_reason {
   KVO_STORE_REASON_NONE = 0,

@@ -47,10 +47,6 @@ namespace kvoffload {
 
 class LivePageSink;  // kvoffload/live_page.hpp (a Region is one)
 
-namespace detail {
-class ManagerImpl;
-}
-
 // Whose rules the Manager follows. Note [vLLM semantics] in manager.cpp lists every difference.
 enum class ManagerSemantics : std::uint8_t {
   // Slots: the most recently freed one first (evicted, failed stores, in the order they were
@@ -250,7 +246,8 @@ class KVOFFLOAD_API Manager {
   void publish_live_stats(LivePageSink& page);
 
  private:
-  std::unique_ptr<detail::ManagerImpl> impl_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kvoffload

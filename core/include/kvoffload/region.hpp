@@ -182,10 +182,10 @@ class KVOFFLOAD_API Region : public LivePageSink {
   bool close() noexcept;
 
  private:
-  struct State;
-  explicit Region(std::unique_ptr<State> state);
-  static void run_bringup(State& state);
-  std::unique_ptr<State> state_;
+  struct Impl;
+  explicit Region(std::unique_ptr<Impl> state);
+  static void run_bringup(Impl& impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // The path a region of `engine_id` has in `shm_dir` (validates the id).

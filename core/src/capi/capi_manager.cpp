@@ -16,7 +16,31 @@ using kvoffload::capi::enum_value;
 using kvoffload::capi::guarded;
 using kvoffload::capi::invalid_arg;
 
+// Both enums are generated from policy_kinds.h; this checks that the C++ side and the C side read
+// the list the same way (a hand-written enumerator on either side would fail here).
+#define KVO_SAME_POLICY_(value, upper, camel, name) \
+  static_assert(KVO_POLICY_##upper == (value) &&    \
+                static_cast<int>(kvoffload::PolicyKind::k##camel) == (value));
+KVOFFLOAD_POLICY_KINDS(KVO_SAME_POLICY_)
+#undef KVO_SAME_POLICY_
+
 namespace {
+
+// The C enumerators for a message: "KVO_POLICY_LRU or KVO_POLICY_ARC".
+std::string c_policy_names() {
+  static constexpr const char* kNames[] = {
+#define KVO_POLICY_C_NAME_(value, upper, camel, name) "KVO_POLICY_" #upper,
+      KVOFFLOAD_POLICY_KINDS(KVO_POLICY_C_NAME_)
+#undef KVO_POLICY_C_NAME_
+  };
+  std::string out;
+  const std::size_t n = std::size(kNames);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i > 0) out += i + 1 == n ? " or " : ", ";
+    out += kNames[i];
+  }
+  return out;
+}
 
 BlockKey to_key(const kvo_block_key& k) noexcept {
   return BlockKey(k.hi, k.lo);
@@ -100,16 +124,16 @@ kvo_status kvo_manager_create(const kvo_manager_options* options, kvo_manager_t*
     kvoffload::ManagerConfig config;
     config.num_chunks = options->num_chunks;
     switch (enum_value(options->policy)) {
-      case KVO_POLICY_LRU:
-        config.policy = kvoffload::PolicyKind::kLru;
-        break;
-      case KVO_POLICY_ARC:
-        config.policy = kvoffload::PolicyKind::kArc;
-        break;
+#define KVO_POLICY_CASE_(value, upper, camel, name)  \
+  case KVO_POLICY_##upper:                           \
+    config.policy = kvoffload::PolicyKind::k##camel; \
+    break;
+      KVOFFLOAD_POLICY_KINDS(KVO_POLICY_CASE_)
+#undef KVO_POLICY_CASE_
       default:
-        invalid_arg(fn, "options->policy",
-                    "is " + std::to_string(enum_value(options->policy)) +
-                        "; use KVO_POLICY_LRU or KVO_POLICY_ARC");
+        invalid_arg(
+            fn, "options->policy",
+            "is " + std::to_string(enum_value(options->policy)) + "; use " + c_policy_names());
     }
     config.store_threshold = options->store_threshold;
     config.threshold_tracker_capacity = options->threshold_tracker_capacity;

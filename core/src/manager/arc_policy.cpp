@@ -38,7 +38,7 @@ class ArcPolicy final : public EvictionPolicy {
         ghosts_(capacity) {}
 
   PolicyKind kind() const noexcept override { return PolicyKind::kArc; }
-  std::string_view name() const noexcept override { return "arc"; }
+  std::string_view name() const noexcept override { return to_string(kind()); }
   std::uint32_t capacity() const noexcept override { return capacity_; }
 
   void insert(std::span<const SlotIndex> slots, std::span<const BlockKey> keys) override {

@@ -18,7 +18,7 @@ class LruPolicy final : public EvictionPolicy {
       : capacity_(capacity), links_(capacity), state_(capacity, kAbsent) {}
 
   PolicyKind kind() const noexcept override { return PolicyKind::kLru; }
-  std::string_view name() const noexcept override { return "lru"; }
+  std::string_view name() const noexcept override { return to_string(kind()); }
   std::uint32_t capacity() const noexcept override { return capacity_; }
 
   void insert(std::span<const SlotIndex> slots, std::span<const BlockKey> /*keys*/) override {

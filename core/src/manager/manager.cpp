@@ -1,6 +1,6 @@
 // Manager: slot states, key index and events over an EvictionPolicy, with its slot pool
 // (slot_pool.hpp) and store threshold tracker (threshold_tracker.hpp).
-// Over 500 lines for one reason: ManagerImpl is one state machine (slot states, pins, pending
+// Over 500 lines for one reason: Manager::Impl is one state machine (slot states, pins, pending
 // stores, events) whose operations share its invariants; its pool and tracker live apart.
 // See manager.hpp for the contract; Note [Parked slots] in eviction_policy.hpp for how pinned and
 // write-pending chunks stay out of eviction.
@@ -92,11 +92,13 @@ std::string StorePlan::describe() const {
   return s;
 }
 
-namespace detail {
+struct Manager::Impl {
+  using KeyTable = detail::KeyTable;
+  using SlotPool = detail::SlotPool;
+  using ThresholdTracker = detail::ThresholdTracker;
 
-class ManagerImpl {
  public:
-  ManagerImpl(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> policy)
+  Impl(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> policy)
       : config_(config),
         policy_(std::move(policy)),
         vllm_(config.semantics == ManagerSemantics::kVllm) {
@@ -153,6 +155,9 @@ class ManagerImpl {
     return prefix;
   }
 
+  // Note [Store phases]: a store is planned in four phases, each its own method: choose the new
+  // keys (protecting every present key of the call), check the capacity exactly before anything
+  // changes, evict what the free slots lack, then take the slots.
   StorePlan prepare_store(std::span<const BlockKey> keys,
                           std::span<const BlockKey> protected_keys) {
     const std::uint32_t epoch = next_epoch();
@@ -162,8 +167,46 @@ class ManagerImpl {
     plan_evicted_.clear();
     StorePlan plan;
 
-    // Protect every present key of the call and of the extra set; count the evictable ones among
-    // them, so the capacity check below is exact before anything changes.
+    const std::uint64_t protected_evictable = choose_new_keys(keys, protected_keys, epoch, plan);
+    const std::uint64_t needed = plan_keys_.size();
+    const std::uint64_t free_slots = pool_.free_count();
+    check_capacity(needed, free_slots, protected_evictable, plan);
+    if (!plan.ok()) return refuse(plan);
+    if (needed > free_slots && !evict_for_store(needed - free_slots, epoch)) {
+      // vLLM's ARC gives up when T1 is below its target and T2 has no candidate left, even if
+      // T1 has some: prepare_store returns None and nothing changed (Note [vLLM semantics]).
+      plan.status = StoreStatus::kCannotStore;
+      plan.reason = CannotStoreReason::kNoEvictableSpace;
+      return refuse(plan);
+    }
+
+    for (const BlockKey& key : plan_keys_) {
+      const std::uint32_t s = pool_.take();
+      keys_[s] = key;
+      state_[s] = kPending;
+      index_.insert(key, s);
+      plan_slots_.push_back(s);
+    }
+    policy_->insert(plan_slots_, plan_keys_);
+    pending_ += needed;
+    stats_.stores_prepared += needed;
+
+    plan.keys = plan_keys_;
+    plan.positions = plan_positions_;
+    plan.slots = plan_slots_;
+    plan.evicted = plan_evicted_;
+    plan.evicted_slots =
+        needed > free_slots ? std::span<const SlotIndex>(victims_) : std::span<const SlotIndex>();
+    return plan;
+  }
+
+  // Note [Store phases], choosing: protects every present key of the call and of the extra set,
+  // and puts the new keys, each once, in plan_keys_ (a scratch set over this call's keys finds
+  // repeats). Returns the evictable slots among the protected ones, so that the capacity check
+  // is exact before anything changes.
+  std::uint64_t choose_new_keys(std::span<const BlockKey> keys,
+                                std::span<const BlockKey> protected_keys, std::uint32_t epoch,
+                                StorePlan& plan) {
     std::uint64_t protected_evictable = 0;
     auto protect = [&](std::uint32_t s) {
       if (marks_[s] == epoch) return;
@@ -174,7 +217,6 @@ class ManagerImpl {
       const std::uint32_t s = find(key);
       if (s != KeyTable::kNone) protect(s);
     }
-    // New keys, each once (a scratch set over this call's keys finds repeats).
     dedup_.init(keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const BlockKey& key = keys[i];
@@ -203,9 +245,13 @@ class ManagerImpl {
       plan_positions_.push_back(static_cast<std::uint32_t>(i));
     }
     stats_.stores_skipped_threshold += plan.skipped_threshold;
+    return protected_evictable;
+  }
 
-    const std::uint64_t needed = plan_keys_.size();
-    const std::uint64_t free_slots = pool_.free_count();
+  // Note [Store phases], the capacity check: the slots the plan needs against the free ones and
+  // the evictable ones not protected; a plan that cannot fit says why.
+  void check_capacity(std::uint64_t needed, std::uint64_t free_slots,
+                      std::uint64_t protected_evictable, StorePlan& plan) const {
     const std::uint64_t evictable_slots = pool_.ready() - free_slots - pending_ - pinned_;
     plan.slots_needed = needed;
     plan.slots_available = free_slots + evictable_slots - protected_evictable;
@@ -217,81 +263,54 @@ class ManagerImpl {
       plan.status = StoreStatus::kCannotStore;
       plan.reason = CannotStoreReason::kNoEvictableSpace;
     }
-    if (!plan.ok()) {
-      ++stats_.allocation_failures;
-      plan_keys_.clear();
-      plan_positions_.clear();
-      plan.keys = plan_keys_;
-      plan.positions = plan_positions_;
-      plan.slots = plan_slots_;
-      plan.evicted = plan_evicted_;
-      plan.evicted_slots = {};
-      return plan;
-    }
+  }
 
-    if (needed > free_slots) {
-      const std::size_t to_evict = needed - free_slots;
-      victims_.resize(to_evict);
-      const VictimFilter filter{marks_.data(), epoch};
-      const std::size_t got = policy_->evict(to_evict, filter, keys_, victims_);
-      if (vllm_ && got == 0) {
-        // vLLM's ARC gives up when T1 is below its target and T2 has no candidate left, even if
-        // T1 has some: prepare_store returns None and nothing changed (Note [vLLM semantics]).
-        ++stats_.allocation_failures;
-        plan.status = StoreStatus::kCannotStore;
-        plan.reason = CannotStoreReason::kNoEvictableSpace;
-        plan_keys_.clear();
-        plan_positions_.clear();
-        plan.keys = plan_keys_;
-        plan.positions = plan_positions_;
-        plan.slots = {};
-        plan.evicted = {};
-        plan.evicted_slots = {};
-        return plan;
-      }
-      if (got != to_evict) {
-        // The counts above say the policy had enough candidates; a policy that disagrees has
-        // already evicted `got` slots, which we must still account for before reporting.
-        victims_.resize(got);
-      }
-      for (const SlotIndex v : victims_) {
-        if (state_[v] != kReady || pins_[v] != 0) {
-          throw Error(ErrorCode::kInternal, "prepare_store: the eviction policy chose slot " +
-                                                std::to_string(v) + ", which is not evictable");
-        }
-        plan_evicted_.push_back(keys_[v]);
-        index_.erase(keys_[v], v);
-        state_[v] = kFree;
-        pool_.put(v);
-      }
-      stats_.evictions += victims_.size();
-      record(EventKind::kRemoved, plan_evicted_);
-      if (got != to_evict) {
-        throw Error(ErrorCode::kInternal, "prepare_store: the eviction policy '" +
-                                              std::string(policy_->name()) + "' found " +
-                                              std::to_string(got) + " victims of " +
-                                              std::to_string(to_evict) + " it had");
-      }
-    }
-
-    for (const BlockKey& key : plan_keys_) {
-      const std::uint32_t s = pool_.take();
-      keys_[s] = key;
-      state_[s] = kPending;
-      index_.insert(key, s);
-      plan_slots_.push_back(s);
-    }
-    policy_->insert(plan_slots_, plan_keys_);
-    pending_ += needed;
-    stats_.stores_prepared += needed;
-
+  // A plan that stores nothing: counted as an allocation failure, no key, no slot, no eviction.
+  StorePlan refuse(StorePlan& plan) {
+    ++stats_.allocation_failures;
+    plan_keys_.clear();
+    plan_positions_.clear();
     plan.keys = plan_keys_;
     plan.positions = plan_positions_;
     plan.slots = plan_slots_;
     plan.evicted = plan_evicted_;
-    plan.evicted_slots =
-        needed > free_slots ? std::span<const SlotIndex>(victims_) : std::span<const SlotIndex>();
+    plan.evicted_slots = {};
     return plan;
+  }
+
+  // Note [Store phases], evicting: frees `to_evict` slots the policy chooses among those not
+  // protected in this epoch, their keys in plan_evicted_ and their slots in victims_. False when
+  // vLLM's policy found none (nothing changed); throws when a policy chose a slot that is not
+  // evictable or found fewer than the capacity check promised.
+  bool evict_for_store(std::size_t to_evict, std::uint32_t epoch) {
+    victims_.resize(to_evict);
+    const VictimFilter filter{marks_.data(), epoch};
+    const std::size_t got = policy_->evict(to_evict, filter, keys_, victims_);
+    if (vllm_ && got == 0) return false;
+    if (got != to_evict) {
+      // The counts above say the policy had enough candidates; a policy that disagrees has
+      // already evicted `got` slots, which we must still account for before reporting.
+      victims_.resize(got);
+    }
+    for (const SlotIndex v : victims_) {
+      if (state_[v] != kReady || pins_[v] != 0) {
+        throw Error(ErrorCode::kInternal, "prepare_store: the eviction policy chose slot " +
+                                              std::to_string(v) + ", which is not evictable");
+      }
+      plan_evicted_.push_back(keys_[v]);
+      index_.erase(keys_[v], v);
+      state_[v] = kFree;
+      pool_.put(v);
+    }
+    stats_.evictions += victims_.size();
+    record(EventKind::kRemoved, plan_evicted_);
+    if (got != to_evict) {
+      throw Error(ErrorCode::kInternal, "prepare_store: the eviction policy '" +
+                                            std::string(policy_->name()) + "' found " +
+                                            std::to_string(got) + " victims of " +
+                                            std::to_string(to_evict) + " it had");
+    }
+    return true;
   }
 
   std::span<const std::uint32_t> complete_store(std::span<const BlockKey> keys, bool success) {
@@ -555,11 +574,11 @@ class ManagerImpl {
       block = nullptr;
     }
   };
-  ~ManagerImpl() {
+  ~Impl() {
     if (live_) live_->detach();
   }
-  ManagerImpl(const ManagerImpl&) = delete;
-  ManagerImpl& operator=(const ManagerImpl&) = delete;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
 
   void attach_live(LivePageSink& sink) {
     detail::LivePage* page = detail::live_page_of(sink);
@@ -705,8 +724,6 @@ class ManagerImpl {
   std::shared_ptr<LiveLink> live_;  // null: not publishing
 };
 
-}  // namespace detail
-
 namespace {
 
 ManagerConfig validated(ManagerConfig config) {
@@ -721,7 +738,7 @@ ManagerConfig validated(ManagerConfig config) {
     throw_invalid("manager: ready_chunks " + std::to_string(*config.ready_chunks) +
                   " exceeds num_chunks " + std::to_string(config.num_chunks));
   }
-  if (config.policy != PolicyKind::kLru && config.policy != PolicyKind::kArc) {
+  if (!is_policy_kind(config.policy)) {
     throw_invalid("manager: policy " + std::to_string(static_cast<int>(config.policy)) +
                   " is unknown");
   }
@@ -762,7 +779,7 @@ Manager::Manager(const ManagerConfig& config, std::unique_ptr<EvictionPolicy> po
                   std::to_string(policy->capacity()) + " slots, the manager has " +
                   std::to_string(checked.num_chunks));
   }
-  impl_ = std::make_unique<detail::ManagerImpl>(checked, std::move(policy));
+  impl_ = std::make_unique<Impl>(checked, std::move(policy));
 }
 
 Manager::~Manager() = default;
@@ -781,40 +798,40 @@ const EvictionPolicy& Manager::policy() const noexcept {
 
 std::size_t Manager::lookup(std::span<const BlockKey> keys, std::span<LookupResult> results) {
   const std::size_t prefix = impl_->lookup(keys, results);
-  impl_->publish(detail::ManagerImpl::kLiveLookups);
+  impl_->publish(Impl::kLiveLookups);
   return prefix;
 }
 StorePlan Manager::prepare_store(std::span<const BlockKey> keys,
                                  std::span<const BlockKey> protected_keys) {
   StorePlan plan = impl_->prepare_store(keys, protected_keys);
-  impl_->publish(detail::ManagerImpl::kLiveStores | detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveStores | Impl::kLiveOccupancy);
   return plan;
 }
 std::span<const std::uint32_t> Manager::complete_store(std::span<const BlockKey> keys,
                                                        bool success) {
   const std::span<const std::uint32_t> done = impl_->complete_store(keys, success);
-  impl_->publish(detail::ManagerImpl::kLiveStores | detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveStores | Impl::kLiveOccupancy);
   return done;
 }
 void Manager::prepare_load(std::span<const BlockKey> keys, std::span<SlotIndex> slots_out) {
   impl_->prepare_load(keys, slots_out);
-  impl_->publish(detail::ManagerImpl::kLiveLoads | detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveLoads | Impl::kLiveOccupancy);
 }
 std::span<const SlotIndex> Manager::prepare_load(std::span<const BlockKey> keys) {
   const std::span<const SlotIndex> slots = impl_->prepare_load(keys);
-  impl_->publish(detail::ManagerImpl::kLiveLoads | detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveLoads | Impl::kLiveOccupancy);
   return slots;
 }
 void Manager::complete_load(std::span<const BlockKey> keys) {
   impl_->complete_load(keys);
-  impl_->publish(detail::ManagerImpl::kLiveLoads | detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveLoads | Impl::kLiveOccupancy);
 }
 void Manager::touch(std::span<const BlockKey> keys) {
   impl_->touch(keys);
 }
 void Manager::reset() {
   impl_->reset();
-  impl_->publish(detail::ManagerImpl::kLiveAll);
+  impl_->publish(Impl::kLiveAll);
 }
 LookupResult Manager::state_of(const BlockKey& key) const noexcept {
   return impl_->state_of(key);
@@ -839,14 +856,14 @@ ManagerStats Manager::stats() const noexcept {
 }
 void Manager::reset_stats() noexcept {
   impl_->reset_stats();
-  impl_->publish(detail::ManagerImpl::kLiveAll);
+  impl_->publish(Impl::kLiveAll);
 }
 std::uint32_t Manager::ready_chunks() const noexcept {
   return impl_->ready_chunks();
 }
 void Manager::set_ready_chunks(std::uint64_t n) {
   impl_->set_ready_chunks(n);
-  impl_->publish(detail::ManagerImpl::kLiveOccupancy);
+  impl_->publish(Impl::kLiveOccupancy);
 }
 void Manager::publish_live_stats(LivePageSink& page) {
   impl_->attach_live(page);

@@ -38,7 +38,7 @@ class VllmLruPolicy final : public EvictionPolicy {
       : capacity_(capacity), links_(capacity), state_(capacity, kAbsent) {}
 
   PolicyKind kind() const noexcept override { return PolicyKind::kLru; }
-  std::string_view name() const noexcept override { return "lru"; }
+  std::string_view name() const noexcept override { return to_string(kind()); }
   std::uint32_t capacity() const noexcept override { return capacity_; }
 
   void insert(std::span<const SlotIndex> slots, std::span<const BlockKey> /*keys*/) override {
@@ -145,7 +145,7 @@ class VllmArcPolicy final : public EvictionPolicy {
         ghosts_(2 * static_cast<std::size_t>(capacity)) {}
 
   PolicyKind kind() const noexcept override { return PolicyKind::kArc; }
-  std::string_view name() const noexcept override { return "arc"; }
+  std::string_view name() const noexcept override { return to_string(kind()); }
   std::uint32_t capacity() const noexcept override { return capacity_; }
 
   void insert(std::span<const SlotIndex> slots, std::span<const BlockKey> keys) override {
@@ -344,10 +344,11 @@ std::unique_ptr<EvictionPolicy> make_vllm_arc_policy(std::uint32_t capacity) {
 
 std::unique_ptr<EvictionPolicy> make_vllm_policy(PolicyKind kind, std::uint32_t capacity) {
   switch (kind) {
-    case PolicyKind::kLru:
-      return make_vllm_lru_policy(capacity);
-    case PolicyKind::kArc:
-      return make_vllm_arc_policy(capacity);
+#define KVOFFLOAD_MAKE_VLLM_POLICY_CASE_(value, upper, camel, name) \
+  case PolicyKind::k##camel:                                        \
+    return make_vllm_##name##_policy(capacity);
+    KVOFFLOAD_POLICY_KINDS(KVOFFLOAD_MAKE_VLLM_POLICY_CASE_)
+#undef KVOFFLOAD_MAKE_VLLM_POLICY_CASE_
   }
   throw_invalid("eviction policy " + std::to_string(static_cast<int>(kind)) + ": unknown");
 }

@@ -209,15 +209,15 @@ bool creator_alive(const Attempt& a, int fd) {
   return probe.l_type != F_UNLCK;
 }
 
-// The joiner path (see Note [Region lifetime]).
-Step try_join(Attempt& a, Attached& out) {
+// Opens an existing region file (never through a link): its descriptor, or -1 when there is none.
+int open_existing(const Attempt& a) {
   const Syscalls& sys = a.sys;
   const int raw = detail::retry_eintr([&] {
     return sys.openat(sys.context, a.dirfd, a.name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
   });
   if (raw < 0) {
     const int err = errno;
-    if (err == ENOENT) return Step::kAbsent;
+    if (err == ENOENT) return -1;
     if (err == ELOOP) {
       throw Error(ErrorCode::kPermission,
                   a.path +
@@ -233,6 +233,80 @@ Step try_join(Attempt& a, Attached& out) {
     }
     throw_system_error("open", err, "of region " + a.path);
   }
+  return raw;
+}
+
+// Waits while the creator works: true once the header says ready, false when the creator died
+// before (start over). Checks the header on its first read, so a mismatch fails fast.
+bool wait_until_ready(Attempt& a, int fd) {
+  const Syscalls& sys = a.sys;
+  detail::RegionHeader header{};
+  bool checked = false;
+  for (;;) {
+    if (!detail::read_header(sys, fd, header, a.path)) {
+      throw Error(ErrorCode::kMismatch, a.path + " is shorter than a region header (" +
+                                            std::to_string(sizeof header) +
+                                            " bytes); it is not a kvoffload region");
+    }
+    if (!checked) {
+      check_header(a, header);  // fail fast on a mismatch, even while the creator works
+      checked = true;
+    }
+    if (header.state == static_cast<std::uint32_t>(detail::RegionState::kReady)) return true;
+    if (header.state != static_cast<std::uint32_t>(detail::RegionState::kCreating)) {
+      throw Error(ErrorCode::kMismatch, "region " + a.path + " has an unknown state " +
+                                            std::to_string(header.state) + "; expected 'ready'");
+    }
+    a.last_observed = "creating";
+    if (!creator_alive(a, fd)) {
+      // The state may have turned ready just before the creator dropped its lock.
+      if (!detail::read_header(sys, fd, header, a.path)) continue;
+      if (header.state == static_cast<std::uint32_t>(detail::RegionState::kReady)) return true;
+      log().warn("region {}: its creator died during creation; starting over", a.path);
+      a.last_observed = "creating, creator gone";
+      return false;
+    }
+    if (Clock::now() >= a.deadline) throw_timeout(a);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// The joiner's last steps on a ready region: its size, its role claimed, the mapping.
+Step claim_and_map(Attempt& a, detail::UniqueFd fd, struct stat st, Attached& out) {
+  const Syscalls& sys = a.sys;
+  if (sys.fstat(sys.context, fd.get(), &st) != 0)
+    throw_system_error("fstat", errno, "of region " + a.path);
+  if (static_cast<std::uint64_t>(st.st_size) < a.file_bytes) {
+    throw Error(ErrorCode::kMismatch, "region " + a.path + " is " + std::to_string(st.st_size) +
+                                          " bytes, expected " + std::to_string(a.file_bytes));
+  }
+  if (const auto holder = detail::claim_role(sys, fd.get(), role_of(a), a.path)) {
+    Error refused = detail::role_taken(a.path, a.options.engine_id, role_of(a), *holder);
+    // We hold the liveness lock: leave as close() does, in case the holder left meanwhile.
+    if (const std::string failed = unlink_if_last(sys, fd.get(), a.dirfd, a.name, st);
+        !failed.empty()) {
+      log().error("region {}: leaving after a refused claim: {}", a.path, failed);
+    }
+    throw refused;
+  }
+  void* addr =
+      sys.mmap(sys.context, nullptr, a.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (addr == MAP_FAILED) {
+    throw_system_error("mmap", errno,
+                       "of " + std::to_string(a.file_bytes) + " bytes of region " + a.path);
+  }
+  out.mapping = detail::Mapping(sys, addr, a.file_bytes);
+  out.fd = std::move(fd);
+  out.st = st;
+  out.role = RegionRole::kJoiner;
+  return Step::kAttached;
+}
+
+// The joiner path (see Note [Region lifetime]).
+Step try_join(Attempt& a, Attached& out) {
+  const Syscalls& sys = a.sys;
+  const int raw = open_existing(a);
+  if (raw < 0) return Step::kAbsent;
   detail::UniqueFd fd(sys, raw);
   struct stat st {};
   if (sys.fstat(sys.context, fd.get(), &st) != 0)
@@ -268,62 +342,8 @@ Step try_join(Attempt& a, Attached& out) {
     return Step::kRetryNow;
   }
 
-  detail::RegionHeader header{};
-  bool checked = false;
-  for (;;) {
-    if (!detail::read_header(sys, fd.get(), header, a.path)) {
-      throw Error(ErrorCode::kMismatch, a.path + " is shorter than a region header (" +
-                                            std::to_string(sizeof header) +
-                                            " bytes); it is not a kvoffload region");
-    }
-    if (!checked) {
-      check_header(a, header);  // fail fast on a mismatch, even while the creator works
-      checked = true;
-    }
-    if (header.state == static_cast<std::uint32_t>(detail::RegionState::kReady)) break;
-    if (header.state != static_cast<std::uint32_t>(detail::RegionState::kCreating)) {
-      throw Error(ErrorCode::kMismatch, "region " + a.path + " has an unknown state " +
-                                            std::to_string(header.state) + "; expected 'ready'");
-    }
-    a.last_observed = "creating";
-    if (!creator_alive(a, fd.get())) {
-      // The state may have turned ready just before the creator dropped its lock.
-      if (!detail::read_header(sys, fd.get(), header, a.path)) continue;
-      if (header.state == static_cast<std::uint32_t>(detail::RegionState::kReady)) break;
-      log().warn("region {}: its creator died during creation; starting over", a.path);
-      a.last_observed = "creating, creator gone";
-      return Step::kRetry;
-    }
-    if (Clock::now() >= a.deadline) throw_timeout(a);
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-
-  if (sys.fstat(sys.context, fd.get(), &st) != 0)
-    throw_system_error("fstat", errno, "of region " + a.path);
-  if (static_cast<std::uint64_t>(st.st_size) < a.file_bytes) {
-    throw Error(ErrorCode::kMismatch, "region " + a.path + " is " + std::to_string(st.st_size) +
-                                          " bytes, expected " + std::to_string(a.file_bytes));
-  }
-  if (const auto holder = detail::claim_role(sys, fd.get(), role_of(a), a.path)) {
-    Error refused = detail::role_taken(a.path, a.options.engine_id, role_of(a), *holder);
-    // We hold the liveness lock: leave as close() does, in case the holder left meanwhile.
-    if (const std::string failed = unlink_if_last(sys, fd.get(), a.dirfd, a.name, st);
-        !failed.empty()) {
-      log().error("region {}: leaving after a refused claim: {}", a.path, failed);
-    }
-    throw refused;
-  }
-  void* addr =
-      sys.mmap(sys.context, nullptr, a.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (addr == MAP_FAILED) {
-    throw_system_error("mmap", errno,
-                       "of " + std::to_string(a.file_bytes) + " bytes of region " + a.path);
-  }
-  out.mapping = detail::Mapping(sys, addr, a.file_bytes);
-  out.fd = std::move(fd);
-  out.st = st;
-  out.role = RegionRole::kJoiner;
-  return Step::kAttached;
+  if (!wait_until_ready(a, fd.get())) return Step::kRetry;
+  return claim_and_map(a, std::move(fd), st, out);
 }
 
 }  // namespace

@@ -96,7 +96,7 @@ std::string_view to_string(PopulateMethod m) noexcept {
 
 // The pieces of a ranked mapper (Note [Progressive bring-up]). Throws the first failure after
 // recording it in the status and the rank's table entry.
-void Region::run_bringup(State& s) {
+void Region::run_bringup(Impl& s) {
   const RegionGeometry& g = s.geometry;
   const std::uint32_t rank = *s.rank;
   detail::RankReadiness& entry = s.table[rank];
@@ -191,25 +191,25 @@ void Region::run_bringup(State& s) {
 }
 
 BringupStatus Region::bringup_status() const {
-  const std::lock_guard lock(state_->mu);
-  return state_->bringup;
+  const std::lock_guard lock(impl_->mu);
+  return impl_->bringup;
 }
 
 void Region::wait_bringup() const {
-  std::unique_lock lock(state_->mu);
-  state_->cv.wait(lock, [&] { return state_->bringup.state != BringupState::kRunning; });
-  if (state_->bringup.state == BringupState::kFailed && state_->bringup.error)
-    throw *state_->bringup.error;
-  if (state_->bringup.state == BringupState::kStopped) {
-    throw Error(ErrorCode::kState, "region " + state_->path.string() +
+  std::unique_lock lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->bringup.state != BringupState::kRunning; });
+  if (impl_->bringup.state == BringupState::kFailed && impl_->bringup.error)
+    throw *impl_->bringup.error;
+  if (impl_->bringup.state == BringupState::kStopped) {
+    throw Error(ErrorCode::kState, "region " + impl_->path.string() +
                                        ": bring-up was stopped by close() before it finished");
   }
 }
 
 RankBringup Region::rank_bringup(std::uint32_t rank) const {
   if (!is_open()) throw Error(ErrorCode::kState, "rank_bringup() on a closed region");
-  (void)state_->geometry.copy_index(rank);  // validates the rank
-  detail::RankReadiness& e = state_->table[rank];
+  (void)impl_->geometry.copy_index(rank);  // validates the rank
+  detail::RankReadiness& e = impl_->table[rank];
   RankBringup r;
   r.state = static_cast<BringupState>(detail::table_state(e).load(std::memory_order_acquire));
   r.ready_chunks = detail::table_ready(e).load(std::memory_order_acquire);
@@ -219,11 +219,11 @@ RankBringup Region::rank_bringup(std::uint32_t rank) const {
 
 std::uint64_t Region::chunks_ready_on_all_ranks() const {
   if (!is_open()) throw Error(ErrorCode::kState, "chunks_ready_on_all_ranks() on a closed region");
-  const RegionGeometry& g = state_->geometry;
+  const RegionGeometry& g = impl_->geometry;
   std::uint64_t ready = g.num_chunks();
   for (std::uint32_t r = 0; r < g.world_size(); ++r) {
     // A value past num_chunks can only come from a corrupt table; never hand out such rows.
-    ready = std::min(ready, detail::table_ready(state_->table[r]).load(std::memory_order_acquire));
+    ready = std::min(ready, detail::table_ready(impl_->table[r]).load(std::memory_order_acquire));
   }
   return ready;
 }

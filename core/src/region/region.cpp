@@ -83,47 +83,46 @@ Region Region::create_or_join(const RegionOptions& options) {
 
   detail::Attached attached = detail::attach(a);
 
-  auto state = std::make_unique<State>();
-  state->sys = &sys;
-  state->engine_id = options.engine_id;
-  state->path = path;
-  state->name = a.name;
-  state->geometry = geometry;
-  state->role = attached.role;
-  state->rank = options.rank;
-  state->dir = std::move(dir);
-  state->fd = std::move(attached.fd);
-  state->mapping = std::move(attached.mapping);
-  state->data =
-      state->mapping.data() + detail::data_offset_for(geometry.page_size(), geometry.world_size());
-  state->table =
-      reinterpret_cast<detail::RankReadiness*>(state->mapping.data() + detail::kReadinessOffset);
-  state->live = reinterpret_cast<detail::LivePage*>(
-      state->mapping.data() +
-      detail::stats_offset_for(geometry.page_size(), geometry.world_size()));
-  state->st = attached.st;
-  state->open = true;
-  state->shm_dir = shm_dir.string();
-  state->populate_pages = options.populate;
-  state->populate_threads = options.populate_threads;
-  state->piece_rows =
+  auto impl = std::make_unique<Impl>();
+  impl->sys = &sys;
+  impl->engine_id = options.engine_id;
+  impl->path = path;
+  impl->name = a.name;
+  impl->geometry = geometry;
+  impl->role = attached.role;
+  impl->rank = options.rank;
+  impl->dir = std::move(dir);
+  impl->fd = std::move(attached.fd);
+  impl->mapping = std::move(attached.mapping);
+  impl->data =
+      impl->mapping.data() + detail::data_offset_for(geometry.page_size(), geometry.world_size());
+  impl->table =
+      reinterpret_cast<detail::RankReadiness*>(impl->mapping.data() + detail::kReadinessOffset);
+  impl->live = reinterpret_cast<detail::LivePage*>(
+      impl->mapping.data() + detail::stats_offset_for(geometry.page_size(), geometry.world_size()));
+  impl->st = attached.st;
+  impl->open = true;
+  impl->shm_dir = shm_dir.string();
+  impl->populate_pages = options.populate;
+  impl->populate_threads = options.populate_threads;
+  impl->piece_rows =
       std::max<std::uint64_t>(1, options.bringup_piece_bytes / geometry.row_stride());
-  state->first_piece_rows = std::min(
-      state->piece_rows,
+  impl->first_piece_rows = std::min(
+      impl->piece_rows,
       std::max<std::uint64_t>(1, options.bringup_first_piece_bytes / geometry.row_stride()));
   // The first hook, so it runs last, just before munmap (RegionOptions::on_teardown).
-  if (options.on_teardown) state->hooks.push_back(options.on_teardown);
-  state->on_piece_ready = options.on_piece_ready;
-  state->started = a.started;
-  state->bringup.num_chunks = geometry.num_chunks();
-  Region region(std::move(state));
+  if (options.on_teardown) impl->hooks.push_back(options.on_teardown);
+  impl->on_piece_ready = options.on_piece_ready;
+  impl->started = a.started;
+  impl->bringup.num_chunks = geometry.num_chunks();
+  Region region(std::move(impl));
   log().info("region {}: {} ({} bytes, {} chunks x {} row stride)", a.path,
              region.role() == RegionRole::kCreator ? "created" : "joined", a.file_bytes,
              geometry.num_chunks(), geometry.row_stride());
 
   // A failure here goes through the normal teardown (other processes may be attached already),
   // and the caller sees the populate (or allocation) error.
-  State& s = *region.state_;
+  Impl& s = *region.impl_;
   if (options.rank) {
     if (options.bringup == BringupMode::kBlocking) {
       run_bringup(s);
@@ -159,12 +158,12 @@ Region Region::create_or_join(const RegionOptions& options) {
   return region;
 }
 
-Region::Region(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Region::Region(std::unique_ptr<Impl> state) : impl_(std::move(state)) {}
 Region::Region(Region&& other) noexcept = default;
 Region& Region::operator=(Region&& other) noexcept {
   if (this != &other) {
     close();
-    state_ = std::move(other.state_);
+    impl_ = std::move(other.impl_);
   }
   return *this;
 }
@@ -173,73 +172,73 @@ Region::~Region() {
 }
 
 const RegionGeometry& Region::geometry() const noexcept {
-  return state_->geometry;
+  return impl_->geometry;
 }
 RegionRole Region::role() const noexcept {
-  return state_->role;
+  return impl_->role;
 }
 const std::filesystem::path& Region::path() const noexcept {
-  return state_->path;
+  return impl_->path;
 }
 const std::string& Region::engine_id() const noexcept {
-  return state_->engine_id;
+  return impl_->engine_id;
 }
 std::optional<std::uint32_t> Region::rank() const noexcept {
-  return state_->rank;
+  return impl_->rank;
 }
 PopulateReport Region::populate_report() const {
-  const std::lock_guard lock(state_->mu);
-  return state_->populate;
+  const std::lock_guard lock(impl_->mu);
+  return impl_->populate;
 }
 
 bool Region::is_open() const noexcept {
-  return state_ != nullptr && state_->open;
+  return impl_ != nullptr && impl_->open;
 }
 std::byte* Region::data() const noexcept {
-  return is_open() ? state_->data : nullptr;
+  return is_open() ? impl_->data : nullptr;
 }
 
 std::span<std::byte> Region::slot(std::uint64_t chunk, std::uint32_t rank) const {
   if (!is_open()) throw Error(ErrorCode::kState, "slot() on a closed region");
-  return {state_->data + state_->geometry.slot_offset(chunk, rank), state_->geometry.slot_bytes()};
+  return {impl_->data + impl_->geometry.slot_offset(chunk, rank), impl_->geometry.slot_bytes()};
 }
 
 std::span<std::byte> Region::slot(std::uint64_t chunk) const {
   if (!is_open()) throw Error(ErrorCode::kState, "slot() on a closed region");
-  if (!state_->rank) {
-    throw Error(ErrorCode::kState, "slot(chunk) needs a rank; region " + state_->path.string() +
+  if (!impl_->rank) {
+    throw Error(ErrorCode::kState, "slot(chunk) needs a rank; region " + impl_->path.string() +
                                        " was mapped unranked (use slot(chunk, rank))");
   }
-  return slot(chunk, *state_->rank);
+  return slot(chunk, *impl_->rank);
 }
 
 std::span<std::byte> Region::row(std::uint64_t chunk) const {
   if (!is_open()) throw Error(ErrorCode::kState, "row() on a closed region");
-  const RegionGeometry& g = state_->geometry;
+  const RegionGeometry& g = impl_->geometry;
   if (chunk >= g.num_chunks()) {
     throw_invalid("chunk " + std::to_string(chunk) + " is out of range: the region has " +
                   std::to_string(g.num_chunks()) + " chunks, so chunk must be 0.." +
                   std::to_string(g.num_chunks() - 1));
   }
-  return {state_->data + chunk * g.row_stride(), static_cast<std::size_t>(g.row_stride())};
+  return {impl_->data + chunk * g.row_stride(), static_cast<std::size_t>(g.row_stride())};
 }
 
 void Region::add_teardown_hook(std::function<void()> hook) {
   if (!is_open()) throw Error(ErrorCode::kState, "add_teardown_hook() on a closed region");
-  state_->hooks.push_back(std::move(hook));
+  impl_->hooks.push_back(std::move(hook));
 }
 
 std::span<std::byte> Region::live_area() const noexcept {
   if (!is_open()) return {};
-  const RegionGeometry& g = state_->geometry;
-  return {reinterpret_cast<std::byte*>(state_->live),
+  const RegionGeometry& g = impl_->geometry;
+  return {reinterpret_cast<std::byte*>(impl_->live),
           static_cast<std::size_t>(detail::stats_bytes_for(g.page_size(), g.world_size()))};
 }
 std::uint64_t Region::live_num_chunks() const noexcept {
-  return state_ == nullptr ? 0 : state_->geometry.num_chunks();
+  return impl_ == nullptr ? 0 : impl_->geometry.num_chunks();
 }
 std::string Region::live_name() const {
-  return state_ == nullptr ? std::string("the region") : "region " + state_->path.string();
+  return impl_ == nullptr ? std::string("the region") : "region " + impl_->path.string();
 }
 void Region::on_live_close(std::function<void()> hook) {
   add_teardown_hook(std::move(hook));
@@ -247,7 +246,7 @@ void Region::on_live_close(std::function<void()> hook) {
 
 bool Region::close() noexcept {
   if (!is_open()) return true;
-  State& s = *state_;
+  Impl& s = *impl_;
   // The bring-up thread first: it may be registering a piece, and the hooks below unregister.
   if (s.bringup_thread.joinable()) {
     s.stop.store(true);

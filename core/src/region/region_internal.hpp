@@ -117,8 +117,8 @@ inline std::atomic_ref<std::uint64_t> table_ready(RankReadiness& e) {
 
 namespace kvoffload {
 
-struct Region::State {
-  ~State() {
+struct Region::Impl {
+  ~Impl() {
     // A Region whose create_or_join threw after starting nothing has no thread; a moved-from or
     // closed one has joined it. This is the last line of defence, never the normal path.
     if (bringup_thread.joinable()) {

@@ -187,30 +187,10 @@ struct TransferEngine::Impl {
   }
 
   void submit(JobId id, Direction direction, const TransferSpec& spec, WaitOn wait_on) {
-    if (wait_on.kind() == WaitOn::Kind::kStream &&
-        runtime.stream_capturing(wait_on.stream_view())) {
-      throw Error(
-          ErrorCode::kState,
-          fmt::format("transfer engine: job {} would wait on stream {:#x}, which is capturing a "
-                      "graph: its copies would become nodes of that capture and never run, and "
-                      "the capture would fail unjoined. Submit after the capture ends (Note "
-                      "[Capturing streams])",
-                      static_cast<std::uint64_t>(id), wait_on.stream_view().native()),
-          0, "stream_capturing");
-    }
+    refuse_capturing_wait(id, wait_on);
     Lane& ln = lane(direction);
     std::lock_guard submit_lock(ln.submit_mutex);
-    if (runtime.stream_capturing(ln.stream.view())) {
-      // Pulled into a caller's capture by an earlier job's wait, and that capture still runs.
-      throw Error(ErrorCode::kState,
-                  fmt::format("transfer engine: job {} refused: the {} lane's stream is part of a "
-                              "graph capture it was pulled into (an earlier job waited on an "
-                              "event recorded during that capture), so its copies would become "
-                              "graph nodes that never run. Submit after the capture ends (Note "
-                              "[Capturing streams])",
-                              static_cast<std::uint64_t>(id), to_string(direction)),
-                  0, "stream_capturing");
-    }
+    refuse_captured_lane(id, direction, ln);
     {
       std::lock_guard lock(state_mutex);
       if (closed) throw Error(ErrorCode::kState, "transfer engine: submit after shutdown");
@@ -251,6 +231,54 @@ struct TransferEngine::Impl {
       stats.last_descriptors = plan.copies.size();
       ++(path == CopyPath::kKernel ? stats.kernel_batches : stats.dma_batches);
     }
+    enqueue_job(job, ln, direction, plan, path, wait_on, wait_event);
+    std::lock_guard lock(state_mutex);
+    // The wait event may be reused as soon as the wait is enqueued: a later record starts a new
+    // generation, and the stream's wait is bound to the one recorded here.
+    give_event(std::move(wait_event), /*timing=*/false);
+    if (job.failed) {
+      give_event(std::move(job.start), /*timing=*/true);
+      if (!job.end_pending) give_event(std::move(job.end), options.job_timing);
+    }
+    ln.inflight.push_back(std::move(job));
+  }
+
+  // A job may not wait on a stream that is capturing a graph (Note [Capturing streams]).
+  void refuse_capturing_wait(JobId id, const WaitOn& wait_on) {
+    if (wait_on.kind() == WaitOn::Kind::kStream &&
+        runtime.stream_capturing(wait_on.stream_view())) {
+      throw Error(
+          ErrorCode::kState,
+          fmt::format("transfer engine: job {} would wait on stream {:#x}, which is capturing a "
+                      "graph: its copies would become nodes of that capture and never run, and "
+                      "the capture would fail unjoined. Submit after the capture ends (Note "
+                      "[Capturing streams])",
+                      static_cast<std::uint64_t>(id), wait_on.stream_view().native()),
+          0, "stream_capturing");
+    }
+  }
+
+  // Nor run on a lane whose stream an earlier job's wait pulled into a capture that still runs.
+  // Needs the lane's submit_mutex.
+  void refuse_captured_lane(JobId id, Direction direction, Lane& ln) {
+    if (runtime.stream_capturing(ln.stream.view())) {
+      // Pulled into a caller's capture by an earlier job's wait, and that capture still runs.
+      throw Error(ErrorCode::kState,
+                  fmt::format("transfer engine: job {} refused: the {} lane's stream is part of a "
+                              "graph capture it was pulled into (an earlier job waited on an "
+                              "event recorded during that capture), so its copies would become "
+                              "graph nodes that never run. Submit after the capture ends (Note "
+                              "[Capturing streams])",
+                              static_cast<std::uint64_t>(id), to_string(direction)),
+                  0, "stream_capturing");
+    }
+  }
+
+  // Enqueues the job's wait, its copies and its events on the lane's stream. A failure marks the
+  // job failed; copies enqueued before it still run, and the job finishes after them.
+  void enqueue_job(Inflight& job, Lane& ln, Direction direction, const detail::Plan& plan,
+                   CopyPath path, const WaitOn& wait_on, const Event& wait_event) {
+    const JobId id = job.id;
     try {
       const StreamView s = ln.stream.view();
       switch (wait_on.kind()) {
@@ -294,15 +322,6 @@ struct TransferEngine::Impl {
         }
       }
     }
-    std::lock_guard lock(state_mutex);
-    // The wait event may be reused as soon as the wait is enqueued: a later record starts a new
-    // generation, and the stream's wait is bound to the one recorded here.
-    give_event(std::move(wait_event), /*timing=*/false);
-    if (job.failed) {
-      give_event(std::move(job.start), /*timing=*/true);
-      if (!job.end_pending) give_event(std::move(job.end), options.job_timing);
-    }
-    ln.inflight.push_back(std::move(job));
   }
 
   // Mirrors a lane's counters into the rank's live page (Note [Live stats]): a few relaxed stores.

@@ -64,7 +64,7 @@ bool is_ip_address(const std::string& host) {
 
 }  // namespace
 
-struct TlsStream::State {
+struct TlsStream::Impl {
   // Members' types must not use the anonymous namespace (GCC's -Wsubobject-linkage, which fires
   // when this file is batched with others in a unity build, .ci/run's sanitizer stages).
   struct CtxDeleter {
@@ -130,17 +130,17 @@ struct TlsStream::State {
 
 TlsStream::TlsStream(int fd, const RemoteTls& tls, const RemoteEndpoint& endpoint,
                      RemoteClock::time_point deadline)
-    : s_(std::make_unique<State>()) {
+    : impl_(std::make_unique<Impl>()) {
   const std::string where = "TLS to " + endpoint.to_string();
-  s_->fd = fd;
-  s_->client_cert = !tls.cert_file.empty();
+  impl_->fd = fd;
+  impl_->client_cert = !tls.cert_file.empty();
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)
     throw_system_error("fcntl", errno, "O_NONBLOCK on the socket to " + endpoint.to_string());
   ERR_clear_error();
-  s_->ctx.reset(SSL_CTX_new(TLS_client_method()));
-  if (!s_->ctx) throw Error(ErrorCode::kSystem, where + ": SSL_CTX_new: " + ssl_errors());
-  SSL_CTX* ctx = s_->ctx.get();
+  impl_->ctx.reset(SSL_CTX_new(TLS_client_method()));
+  if (!impl_->ctx) throw Error(ErrorCode::kSystem, where + ": SSL_CTX_new: " + ssl_errors());
+  SSL_CTX* ctx = impl_->ctx.get();
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
   SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
@@ -165,9 +165,9 @@ TlsStream::TlsStream(int fd, const RemoteTls& tls, const RemoteEndpoint& endpoin
                                                    tls.cert_file + ": " + ssl_errors());
     }
   }
-  s_->ssl.reset(SSL_new(ctx));
-  if (!s_->ssl) throw Error(ErrorCode::kSystem, where + ": SSL_new: " + ssl_errors());
-  SSL* ssl = s_->ssl.get();
+  impl_->ssl.reset(SSL_new(ctx));
+  if (!impl_->ssl) throw Error(ErrorCode::kSystem, where + ": SSL_new: " + ssl_errors());
+  SSL* ssl = impl_->ssl.get();
   SSL_set_fd(ssl, fd);
   const std::string& name = tls.server_name.empty() ? endpoint.host : tls.server_name;
   bool named = false;
@@ -196,7 +196,7 @@ TlsStream::TlsStream(int fd, const RemoteTls& tls, const RemoteEndpoint& endpoin
       why += "')";
       throw Error(ErrorCode::kPermission, why);
     }
-    if (!s_->wait_for(rc, deadline, "handshake", error)) {
+    if (!impl_->wait_for(rc, deadline, "handshake", error)) {
       if (error.starts_with("authentication failed")) {
         throw Error(ErrorCode::kPermission, error + " (" + where + ")");
       }
@@ -210,8 +210,8 @@ TlsStream::TlsStream(int fd, const RemoteTls& tls, const RemoteEndpoint& endpoin
 
 TlsStream::~TlsStream() {
   // A close_notify when it can be sent at once; the socket itself is closed by its owner.
-  if (s_ && s_->ssl) {
-    (void)SSL_shutdown(s_->ssl.get());
+  if (impl_ && impl_->ssl) {
+    (void)SSL_shutdown(impl_->ssl.get());
     ERR_clear_error();
   }
 }
@@ -223,11 +223,11 @@ bool TlsStream::write_all(const iovec* iov, std::size_t count, RemoteClock::time
   constexpr std::size_t kRecord = 16 * 1024;
   std::size_t i = 0, off = 0;
   while (i < count) {
-    s_->out.clear();
-    while (i < count && s_->out.size() < kRecord) {
+    impl_->out.clear();
+    while (i < count && impl_->out.size() < kRecord) {
       const auto* base = static_cast<const char*>(iov[i].iov_base);
-      const std::size_t take = std::min(iov[i].iov_len - off, kRecord - s_->out.size());
-      s_->out.insert(s_->out.end(), base + off, base + off + take);
+      const std::size_t take = std::min(iov[i].iov_len - off, kRecord - impl_->out.size());
+      impl_->out.insert(impl_->out.end(), base + off, base + off + take);
       off += take;
       if (off == iov[i].iov_len) {
         ++i;
@@ -235,18 +235,18 @@ bool TlsStream::write_all(const iovec* iov, std::size_t count, RemoteClock::time
       }
     }
     std::size_t sent = 0;
-    while (sent < s_->out.size()) {
+    while (sent < impl_->out.size()) {
       if (RemoteClock::now() >= deadline) {
         error = "deadline passed while sending";
         return false;
       }
-      const int n =
-          SSL_write(s_->ssl.get(), s_->out.data() + sent, static_cast<int>(s_->out.size() - sent));
+      const int n = SSL_write(impl_->ssl.get(), impl_->out.data() + sent,
+                              static_cast<int>(impl_->out.size() - sent));
       if (n > 0) {
         sent += static_cast<std::size_t>(n);
         continue;
       }
-      if (!s_->wait_for(n, deadline, "send", error)) return false;
+      if (!impl_->wait_for(n, deadline, "send", error)) return false;
     }
   }
   return true;
@@ -260,9 +260,9 @@ long TlsStream::read_some(char* dst, std::size_t len, RemoteClock::time_point de
       error = "deadline passed waiting for a reply";
       return -1;
     }
-    const int n = SSL_read(s_->ssl.get(), dst, want);
+    const int n = SSL_read(impl_->ssl.get(), dst, want);
     if (n > 0) return n;
-    if (!s_->wait_for(n, deadline, "receive", error)) return -1;
+    if (!impl_->wait_for(n, deadline, "receive", error)) return -1;
   }
 }
 

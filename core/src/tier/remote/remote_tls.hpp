@@ -40,8 +40,8 @@ class TlsStream {
   long read_some(char* dst, std::size_t len, RemoteClock::time_point deadline, std::string& error);
 
  private:
-  struct State;
-  std::unique_ptr<State> s_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kvoffload::detail

@@ -299,6 +299,72 @@ void require_readable(std::string_view url, const char* option, const std::strin
     bad_url(url, std::string(option) + " " + errno_text("access " + path, errno));
 }
 
+// The password of password_file= or password_env=, given once only (not also in the URL).
+void take_password_option(std::string_view text, const Options& options, RemoteUrl& url) {
+  if (!options.has_file && !options.has_env) return;
+  if (url.password_from == RemoteUrl::SecretFrom::kUrl) {
+    bad_url(text, std::string("the password is given twice: in the URL and in ") +
+                      (options.has_file ? "password_file" : "password_env"));
+  }
+  if (options.has_file && options.has_env) {
+    bad_url(text, "the password is given twice: password_file and password_env");
+  }
+  if (options.has_file) {
+    url.password = Secret(read_password_file(text, options.password_file));
+    url.password_from = RemoteUrl::SecretFrom::kFile;
+    url.password_origin = options.password_file;
+  } else {
+    const char* value = std::getenv(options.password_env.c_str());
+    if (value == nullptr) {
+      bad_url(text,
+              "password_env " + options.password_env + ": the environment variable is not set");
+    }
+    if (*value == '\0') {
+      bad_url(text, "password_env " + options.password_env + ": the environment variable is empty");
+    }
+    url.password = Secret(value);
+    url.password_from = RemoteUrl::SecretFrom::kEnv;
+    url.password_origin = options.password_env;
+  }
+}
+
+// The tls_ options, for a TLS scheme only, each file readable.
+void take_tls_options(std::string_view text, std::string_view scheme, const RemoteTls& t,
+                      RemoteUrl& url) {
+  const bool tls_options =
+      !t.ca_file.empty() || !t.cert_file.empty() || !t.key_file.empty() || !t.server_name.empty();
+  if (tls_options && !url.tls.enabled) {
+    bad_url(text, "the tls_ options apply to rediss:// and rediss-cluster:// only (scheme '" +
+                      std::string(scheme) + "' has no TLS)");
+  }
+  if (t.cert_file.empty() != t.key_file.empty()) {
+    bad_url(text, "tls_cert and tls_key go together (a client certificate and its key)");
+  }
+  if (!t.ca_file.empty()) require_readable(text, "tls_ca", t.ca_file);
+  if (!t.cert_file.empty()) require_readable(text, "tls_cert", t.cert_file);
+  if (!t.key_file.empty()) require_readable(text, "tls_key", t.key_file);
+  const bool enabled = url.tls.enabled;
+  url.tls = t;
+  url.tls.enabled = enabled;
+}
+
+// The /db after the nodes (redis:// only): takes it off `rest`.
+void take_db(std::string_view text, std::string_view& rest, RemoteUrl& url) {
+  const auto slash = rest.find('/');
+  if (slash == std::string_view::npos) return;
+  const std::string_view db = rest.substr(slash + 1);
+  rest = rest.substr(0, slash);
+  if (url.kind != RemoteKind::kRedis) {
+    bad_url(text, "a /db is only allowed on redis:// (clusters and memcached have no databases)");
+  }
+  unsigned value = 0;
+  const auto [end, ec] = std::from_chars(db.data(), db.data() + db.size(), value);
+  if (db.empty() || ec != std::errc{} || end != db.data() + db.size() || value > 15) {
+    bad_url(text, "db '" + std::string(db) + "' is not a database number 0..15");
+  }
+  url.db = value;
+}
+
 }  // namespace
 
 RemoteUrl RemoteUrl::parse(std::string_view text) {
@@ -339,33 +405,7 @@ RemoteUrl RemoteUrl::parse(std::string_view text) {
       url.password_from = SecretFrom::kUrl;
     }
   }
-  if (options.has_file || options.has_env) {
-    if (url.password_from == SecretFrom::kUrl) {
-      bad_url(text, std::string("the password is given twice: in the URL and in ") +
-                        (options.has_file ? "password_file" : "password_env"));
-    }
-    if (options.has_file && options.has_env) {
-      bad_url(text, "the password is given twice: password_file and password_env");
-    }
-    if (options.has_file) {
-      url.password = Secret(read_password_file(text, options.password_file));
-      url.password_from = SecretFrom::kFile;
-      url.password_origin = options.password_file;
-    } else {
-      const char* value = std::getenv(options.password_env.c_str());
-      if (value == nullptr) {
-        bad_url(text,
-                "password_env " + options.password_env + ": the environment variable is not set");
-      }
-      if (*value == '\0') {
-        bad_url(text,
-                "password_env " + options.password_env + ": the environment variable is empty");
-      }
-      url.password = Secret(value);
-      url.password_from = SecretFrom::kEnv;
-      url.password_origin = options.password_env;
-    }
-  }
+  take_password_option(text, options, url);
   if (!url.user.empty() && url.password.empty()) {
     // Not quoted: a password typed without its ':' would be taken for the user.
     bad_url(text,
@@ -376,37 +416,9 @@ RemoteUrl RemoteUrl::parse(std::string_view text) {
     bad_url(text, "memcached SASL needs a user name: memcached://user:PASSWORD@host:port");
   }
 
-  const RemoteTls& t = options.tls;
-  const bool tls_options =
-      !t.ca_file.empty() || !t.cert_file.empty() || !t.key_file.empty() || !t.server_name.empty();
-  if (tls_options && !url.tls.enabled) {
-    bad_url(text, "the tls_ options apply to rediss:// and rediss-cluster:// only (scheme '" +
-                      std::string(scheme) + "' has no TLS)");
-  }
-  if (t.cert_file.empty() != t.key_file.empty()) {
-    bad_url(text, "tls_cert and tls_key go together (a client certificate and its key)");
-  }
-  if (!t.ca_file.empty()) require_readable(text, "tls_ca", t.ca_file);
-  if (!t.cert_file.empty()) require_readable(text, "tls_cert", t.cert_file);
-  if (!t.key_file.empty()) require_readable(text, "tls_key", t.key_file);
-  const bool enabled = url.tls.enabled;
-  url.tls = t;
-  url.tls.enabled = enabled;
+  take_tls_options(text, scheme, options.tls, url);
 
-  const auto slash = rest.find('/');
-  if (slash != std::string_view::npos) {
-    const std::string_view db = rest.substr(slash + 1);
-    rest = rest.substr(0, slash);
-    if (url.kind != RemoteKind::kRedis) {
-      bad_url(text, "a /db is only allowed on redis:// (clusters and memcached have no databases)");
-    }
-    unsigned value = 0;
-    const auto [end, ec] = std::from_chars(db.data(), db.data() + db.size(), value);
-    if (db.empty() || ec != std::errc{} || end != db.data() + db.size() || value > 15) {
-      bad_url(text, "db '" + std::string(db) + "' is not a database number 0..15");
-    }
-    url.db = value;
-  }
+  take_db(text, rest, url);
   if (rest.empty()) bad_url(text, "no host:port");
   std::size_t start = 0;
   while (true) {
