@@ -6,7 +6,7 @@
 //   mix64           the `kvoffload run` KV pattern (written by one process, checked by another);
 //   splitmix64      the `kvoffload run` workload's keys and the benches' keys;
 //   hash_128_to_64  BlockKey::hash(), for in-process hash tables only.
-// tests/manager/hash_test.cpp pins each one to known values.
+// tests/key/hash_test.cpp pins each one to known values.
 
 #include <bit>
 #include <cstddef>
