@@ -119,6 +119,15 @@ const CommandRegistrar kRegisterRun("run", [](CLI::App& top) {
                   "meanwhile have all left")
       ->capture_default_str()
       ->check(real_range(0.0, 24 * 3600.0, "seconds"));
+  app->add_option("--pool-policy", config->pool_policy,
+                  "With --pool: the node-wide eviction policy, lru or arc; fixed by the run that "
+                  "creates the pool, a run asking for the other one is refused")
+      ->capture_default_str();
+  app->add_option("--pool-cap", config->pool_cap_fraction,
+                  "With --pool: this run's cap, a fraction (0, 1] of the pool's chunks; at its cap "
+                  "it evicts only its own chunks (0: no cap)")
+      ->capture_default_str()
+      ->check(real_range(0.0, 1.0, "of the pool"));
   app->add_flag("--json", config->json, "Print one JSON object");
   return Command{app, [config, app] {
                    // Note [Run on a node pool]: the pool's chunk bytes exist in full once the
