@@ -166,9 +166,9 @@ int main(void) {
   o.policy = (kvo_policy)7;
   CHECK_ERR(kvo_pool_attach(&o, &c), KVO_INVALID_ARGUMENT, "'options->policy' is 7");
   {
-    kvo_pool_stats st;
-    CHECK_OK(kvo_pool_stats_get(a, &st));
-    CHECK(st.policy == KVO_POLICY_LRU && st.frequent == 0 && st.ghost_recent == 0);
+    kvo_pool_stats ps;
+    CHECK_OK(kvo_pool_stats_get(a, &ps));
+    CHECK(ps.policy == KVO_POLICY_LRU && ps.frequent == 0 && ps.ghost_recent == 0);
   }
   options(&o, dir, "a");
   CHECK_ERR(kvo_pool_attach(&o, &c), KVO_IN_USE, "already a tenant");

@@ -297,6 +297,38 @@ class Model {
   std::uint64_t ghost_hits_ = 0, promotions_ = 0;
 };
 
+// One store by tenant t, prepare_stores (or with cycle, lookup_and_prepare, its hits pinned with
+// pin and appended to pins), on the pool and the model: every outcome must be the model's.
+// Returns the model's outcome; first is the lookup's hit count (0 without cycle).
+Model::Store store_both(NodePool& p, Model& model, std::uint32_t t, const std::vector<BlockKey>& ks,
+                        bool cycle, bool pin, std::vector<std::uint32_t>& pins,
+                        std::uint32_t& first) {
+  StoreOutcome got;
+  Model::Store want;
+  first = 0;
+  if (cycle) {
+    const NodePool::Cycle c = p.lookup_and_prepare(ks, pin);
+    const Model::Lookup wl = model.lookup(t, ks, pin);
+    EXPECT_EQ(std::vector<std::uint32_t>(c.lookup.slots.begin(), c.lookup.slots.end()), wl.slots)
+        << "lookup";
+    if (pin) pins.insert(pins.end(), wl.slots.begin(), wl.slots.end());
+    got = c.store;
+    first = c.lookup.hits;
+    want = model.prepare(t, ks, first, wl.slots);
+  } else {
+    got = p.prepare_stores(ks);
+    want = model.prepare(t, ks, 0, {});
+  }
+  EXPECT_EQ(std::vector<std::uint32_t>(got.slots.begin(), got.slots.end()), want.slots);
+  EXPECT_EQ(std::vector<std::uint32_t>(got.positions.begin(), got.positions.end()), want.positions);
+  EXPECT_EQ(std::vector<BlockKey>(got.evicted.begin(), got.evicted.end()), want.evicted);
+  EXPECT_EQ(got.skipped_present, want.present);
+  EXPECT_EQ(got.skipped_writing, want.writing);
+  EXPECT_EQ(got.skipped_no_room, want.no_room);
+  EXPECT_EQ(got.skipped_cap, want.cap);
+  return want;
+}
+
 class PoolModel : public ::testing::TestWithParam<std::tuple<PolicyKind, std::uint32_t>> {};
 
 TEST_P(PoolModel, RandomMultiTenantStreamsMatchTheReferenceModel) {
@@ -353,35 +385,11 @@ TEST_P(PoolModel, RandomMultiTenantStreamsMatchTheReferenceModel) {
       if (pin) pins[t].insert(pins[t].end(), want.slots.begin(), want.slots.end());
       step += "lookup";
     } else if (what < 50) {
-      const auto ks = request();
       const bool cycle = what < 35;
-      const bool pin = pick(2) == 0;
-      StoreOutcome got;
-      Model::Store want;
-      if (cycle) {
-        const NodePool::Cycle c = p.lookup_and_prepare(ks, pin);
-        const Model::Lookup wl = model.lookup(t, ks, pin);
-        ASSERT_EQ(std::vector<std::uint32_t>(c.lookup.slots.begin(), c.lookup.slots.end()),
-                  wl.slots)
-            << step;
-        if (pin) pins[t].insert(pins[t].end(), wl.slots.begin(), wl.slots.end());
-        got = c.store;
-        want = model.prepare(t, ks, c.lookup.hits, wl.slots);
-      } else {
-        got = p.prepare_stores(ks);
-        want = model.prepare(t, ks, 0, {});
-      }
-      ASSERT_EQ(std::vector<std::uint32_t>(got.slots.begin(), got.slots.end()), want.slots)
-          << step << "prepare";
-      ASSERT_EQ(std::vector<std::uint32_t>(got.positions.begin(), got.positions.end()),
-                want.positions)
-          << step;
-      ASSERT_EQ(std::vector<BlockKey>(got.evicted.begin(), got.evicted.end()), want.evicted)
-          << step;
-      ASSERT_EQ(got.skipped_present, want.present) << step;
-      ASSERT_EQ(got.skipped_writing, want.writing) << step;
-      ASSERT_EQ(got.skipped_no_room, want.no_room) << step;
-      ASSERT_EQ(got.skipped_cap, want.cap) << step;
+      std::uint32_t first = 0;
+      const Model::Store want =
+          store_both(p, model, t, request(), cycle, pick(2) == 0, pins[t], first);
+      ASSERT_FALSE(HasFailure()) << step << (cycle ? "lookup_and_prepare" : "prepare");
       writing[t].insert(writing[t].end(), want.slots.begin(), want.slots.end());
       evictions += want.evicted.size();
       cap_skips += want.cap;
@@ -508,27 +516,10 @@ TEST_P(PoolVsManager, SingleTenantStreamsAgreeWithThePrivateManager) {
       const auto ks = request();
       const bool cycle = what < 40;
       const bool pin = pick(2) == 0;
-      StoreOutcome got;
-      Model::Store want;
       std::uint32_t first = 0;
-      if (cycle) {
-        const NodePool::Cycle c = pool.lookup_and_prepare(ks, pin);
-        const Model::Lookup wl = model.lookup(0, ks, pin);
-        ASSERT_EQ(std::vector<std::uint32_t>(c.lookup.slots.begin(), c.lookup.slots.end()),
-                  wl.slots)
-            << step;
-        manager_lookup(ks, c.lookup.hits, pin);
-        if (pin) pins.insert(pins.end(), wl.slots.begin(), wl.slots.end());
-        got = c.store;
-        first = c.lookup.hits;
-        want = model.prepare(0, ks, first, wl.slots);
-      } else {
-        got = pool.prepare_stores(ks);
-        want = model.prepare(0, ks, 0, {});
-      }
-      ASSERT_EQ(std::vector<std::uint32_t>(got.slots.begin(), got.slots.end()), want.slots) << step;
-      ASSERT_EQ(std::vector<BlockKey>(got.evicted.begin(), got.evicted.end()), want.evicted)
-          << step;
+      const Model::Store want = store_both(pool, model, 0, ks, cycle, pin, pins, first);
+      ASSERT_FALSE(HasFailure()) << step;
+      if (cycle) manager_lookup(ks, first, pin);
       std::vector<BlockKey> manager_evicted;
       std::uint32_t manager_stored = 0;
       for (std::uint32_t i = first; i < ks.size(); ++i) {
@@ -536,7 +527,7 @@ TEST_P(PoolVsManager, SingleTenantStreamsAgreeWithThePrivateManager) {
         if (plan.ok()) manager_stored += static_cast<std::uint32_t>(plan.slots.size());
         manager_evicted.insert(manager_evicted.end(), plan.evicted.begin(), plan.evicted.end());
       }
-      ASSERT_EQ(manager_stored, got.slots.size()) << step << "stores";
+      ASSERT_EQ(manager_stored, want.slots.size()) << step << "stores";
       ASSERT_EQ(manager_evicted, want.evicted) << step << "evicted keys";
       writing.insert(writing.end(), want.slots.begin(), want.slots.end());
       evictions += want.evicted.size();
