@@ -124,6 +124,15 @@ void add_bringup_options(CLI::App& app, run::RunConfig& config) {
                  "meanwhile have all left")
       ->capture_default_str()
       ->check(real_range(0.0, 24 * 3600.0, "seconds"));
+  app.add_option("--pool-policy", config.pool_policy,
+                 "With --pool: the node-wide eviction policy, lru or arc; fixed by the run that "
+                 "creates the pool, a run asking for the other one is refused")
+      ->capture_default_str();
+  app.add_option("--pool-cap", config.pool_cap_fraction,
+                 "With --pool: this run's cap, a fraction (0, 1] of the pool's chunks; at its cap "
+                 "it evicts only its own chunks (0: no cap)")
+      ->capture_default_str()
+      ->check(real_range(0.0, 1.0, "of the pool"));
 }
 
 // The command itself, once the command line is parsed: the flags that depend on each other, the

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/eviction_policy.hpp>
 #include <kvoffload/node_pool.hpp>
 #include <kvoffload/platform.hpp>
 
@@ -64,13 +65,16 @@ pool::NodePool attach_pool(const RunConfig& c) {
   o.shm_dir = c.shm_dir;
   o.engine_id = c.engine_id;
   o.geometry = pool_geometry(c);
+  o.policy = parse_policy_kind(c.pool_policy);
+  o.cap_fraction = c.pool_cap_fraction;
   try {
     return pool::NodePool::attach(o);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kMismatch) {
       throw Error(e.code(), "--pool " + c.pool + ": " + e.what() +
                                 "; every run on one pool needs the same --world-size, --layers, "
-                                "--block-bytes, --blocks-per-chunk and --host-pool");
+                                "--block-bytes, --blocks-per-chunk, --host-pool and "
+                                "--pool-policy");
     }
     if (e.code() == ErrorCode::kInUse) {
       throw Error(e.code(),
@@ -338,6 +342,8 @@ RunOutcome run_pool_scheduler(RunConfig config) {
   report["registered_bytes"] = registered;
   report["pool"] = {{"name", config.pool},
                     {"path", pool_file.string()},
+                    {"policy", config.pool_policy},
+                    {"cap_slots", mine.cap_slots},
                     {"tenant_index", mine.index},
                     {"tenants_at_end", tenants_now},
                     {"most_tenants", most_tenants},

@@ -69,7 +69,8 @@ std::string format_report(const nlohmann::json& r) {
   }
   if (r.contains("pool")) {
     const auto& p = r["pool"];
-    out << "  node pool       " << p["name"].get<std::string>() << ": " << r["cross_engine_hits"]
+    out << "  node pool       " << p["name"].get<std::string>() << " ("
+        << p.value("policy", std::string("lru")) << "): " << r["cross_engine_hits"]
         << " cross-engine hits (chunks another tenant stored), " << r["tenants"]
         << " tenants at most, " << p["tenants_at_end"] << " at the end; " << p["skipped_present"]
         << " stores skipped (present)\n";

@@ -119,8 +119,17 @@ void RunConfig::finalize() {
       throw_invalid("--pool " + pool + " and --remote-tier " + remote_tier +
                     " cannot be combined: a run on a node pool has no secondary tiers; drop one");
     }
+    if (pool_policy != "lru" && pool_policy != "arc") {
+      throw_invalid("--pool-policy '" + pool_policy + "' is unknown; it must be lru or arc");
+    }
   } else if (pool_linger_seconds != 0) {
     throw_invalid("--pool-linger applies to a run on a node pool only; this run has no --pool");
+  } else if (pool_policy != "lru") {
+    throw_invalid(
+        "--pool-policy applies to a run on a node pool only; this run has no --pool "
+        "(a private region's Manager uses ARC)");
+  } else if (pool_cap_fraction != 0) {
+    throw_invalid("--pool-cap applies to a run on a node pool only; this run has no --pool");
   }
   if (duration_seconds == 0 && requests == 0) {
     throw_invalid("--duration 0 needs --requests N > 0, or the run would never end");

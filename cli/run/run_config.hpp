@@ -58,6 +58,10 @@ struct RunConfig {
   // After its last request, a run on a pool stays attached (its chunks stay for runs that join
   // later) until this many seconds pass, or until the other tenants it saw have all left.
   double pool_linger_seconds = 0;
+  // The node pool's eviction policy ("lru" or "arc", fixed by its creator) and this run's cap, a
+  // fraction of the pool's chunks (0: none).
+  std::string pool_policy = "lru";
+  double pool_cap_fraction = 0;
 
   // Derived (computed by finalize()).
   std::uint64_t slot_bytes = 0;  // layers · block_bytes · blocks_per_chunk

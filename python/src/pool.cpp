@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <kvoffload/error.hpp>
+#include <kvoffload/eviction_policy.hpp>
 #include <kvoffload/node_pool.hpp>
 
 #include "bindings.hpp"
@@ -126,8 +127,8 @@ void bind_pool(py::module_& m) {
   py::class_<PyNodePool>(m, "NodePool",
                          R"(One KV chunk pool per node, shared by every engine that attaches.
 
-attach() creates the pool file or joins it; a pool of another geometry or fingerprint is refused
-(kvoffload.Error, MISMATCH). Keys are ints in [0, 2**128) or bytes of up to 16. Use it as a
+attach() creates the pool file or joins it; a pool of another geometry, fingerprint or eviction
+policy ("lru" or "arc", fixed by the creator) is refused (kvoffload.Error, MISMATCH). Keys are ints in [0, 2**128) or bytes of up to 16. Use it as a
 context manager, or call detach(): the last tenant out removes the pool.)")
       .def_static(
           "attach",
@@ -135,8 +136,9 @@ context manager, or call detach(): the last tenant out removes the pool.)")
              std::uint32_t slot_count, std::uint32_t world_size, const std::string& layout,
              const std::string& dtype, const std::string& fingerprint, const std::string& shm_dir,
              std::uint32_t max_tenants, std::uint64_t cap_bytes, double cap_fraction,
-             double lock_timeout, double sweep_interval) {
+             double lock_timeout, double sweep_interval, const std::string& policy) {
             pool::PoolOptions o;
+            o.policy = parse_policy_kind(policy);
             o.name = name;
             o.engine_id = engine_id;
             o.geometry.slot_bytes = slot_bytes;
@@ -157,7 +159,7 @@ context manager, or call detach(): the last tenant out removes the pool.)")
           py::arg("slot_count"), py::arg("world_size") = 1, py::arg("layout"), py::arg("dtype"),
           py::arg("fingerprint"), py::arg("shm_dir") = "", py::arg("max_tenants") = 16,
           py::arg("cap_bytes") = 0, py::arg("cap_fraction") = 0.0, py::arg("lock_timeout") = 5.0,
-          py::arg("sweep_interval") = 1.0)
+          py::arg("sweep_interval") = 1.0, py::arg("policy") = "lru")
       .def(
           "lookup",
           [](PyNodePool& p, py::handle keys, bool pin) {
@@ -231,6 +233,12 @@ context manager, or call detach(): the last tenant out removes the pool.)")
              d["pinned"] = s.pinned;
              d["repairs"] = s.repairs;
              d["tenants_reclaimed"] = s.tenants_reclaimed;
+             d["policy"] = std::string(to_string(s.policy));
+             d["arc_target"] = s.arc_target;
+             d["recent"] = s.recent;
+             d["frequent"] = s.frequent;
+             d["ghost_recent"] = s.ghost_recent;
+             d["ghost_frequent"] = s.ghost_frequent;
              py::list tenants;
              for (const auto& t : s.tenants) tenants.append(tenant_dict(t));
              d["tenants"] = tenants;

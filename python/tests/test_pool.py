@@ -68,6 +68,23 @@ def test_another_fingerprint_is_refused_naming_both(pool_dir):
     assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
 
 
+def test_an_arc_pool_refuses_an_lru_tenant_and_reports_its_lists(pool_dir):
+    with kvoffload.NodePool.attach("p", "a", shm_dir=pool_dir, policy="arc", **GEOMETRY) as a:
+        with pytest.raises(kvoffload.Error) as e:
+            kvoffload.NodePool.attach("p", "b", shm_dir=pool_dir, **GEOMETRY)
+        assert e.value.code == kvoffload.ErrorCode.MISMATCH
+        assert "policy is 'arc' in the pool, 'lru'" in str(e.value)
+        store(a, [1, 2])
+        a.unpin(a.lookup([1], pin=True).slots)  # seen twice: T1 -> T2
+        stats = a.stats()
+        assert stats["policy"] == "arc"
+        assert (stats["recent"], stats["frequent"], stats["arc_target"]) == (1, 1, 0)
+        assert a.check_invariants() == []
+    with pytest.raises(kvoffload.Error) as e:
+        kvoffload.NodePool.attach("p", "a", shm_dir=pool_dir, policy="mru", **GEOMETRY)
+    assert e.value.code == kvoffload.ErrorCode.INVALID_ARGUMENT
+
+
 def test_a_second_python_process_shares_the_pool(pool_dir):
     with kvoffload.NodePool.attach("p", "parent", shm_dir=pool_dir, **GEOMETRY) as p:
         child = f"""

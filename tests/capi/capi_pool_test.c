@@ -159,6 +159,17 @@ int main(void) {
   CHECK_ERR(kvo_pool_attach(&o, &c), KVO_MISMATCH,
             "fingerprint is 'model/ns' in the pool, 'other/ns'");
   CHECK(c == NULL);
+  options(&o, dir, "c");
+  o.policy = KVO_POLICY_ARC;
+  CHECK_ERR(kvo_pool_attach(&o, &c), KVO_MISMATCH, "policy is 'lru' in the pool, 'arc'");
+  options(&o, dir, "c");
+  o.policy = (kvo_policy)7;
+  CHECK_ERR(kvo_pool_attach(&o, &c), KVO_INVALID_ARGUMENT, "'options->policy' is 7");
+  {
+    kvo_pool_stats ps;
+    CHECK_OK(kvo_pool_stats_get(a, &ps));
+    CHECK(ps.policy == KVO_POLICY_LRU && ps.frequent == 0 && ps.ghost_recent == 0);
+  }
   options(&o, dir, "a");
   CHECK_ERR(kvo_pool_attach(&o, &c), KVO_IN_USE, "already a tenant");
   options(&o, dir, "c");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <tuple>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -75,10 +76,17 @@ const char* name_of(Scenario s) {
   return "?";
 }
 
+PoolOptions options(const std::filesystem::path& dir, const char* engine, PolicyKind policy) {
+  auto o = small_options(dir, engine);
+  o.policy = policy;
+  return o;
+}
+
 // A tenant that attaches, stores, pins and starts two stores, then dies outside the lock.
-void leave_a_dead_tenant(const std::filesystem::path& dir, const char* engine) {
+void leave_a_dead_tenant(const std::filesystem::path& dir, const char* engine,
+                         PolicyKind policy = PolicyKind::kLru) {
   const pid_t pid = kvoffload::test::fork_child([&] {
-    auto p = NodePool::attach(small_options(dir, engine));
+    auto p = NodePool::attach(options(dir, engine, policy));
     (void)p.lookup(keys(0, 1), true);
     const StoreOutcome s = p.prepare_stores(keys(700, 2));
     for (std::size_t i = 0; i < s.slots.size(); ++i)
@@ -92,10 +100,10 @@ void leave_a_dead_tenant(const std::filesystem::path& dir, const char* engine) {
 
 // The child: a tenant with stores, pins and stores in flight; then the operation, trapped at step
 // k.
-int run_child(const std::filesystem::path& dir, Scenario sc, std::uint32_t k) {
+int run_child(const std::filesystem::path& dir, Scenario sc, PolicyKind policy, std::uint32_t k) {
   StepTrap trap;
   trap.at = k;
-  auto o = small_options(dir, "child");
+  auto o = options(dir, "child", policy);
   o.step_hook = trap_hook;
   o.step_context = &trap;
   if (sc == Scenario::kAttach) {
@@ -104,7 +112,8 @@ int run_child(const std::filesystem::path& dir, Scenario sc, std::uint32_t k) {
     return kNotReached;
   }
   auto p = NodePool::attach(o);
-  test::store(p, keys(100, 2));                           // the pool is full now (6 + 2 of 8)
+  test::store(p, keys(100, 2));         // the pool is full now (6 + 2 of 8)
+  (void)p.lookup(keys(100, 2), false);  // most recent (ARC: in T2 with the parent's)
   const LookupOutcome pins = p.lookup(keys(0, 2), true);  // pins on the parent's chunks
   const std::vector<std::uint32_t> pinned(pins.slots.begin(), pins.slots.end());
   const std::vector<BlockKey> w = keys(200, 2);
@@ -144,7 +153,7 @@ int run_child(const std::filesystem::path& dir, Scenario sc, std::uint32_t k) {
       break;
     case Scenario::kRepair:
       trap.armed = false;
-      leave_a_dead_tenant(dir, "grandchild");
+      leave_a_dead_tenant(dir, "grandchild", policy);
       trap.armed = true;
       (void)p.reclaim_dead_tenants();
       break;
@@ -155,11 +164,13 @@ int run_child(const std::filesystem::path& dir, Scenario sc, std::uint32_t k) {
   return kNotReached;
 }
 
-class KillAtEveryStep : public ::testing::TestWithParam<Scenario> {};
+class KillAtEveryStep : public ::testing::TestWithParam<std::tuple<Scenario, PolicyKind>> {};
 
 TEST_P(KillAtEveryStep, TheIndexStaysConsistentAndTheLiveTenantKeepsServing) {
   const kvoffload::test::TempDir dir;
-  auto parent = NodePool::attach(small_options(dir.path(), "parent"));
+  const Scenario scenario = std::get<0>(GetParam());
+  const PolicyKind policy = std::get<1>(GetParam());
+  auto parent = NodePool::attach(options(dir.path(), "parent", policy));
   std::uint64_t next_key = 1000;
   std::uint32_t kills = 0;
   for (std::uint32_t k = 0;; ++k) {
@@ -168,14 +179,14 @@ TEST_P(KillAtEveryStep, TheIndexStaysConsistentAndTheLiveTenantKeepsServing) {
     test::store(parent, keys(0, 6));
     ASSERT_EQ(parent.lookup(keys(0, 6), false).hits, 6U);  // most recent: the child evicts others
     const pid_t pid =
-        kvoffload::test::fork_child([&] { return run_child(dir.path(), GetParam(), k); });
+        kvoffload::test::fork_child([&] { return run_child(dir.path(), scenario, policy, k); });
     const int status = kvoffload::test::wait_child(pid);
     if (WIFEXITED(status) && WEXITSTATUS(status) == kNotReached) break;
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-        << name_of(GetParam()) << " step " << k << ": child status " << status;
+        << name_of(scenario) << " step " << k << ": child status " << status;
     ++kills;
     // The first lock after the death repairs (EOWNERDEAD); the checker then sees a sound index.
-    ASSERT_EQ(test::joined(parent.check_invariants()), "") << name_of(GetParam()) << " step " << k;
+    ASSERT_EQ(test::joined(parent.check_invariants()), "") << name_of(scenario) << " step " << k;
     PoolStats st = parent.stats();
     ASSERT_EQ(st.tenants.size(), 1U) << "the dead child is still a tenant after step " << k;
     EXPECT_EQ(st.writing, 0U) << "a dead tenant's store was left writing (step " << k << ")";
@@ -192,22 +203,36 @@ TEST_P(KillAtEveryStep, TheIndexStaysConsistentAndTheLiveTenantKeepsServing) {
     EXPECT_EQ(test::store(parent, fresh), 3U);
     EXPECT_EQ(test::load_verified(parent, fresh), 3U);
   }
-  EXPECT_GT(kills, 0U) << "no step of " << name_of(GetParam()) << " was reached";
+  EXPECT_GT(kills, 0U) << "no step of " << name_of(scenario) << " was reached";
   EXPECT_EQ(test::joined(parent.check_invariants()), "");
   // The run that finished: the child detached (or died with its tenant) and left nothing.
   parent.reclaim_dead_tenants();
   EXPECT_EQ(parent.stats().tenants.size(), 1U);
-  (void)std::printf("%s: killed at each of %u steps\n", name_of(GetParam()), kills);
+  const ArcState arc = parent.arc_state();
+  if (policy == PolicyKind::kArc) {
+    // Repairs keep consistent ghosts; a death inside a ghost change makes them rebuilt empty.
+    EXPECT_GT(arc.ghosts_kept, 0U);
+    if (scenario == Scenario::kPrepare || scenario == Scenario::kCycle) {
+      EXPECT_GT(arc.ghosts_cleared, 0U);
+    }
+  }
+  (void)std::printf(
+      "%s/%s: killed at each of %u steps; ghosts kept by %lu repairs, rebuilt by %lu\n",
+      name_of(scenario), std::string(to_string(policy)).c_str(), kills,
+      static_cast<unsigned long>(arc.ghosts_kept), static_cast<unsigned long>(arc.ghosts_cleared));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, KillAtEveryStep,
-                         ::testing::Values(Scenario::kAttach, Scenario::kLookupPin,
-                                           Scenario::kLookupTouch, Scenario::kPrepare,
-                                           Scenario::kCycle, Scenario::kCommit, Scenario::kAbort,
-                                           Scenario::kUnpin, Scenario::kDetach, Scenario::kRepair),
-                         [](const auto& param_info) {
-                           return std::string(name_of(param_info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Ops, KillAtEveryStep,
+    ::testing::Combine(::testing::Values(Scenario::kAttach, Scenario::kLookupPin,
+                                         Scenario::kLookupTouch, Scenario::kPrepare,
+                                         Scenario::kCycle, Scenario::kCommit, Scenario::kAbort,
+                                         Scenario::kUnpin, Scenario::kDetach, Scenario::kRepair),
+                       ::testing::Values(PolicyKind::kLru, PolicyKind::kArc)),
+    [](const auto& param_info) {
+      return std::string(name_of(std::get<0>(param_info.param))) + "_" +
+             std::string(to_string(std::get<1>(param_info.param)));
+    });
 
 TEST(PoolCrash, AHalfWrittenChunkOfADeadTenantIsNeverServedAndIsStoredAgain) {
   const kvoffload::test::TempDir dir;

@@ -200,6 +200,54 @@ TEST(PoolUnit, ATenantOfAnotherGeometryOrFingerprintIsRefusedNamingBothValues) {
   EXPECT_EQ(a.stats().tenants.size(), 1U);
 }
 
+TEST(PoolUnit, ATenantAskingForTheOtherPolicyIsRefusedNamingBoth) {
+  const kvoffload::test::TempDir dir;
+  auto ao = small_options(dir.path(), "a");
+  ao.policy = PolicyKind::kArc;
+  auto a = NodePool::attach(ao);
+  const Error e = error_of([&] { (void)NodePool::attach(small_options(dir.path(), "b")); });
+  EXPECT_EQ(e.code(), ErrorCode::kMismatch);
+  EXPECT_THAT(e.what(), HasSubstr("policy is 'arc' in the pool, 'lru' for engine 'b'"));
+  auto bo = small_options(dir.path(), "b");
+  bo.policy = PolicyKind::kArc;
+  auto b = NodePool::attach(bo);
+  EXPECT_EQ(b.stats().policy, PolicyKind::kArc);
+  EXPECT_EQ(a.stats().tenants.size(), 2U);
+}
+
+// ARC keeps a chunk seen twice through a scan of chunks seen once, which LRU loses; a key
+// evicted from T1 and stored again is a ghost hit in B1: the T1 target grows and it enters T2.
+TEST(PoolUnit, ArcKeepsAChunkSeenTwiceThroughAScanThatLruLoses) {
+  for (const PolicyKind policy : {PolicyKind::kLru, PolicyKind::kArc}) {
+    const kvoffload::test::TempDir dir;
+    auto o = small_options(dir.path(), "a", 4);
+    o.policy = policy;
+    auto a = NodePool::attach(o);
+    test::store(a, keys(0, 4));
+    ASSERT_EQ(a.lookup(keys(0, 1), false).hits, 1U);  // key 0 seen again (ARC: T2)
+    for (int i = 0; i < 4; ++i) test::store(a, keys(10 + i, 1));
+    const bool arc = policy == PolicyKind::kArc;
+    EXPECT_EQ(a.lookup(keys(0, 1), false).hits, arc ? 1U : 0U) << to_string(policy);
+    PoolStats st = a.stats();
+    EXPECT_EQ(st.frequent, arc ? 1U : 0U);
+    EXPECT_EQ(st.ghost_recent, arc ? 1U : 0U);  // keys 1, 2, 3 went; |T1| + |B1| <= 4 kept 10
+    // Under ARC key 10 is a ghost now (LRU: still resident): storing it again evicts T1's least
+    // recent (key 11), then finds the ghost, raises p by max(1, |B2| / |B1|) and enters T2.
+    const StoreOutcome again = a.prepare_stores(keys(10, 1));
+    EXPECT_EQ(again.skipped_present, arc ? 0U : 1U);
+    ASSERT_EQ(again.evicted.size(), arc ? 1U : 0U);
+    if (arc) {
+      EXPECT_EQ(again.evicted[0], test::key(11));
+    }
+    a.commit_stores(std::vector<std::uint32_t>(again.slots.begin(), again.slots.end()));
+    st = a.stats();
+    EXPECT_EQ(st.arc_target, arc ? 1U : 0U) << to_string(policy);
+    EXPECT_EQ(st.frequent, arc ? 2U : 0U);
+    EXPECT_EQ(st.ghost_recent, arc ? 1U : 0U);  // key 11
+    EXPECT_POOL_OK(a);
+  }
+}
+
 TEST(PoolUnit, TheSameEngineTwiceIsRefusedWithThePid) {
   const kvoffload::test::TempDir dir;
   auto a = NodePool::attach(small_options(dir.path(), "a"));
@@ -242,6 +290,8 @@ TEST(PoolUnit, BadOptionsAreRefusedNamingTheValue) {
        },
        "are both set"},
       {[](PoolOptions& o) { o.lock_timeout = std::chrono::milliseconds(0); }, "lock_timeout 0 ms"},
+      {[](PoolOptions& o) { o.policy = static_cast<PolicyKind>(5); },
+       "node pool policy 5 is unknown; it must be lru or arc"},
   };
   for (const Case& c : cases) {
     auto o = small_options(dir.path(), "a");

@@ -607,6 +607,8 @@ typedef struct kvo_pool_options {
   double cap_fraction;        /* or a fraction (0, 1] of slot_count; 0: none */
   uint32_t lock_timeout_ms;   /* default 5000 */
   uint32_t sweep_interval_ms; /* liveness sweep of the other tenants; default 1000 */
+  kvo_policy policy;          /* node-wide eviction, fixed by the creator; default KVO_POLICY_LRU;
+                                 a joiner asking for the other one gets KVO_MISMATCH */
 } kvo_pool_options;
 
 typedef struct kvo_pool_lookup {
@@ -626,6 +628,9 @@ typedef struct kvo_pool_stats {
   /* This tenant's counters. */
   uint64_t lookup_keys, hits, cross_engine_hits, stores_prepared, stores_committed, stores_aborted,
       evictions, pins, pinned_slots, occupancy;
+  /* The pool's policy and ARC's state (LRU: recent = every resident, the rest 0). */
+  kvo_policy policy;
+  uint64_t arc_target, recent, frequent, ghost_recent, ghost_frequent;
 } kvo_pool_stats;
 
 KVO_API kvo_status kvo_pool_options_init(kvo_pool_options* options);

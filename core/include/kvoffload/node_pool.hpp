@@ -3,8 +3,9 @@
 // no server process (docs/DESIGN.md §6.6).
 //
 // The pool is one file in the shm dir, `kvoffload_<name>.pool`, mapped MAP_SHARED by every
-// tenant. It holds the index (key -> chunk slot, one node-wide LRU, per-tenant pins) and the
-// chunk bytes. Every index operation runs under one process-shared robust mutex in the file:
+// tenant. It holds the index (key -> chunk slot, one node-wide eviction policy: LRU or ARC,
+// per-tenant pins) and the chunk bytes. Every index operation runs under one process-shared robust
+// mutex in the file:
 //  - a tenant killed anywhere (inside an operation, holding pins, while writing a chunk) is
 //    detected by the next operation of any live tenant (EOWNERDEAD, or its PID and start time no
 //    longer alive) and the index is repaired from the slot records (Note [Pool repair]);
@@ -12,9 +13,9 @@
 //    kTimeout naming its PID and state, never hang.
 //
 // Slot states: free -> writing (prepare_stores) -> ready (commit_stores); writing -> free
-// (abort_stores, or its tenant died); ready -> free when evicted (LRU, never while pinned by any
-// tenant). A writing chunk is invisible to lookups and is never written twice: a store of a key
-// that is present or being written is skipped.
+// (abort_stores, or its tenant died); ready -> free when evicted (by the pool's policy, LRU or
+// ARC, never while pinned by any tenant). A writing chunk is invisible to lookups and is never
+// written twice: a store of a key that is present or being written is skipped.
 //
 // Threading: one NodePool object is thread-compatible (a scheduler calls it from one thread);
 // any number of NodePool objects, in any processes, may share one pool. A NodePool must not be
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include <kvoffload/block_key.hpp>
+#include <kvoffload/eviction_policy.hpp>
 #include <kvoffload/export.h>
 
 namespace kvoffload::pool {
@@ -72,6 +74,10 @@ struct PoolOptions {
   std::filesystem::path shm_dir;  // empty: default_shm_dir() ($KVOFFLOAD_SHM_DIR or /dev/shm)
   std::string engine_id;          // this tenant: same rule as name; unique among live tenants
   PoolGeometry geometry;
+  // The node-wide eviction policy, fixed when the pool is created (docs/DESIGN.md §6.6): LRU, or
+  // ARC as the private Manager's (T1/T2, ghosts B1/B2, adaptive target). A joiner that asks for
+  // the other one is refused (kMismatch naming both), as for the geometry.
+  PolicyKind policy = PolicyKind::kLru;
   std::uint32_t max_tenants = 16;  // tenant records, used by the creator only: 1 .. 64
   // Per-tenant cap on the chunks it occupies (writing + ready): a tenant at its cap evicts only
   // its own chunks, so it cannot push every other tenant's working set out. Both 0: no cap; at
@@ -114,6 +120,16 @@ struct SlotView {
   std::uint32_t owner = 0;     // tenant index, kNoTenant for none (a departed tenant's ready chunk)
   std::uint64_t pin_mask = 0;  // bit t: pinned by tenant t
   std::uint64_t stamp = 0;     // recency: larger is more recent
+  std::uint32_t list = 0;      // writing or ready: 0 (LRU; ARC's T1) or 1 (ARC's T2)
+};
+
+// ARC's state (arc_state(), for tests and tools); under LRU everything is in t1, no ghosts.
+struct ArcState {
+  std::uint64_t target = 0;          // p, the adaptive target of |T1|
+  std::uint64_t t1 = 0, t2 = 0;      // residents (writing + ready) by list
+  std::vector<BlockKey> b1, b2;      // the ghosts, most recent first
+  std::uint64_t ghosts_kept = 0;     // repairs that found the ghosts consistent and kept them
+  std::uint64_t ghosts_cleared = 0;  // ... that found them half-changed and rebuilt them empty
 };
 inline constexpr std::uint32_t kNoTenant = 0xFFFFFFFFu;
 
@@ -143,6 +159,12 @@ struct PoolStats {
   std::uint64_t pinned = 0;   // ready slots pinned by at least one tenant
   std::uint64_t repairs = 0;  // repairs after a dead lock holder or tenant
   std::uint64_t tenants_reclaimed = 0;
+  PolicyKind policy = PolicyKind::kLru;
+  std::uint64_t arc_target = 0;      // ARC's p (0 under LRU)
+  std::uint64_t recent = 0;          // ARC |T1| (LRU: every resident)
+  std::uint64_t frequent = 0;        // ARC |T2|
+  std::uint64_t ghost_recent = 0;    // ARC |B1|
+  std::uint64_t ghost_frequent = 0;  // ARC |B2|
   std::vector<TenantStats> tenants;  // live tenants, by index
 };
 
@@ -168,9 +190,9 @@ class KVOFFLOAD_API NodePool {
   // pin, pinned for this tenant (then not evictable until unpin). Writing chunks end the prefix.
   LookupOutcome lookup(std::span<const BlockKey> keys, bool pin);
   // Allocates writing slots for the keys that are neither ready nor being written, in call
-  // order, taking free slots first and evicting the least recent unpinned ready chunk otherwise
-  // (never one of the keys of this call). Stores as many as fit: a key that finds no room is
-  // counted as skipped, never an error.
+  // order, taking free slots first and evicting an unpinned ready chunk otherwise (the policy's
+  // choice: the least recent under LRU; ARC's REPLACE; never one of the keys of this call). Stores
+  // as many as fit: a key that finds no room is counted as skipped, never an error.
   StoreOutcome prepare_stores(std::span<const BlockKey> keys);
   // One scheduler step under one lock acquisition: lookup(keys, pin) and prepare_stores of the
   // keys after the hit prefix. store.positions index keys.
@@ -207,6 +229,7 @@ class KVOFFLOAD_API NodePool {
 
   [[nodiscard]] PoolStats stats();
   [[nodiscard]] std::vector<SlotView> snapshot();
+  [[nodiscard]] ArcState arc_state();
   // Every invariant of the shared index (Note [Pool invariants]); empty when all hold.
   [[nodiscard]] std::vector<std::string> check_invariants();
 

@@ -62,6 +62,7 @@ kvo_status kvo_pool_options_init(kvo_pool_options* options) {
     options->max_tenants = 16;
     options->lock_timeout_ms = 5000;
     options->sweep_interval_ms = 1000;
+    options->policy = KVO_POLICY_LRU;
   });
 }
 
@@ -92,6 +93,18 @@ kvo_status kvo_pool_attach(const kvo_pool_options* options, kvo_pool_t** out) {
     o.cap_fraction = options->cap_fraction;
     o.lock_timeout = std::chrono::milliseconds(options->lock_timeout_ms);
     o.sweep_interval = std::chrono::milliseconds(options->sweep_interval_ms);
+    switch (kvoffload::capi::enum_value(options->policy)) {
+      case KVO_POLICY_LRU:
+        o.policy = kvoffload::PolicyKind::kLru;
+        break;
+      case KVO_POLICY_ARC:
+        o.policy = kvoffload::PolicyKind::kArc;
+        break;
+      default:
+        invalid_arg(fn, "options->policy",
+                    "is " + std::to_string(kvoffload::capi::enum_value(options->policy)) +
+                        "; use KVO_POLICY_LRU or KVO_POLICY_ARC");
+    }
     *out = new kvo_pool(NodePool::attach(o));
   });
 }
@@ -211,6 +224,12 @@ kvo_status kvo_pool_stats_get(kvo_pool_t* pool, kvo_pool_stats* out) {
     r.repairs = s.repairs;
     r.tenants_reclaimed = s.tenants_reclaimed;
     r.tenants = static_cast<uint32_t>(s.tenants.size());
+    r.policy = s.policy == kvoffload::PolicyKind::kArc ? KVO_POLICY_ARC : KVO_POLICY_LRU;
+    r.arc_target = s.arc_target;
+    r.recent = s.recent;
+    r.frequent = s.frequent;
+    r.ghost_recent = s.ghost_recent;
+    r.ghost_frequent = s.ghost_frequent;
     for (const auto& t : s.tenants) {
       if (t.index != pool->pool.tenant_index()) continue;
       r.lookup_keys = t.lookup_keys;

@@ -99,6 +99,9 @@ void validate(const PoolOptions& o) {
   if (ms < 1 || ms > 3600000)
     throw_invalid("node pool lock_timeout " + std::to_string(ms) +
                   " ms is out of range; it must be 1 ms .. 1 h");
+  if (o.policy != PolicyKind::kLru && o.policy != PolicyKind::kArc)
+    throw_invalid("node pool policy " + std::to_string(static_cast<int>(o.policy)) +
+                  " is unknown; it must be lru or arc");
   const auto sweep = o.sweep_interval.count();
   if (sweep < 0 || sweep > 3600000)
     throw_invalid("node pool sweep_interval " + std::to_string(sweep) +
@@ -226,14 +229,17 @@ void PoolImpl::lookup_locked(std::span<const BlockKey> keys, bool pin, LookupOut
         r.pin_mask |= bit;
         ++t.pinned;
       }
+      promote(s);  // parked now: ARC changes its list only
       r.stamp = ++v_.h->clock;
       ++t.pins;
       step();
     } else if (r.pin_mask == 0) {
       v_.lru_leave(s);
+      promote(s);
       v_.lru_enter(s);
       step();
     } else {
+      promote(s);
       r.stamp = ++v_.h->clock;
     }
   }
@@ -245,16 +251,58 @@ void PoolImpl::lookup_locked(std::span<const BlockKey> keys, bool pin, LookupOut
   out.slots = lookup_slots_;
 }
 
-std::uint32_t PoolImpl::pick_victim(bool own_only) const {
-  const std::uint64_t epoch = v_.h->epoch;
-  if (own_only) {
-    for (std::uint32_t s = me().lru_tail; s != kNone; s = v_.slots[s].oprev)
-      if (v_.slots[s].protect != epoch) return s;
-  } else {
-    for (std::uint32_t s = v_.h->lru_tail; s != kNone; s = v_.slots[s].prev)
-      if (v_.slots[s].protect != epoch) return s;
+void PoolImpl::protect_present(std::span<const BlockKey> keys, std::uint32_t first,
+                               std::uint64_t epoch) {
+  // The call's own hits (the lookup prefix of lookup_and_prepare) and every key of it that is
+  // ready already are never evicted by it.
+  for (std::uint32_t i = 0; i < first && i < lookup_slots_.size(); ++i)
+    v_.slots[lookup_slots_[i]].protect = epoch;
+  for (std::uint32_t i = first; i < keys.size(); ++i) {
+    const std::uint32_t s = v_.find(keys[i]);
+    if (s != kNone && v_.slots[s].state == kReady) v_.slots[s].protect = epoch;
   }
-  return kNone;
+}
+
+// Evicts ready slot s: out of the lists, free, out of the key table; its key becomes a ghost
+// (ARC); then it is reused (Note [Pool repair]).
+void PoolImpl::evict(std::uint32_t s) {
+  PoolHeader& h = *v_.h;
+  SlotRecord& r = v_.slots[s];
+  const BlockKey old = r.key();
+  const std::uint32_t from = r.list;
+  evicted_.push_back(old);
+  v_.lru_leave(s);
+  step();
+  r.state = kFree;
+  step();
+  v_.erase(old, s);
+  if (r.owner != kNone) --v_.tenants[r.owner].occupancy;
+  --h.n_ready;
+  --h.n_list[from];
+  ++me().evictions;
+  step();
+  add_ghost(old, from);
+}
+
+// Room for one more store: a free slot (unless at the cap) or the policy's victim; kNone when
+// there is none. Everything else is pinned or being written then: a tenant that died outside the
+// lock may be holding it, so once per call (swept) this checks and, after a repair, looks again.
+std::uint32_t PoolImpl::find_room(bool own_only, bool& swept) {
+  for (;;) {
+    if (!own_only && v_.h->free_head != kNone) return v_.h->free_head;
+    const std::uint32_t s = pick_victim(own_only);
+    if (s != kNone || swept) return s;
+    swept = true;
+    const std::uint64_t dead = dead_tenants();
+    if (dead == 0) return kNone;
+    const Op was = op_;
+    const std::uint32_t at = step_;
+    op_ = Op::kRepair;
+    step_ = 0;
+    repair(dead);
+    op_ = was;
+    step_ = at;
+  }
 }
 
 void PoolImpl::prepare_locked(std::span<const BlockKey> keys, std::uint32_t first,
@@ -263,10 +311,7 @@ void PoolImpl::prepare_locked(std::span<const BlockKey> keys, std::uint32_t firs
   store_slots_.clear();
   evicted_.clear();
   PoolHeader& h = *v_.h;
-  const std::uint64_t epoch = ++h.epoch;
-  // The call's own hits (the lookup prefix of lookup_and_prepare) are never evicted by it.
-  for (std::uint32_t i = 0; i < first && i < lookup_slots_.size(); ++i)
-    v_.slots[lookup_slots_[i]].protect = epoch;
+  protect_present(keys, first, ++h.epoch);
   TenantRecord& t = me();
   enum { kRoom, kNoRoom, kCap } stopped = kRoom;
   bool swept = false;
@@ -274,12 +319,7 @@ void PoolImpl::prepare_locked(std::span<const BlockKey> keys, std::uint32_t firs
     const BlockKey& key = keys[i];
     const std::uint32_t present = v_.find(key);
     if (present != kNone) {
-      if (v_.slots[present].state == kReady) {
-        v_.slots[present].protect = epoch;
-        ++out.skipped_present;
-      } else {
-        ++out.skipped_writing;
-      }
+      ++(v_.slots[present].state == kReady ? out.skipped_present : out.skipped_writing);
       continue;
     }
     if (stopped != kRoom) {
@@ -287,62 +327,34 @@ void PoolImpl::prepare_locked(std::span<const BlockKey> keys, std::uint32_t firs
       continue;
     }
     const bool own_only = t.cap_slots != 0 && t.occupancy >= t.cap_slots;
-    std::uint32_t s = kNone;
-    if (!own_only && h.free_head != kNone) {
-      s = h.free_head;
-    } else {
-      s = pick_victim(own_only);
-    }
+    const std::uint32_t s = find_room(own_only, swept);
     if (s == kNone) {
-      // Everything else is pinned or being written: a tenant that died outside the lock may be
-      // holding it. Check once per call, and retry this key after a repair.
-      if (!swept) {
-        swept = true;
-        if (const std::uint64_t dead = dead_tenants(); dead != 0) {
-          const Op was = op_;
-          op_ = Op::kRepair;
-          const std::uint32_t at = step_;
-          step_ = 0;
-          repair(dead);
-          op_ = was;
-          step_ = at;
-          --i;
-          continue;
-        }
-      }
       stopped = own_only ? kCap : kNoRoom;
       ++(stopped == kCap ? out.skipped_cap : out.skipped_no_room);
       continue;
     }
     SlotRecord& r = v_.slots[s];
     if (r.state == kReady) {
-      // Evict: out of the lists, free, out of the key table; then reuse (Note [Pool repair]).
-      evicted_.push_back(r.key());
-      v_.lru_leave(s);
-      step();
-      r.state = kFree;
-      step();
-      v_.erase(r.key(), s);
-      if (r.owner != kNone) --v_.tenants[r.owner].occupancy;
-      --h.n_ready;
-      ++t.evictions;
-      step();
+      evict(s);
     } else {
       v_.remove(h.free_head, h.free_tail, s);
       --h.n_free;
       step();
     }
+    const std::uint32_t list = admit(key);
     r.key_hi = key.hi();
     r.key_lo = key.lo();
     r.owner = tenant_;
     r.engine_hash = engine_hash_;
     r.pin_mask = 0;
+    r.list = list;
     step();
     r.state = kWriting;
     step();
     v_.insert(key, s);
     ++t.occupancy;
     ++h.n_writing;
+    ++h.n_list[list];
     ++t.stores_prepared;
     store_positions_.push_back(i);
     store_slots_.push_back(s);
@@ -413,7 +425,7 @@ void PoolImpl::commit_stores(std::span<const std::uint32_t> slots) {
     step();
     r.state = kReady;
     step();
-    v_.push_front(v_.h->lru_head, v_.h->lru_tail, s);
+    v_.push_front(v_.h->list_head[r.list], v_.h->list_tail[r.list], s);
     v_.opush_front(t, s);
     --v_.h->n_writing;
     ++v_.h->n_ready;
@@ -435,6 +447,7 @@ void PoolImpl::abort_stores(std::span<const std::uint32_t> slots) {
     r.owner = kNone;
     --t.occupancy;
     --v_.h->n_writing;
+    --v_.h->n_list[r.list];
     ++v_.h->n_free;
     ++t.stores_aborted;
     step();
@@ -501,6 +514,7 @@ void PoolImpl::detach() noexcept {
           v_.push_front(v_.h->free_head, v_.h->free_tail, s);
           r.owner = kNone;
           --v_.h->n_writing;
+          --v_.h->n_list[r.list];
           ++v_.h->n_free;
           step();
           continue;
@@ -546,6 +560,12 @@ PoolStats PoolImpl::stats() {
   s.pinned = h.n_pinned;
   s.repairs = h.repairs;
   s.tenants_reclaimed = h.tenants_reclaimed;
+  s.policy = static_cast<PolicyKind>(h.policy);
+  s.arc_target = h.arc_target;
+  s.recent = h.n_list[0];
+  s.frequent = h.n_list[1];
+  s.ghost_recent = h.n_ghost[0];
+  s.ghost_frequent = h.n_ghost[1];
   for (std::uint32_t t = 0; t < v_.tenants_n(); ++t) {
     const TenantRecord& r = v_.tenants[t];
     if (r.in_use == 0) continue;
@@ -574,7 +594,8 @@ std::vector<SlotView> PoolImpl::snapshot() {
   std::vector<SlotView> out(v_.n());
   for (std::uint32_t s = 0; s < v_.n(); ++s) {
     const SlotRecord& r = v_.slots[s];
-    out[s] = SlotView{s, static_cast<SlotState>(r.state), r.key(), r.owner, r.pin_mask, r.stamp};
+    out[s] =
+        SlotView{s, static_cast<SlotState>(r.state), r.key(), r.owner, r.pin_mask, r.stamp, r.list};
   }
   return out;
 }
@@ -652,6 +673,9 @@ PoolStats NodePool::stats() {
 }
 std::vector<SlotView> NodePool::snapshot() {
   return impl_->snapshot();
+}
+ArcState NodePool::arc_state() {
+  return impl_->arc_state();
 }
 std::vector<std::string> NodePool::check_invariants() {
   return impl_->check_invariants();

@@ -92,12 +92,17 @@ void init_pool(void* base, const PoolOptions& o, const Layout& l) {
   h->pins_offset = l.pins_offset;
   h->table_offset = l.table_offset;
   h->table_buckets = l.table_buckets;
+  h->ghosts_offset = l.ghosts_offset;
+  h->ghost_table_offset = l.ghost_table_offset;
   h->data_offset = l.data_offset;
   h->file_bytes = l.file_bytes;
   init_mutex(&h->mutex);
-  h->lru_head = h->lru_tail = h->free_head = h->free_tail = kNone;
+  h->list_head[0] = h->list_tail[0] = h->list_head[1] = h->list_tail[1] = kNone;
+  h->free_head = h->free_tail = kNone;
+  h->policy = static_cast<std::uint32_t>(o.policy);
   View v;
   v.bind(base);
+  v.reset_ghosts();
   for (std::uint32_t t = 0; t < o.max_tenants; ++t) {
     auto* rec = new (&v.tenants[t]) TenantRecord{};
     rec->lru_head = rec->lru_tail = kNone;
@@ -211,11 +216,16 @@ void check_geometry(const PoolHeader& h, const PoolOptions& o, const std::filesy
   field("dtype", "'" + str(h.dtype, sizeof h.dtype) + "'", "'" + g.dtype + "'");
   field("fingerprint", "'" + str(h.fingerprint, sizeof h.fingerprint) + "'",
         "'" + g.fingerprint + "'");
+  const bool known = h.policy <= static_cast<std::uint32_t>(PolicyKind::kArc);
+  field("policy",
+        known ? "'" + std::string(to_string(static_cast<PolicyKind>(h.policy))) + "'"
+              : std::to_string(h.policy),
+        "'" + std::string(to_string(o.policy)) + "'");
   if (!diff.empty()) {
     throw Error(ErrorCode::kMismatch,
                 "node pool " + q(path) + " refuses engine '" + o.engine_id + "': " + diff +
-                    " (every tenant of one pool must use the same geometry and model "
-                    "fingerprint)");
+                    " (every tenant of one pool must use the same geometry, model "
+                    "fingerprint and eviction policy)");
   }
 }
 
@@ -239,6 +249,7 @@ PoolHeader read_header(int fd, const std::filesystem::path& path, std::uint64_t 
       compute_layout(h.slot_bytes, h.slot_count, h.world_size, h.max_tenants, page_size());
   if (h.max_tenants < 1 || h.max_tenants > 64 || h.slot_count < 1 || l.file_bytes != h.file_bytes ||
       l.data_offset != h.data_offset || l.table_offset != h.table_offset ||
+      l.ghosts_offset != h.ghosts_offset || l.ghost_table_offset != h.ghost_table_offset ||
       file_size != h.file_bytes) {
     throw Error(ErrorCode::kMismatch, "node pool " + q(path) +
                                           " is inconsistent: its header gives " +

@@ -1,12 +1,14 @@
 #pragma once
 // The node pool's implementation, shared by its sources: node_pool.cpp (the index operations),
 // pool_file.cpp (create, join, leave and remove the file), pool_lock.cpp (the bounded robust
-// lock) and pool_repair.cpp (repair and the invariant checker).
+// lock), pool_arc.cpp (the eviction policy: LRU or ARC) and pool_repair.cpp (repair and the
+// invariant checker).
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,7 @@ class PoolImpl {
   void detach() noexcept;
   PoolStats stats();
   std::vector<SlotView> snapshot();
+  ArcState arc_state();
   std::vector<std::string> check_invariants();
 
   [[nodiscard]] std::byte* chunk(std::uint32_t slot, std::uint32_t rank) const;
@@ -78,14 +81,44 @@ class PoolImpl {
   // Tenants whose process is gone (other than this one), as a bit mask.
   std::uint64_t dead_tenants() const;
   // Drops the dead tenants' pins and writing slots, clears their records, rebuilds the key table,
-  // the lists and the derived counters from the slot records (Note [Pool repair]).
+  // the lists and the derived counters from the slot records, keeps the ghosts when they are
+  // consistent and rebuilds them empty otherwise (Note [Pool repair]).
   void repair(std::uint64_t dead) noexcept;
+  void repair_slots(std::uint64_t dead) noexcept;
+  void rebuild_table() noexcept;
+  void rebuild_lists() noexcept;
   void sweep_if_due();
+
+  // ---- the invariants (pool_repair.cpp), each reporting through fail
+  using Fail = std::function<void(const std::string&)>;
+  void check_slots(const Fail& fail) const;
+  void check_lists(const Fail& fail) const;
+  void check_tenant_lists(const Fail& fail) const;
+  void check_ghosts(const Fail& fail) const;
+
+  // ---- the eviction policy (pool_arc.cpp; Note [Pool ARC])
+  [[nodiscard]] bool arc() const noexcept {
+    return v_.h->policy == static_cast<std::uint32_t>(PolicyKind::kArc);
+  }
+  // An access to ready slot s that is in no list (pinned, or just taken out of its list): ARC
+  // moves it from T1 to T2 (LRU: nothing); the caller puts it back in its list or keeps it parked.
+  void promote(std::uint32_t s) const noexcept;
+  // The slot a store evicts: own_only (a tenant at its cap) its own least recent chunk, else the
+  // LRU's tail or ARC's REPLACE over T1 and T2; never a slot protected in this call.
+  [[nodiscard]] std::uint32_t pick_victim(bool own_only) const;
+  // ARC: the key just evicted from list `from` becomes the newest ghost of B1 / B2.
+  void add_ghost(const BlockKey& key, std::uint32_t from);
+  void drop_ghost(std::uint32_t g) const noexcept;
+  // The list a new key enters: ARC's T2 on a ghost hit (which adapts the target and drops the
+  // ghost), else T1 (B1 trimmed to |T1| + |B1| <= c); 0 under LRU.
+  std::uint32_t admit(const BlockKey& key);
 
   // ---- pieces of the operations (node_pool.cpp)
   void lookup_locked(std::span<const BlockKey> keys, bool pin, LookupOutcome& out);
   void prepare_locked(std::span<const BlockKey> keys, std::uint32_t first, StoreOutcome& out);
-  std::uint32_t pick_victim(bool own_only) const;
+  void protect_present(std::span<const BlockKey> keys, std::uint32_t first, std::uint64_t epoch);
+  void evict(std::uint32_t s);
+  std::uint32_t find_room(bool own_only, bool& swept);
   void check_owned_writing(std::span<const std::uint32_t> slots, const char* what);
   TenantRecord& me() const noexcept { return v_.tenants[tenant_]; }
 

@@ -33,7 +33,10 @@ Layout compute_layout(std::uint64_t slot_bytes, std::uint32_t slot_count, std::u
       round_up(l.pins_offset + sizeof(std::uint16_t) * std::uint64_t{slot_count} * max_tenants, 64);
   l.table_buckets = std::bit_ceil(std::uint64_t{2} * slot_count);
   if (l.table_buckets < 16) l.table_buckets = 16;
-  l.data_offset = round_up(l.table_offset + sizeof(std::uint64_t) * l.table_buckets, page);
+  l.ghosts_offset = round_up(l.table_offset + sizeof(std::uint64_t) * l.table_buckets, 64);
+  l.ghost_table_offset =
+      round_up(l.ghosts_offset + sizeof(GhostRecord) * std::uint64_t{slot_count}, 64);
+  l.data_offset = round_up(l.ghost_table_offset + sizeof(std::uint64_t) * l.table_buckets, page);
   l.file_bytes = l.data_offset + l.chunk_bytes * slot_count;
   return l;
 }
@@ -45,34 +48,44 @@ void View::bind(void* base) noexcept {
   slots = reinterpret_cast<SlotRecord*>(b + h->slots_offset);
   pins = reinterpret_cast<std::uint16_t*>(b + h->pins_offset);
   table = reinterpret_cast<std::uint64_t*>(b + h->table_offset);
+  ghosts = reinterpret_cast<GhostRecord*>(b + h->ghosts_offset);
+  ghost_table = reinterpret_cast<std::uint64_t*>(b + h->ghost_table_offset);
   data = b + h->data_offset;
 }
 
-std::uint32_t View::find(const BlockKey& key) const noexcept {
-  const std::uint64_t mask = h->table_buckets - 1;
+namespace {
+
+// Open addressing over `buckets` 8-byte entries (32 hash bits, the record index), used by the key
+// table (slots) and the ghost table (ghost records); `matches(i)` says whether record i holds key.
+template <class Matches>
+std::uint32_t table_find(const std::uint64_t* table, std::uint64_t buckets, const BlockKey& key,
+                         Matches matches) noexcept {
+  const std::uint64_t mask = buckets - 1;
   const std::uint32_t tag = tag_of(key);
   for (std::uint64_t pos = tag & mask;; pos = (pos + 1) & mask) {
     const std::uint64_t e = table[pos];
     if (e == kEmpty) return kNone;
     if (static_cast<std::uint32_t>(e >> 32) == tag) {
-      const auto s = static_cast<std::uint32_t>(e);
-      if (s < n() && slots[s].key_hi == key.hi() && slots[s].key_lo == key.lo()) return s;
+      const auto i = static_cast<std::uint32_t>(e);
+      if (matches(i)) return i;
     }
   }
 }
 
-void View::insert(const BlockKey& key, std::uint32_t slot) const noexcept {
-  const std::uint64_t mask = h->table_buckets - 1;
+void table_insert(std::uint64_t* table, std::uint64_t buckets, const BlockKey& key,
+                  std::uint32_t i) noexcept {
+  const std::uint64_t mask = buckets - 1;
   const std::uint32_t tag = tag_of(key);
   std::uint64_t pos = tag & mask;
   while (table[pos] != kEmpty) pos = (pos + 1) & mask;
-  table[pos] = (static_cast<std::uint64_t>(tag) << 32) | slot;
+  table[pos] = (static_cast<std::uint64_t>(tag) << 32) | i;
 }
 
-void View::erase(const BlockKey& key, std::uint32_t slot) const noexcept {
-  const std::uint64_t mask = h->table_buckets - 1;
+void table_erase(std::uint64_t* table, std::uint64_t buckets, const BlockKey& key,
+                 std::uint32_t i) noexcept {
+  const std::uint64_t mask = buckets - 1;
   const std::uint32_t tag = tag_of(key);
-  const std::uint64_t want = (static_cast<std::uint64_t>(tag) << 32) | slot;
+  const std::uint64_t want = (static_cast<std::uint64_t>(tag) << 32) | i;
   std::uint64_t pos = tag & mask;
   for (;; pos = (pos + 1) & mask) {
     if (table[pos] == kEmpty) return;
@@ -91,8 +104,55 @@ void View::erase(const BlockKey& key, std::uint32_t slot) const noexcept {
   table[hole] = kEmpty;
 }
 
+}  // namespace
+
+std::uint32_t View::find(const BlockKey& key) const noexcept {
+  return table_find(table, h->table_buckets, key, [&](std::uint32_t s) {
+    return s < n() && slots[s].key_hi == key.hi() && slots[s].key_lo == key.lo();
+  });
+}
+
+void View::insert(const BlockKey& key, std::uint32_t slot) const noexcept {
+  table_insert(table, h->table_buckets, key, slot);
+}
+
+void View::erase(const BlockKey& key, std::uint32_t slot) const noexcept {
+  table_erase(table, h->table_buckets, key, slot);
+}
+
 void View::clear_table() const noexcept {
   for (std::uint64_t i = 0; i < h->table_buckets; ++i) table[i] = kEmpty;
+}
+
+std::uint32_t View::ghost_find(const BlockKey& key) const noexcept {
+  return table_find(ghost_table, h->table_buckets, key, [&](std::uint32_t g) {
+    return g < n() && ghosts[g].key_hi == key.hi() && ghosts[g].key_lo == key.lo();
+  });
+}
+
+void View::ghost_insert(const BlockKey& key, std::uint32_t g) const noexcept {
+  table_insert(ghost_table, h->table_buckets, key, g);
+}
+
+void View::ghost_erase(const BlockKey& key, std::uint32_t g) const noexcept {
+  table_erase(ghost_table, h->table_buckets, key, g);
+}
+
+void View::clear_ghost_table() const noexcept {
+  for (std::uint64_t i = 0; i < h->table_buckets; ++i) ghost_table[i] = kEmpty;
+}
+
+void View::reset_ghosts() const noexcept {
+  for (std::uint32_t g = 0; g < n(); ++g) {
+    GhostRecord& r = ghosts[g];
+    r.list = 0;
+    r.prev = kNone;
+    r.next = g + 1 < n() ? g + 1 : kNone;
+  }
+  h->ghost_free = 0;
+  h->ghost_head[0] = h->ghost_tail[0] = h->ghost_head[1] = h->ghost_tail[1] = kNone;
+  h->n_ghost[0] = h->n_ghost[1] = 0;
+  clear_ghost_table();
 }
 
 void View::push_front(std::uint32_t& head, std::uint32_t& tail, std::uint32_t s) const noexcept {
@@ -161,16 +221,40 @@ void View::oremove(TenantRecord& t, std::uint32_t s) const noexcept {
   r.oprev = r.onext = kNone;
 }
 
+void View::gpush_front(std::uint32_t list, std::uint32_t g) const noexcept {
+  GhostRecord& r = ghosts[g];
+  r.prev = kNone;
+  r.next = h->ghost_head[list];
+  if (r.next != kNone) ghosts[r.next].prev = g;
+  h->ghost_head[list] = g;
+  if (h->ghost_tail[list] == kNone) h->ghost_tail[list] = g;
+}
+
+void View::gremove(std::uint32_t list, std::uint32_t g) const noexcept {
+  GhostRecord& r = ghosts[g];
+  if (r.prev != kNone) {
+    ghosts[r.prev].next = r.next;
+  } else {
+    h->ghost_head[list] = r.next;
+  }
+  if (r.next != kNone) {
+    ghosts[r.next].prev = r.prev;
+  } else {
+    h->ghost_tail[list] = r.prev;
+  }
+  r.prev = r.next = kNone;
+}
+
 void View::lru_enter(std::uint32_t s) const noexcept {
   SlotRecord& r = slots[s];
   r.stamp = ++h->clock;
-  push_front(h->lru_head, h->lru_tail, s);
+  push_front(h->list_head[r.list], h->list_tail[r.list], s);
   if (r.owner != kNone) opush_front(tenants[r.owner], s);
 }
 
 void View::lru_leave(std::uint32_t s) const noexcept {
   SlotRecord& r = slots[s];
-  remove(h->lru_head, h->lru_tail, s);
+  remove(h->list_head[r.list], h->list_tail[r.list], s);
   if (r.owner != kNone) oremove(tenants[r.owner], s);
 }
 

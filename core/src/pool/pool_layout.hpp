@@ -4,7 +4,8 @@
 // derived from the records, rebuilt by repair: Note [Pool repair] in pool_repair.cpp).
 //
 //   [PoolHeader][TenantRecord x max_tenants][SlotRecord x slot_count][pin counts
-//   u16 x slot_count x max_tenants][key table u64 x buckets] ... page ... [chunk bytes]
+//   u16 x slot_count x max_tenants][key table u64 x buckets][GhostRecord x slot_count]
+//   [ghost key table u64 x buckets] ... page ... [chunk bytes]
 //
 // Every field is changed only under the header's mutex. Offsets, never pointers: each process
 // maps the file at its own address.
@@ -15,12 +16,13 @@
 #include <cstdint>
 
 #include <kvoffload/block_key.hpp>
+#include <kvoffload/eviction_policy.hpp>
 #include <kvoffload/node_pool.hpp>
 
 namespace kvoffload::pool::detail {
 
 inline constexpr char kPoolMagic[8] = {'K', 'V', 'O', 'P', 'O', 'O', 'L', '\0'};
-inline constexpr std::uint32_t kPoolVersion = 1;
+inline constexpr std::uint32_t kPoolVersion = 2;  // 2: the eviction policy, ARC's lists
 inline constexpr std::uint32_t kNone = 0xFFFFFFFFu;
 inline constexpr std::size_t kNameChars = 128;
 
@@ -42,7 +44,9 @@ struct PoolHeader {
   std::uint64_t slots_offset;
   std::uint64_t pins_offset;
   std::uint64_t table_offset;
-  std::uint64_t table_buckets;  // power of two >= 2 * slot_count
+  std::uint64_t table_buckets;  // power of two >= 2 * slot_count (the ghost table's too)
+  std::uint64_t ghosts_offset;
+  std::uint64_t ghost_table_offset;
   std::uint64_t data_offset;
   std::uint64_t file_bytes;
 
@@ -50,8 +54,10 @@ struct PoolHeader {
   std::int32_t holder_pid;  // who holds the mutex (written after taking it), 0 when free
   std::uint32_t reserved0;
 
-  // The lists (heads are the most recent end).
-  std::uint32_t lru_head, lru_tail;    // ready, unpinned slots: the evictable ones
+  // The lists (heads are the most recent end). The evictable (ready, unpinned) slots are in
+  // list[slot.list]: under LRU list 0 is the LRU and list 1 stays empty; under ARC they are T1
+  // and T2 (Note [Pool ARC] in pool_arc.cpp).
+  std::uint32_t list_head[2], list_tail[2];
   std::uint32_t free_head, free_tail;  // free slots
   // Derived counters (rebuilt by repair).
   std::uint32_t n_free, n_writing, n_ready, n_pinned;
@@ -61,6 +67,16 @@ struct PoolHeader {
   std::uint64_t last_sweep_ns;  // CLOCK_MONOTONIC of the last liveness sweep
   std::uint64_t repairs;
   std::uint64_t tenants_reclaimed;
+
+  // The eviction policy (PolicyKind, fixed at creation) and ARC's state (Note [Pool ARC]).
+  std::uint32_t policy;
+  std::uint32_t n_list[2];  // ARC |T1|, |T2|: writing + ready slots by list (derived)
+  std::uint32_t ghost_head[2], ghost_tail[2];  // B1, B2 (heads most recent)
+  std::uint32_t ghost_free;                    // the free ghost records, a stack through next
+  std::uint32_t n_ghost[2];                    // |B1|, |B2| (derived)
+  std::uint32_t reserved1;
+  std::uint64_t arc_target;                   // p, the adaptive target of |T1|: 0 .. slot_count
+  std::uint64_t ghosts_kept, ghosts_cleared;  // repairs that kept / rebuilt the ghosts empty
 };
 
 struct TenantRecord {
@@ -89,6 +105,18 @@ struct SlotRecord {
   std::uint32_t owner;         // tenant index (writing: always; ready: kNone once it left)
   std::uint32_t prev, next;    // the LRU or the free list
   std::uint32_t oprev, onext;  // the owner's LRU
+  std::uint32_t list;          // writing or ready: 0 (the LRU; ARC's T1) or 1 (ARC's T2)
+  std::uint32_t reserved0;
+
+  [[nodiscard]] BlockKey key() const noexcept { return {key_hi, key_lo}; }
+};
+
+// One ARC ghost: a key evicted from T1 (B1) or T2 (B2), no chunk (Note [Pool ARC]).
+struct GhostRecord {
+  std::uint64_t key_hi, key_lo;
+  std::uint32_t list;        // 0: free; 1: B1; 2: B2
+  std::uint32_t prev, next;  // its list (free: the free stack, next only)
+  std::uint32_t reserved0;
 
   [[nodiscard]] BlockKey key() const noexcept { return {key_hi, key_lo}; }
 };
@@ -96,7 +124,7 @@ struct SlotRecord {
 // Sizes and offsets of a pool of this geometry.
 struct Layout {
   std::uint64_t slot_stride, chunk_bytes, tenants_offset, slots_offset, pins_offset, table_offset,
-      table_buckets, data_offset, file_bytes;
+      table_buckets, ghosts_offset, ghost_table_offset, data_offset, file_bytes;
 };
 Layout compute_layout(std::uint64_t slot_bytes, std::uint32_t slot_count, std::uint32_t world_size,
                       std::uint32_t max_tenants, std::uint64_t page);
@@ -108,6 +136,8 @@ struct View {
   SlotRecord* slots = nullptr;
   std::uint16_t* pins = nullptr;
   std::uint64_t* table = nullptr;
+  GhostRecord* ghosts = nullptr;
+  std::uint64_t* ghost_table = nullptr;
   std::byte* data = nullptr;
 
   void bind(void* base) noexcept;
@@ -122,17 +152,27 @@ struct View {
   void insert(const BlockKey& key, std::uint32_t slot) const noexcept;
   void erase(const BlockKey& key, std::uint32_t slot) const noexcept;
   void clear_table() const noexcept;
+  // ... and the ghost key table (ghost record indices), the same way.
+  [[nodiscard]] std::uint32_t ghost_find(const BlockKey& key) const noexcept;
+  void ghost_insert(const BlockKey& key, std::uint32_t g) const noexcept;
+  void ghost_erase(const BlockKey& key, std::uint32_t g) const noexcept;
+  void clear_ghost_table() const noexcept;
+  // No ghosts: every ghost record free (record 0 first out), the ghost table empty.
+  void reset_ghosts() const noexcept;
 
-  // ---- the lists: the global one (LRU or free, prev/next) and the owner's LRU (oprev/onext)
+  // ---- the lists: the global ones (evictable or free, prev/next), the owner's LRU
+  // (oprev/onext) and the ghost lists (GhostRecord prev/next)
   void push_front(std::uint32_t& head, std::uint32_t& tail, std::uint32_t s) const noexcept;
   void push_back(std::uint32_t& head, std::uint32_t& tail, std::uint32_t s) const noexcept;
   void remove(std::uint32_t& head, std::uint32_t& tail, std::uint32_t s) const noexcept;
   void opush_front(TenantRecord& t, std::uint32_t s) const noexcept;
   void opush_back(TenantRecord& t, std::uint32_t s) const noexcept;
   void oremove(TenantRecord& t, std::uint32_t s) const noexcept;
+  void gpush_front(std::uint32_t list, std::uint32_t g) const noexcept;  // list 0: B1, 1: B2
+  void gremove(std::uint32_t list, std::uint32_t g) const noexcept;
 
-  // An evictable (ready, unpinned) slot joins the LRU (and its owner's) at the most recent end
-  // with a fresh stamp; leaving takes it out of both.
+  // An evictable (ready, unpinned) slot joins its list (list[slot.list]: the LRU, T1 or T2) and
+  // its owner's LRU at the most recent end with a fresh stamp; leaving takes it out of both.
   void lru_enter(std::uint32_t s) const noexcept;
   void lru_leave(std::uint32_t s) const noexcept;
 };

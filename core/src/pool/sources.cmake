@@ -6,4 +6,5 @@ target_sources(kvoffload_objects PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/pool_file.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pool_lock.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pool_repair.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/pool_arc.cpp
   ${CMAKE_CURRENT_LIST_DIR}/node_pool.cpp)

@@ -143,18 +143,20 @@ TEST_F(RunPoolTest, ASecondRunHitsWhatTheFirstStoredAndVerifiesEveryByte) {
   EXPECT_EQ(ra["cross_engine_hits"], 0);  // nobody stored before a
   EXPECT_EQ(rb["tenants"], 2);
   EXPECT_EQ(rb["pool"]["name"], "P");
+  EXPECT_EQ(rb["pool"]["policy"], "lru");
   EXPECT_FALSE(rb["region_removed"].get<bool>());  // a was still attached
   EXPECT_TRUE(ra["region_removed"].get<bool>());   // a was the last tenant out
   EXPECT_FALSE(fs::exists(pool_file()));
   EXPECT_TRUE(fs::is_empty(shm_));
 }
 
-TEST_F(RunPoolTest, ThreeRunsShareOnePool) {
-  ChildProcess& a = start("a", {"--requests", "80", "--pool-linger", "90"});
+TEST_F(RunPoolTest, ThreeRunsShareOnePoolUnderArc) {
+  ChildProcess& a = start("a", {"--requests", "80", "--pool-linger", "90", "--pool-policy", "arc"});
   wait_lingering(a, "a");
-  ChildProcess& b = start("b", {"--requests", "80", "--pool-linger", "90"});
+  ChildProcess& b = start("b", {"--requests", "80", "--pool-linger", "90", "--pool-policy", "arc",
+                                "--pool-cap", "0.5"});
   wait_lingering(b, "b");
-  ChildProcess& c = start("c", {"--requests", "80"});
+  ChildProcess& c = start("c", {"--requests", "80", "--pool-policy", "arc"});
   ASSERT_EQ(c.wait(), 0) << err("c");
   ASSERT_EQ(b.wait(), 0) << err("b");
   ASSERT_EQ(a.wait(), 0) << err("a");
@@ -163,6 +165,8 @@ TEST_F(RunPoolTest, ThreeRunsShareOnePool) {
       << report("b").dump() << err("b");
   EXPECT_GT(report("c")["cross_engine_hits"].get<std::uint64_t>(), 0U);
   EXPECT_EQ(report("c")["tenants"], 3);
+  EXPECT_EQ(report("c")["pool"]["policy"], "arc");
+  EXPECT_GT(report("b")["pool"]["cap_slots"].get<std::uint64_t>(), 0U);
   EXPECT_FALSE(fs::exists(pool_file()));
 }
 
@@ -175,6 +179,11 @@ TEST_F(RunPoolTest, AnotherGeometryIsRefusedNamingBothValues) {
   EXPECT_THAT(err("b"), HasSubstr("--pool P"));
   EXPECT_THAT(err("b"), HasSubstr("slot_bytes is 32768 in the pool, 65536 for engine 'b'"));
   EXPECT_THAT(err("b"), HasSubstr("--layers"));
+  // Another eviction policy, the same way.
+  ChildProcess& c = start("c", {"--requests", "10", "--pool-policy", "arc"});
+  EXPECT_NE(c.wait(), 0);
+  EXPECT_THAT(err("c"), HasSubstr("policy is 'lru' in the pool, 'arc' for engine 'c'"));
+  EXPECT_THAT(err("c"), HasSubstr("--pool-policy"));
   // A twin engine id is refused naming the flag and the live tenant's PID.
   ChildProcess& twin = start("a", {"--requests", "10"});
   EXPECT_NE(twin.wait(), 0);
