@@ -287,7 +287,7 @@ class PoolRun {
   }
 
   nlohmann::json report(const pool::TenantStats& mine, std::uint64_t tenants_now, bool pool_removed,
-                        const std::filesystem::path& pool_file) const {
+                        const std::filesystem::path& pool_file, double seconds) const {
     auto gbps = [](std::uint64_t b, double s) { return s > 0 ? b / s / 1e9 : 0.0; };
     const double hit_rate = t_.looked_up ? double(t_.hits) / double(t_.looked_up) : 0.0;
     std::uint64_t registered = 0;
