@@ -208,7 +208,8 @@ void to_json(nlohmann::json& j, const RunConfig& c) {
                      {"bringup_piece_bytes", c.bringup_piece_bytes},
                      {"pool", c.pool},
                      {"pool_slot_stride", c.pool_slot_stride},
-                     {"pool_row_stride", c.pool_row_stride}};
+                     {"pool_rank_stride", c.pool_rank_stride},
+                     {"pool_data_offset", c.pool_data_offset}};
 }
 
 void from_json(const nlohmann::json& j, RunConfig& c) {
@@ -230,7 +231,8 @@ void from_json(const nlohmann::json& j, RunConfig& c) {
   j.at("bringup_piece_bytes").get_to(c.bringup_piece_bytes);
   j.at("pool").get_to(c.pool);
   j.at("pool_slot_stride").get_to(c.pool_slot_stride);
-  j.at("pool_row_stride").get_to(c.pool_row_stride);
+  j.at("pool_rank_stride").get_to(c.pool_rank_stride);
+  j.at("pool_data_offset").get_to(c.pool_data_offset);
 }
 
 }  // namespace kvoffload::run

@@ -66,10 +66,12 @@ struct RunConfig {
   // Derived (computed by finalize()).
   std::uint64_t slot_bytes = 0;  // layers · block_bytes · blocks_per_chunk
   std::uint64_t num_chunks = 0;  // host_pool_bytes / row_stride
-  // Set by the scheduler after it attached the pool, for the ranks: bytes between the ranks'
-  // slots of one chunk and between chunks in the pool's chunk bytes.
+  // Set by the scheduler after it attached the pool, for the ranks (NodePool::rank_range): rank
+  // r's slots are the pool file's bytes from pool_data_offset + r * pool_rank_stride, one range
+  // of pool_rank_stride bytes, chunk c at c * pool_slot_stride in it.
   std::uint64_t pool_slot_stride = 0;
-  std::uint64_t pool_row_stride = 0;
+  std::uint64_t pool_rank_stride = 0;
+  std::uint64_t pool_data_offset = 0;
 
   // Validates every field (kInvalidArgument naming the flag, the value and what is allowed) and
   // computes slot_bytes and num_chunks from the page size.

@@ -74,7 +74,7 @@ class PoolRank {
     RuntimeOptions ro;
     ro.device = device_;
     runtime_ = make_runtime(backend.name, ro);
-    map_pool(c);
+    map_pool(c, rank);
     KvLayout layout;
     KvGroup group;
     for (std::uint32_t t = 0; t < c.layers; ++t) {
@@ -89,8 +89,8 @@ class PoolRank {
     layout.host = HostSlots{.base = static_cast<std::byte*>(map_),
                             .buffer_bytes = map_bytes_,
                             .num_chunks = c.num_chunks,
-                            .row_stride = c.pool_row_stride,
-                            .slot_offset = rank * c.pool_slot_stride,
+                            .row_stride = c.pool_slot_stride,
+                            .slot_offset = 0,
                             .slot_bytes = c.slot_bytes};
     const auto start = std::chrono::steady_clock::now();
     engine_ = std::make_unique<TransferEngine>(*runtime_, layout);  // registers the mapping
@@ -115,9 +115,9 @@ class PoolRank {
   [[nodiscard]] double registration_seconds() const { return registration_seconds_; }
 
  private:
-  // The chunk bytes are the file's last num_chunks x row_stride bytes (node_pool.hpp's layout:
-  // index, then the page-aligned chunk bytes); the rank maps only them.
-  void map_pool(const RunConfig& c) {
+  // This rank's range of the pool file (Note [Pool layout]: rank-major, the range holds this
+  // rank's slot of every chunk), and nothing else: not the index, not the other ranks' slots.
+  void map_pool(const RunConfig& c, std::uint32_t rank) {
     const std::filesystem::path path = pool::pool_path(c.shm_dir, c.pool);
     const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) throw_system_error("open", errno, "of the node pool " + path.string());
@@ -126,18 +126,23 @@ class PoolRank {
     const bool stat_ok = ::fstat(fd, &st) == 0;
     const bool magic_ok = ::pread(fd, magic, sizeof magic, 0) == sizeof magic &&
                           std::memcmp(magic, "KVOPOOL", 8) == 0;
-    map_bytes_ = c.num_chunks * c.pool_row_stride;
+    map_bytes_ = c.pool_rank_stride;
     const auto size = static_cast<std::uint64_t>(st.st_size);
+    const std::uint64_t want = c.pool_data_offset + c.world_size * c.pool_rank_stride;
     const std::uint64_t page = platform::page_size();
-    if (!stat_ok || !magic_ok || size <= map_bytes_ || (size - map_bytes_) % page != 0) {
+    if (!stat_ok || !magic_ok || size != want || c.pool_data_offset % page != 0 ||
+        c.pool_rank_stride % page != 0 || c.pool_rank_stride < c.num_chunks * c.pool_slot_stride) {
       ::close(fd);
-      throw Error(ErrorCode::kMismatch, "the node pool " + path.string() + " (" +
-                                            std::to_string(size) + " bytes) does not end in " +
-                                            std::to_string(c.num_chunks) + " chunks of " +
-                                            std::to_string(c.pool_row_stride) + " bytes");
+      throw Error(ErrorCode::kMismatch,
+                  "the node pool " + path.string() + " (" + std::to_string(size) +
+                      " bytes) is not " + std::to_string(c.world_size) + " ranks' ranges of " +
+                      std::to_string(c.pool_rank_stride) + " bytes from offset " +
+                      std::to_string(c.pool_data_offset) + " (" + std::to_string(want) +
+                      " bytes), as the scheduler attached it");
     }
+    const std::uint64_t offset = c.pool_data_offset + rank * c.pool_rank_stride;
     void* p = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                     static_cast<off_t>(size - map_bytes_));
+                     static_cast<off_t>(offset));
     const int err = errno;
     ::close(fd);
     if (p == MAP_FAILED) throw_system_error("mmap", err, "of the node pool " + path.string());
@@ -283,7 +288,7 @@ class RankState {
                 {"bytes", reg},
                 {"seconds", pool_rank_->registration_seconds()},
                 {"longest_piece_seconds", pool_rank_->registration_seconds()}}},
-              // The pool is chunk-major: a rank registers all of its chunk bytes.
+              // Its own range of the rank-major pool: 1/W of the chunk bytes.
               {"registered_bytes", reg}};
     }
     const EngineStats s = worker_->engine().stats();

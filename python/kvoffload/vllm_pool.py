@@ -271,8 +271,10 @@ def _request_of(req_context) -> str:
 
 
 def worker_host_slots(pool, rank: int) -> dict:
-    """TransferEngine.for_buffer's arguments for `rank`'s slots of the pool's chunks."""
-    row = int(pool.row_stride)
+    """TransferEngine.for_buffer's arguments for `rank`'s slots of the pool's chunks: its own
+    range of the rank-major pool (rank_range), so the engine registers only that."""
+    r = pool.rank_range(int(rank))
+    stride = int(r["slot_stride"])
     slot_count = int(pool.stats()["slot_count"])
-    return dict(buffer=int(pool.chunk_address(0, 0)), slot_bytes=int(pool.slot_stride),
-                row_stride=row, copy_index=int(rank), nbytes=row * slot_count)
+    return dict(buffer=int(r["address"]), slot_bytes=stride, row_stride=stride, copy_index=0,
+                nbytes=stride * slot_count)

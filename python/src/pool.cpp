@@ -254,19 +254,34 @@ context manager, or call detach(): the last tenant out removes the pool.)")
           py::arg("slot"), py::arg("rank") = 0,
           "The address of rank's slot of the chunk, for a TransferEngine over the pool's bytes "
           "(valid until detach(); shut the engine down first)")
-      .def_property_readonly(
-          "slot_stride", [](const PyNodePool& p) { return p.pool.chunk_stride(); },
-          "bytes between ranks' slots of one chunk (slot_bytes rounded up)")
-      .def_property_readonly(
-          "row_stride",
-          [](const PyNodePool& p) {
-            // Bytes between chunks: the distance of chunk 1 from chunk 0 (with one chunk there is
-            // no next row, and the ranks' slots are all a row needs).
-            const auto& g = p.pool.geometry();
-            if (g.slot_count < 2) return p.pool.chunk_stride() * g.world_size;
-            return static_cast<std::uint64_t>(p.pool.chunk(1, 0) - p.pool.chunk(0, 0));
+      .def(
+          "rank_range",
+          [](PyNodePool& p, std::uint32_t rank) {
+            if (!p.pool.attached()) {
+              throw Error(ErrorCode::kState,
+                          "node pool '" + p.pool.path().string() + "': rank_range after detach()");
+            }
+            const pool::RankRange r = p.pool.rank_range(rank);
+            py::dict d;
+            d["address"] = reinterpret_cast<std::uintptr_t>(r.data);
+            d["bytes"] = r.bytes;
+            d["file_offset"] = r.file_offset;
+            d["slot_stride"] = r.slot_stride;
+            return d;
           },
-          "bytes between consecutive chunks")
+          py::arg("rank"),
+          "rank's slot of every chunk, one range (the pool is rank-major): a dict of address, "
+          "bytes, file_offset (where it starts in the pool file) and slot_stride; chunk s is at "
+          "address + s * slot_stride. A rank registers only this range")
+      .def_property_readonly(
+          "slot_stride", [](const PyNodePool& p) { return p.pool.slot_stride(); },
+          "bytes between consecutive chunks' slots of one rank (slot_bytes rounded up to 256)")
+      .def_property_readonly(
+          "row_stride", [](const PyNodePool& p) { return p.pool.slot_stride(); },
+          "bytes between consecutive chunks of one rank: slot_stride (the pool is rank-major)")
+      .def_property_readonly(
+          "rank_stride", [](const PyNodePool& p) { return p.pool.rank_range(0).bytes; },
+          "bytes of one rank's range, and between ranks' ranges")
       .def_property_readonly("path", [](const PyNodePool& p) { return p.pool.path().string(); })
       .def_property_readonly("tenant_index",
                              [](const PyNodePool& p) { return p.pool.tenant_index(); })

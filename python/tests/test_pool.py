@@ -107,13 +107,22 @@ with kvoffload.NodePool.attach("p", "child", shm_dir={pool_dir!r}, **GEOMETRY) a
 
 def test_chunk_addresses_are_where_a_transfer_engine_finds_the_slots(pool_dir):
     # kvoffload.vllm's node pool builds TransferEngine.for_buffer over these (kvoffload.vllm_pool).
+    # Rank-major: rank r's slot of every chunk is one range, rank_range(r).
     with kvoffload.NodePool.attach("p", "a", shm_dir=pool_dir, **GEOMETRY) as p:
         assert p.slot_stride >= GEOMETRY["slot_bytes"] and p.slot_stride % 256 == 0
-        assert p.row_stride >= p.slot_stride * GEOMETRY["world_size"]
+        assert p.row_stride == p.slot_stride
+        r0, r1 = p.rank_range(0), p.rank_range(1)
+        assert r0["bytes"] == r1["bytes"] == p.rank_stride >= GEOMETRY["slot_count"] * p.slot_stride
+        assert r1["address"] == r0["address"] + p.rank_stride
+        assert r1["file_offset"] == r0["file_offset"] + p.rank_stride
+        assert os.path.getsize(p.path) == r1["file_offset"] + p.rank_stride
         base = p.chunk_address(0, 0)
-        assert p.chunk_address(3, 1) == base + 3 * p.row_stride + p.slot_stride
+        assert base == r0["address"]
+        assert p.chunk_address(3, 1) == r1["address"] + 3 * p.slot_stride
         p.write_chunk(3, chunk_bytes(3, 1), 1)
         import ctypes
-        assert ctypes.string_at(base + 3 * p.row_stride + p.slot_stride, 64) == chunk_bytes(3, 1)
+        assert ctypes.string_at(r1["address"] + 3 * p.slot_stride, 64) == chunk_bytes(3, 1)
+        with pytest.raises(kvoffload.Error):
+            p.rank_range(GEOMETRY["world_size"])
         with pytest.raises(kvoffload.Error):
             p.chunk_address(GEOMETRY["slot_count"], 0)

@@ -48,6 +48,7 @@ static int checks = 0;
       FAIL("message of %s lacks \"%s\"", #expr, (needle));                                    \
   } while (0)
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 static void options(kvo_pool_options* o, const char* dir, const char* engine) {
@@ -137,6 +138,27 @@ int main(void) {
   CHECK_OK(kvo_pool_stats_get(b, &st));
   CHECK(st.tenants == 2 && st.ready == 3 && st.cross_engine_hits == 3 && st.hits == 3);
   CHECK_OK(kvo_pool_check_invariants(a));
+
+  /* Rank-major: each rank's slots are one range, the next rank's right after it. */
+  {
+    kvo_pool_rank_range r0, r1;
+    void* chunk = NULL;
+    const long page = sysconf(_SC_PAGESIZE);
+    CHECK_OK(kvo_pool_rank_range_get(a, 0, &r0));
+    CHECK_OK(kvo_pool_rank_range_get(a, 1, &r1));
+    CHECK(r0.slot_stride == 256 && r1.slot_stride == 256); /* 100 bytes rounded up to 256 */
+    CHECK(r0.bytes == r1.bytes && r0.bytes % (uint64_t)page == 0 && r0.bytes >= 4 * 256);
+    CHECK(r0.file_offset % (uint64_t)page == 0 && r1.file_offset == r0.file_offset + r0.bytes);
+    CHECK((char*)r1.data == (char*)r0.data + r0.bytes);
+    {
+      struct stat fst;
+      CHECK(stat(path, &fst) == 0 && (uint64_t)fst.st_size == r1.file_offset + r1.bytes);
+    }
+    CHECK_OK(kvo_pool_chunk(a, 3, 1, &chunk));
+    CHECK((char*)chunk == (char*)r1.data + 3 * r1.slot_stride);
+    CHECK_ERR(kvo_pool_rank_range_get(a, 2, &r0), KVO_INVALID_ARGUMENT,
+              "rank_range(2) is out of range: ranks 0..1");
+  }
 
   /* A second process stores; the first loads its bytes. */
   (void)fflush(NULL);

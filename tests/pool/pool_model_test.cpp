@@ -345,7 +345,7 @@ TEST_P(PoolModel, RandomMultiTenantStreamsMatchTheReferenceModel) {
   auto attach = [&](std::uint32_t t) {
     auto o = small_options(dir.path(), "engine" + std::to_string(t), kSlots);
     o.policy = policy;
-    if (t == 2) o.cap_bytes = 4 * 4096;
+    if (t == 2) o.cap_bytes = 4 * 2 * 512;  // 4 chunks of 2 ranks x 512 bytes
     pools[t].emplace(NodePool::attach(o));
     index_of[t] = pools[t]->tenant_index();
     if (t == 2) model.set_cap(t, 4);

@@ -1,4 +1,6 @@
 // The node pool's operations, one behaviour per case (docs/DESIGN.md §6.6).
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -171,7 +173,7 @@ TEST(PoolUnit, ACapInBytesCountsWholeChunks) {
   o.cap_bytes = 1;  // less than one chunk
   const Error e = error_of([&] { (void)NodePool::attach(o); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-  EXPECT_THAT(e.what(), HasSubstr("less than one chunk of 4096 bytes"));
+  EXPECT_THAT(e.what(), HasSubstr("less than one chunk of 1024 bytes"));  // 2 ranks x 512
 }
 
 TEST(PoolUnit, ATenantOfAnotherGeometryOrFingerprintIsRefusedNamingBothValues) {
@@ -394,6 +396,117 @@ TEST(PoolUnit, AStalePoolIsReclaimedAndAForeignFileRefused) {
     EXPECT_EQ(p.code(), ErrorCode::kPermission);
     EXPECT_THAT(p.what(), HasSubstr("mode 0644"));
   }
+}
+
+// Note [Pool layout]: rank r's slot of every chunk is one range of the file, the ranks' ranges one
+// after another, so a rank process maps (and registers) only its own.
+TEST(PoolUnit, EachRanksSlotsAreOneRangeOfTheFileRankMajor) {
+  const kvoffload::test::TempDir dir;
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (const std::uint32_t world : {1U, 2U, 4U}) {
+    auto o = small_options(dir.path(), "a", 5, 1000);  // slots 1024 apart (256-aligned)
+    o.geometry.world_size = world;
+    auto a = NodePool::attach(o);
+    EXPECT_EQ(a.slot_stride(), 1024U);
+    const RankRange first = a.rank_range(0);
+    for (std::uint32_t r = 0; r < world; ++r) {
+      const RankRange range = a.rank_range(r);
+      EXPECT_EQ(range.slot_stride, 1024U);
+      EXPECT_EQ(range.bytes, (5 * 1024 + page - 1) / page * page) << "one rank's 5 slots";
+      EXPECT_EQ(range.file_offset % page, 0U);
+      EXPECT_EQ(range.file_offset, first.file_offset + r * range.bytes);
+      EXPECT_EQ(range.data, first.data + r * range.bytes);
+      for (std::uint32_t s = 0; s < 5; ++s) EXPECT_EQ(a.chunk(s, r), range.data + s * 1024);
+    }
+    const RankRange last = a.rank_range(world - 1);
+    EXPECT_EQ(std::filesystem::file_size(a.path()), last.file_offset + last.bytes);
+    const Error e = error_of([&] { (void)a.rank_range(world); });
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("rank_range(" + std::to_string(world) +
+                                    ") is out of range: ranks 0.." + std::to_string(world - 1)));
+  }
+  // A rank's own mapping of its range (what `kvoffload run`'s ranks map) holds its slots of
+  // every chunk a tenant wrote, and only its own.
+  auto a = NodePool::attach(small_options(dir.path(), "a"));
+  const auto ks = keys(10, 8);
+  ASSERT_EQ(test::store(a, ks), 8U);
+  const RankRange r1 = a.rank_range(1);
+  const int fd = ::open(a.path().c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  void* m =
+      ::mmap(nullptr, r1.bytes, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(r1.file_offset));
+  ::close(fd);
+  ASSERT_NE(m, MAP_FAILED);
+  const LookupOutcome got = a.lookup(ks, false);
+  ASSERT_EQ(got.hits, 8U);
+  for (std::size_t i = 0; i < ks.size(); ++i) {
+    const auto* b = static_cast<const std::uint8_t*>(m) + got.slots[i] * r1.slot_stride;
+    for (std::uint64_t j = 0; j < 512; ++j) {
+      ASSERT_EQ(b[j], test::byte_of(ks[i], 1, j)) << "key " << i << " byte " << j;
+    }
+  }
+  ::munmap(m, r1.bytes);
+}
+
+TEST(PoolUnit, APoolTooLargeForAFileIsRefusedNamingItsGeometry) {
+  const kvoffload::test::TempDir dir;
+  auto o = small_options(dir.path(), "a");
+  o.geometry.slot_bytes = std::uint64_t{1} << 40;
+  o.geometry.slot_count = 1U << 20;
+  const Error e = error_of([&] { (void)NodePool::attach(o); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(),
+              HasSubstr("node pool of 1048576 chunks x 2 ranks x 1099511627776 slot_bytes is "
+                        "more than 2^60 bytes"));
+}
+
+// Writes format version `version` into the pool file's header (offset 8, after the magic).
+void set_version(const std::filesystem::path& path, std::uint32_t version) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, &version, sizeof version, 8), static_cast<ssize_t>(sizeof version));
+  ::close(fd);
+}
+
+// A pool of the chunk-major format 1 (or any other): refused while its tenants run, removed when
+// nobody is attached (by a joiner, and by remove_stale_pool, `region clean`'s rule).
+TEST(PoolUnit, AnOldFormatPoolIsRefusedWhileInUseAndRemovedWhenStale) {
+  const kvoffload::test::TempDir dir;
+  const auto path = pool_path(dir.path(), "testpool");
+  {
+    auto a = NodePool::attach(small_options(dir.path(), "a"));
+    set_version(path, 1);
+    const Error e = error_of([&] { (void)NodePool::attach(small_options(dir.path(), "b")); });
+    EXPECT_EQ(e.code(), ErrorCode::kMismatch);
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("has format version 1 (chunk-major"),
+                                HasSubstr("reads and writes only version 2")));
+    EXPECT_FALSE(remove_stale_pool(path));  // a is attached
+    const auto seen = observe_pools(dir.path());
+    ASSERT_EQ(seen.size(), 1U);
+    EXPECT_THAT(seen[0].problem, HasSubstr("format version 1"));
+    set_version(path, 2);
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  auto dead_tenant = [&] {
+    const pid_t pid = kvoffload::test::fork_child([&] {
+      auto a = NodePool::attach(small_options(dir.path(), "a"));
+      test::store(a, keys(0, 3));
+      (void)::raise(SIGKILL);
+      return 0;
+    });
+    ASSERT_TRUE(WIFSIGNALED(kvoffload::test::wait_child(pid)));
+    set_version(path, 1);
+  };
+  dead_tenant();
+  {
+    auto b = NodePool::attach(small_options(dir.path(), "b"));  // the stale old file removed
+    EXPECT_EQ(b.lookup(keys(0, 3), false).hits, 0U);
+    EXPECT_EQ(b.stats().tenants.size(), 1U);
+    EXPECT_POOL_OK(b);
+  }
+  dead_tenant();
+  EXPECT_TRUE(remove_stale_pool(path));
+  EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 }  // namespace

@@ -650,8 +650,21 @@ KVO_API kvo_status kvo_pool_prepare_stores(kvo_pool_t* pool, const kvo_block_key
 KVO_API kvo_status kvo_pool_commit_stores(kvo_pool_t* pool, const uint32_t* slots, size_t count);
 KVO_API kvo_status kvo_pool_abort_stores(kvo_pool_t* pool, const uint32_t* slots, size_t count);
 KVO_API kvo_status kvo_pool_unpin(kvo_pool_t* pool, const uint32_t* slots, size_t count);
-/* The address of rank's slot_bytes of chunk slot (valid until kvo_pool_close). */
+/* The address of rank's slot_bytes of chunk slot (valid until kvo_pool_close):
+ * kvo_pool_rank_range's data + slot * slot_stride. */
 KVO_API kvo_status kvo_pool_chunk(kvo_pool_t* pool, uint32_t slot, uint32_t rank, void** out);
+/* One rank's part of the chunk bytes: the pool is rank-major, so rank r's slot of every chunk is
+ * one range; a rank process maps only [file_offset, file_offset + bytes) of the pool file and
+ * registers it with its device (1/world_size of the chunk bytes). */
+typedef struct kvo_pool_rank_range {
+  void* data;           /* in this tenant's mapping: the slot of chunk 0 */
+  uint64_t bytes;       /* slot_count * slot_stride rounded up to a page */
+  uint64_t file_offset; /* where the range starts in the pool file (a page multiple) */
+  uint64_t slot_stride; /* bytes between consecutive chunks' slots (slot_bytes rounded to 256) */
+} kvo_pool_rank_range;
+/* KVO_INVALID_ARGUMENT for a rank >= world_size. */
+KVO_API kvo_status kvo_pool_rank_range_get(kvo_pool_t* pool, uint32_t rank,
+                                           kvo_pool_rank_range* out);
 KVO_API kvo_status kvo_pool_reclaim_dead_tenants(kvo_pool_t* pool, uint32_t* out_reclaimed);
 /* KVO_OK when every invariant of the shared index holds; else KVO_INTERNAL with the violations
  * in kvo_last_error_message(). */

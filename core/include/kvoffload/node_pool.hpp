@@ -4,8 +4,10 @@
 //
 // The pool is one file in the shm dir, `kvoffload_<name>.pool`, mapped MAP_SHARED by every
 // tenant. It holds the index (key -> chunk slot, one node-wide eviction policy: LRU or ARC,
-// per-tenant pins) and the chunk bytes. Every index operation runs under one process-shared robust
-// mutex in the file:
+// per-tenant pins) and the chunk bytes, rank-major: rank r's slot of every chunk lies in one
+// contiguous range of the file (rank_range(r)), so a rank process maps and registers only its own
+// 1/world_size of them. Every index operation runs under one process-shared robust mutex in the
+// file:
 //  - a tenant killed anywhere (inside an operation, holding pins, while writing a chunk) is
 //    detected by the next operation of any live tenant (EOWNERDEAD, or its PID and start time no
 //    longer alive) and the index is repaired from the slot records (Note [Pool repair]);
@@ -168,6 +170,16 @@ struct PoolStats {
   std::vector<TenantStats> tenants;  // live tenants, by index
 };
 
+// One rank's part of the chunk bytes (NodePool::rank_range): its slot of chunk s is at
+// data + s * slot_stride. A rank process that does not attach maps only [file_offset,
+// file_offset + bytes) of the pool file (both page multiples) and registers that with its device.
+struct RankRange {
+  std::byte* data = nullptr;      // in this tenant's mapping: chunk(0, rank)
+  std::uint64_t bytes = 0;        // slot_count * slot_stride rounded up to a page
+  std::uint64_t file_offset = 0;  // where the range starts in the pool file
+  std::uint64_t slot_stride = 0;
+};
+
 namespace detail {
 class PoolImpl;
 }
@@ -219,9 +231,13 @@ class KVOFFLOAD_API NodePool {
   // and removes the file when it was the last tenant. Idempotent, never throws.
   void detach() noexcept;
 
-  // The bytes of rank `rank`'s slot of chunk `slot` (slot_bytes of them).
+  // The bytes of rank `rank`'s slot of chunk `slot` (slot_bytes of them):
+  // rank_range(rank).data + slot * slot_stride().
   [[nodiscard]] std::byte* chunk(std::uint32_t slot, std::uint32_t rank = 0) const;
-  [[nodiscard]] std::uint64_t chunk_stride() const noexcept;  // bytes between ranks' slots
+  // Bytes between consecutive chunks' slots in one rank's range: slot_bytes rounded up to 256.
+  [[nodiscard]] std::uint64_t slot_stride() const noexcept;
+  // Rank `rank`'s slot of every chunk, one range (kInvalidArgument for a rank >= world_size).
+  [[nodiscard]] RankRange rank_range(std::uint32_t rank) const;
   [[nodiscard]] const PoolGeometry& geometry() const noexcept;
   [[nodiscard]] const std::filesystem::path& path() const noexcept;
   [[nodiscard]] std::uint32_t tenant_index() const noexcept;

@@ -184,6 +184,16 @@ kvo_status kvo_pool_chunk(kvo_pool_t* pool, uint32_t slot, uint32_t rank, void**
   });
 }
 
+kvo_status kvo_pool_rank_range_get(kvo_pool_t* pool, uint32_t rank, kvo_pool_rank_range* out) {
+  const char* const fn = __func__;
+  return guarded(fn, [&] {
+    KVO_ARG(pool);
+    KVO_ARG(out);
+    const kvoffload::pool::RankRange r = pool->pool.rank_range(rank);
+    *out = kvo_pool_rank_range{r.data, r.bytes, r.file_offset, r.slot_stride};
+  });
+}
+
 kvo_status kvo_pool_reclaim_dead_tenants(kvo_pool_t* pool, uint32_t* out_reclaimed) {
   const char* const fn = __func__;
   return guarded(fn, [&] {

@@ -83,6 +83,12 @@ void validate(const PoolOptions& o) {
   if (g.world_size < 1 || g.world_size > 1024)
     throw_invalid("node pool world_size " + std::to_string(g.world_size) +
                   " is out of range; it must be 1 .. 1024");
+  // The chunk bytes (world_size ranges of slot_count 256-aligned slots) must fit a file.
+  const std::uint64_t stride = (g.slot_bytes + 255) / 256 * 256;
+  if (stride > (std::uint64_t{1} << 60) / (std::uint64_t{g.slot_count} * g.world_size))
+    throw_invalid("node pool of " + std::to_string(g.slot_count) + " chunks x " +
+                  std::to_string(g.world_size) + " ranks x " + std::to_string(g.slot_bytes) +
+                  " slot_bytes is more than 2^60 bytes; give fewer or smaller chunks");
   validate_text("layout", g.layout, 31);
   validate_text("dtype", g.dtype, 31);
   validate_text("fingerprint", g.fingerprint, 255);
@@ -606,7 +612,20 @@ std::byte* PoolImpl::chunk(std::uint32_t slot, std::uint32_t rank) const {
                   ") is out of range: slots 0.." + std::to_string(v_.n() - 1) + ", ranks 0.." +
                   std::to_string(v_.h->world_size - 1));
   }
-  return v_.data + v_.h->chunk_bytes * slot + v_.h->slot_stride * rank;
+  // Rank-major (Note [Pool layout] in pool_layout.hpp).
+  return v_.data + v_.h->rank_stride * rank + v_.h->slot_stride * slot;
+}
+
+RankRange PoolImpl::rank_range(std::uint32_t rank) const {
+  if (rank >= v_.h->world_size) {
+    throw_invalid("node pool rank_range(" + std::to_string(rank) + ") is out of range: ranks 0.." +
+                  std::to_string(v_.h->world_size - 1));
+  }
+  const std::uint64_t offset = v_.h->rank_stride * rank;
+  return {.data = v_.data + offset,
+          .bytes = v_.h->rank_stride,
+          .file_offset = v_.h->data_offset + offset,
+          .slot_stride = v_.h->slot_stride};
 }
 
 }  // namespace detail
@@ -653,8 +672,11 @@ void NodePool::detach() noexcept {
 std::byte* NodePool::chunk(std::uint32_t slot, std::uint32_t rank) const {
   return impl_->chunk(slot, rank);
 }
-std::uint64_t NodePool::chunk_stride() const noexcept {
-  return impl_->chunk_stride();
+std::uint64_t NodePool::slot_stride() const noexcept {
+  return impl_->slot_stride();
+}
+RankRange NodePool::rank_range(std::uint32_t rank) const {
+  return impl_->rank_range(rank);
 }
 const PoolGeometry& NodePool::geometry() const noexcept {
   return impl_->geometry();

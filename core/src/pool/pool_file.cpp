@@ -23,8 +23,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -86,6 +88,7 @@ void init_pool(void* base, const PoolOptions& o, const Layout& l) {
   copy_name(h->dtype, sizeof h->dtype, o.geometry.dtype);
   copy_name(h->fingerprint, sizeof h->fingerprint, o.geometry.fingerprint);
   h->slot_stride = l.slot_stride;
+  h->rank_stride = l.rank_stride;
   h->chunk_bytes = l.chunk_bytes;
   h->tenants_offset = l.tenants_offset;
   h->slots_offset = l.slots_offset;
@@ -157,7 +160,9 @@ std::optional<PoolFile> try_create(const PoolOptions& o, const std::filesystem::
       throw Error(ErrorCode::kCapacity,
                   "node pool " + q(path) + " needs " + std::to_string(l.file_bytes) + " bytes (" +
                       std::to_string(o.geometry.slot_count) + " chunks of " +
-                      std::to_string(l.chunk_bytes) + " bytes plus the index) and " + q(dir) +
+                      std::to_string(l.chunk_bytes) + " bytes, " +
+                      std::to_string(o.geometry.world_size) + " ranks' ranges of " +
+                      std::to_string(l.rank_stride) + ", plus the index) and " + q(dir) +
                       " has not that much free: use a smaller slot_count, or a larger shm "
                       "(--shm-size, --ipc=host)",
                   e, "fallocate");
@@ -229,6 +234,17 @@ void check_geometry(const PoolHeader& h, const PoolOptions& o, const std::filesy
   }
 }
 
+// The format version of an open file with the pool magic; nullopt when it has none (not a pool).
+std::optional<std::uint32_t> pool_version(int fd) {
+  PoolHeader h{};
+  constexpr std::size_t kHead = offsetof(PoolHeader, version) + sizeof h.version;
+  const ssize_t got = retry_eintr([&] { return ::pread(fd, &h, kHead, 0); });
+  if (got != static_cast<ssize_t>(kHead) ||
+      std::memcmp(h.magic, kPoolMagic, sizeof kPoolMagic) != 0)
+    return std::nullopt;
+  return h.version;
+}
+
 // Reads and checks the header of an open file: ours (magic, version), consistent with its size.
 PoolHeader read_header(int fd, const std::filesystem::path& path, std::uint64_t file_size) {
   PoolHeader h{};
@@ -240,23 +256,43 @@ PoolHeader read_header(int fd, const std::filesystem::path& path, std::uint64_t 
                                           "left in place: remove it or use another pool name");
   }
   if (h.version != kPoolVersion) {
-    throw Error(ErrorCode::kMismatch, "node pool " + q(path) + " has format version " +
-                                          std::to_string(h.version) + ", this library writes " +
-                                          std::to_string(kPoolVersion) +
-                                          ": every tenant must run the same kvoffload format");
+    throw Error(
+        ErrorCode::kMismatch,
+        "node pool " + q(path) + " has format version " + std::to_string(h.version) +
+            (h.version == 1 ? " (chunk-major, from a kvoffload before rank-major pools)" : "") +
+            ", this library reads and writes only version " + std::to_string(kPoolVersion) +
+            ": its tenants run another kvoffload; stop them (the last one out removes "
+            "the file, and a stale one is removed by the next tenant or `kvoffload "
+            "region clean`) or use another pool name");
   }
   const Layout l =
       compute_layout(h.slot_bytes, h.slot_count, h.world_size, h.max_tenants, page_size());
-  if (h.max_tenants < 1 || h.max_tenants > 64 || h.slot_count < 1 || l.file_bytes != h.file_bytes ||
-      l.data_offset != h.data_offset || l.table_offset != h.table_offset ||
-      l.ghosts_offset != h.ghosts_offset || l.ghost_table_offset != h.ghost_table_offset ||
-      file_size != h.file_bytes) {
+  if (h.max_tenants < 1 || h.max_tenants > 64 || h.slot_count < 1 || h.world_size < 1 ||
+      l.file_bytes != h.file_bytes || l.data_offset != h.data_offset ||
+      l.table_offset != h.table_offset || l.ghosts_offset != h.ghosts_offset ||
+      l.ghost_table_offset != h.ghost_table_offset || l.slot_stride != h.slot_stride ||
+      l.rank_stride != h.rank_stride || file_size != h.file_bytes) {
     throw Error(ErrorCode::kMismatch, "node pool " + q(path) +
                                           " is inconsistent: its header gives " +
                                           std::to_string(h.file_bytes) + " bytes, the file has " +
                                           std::to_string(file_size) + "; it is left in place");
   }
   return h;
+}
+
+// Removes a stale pool file (nobody attached: its exclusive flock is held) at path when it is
+// provably a pool: this library's version and consistent, or any version with the pool magic (a
+// stale pool of an older format is removed, never joined). Throws, leaving it, otherwise.
+bool remove_stale(int fd, const std::filesystem::path& path, const struct stat& st) {
+  const std::optional<std::uint32_t> version = pool_version(fd);
+  if (!version || *version == kPoolVersion)
+    (void)read_header(fd, path, static_cast<std::uint64_t>(st.st_size));
+  if (!path_names(path, st.st_dev, st.st_ino)) return false;
+  if (::unlink(path.c_str()) != 0) {
+    if (errno == ENOENT) return false;
+    throw_system_error("unlink", errno, path.string());
+  }
+  return true;
 }
 
 enum class JoinResult { kJoined, kAbsent, kRetry };
@@ -286,8 +322,7 @@ JoinResult try_join(const PoolOptions& o, const std::filesystem::path& path, Poo
   }
   if (::flock(fd.fd, LOCK_EX | LOCK_NB) == 0) {
     // Nobody attached: stale (every tenant died). Remove it when it is provably a pool.
-    (void)read_header(fd.fd, path, static_cast<std::uint64_t>(st.st_size));
-    if (path_names(path, st.st_dev, st.st_ino)) ::unlink(path.c_str());
+    (void)remove_stale(fd.fd, path, st);
     return JoinResult::kRetry;
   }
   if (errno != EWOULDBLOCK)
@@ -481,11 +516,9 @@ bool remove_stale_pool(const std::filesystem::path& path) {
     if (errno == EWOULDBLOCK) return false;  // a tenant is attached (or leaving)
     throw_system_error("flock", errno, "LOCK_EX|LOCK_NB on " + path.string());
   }
-  // Nobody attached. Remove it when it is provably a pool (the header check throws otherwise).
-  (void)detail::read_header(fd.fd, path, static_cast<std::uint64_t>(st.st_size));
-  if (!detail::path_names(path, st.st_dev, st.st_ino)) return false;
-  if (::unlink(path.c_str()) != 0) throw_system_error("unlink", errno, path.string());
-  return true;
+  // Nobody attached. Remove it when it is provably a pool (the header check throws otherwise),
+  // of this format or an older one.
+  return detail::remove_stale(fd.fd, path, st);
 }
 
 }  // namespace kvoffload::pool

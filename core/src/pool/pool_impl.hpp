@@ -57,7 +57,8 @@ class PoolImpl {
   std::vector<std::string> check_invariants();
 
   [[nodiscard]] std::byte* chunk(std::uint32_t slot, std::uint32_t rank) const;
-  [[nodiscard]] std::uint64_t chunk_stride() const noexcept { return v_.h->slot_stride; }
+  [[nodiscard]] RankRange rank_range(std::uint32_t rank) const;
+  [[nodiscard]] std::uint64_t slot_stride() const noexcept { return v_.h->slot_stride; }
   [[nodiscard]] const PoolGeometry& geometry() const noexcept { return options_.geometry; }
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return file_.path; }
   [[nodiscard]] std::uint32_t tenant() const noexcept { return tenant_; }

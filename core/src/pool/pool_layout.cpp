@@ -22,10 +22,11 @@ std::uint32_t tag_of(const BlockKey& key) noexcept {
 Layout compute_layout(std::uint64_t slot_bytes, std::uint32_t slot_count, std::uint32_t world_size,
                       std::uint32_t max_tenants, std::uint64_t page) {
   Layout l{};
-  // Each rank's slot starts 256-aligned (vector copies, as in the region: Note [Slot alignment]);
-  // a chunk (every rank's slot) starts on a page.
+  // Rank-major (Note [Pool layout]): each rank's range holds its slot of every chunk, slots
+  // 256-aligned, the range a page multiple so the next rank's starts on a page.
   l.slot_stride = round_up(slot_bytes, 256);
-  l.chunk_bytes = round_up(l.slot_stride * world_size, page);
+  l.rank_stride = round_up(l.slot_stride * slot_count, page);
+  l.chunk_bytes = l.slot_stride * world_size;
   l.tenants_offset = round_up(sizeof(PoolHeader), 64);
   l.slots_offset = round_up(l.tenants_offset + sizeof(TenantRecord) * max_tenants, 64);
   l.pins_offset = round_up(l.slots_offset + sizeof(SlotRecord) * std::uint64_t{slot_count}, 64);
@@ -37,7 +38,7 @@ Layout compute_layout(std::uint64_t slot_bytes, std::uint32_t slot_count, std::u
   l.ghost_table_offset =
       round_up(l.ghosts_offset + sizeof(GhostRecord) * std::uint64_t{slot_count}, 64);
   l.data_offset = round_up(l.ghost_table_offset + sizeof(std::uint64_t) * l.table_buckets, page);
-  l.file_bytes = l.data_offset + l.chunk_bytes * slot_count;
+  l.file_bytes = l.data_offset + l.rank_stride * world_size;
   return l;
 }
 

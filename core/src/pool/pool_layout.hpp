@@ -5,7 +5,16 @@
 //
 //   [PoolHeader][TenantRecord x max_tenants][SlotRecord x slot_count][pin counts
 //   u16 x slot_count x max_tenants][key table u64 x buckets][GhostRecord x slot_count]
-//   [ghost key table u64 x buckets] ... page ... [chunk bytes]
+//   [ghost key table u64 x buckets] ... page ...
+//   [rank 0's range][rank 1's range] ... [rank W-1's range]
+//
+// Note [Pool layout]: the chunk bytes are rank-major. Rank r's range (rank_stride bytes, a page
+// multiple, starting on a page) holds rank r's slot of every chunk, chunk s at s x slot_stride;
+// chunk s of rank r is at data_offset + r x rank_stride + s x slot_stride. So a rank's slots are
+// one contiguous range: a rank process maps and registers only its own range, 1/W of the chunk
+// bytes, instead of all of them (version 1 was chunk-major, a chunk's ranks side by side, and
+// every rank registered the whole area). Slots start 256-aligned (vector copies, as in the
+// region: Note [Slot alignment]).
 //
 // Every field is changed only under the header's mutex. Offsets, never pointers: each process
 // maps the file at its own address.
@@ -22,7 +31,10 @@
 namespace kvoffload::pool::detail {
 
 inline constexpr char kPoolMagic[8] = {'K', 'V', 'O', 'P', 'O', 'O', 'L', '\0'};
-inline constexpr std::uint32_t kPoolVersion = 2;  // 2: the eviction policy, ARC's lists
+// 2: rank-major chunk bytes (Note [Pool layout]; 1 was chunk-major), the eviction policy and
+// ARC's lists. A file of another version is refused by joiners, and removed when stale (nobody
+// attached), by a joiner or `region clean`.
+inline constexpr std::uint32_t kPoolVersion = 2;
 inline constexpr std::uint32_t kNone = 0xFFFFFFFFu;
 inline constexpr std::size_t kNameChars = 128;
 
@@ -38,8 +50,9 @@ struct PoolHeader {
   char dtype[32];
   char fingerprint[256];
   // Where everything is (bytes from the start of the file).
-  std::uint64_t slot_stride;  // bytes between ranks' slots of one chunk
-  std::uint64_t chunk_bytes;  // bytes between chunks (page multiple)
+  std::uint64_t slot_stride;  // bytes between consecutive chunks' slots in a rank's range
+  std::uint64_t rank_stride;  // bytes of one rank's range, between ranks' ranges (page multiple)
+  std::uint64_t chunk_bytes;  // bytes one chunk occupies: world_size x slot_stride
   std::uint64_t tenants_offset;
   std::uint64_t slots_offset;
   std::uint64_t pins_offset;
@@ -123,8 +136,8 @@ struct GhostRecord {
 
 // Sizes and offsets of a pool of this geometry.
 struct Layout {
-  std::uint64_t slot_stride, chunk_bytes, tenants_offset, slots_offset, pins_offset, table_offset,
-      table_buckets, ghosts_offset, ghost_table_offset, data_offset, file_bytes;
+  std::uint64_t slot_stride, rank_stride, chunk_bytes, tenants_offset, slots_offset, pins_offset,
+      table_offset, table_buckets, ghosts_offset, ghost_table_offset, data_offset, file_bytes;
 };
 Layout compute_layout(std::uint64_t slot_bytes, std::uint32_t slot_count, std::uint32_t world_size,
                       std::uint32_t max_tenants, std::uint64_t page);

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,7 +50,8 @@ class RunPoolTest : public ::testing::Test {
 
   // `kvoffload run --pool P --engine-id <id> <small geometry> <extra>`, stdout/stderr in files
   // named after the engine id.
-  ChildProcess& start(const std::string& id, std::vector<std::string> extra) {
+  ChildProcess& start(const std::string& id, std::vector<std::string> extra,
+                      std::map<std::string, std::string> env = {}) {
     std::vector<std::string> args = {"run",
                                      "--shm-dir",
                                      shm_.string(),
@@ -96,6 +99,7 @@ class RunPoolTest : public ::testing::Test {
     spec.out_file = dir_ / ("out-" + id);
     spec.err_file = dir_ / ("err-" + id);
     spec.own_process_group = true;
+    spec.env = std::move(env);
     return *children_.emplace_back(std::make_unique<ChildProcess>(spec));
   }
 
@@ -221,6 +225,50 @@ TEST_F(RunPoolTest, ARunKilledBySigkillLeavesTheOtherServingAndThePoolGoesWithIt
   expect_verified(rb);
   EXPECT_TRUE(rb["region_removed"].get<bool>()) << rb.dump();
   EXPECT_FALSE(fs::exists(pool_file()));
+}
+
+// Note [Pool layout]: the pool is rank-major, so each rank of a run maps and registers only its
+// own range, 1/W of the chunk bytes, as the simulated device saw it (each process's
+// registrations, KVOFFLOAD_SIM_REGISTER_LOG) and as the report says (rank_bringup's
+// registered_bytes). The geometry: 32 KiB slots (4 layers x 4 KiB x 2 blocks), --host-pool 4M
+// holds 128 / W chunks, so the chunk bytes are 4 MiB and each rank's range 4 MiB / W.
+TEST_F(RunPoolTest, EachRankRegistersOnlyItsOwnRangeOnTheSimulatedDevice) {
+  constexpr std::uint64_t kChunkArea = 4ULL << 20;
+  for (const std::uint32_t world : {2U, 4U, 8U}) {
+    SCOPED_TRACE("world size " + std::to_string(world));
+    const std::string id = "w" + std::to_string(world);
+    const fs::path log = dir_ / ("registrations-" + id);
+    ChildProcess& run =
+        start(id, {"--backend", "sim", "--world-size", std::to_string(world), "--requests", "30"},
+              {{"KVOFFLOAD_SIM_DEVICES", std::to_string(world)},
+               {"KVOFFLOAD_SIM_REGISTER_LOG", log.string()}});
+    ASSERT_EQ(run.wait(), 0) << err(id);
+    const json r = report(id);
+    expect_verified(r);
+    const std::uint64_t share = kChunkArea / world;
+    EXPECT_EQ(r["pool"]["chunk_area_bytes"], kChunkArea);
+    EXPECT_EQ(r["pool"]["rank_range_bytes"], share);
+    ASSERT_EQ(r["rank_bringup"].size(), world) << r.dump();
+    for (const json& b : r["rank_bringup"]) {
+      EXPECT_EQ(b["registered_bytes"], share) << "rank " << b["rank"];
+      EXPECT_EQ(b["registration"]["bytes"], share);
+    }
+    EXPECT_EQ(r["registered_bytes"], kChunkArea) << "W ranks of 1/W each";
+    // What each device registered, per process: one rank per device, 1/W of the chunk bytes.
+    std::map<int, std::map<long, std::uint64_t>> by_device;
+    std::ifstream lines(log);
+    std::string word;
+    long pid = 0;
+    int device = 0;
+    std::uint64_t bytes = 0;
+    while (lines >> word >> pid >> word >> device >> word >> bytes) by_device[device][pid] += bytes;
+    ASSERT_EQ(by_device.size(), world) << read_text(log);
+    for (const auto& [d, pids] : by_device) {
+      ASSERT_EQ(pids.size(), 1U) << "device " << d << ":\n" << read_text(log);
+      EXPECT_EQ(pids.begin()->second, share) << "device " << d << ":\n" << read_text(log);
+    }
+    EXPECT_FALSE(fs::exists(pool_file()));
+  }
 }
 
 }  // namespace

@@ -87,6 +87,15 @@ std::string env_string(const char* name, const std::string& fallback) {
 
 }  // namespace
 
+void append_log_line(const std::string& path, const std::string& text) {
+  const std::string line = text + "\n";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    (void)!::write(fd, line.data(), line.size());
+    ::close(fd);
+  }
+}
+
 // ---- the device ----
 
 SimDevice::Impl::Impl(SimOptions o) : options(std::move(o)) {
@@ -150,14 +159,8 @@ int SimDevice::Impl::create_context(int device) {
     }
   }
   if (!options.context_log.empty()) {
-    const std::string line =
-        "pid " + std::to_string(::getpid()) + " device " + std::to_string(device) + "\n";
-    const int fd =
-        ::open(options.context_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      (void)!::write(fd, line.data(), line.size());
-      ::close(fd);
-    }
+    append_log_line(options.context_log,
+                    "pid " + std::to_string(::getpid()) + " device " + std::to_string(device));
   }
   state.context.store(true, std::memory_order_release);
   return kSuccess;
@@ -183,6 +186,7 @@ SimOptions SimOptions::from_env() {
   o.device_arch = env_string("KVOFFLOAD_SIM_ARCH", o.device_arch);
   o.kernel_archs = env_string("KVOFFLOAD_SIM_KERNEL_ARCHS", o.kernel_archs);
   o.context_log = env_string("KVOFFLOAD_SIM_CONTEXT_LOG", "");
+  o.register_log = env_string("KVOFFLOAD_SIM_REGISTER_LOG", "");
   const std::string mode = env_string("KVOFFLOAD_SIM_COMPUTE_MODE", "default");
   if (mode == "exclusive_process") {
     o.exclusive_process = true;

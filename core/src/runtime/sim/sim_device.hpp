@@ -108,6 +108,9 @@ struct SimOptions {
   std::string lock_dir;
   // When set, every context creation appends "pid <pid> device <d>" to this file.
   std::string context_log;
+  // When set, every successful host registration appends "pid <pid> device <d> bytes <n>" to
+  // this file (what each process registered, as the device saw it).
+  std::string register_log;
   // The Nth host registration of this device fails (1-based; 0: none), as a GPU that refuses
   // registration does (SimFaults::fail_register_at, from the start). For processes a test
   // cannot reach into, such as the ranks of `kvoffload run`.

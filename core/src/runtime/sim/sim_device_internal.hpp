@@ -311,6 +311,10 @@ inline SimDevice::Impl& dev(void* ctx) {
 // The entries of the vendor table, by subject; each fills its part of `a` for a device with
 // `options`: errors, devices, streams and events (sim_api.cpp), memory (sim_memory.cpp), copies
 // and kernel launches (sim_copy.cpp).
+// Appends text and a newline to the file at path (created 0600); a failure is ignored (the logs
+// are for tests: SimOptions::context_log, register_log).
+void append_log_line(const std::string& path, const std::string& text);
+
 void install_api_entries(VendorApi& a, const SimOptions& options);
 void install_memory_entries(VendorApi& a, const SimOptions& options);
 void install_copy_entries(VendorApi& a, const SimOptions& options);

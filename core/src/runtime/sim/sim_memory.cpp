@@ -2,10 +2,12 @@
 // memory mapped for the device), and the vendor-table entries that register, allocate and free
 // (Note [Simulated device] in sim_device.hpp).
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <iterator>
+#include <string>
 #include <thread>
 
 #include "runtime/sim/sim_device_internal.hpp"
@@ -119,7 +121,14 @@ int sim_host_register(void* ctx, void* ptr, std::size_t bytes) {
   if (ptr == nullptr || bytes == 0) return d.fail(kInvalidValue);
   if (d.translate_dma(ptr, 1).first == SimDevice::Impl::Side::kDevice) return d.fail(kInvalidValue);
   const int err = map_host(d, ptr, bytes, HostMapping::Kind::kRegistered);
-  if (err == kSuccess) d.counters.live_registrations.fetch_add(1);
+  if (err == kSuccess) {
+    d.counters.live_registrations.fetch_add(1);
+    if (!d.options.register_log.empty()) {
+      append_log_line(d.options.register_log, "pid " + std::to_string(::getpid()) + " device " +
+                                                  std::to_string(cur) + " bytes " +
+                                                  std::to_string(bytes));
+    }
+  }
   return err;
 }
 int sim_host_unregister(void* ctx, void* ptr) {
