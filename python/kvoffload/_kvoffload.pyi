@@ -750,3 +750,6 @@ class SglangStoreCore:
     def record_path(self, key: str, tag: int, piece: int) -> str: ...
     def close(self) -> bool:
         """Drains and closes every tier. Idempotent."""
+
+def sglang_pool_copy(pool: Any, slots: List[int], ptrs: List[int], sizes: List[int], to_pool: bool) -> None:
+    """Copies pages between host memory and a NodePool's chunks (to_pool: host -> chunk), one chunk per slot, each page's pieces (ptrs/sizes, the same number per page) back to back from the chunk's start; checks everything first (a bad batch copies nothing), GIL released while copying."""
