@@ -42,5 +42,6 @@ from ._kvoffload import remote_value_bytes as remote_value_bytes
 from ._kvoffload import RemoteTierOptions as RemoteTierOptions
 from ._kvoffload import VllmTierCore as VllmTierCore
 from ._kvoffload import SglangStoreCore as SglangStoreCore
+from ._kvoffload import sglang_pool_copy as sglang_pool_copy
 
 __all__: list[str]

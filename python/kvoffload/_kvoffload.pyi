@@ -737,7 +737,7 @@ class SglangStoreCore:
     def open_remote(options: RemoteTierOptions) -> SglangStoreCore:
         """A remote store; options' geometry names the pages (its slot_bytes is set per value size). Opens no connection until prepare() or the first call."""
     @staticmethod
-    def open_file(root: str, io_threads: int, read_threads: int, capacity_bytes: int, direct_io: bool = True, fsync: str = 'none', name: str = 'sglang-file') -> SglangStoreCore: ...
+    def open_file(root: str, io_threads: int, read_threads: int, capacity_bytes: int, direct_io: bool = True, fsync: str = 'none', name: str = 'sglang-file', shared: bool = True) -> SglangStoreCore: ...
     def prepare(self, value_bytes: int) -> None: ...
     def put(self, keys: Sequence, ptrs: List[int], sizes: List[int], tag: int) -> List[bool]:
         """Stores each page's pieces; one bool per page."""
@@ -754,3 +754,6 @@ class SglangStoreCore:
     def record_path(self, key: str, tag: int, piece: int) -> str: ...
     def close(self) -> bool:
         """Drains and closes every tier. Idempotent."""
+
+def sglang_pool_copy(pool: Any, slots: List[int], ptrs: List[int], sizes: List[int], to_pool: bool) -> None:
+    """Copies pages between host memory and a NodePool's chunks (to_pool: host -> chunk), one chunk per slot, each page's pieces (ptrs/sizes, the same number per page) back to back from the chunk's start; checks everything first (a bad batch copies nothing), GIL released while copying."""

@@ -16,12 +16,15 @@ SGLang loads it as a dynamic backend::
   ``connect_timeout_ms``, ``connections_per_node``, ...; see kvoffload._remote_options), plus
   ``namespace`` (keeps deployments apart on one store).
 - ``"file"`` with ``root_dir``: kvoffload's file tier, one directory per model and parallel layout
-  under root_dir, capped (``capacity_bytes``, and never more than the filesystem holds: a full
-  disk evicts the oldest pages), re-indexed when an instance restarts; ``io_threads``,
-  ``read_threads``, ``direct_io``, ``fsync``.
+  under root_dir, shared by every instance (process) that opens it: a page one instance stored
+  is a hit for the others (their indexes pick it up on first use; the ranks of an MLA model with
+  tensor parallelism share one directory, rank 0 writing); capped (``capacity_bytes``, per
+  instance, and never more than the filesystem holds: a full disk evicts the oldest pages),
+  re-indexed when an instance restarts; ``io_threads``, ``read_threads``, ``direct_io``,
+  ``fsync``.
 - ``"pool"`` with ``capacity_bytes``: kvoffload's node pool as the L3 shared by every instance of
-  the model on the node (``kvoffload.sglang_pool``; optional ``shm_dir``, ``cap_fraction``)
-  yet (refused with that reason).
+  the model on the node (``kvoffload.sglang_pool``; optional ``shm_dir``, ``cap_fraction``); the
+  pages are copied between SGLang's host pool and the pool's chunks in C++, GIL released.
 
 What every call promises SGLang (whose storage threads die on an exception, switching L3 off for
 the life of the process): it returns within the remote tier's deadlines (an existence check or
@@ -102,7 +105,8 @@ def _what(backend: str) -> str:
 
 
 class KvoffloadStorage(HiCacheStorage):
-    """SGLang HiCache storage backend over kvoffload's remote tier or file tier (module doc)."""
+    """SGLang HiCache storage backend over kvoffload's remote tier, file tier or node pool
+    (module doc)."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
         extra = dict(storage_config.extra_config or {})
@@ -176,12 +180,6 @@ class KvoffloadStorage(HiCacheStorage):
             if not isinstance(o.get("direct_io", True), bool):
                 raise ValueError(f"{self._what}: direct_io={o['direct_io']!r} must be true or "
                                  "false")
-            cfg = self.config
-            if cfg.is_mla_model and cfg.tp_size > 1:
-                raise ValueError(
-                    f"{self._what}: an MLA model with tp_size={cfg.tp_size}: its ranks share one "
-                    "directory, which the file tier lets one process own; use \"remote\" for "
-                    "MLA with tensor parallelism")
 
     def register_mem_pool_host(self, mem_pool_host) -> None:
         """Opens the store for this host pool: its geometry names the pages (the factory calls
@@ -283,10 +281,11 @@ class KvoffloadStorage(HiCacheStorage):
         try:
             path = os.path.join(directory, "config.json")
             if not os.path.exists(path):
-                with open(path + ".tmp", "w") as f:
+                tmp = f"{path}.{os.getpid()}.tmp"  # instances sharing the directory may race
+                with open(tmp, "w") as f:
                     json.dump({"sglang": self.identity, "format": "kvoffload file tier records"},
                               f, indent=2, sort_keys=True)
-                os.replace(path + ".tmp", path)
+                os.replace(tmp, path)
         except OSError as err:  # informative only: a full disk must not stop the server
             logger.warning("%s: could not write %s/config.json: %s", self._what, directory, err)
         (_, _, st), = core.stats()
@@ -409,7 +408,8 @@ class KvoffloadStorage(HiCacheStorage):
     # --- control ------------------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Forgets what this instance stored: the file backend removes its records; the remote
+        """Forgets the stored pages: the file backend removes the records of its directory (every
+        instance's that shares it, as SGLang's HiCacheFile clears its directory); the remote
         backend drops what it remembers of the store (the values stay: other instances share
         them, and the store's own eviction ages them out)."""
         try:

@@ -12,10 +12,11 @@ away by the pool while its committed pages stay served.
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import hashlib
 import itertools
 import os
+import threading
 from typing import List
 
 from . import _kvoffload as _ext
@@ -47,6 +48,23 @@ class PoolStoreCore:
             fingerprint=hashlib.sha256(identity.encode()).hexdigest(), shm_dir=shm_dir,
             cap_fraction=cap_fraction)
         self._last_failure = ""
+        # Copies run with the GIL released; close() waits for them before detaching (which
+        # unmaps the chunks they copy).
+        self._copies = 0
+        self._idle = threading.Condition()
+
+    @contextlib.contextmanager
+    def _copying(self):
+        with self._idle:
+            if not self._pool.attached:
+                raise RuntimeError(f"kvoffload.sglang (pool): {self.name} is closed")
+            self._copies += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._copies -= 1
+                self._idle.notify_all()
 
     @property
     def pool(self):
@@ -69,22 +87,30 @@ class PoolStoreCore:
         return int(self._pool.lookup([self._key(k, tag, nbytes) for k in keys]).hits)
 
     def get(self, keys: List[str], ptrs, sizes, tag: int) -> List[bool]:
-        out = []
-        for key, (kp, ks) in zip(keys, self._per_key(keys, ptrs, sizes)):
-            total = sum(int(s) for s in ks)
-            got = self._pool.lookup([self._key(key, tag, total)], pin=True)
-            if not got.hits or total > self.page_bytes:
-                self._pool.unpin(got.slots)
-                out.append(False)
-                continue
-            try:
-                src = self._pool.chunk_address(got.slots[0])
-                for p, s in zip(kp, ks):
-                    ctypes.memmove(int(p), src, int(s))
-                    src += int(s)
-            finally:
-                self._pool.unpin(got.slots)
-            out.append(True)
+        parts = self._per_key(keys, ptrs, sizes)
+        totals = [sum(int(s) for s in ks) for _, ks in parts]
+        pkeys = [self._key(k, tag, t) for k, t in zip(keys, totals)]
+        # One lookup pins the ready prefix (SGLang loads what batch_exists found: usually every
+        # page); a page after the first miss is looked up on its own.
+        first = self._pool.lookup(pkeys, pin=True)
+        slot_of = dict(zip(range(first.hits), first.slots))
+        pinned = list(first.slots)
+        try:
+            for i in range(first.hits + 1, len(keys)):
+                got = self._pool.lookup([pkeys[i]], pin=True)
+                if got.hits:
+                    slot_of[i] = got.slots[0]
+                    pinned.append(got.slots[0])
+            load = [i for i in sorted(slot_of) if totals[i] <= self.page_bytes]
+            with self._copying():
+                _ext.sglang_pool_copy(self._pool, [slot_of[i] for i in load],
+                                      [p for i in load for p in parts[i][0]],
+                                      [s for i in load for s in parts[i][1]], to_pool=False)
+        finally:
+            self._pool.unpin(pinned)
+        out = [False] * len(keys)
+        for i in load:
+            out[i] = True
         return out
 
     def put(self, keys: List[str], ptrs, sizes, tag: int) -> List[bool]:
@@ -96,19 +122,16 @@ class PoolStoreCore:
                                   f"{self.page_bytes}-byte chunks")
         pkeys = [self._key(keys[i], tag, totals[i]) for i in fits]
         plan = self._pool.prepare_stores(pkeys)
-        written = []
         try:
-            for pos, slot in zip(plan.positions, plan.slots):
-                kp, ks = parts[fits[pos]]
-                dst = self._pool.chunk_address(slot)
-                for p, s in zip(kp, ks):
-                    ctypes.memmove(dst, int(p), int(s))
-                    dst += int(s)
-                written.append(slot)
+            store = [parts[fits[pos]] for pos in plan.positions]
+            with self._copying():
+                _ext.sglang_pool_copy(self._pool, list(plan.slots),
+                                      [p for kp, _ in store for p in kp],
+                                      [s for _, ks in store for s in ks], to_pool=True)
         except BaseException:
             self._pool.abort_stores(list(plan.slots))
             raise
-        self._pool.commit_stores(written)
+        self._pool.commit_stores(list(plan.slots))
         ok = [False] * len(keys)
         stored = {fits[p] for p in plan.positions}
         for j, i in enumerate(fits):
@@ -137,4 +160,6 @@ class PoolStoreCore:
         return [("pool", self.name, st)]
 
     def close(self) -> None:
-        self._pool.detach()
+        with self._idle:
+            self._idle.wait_for(lambda: self._copies == 0)
+            self._pool.detach()

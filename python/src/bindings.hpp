@@ -3,6 +3,10 @@
 // exception translator is in place before anything else is bound).
 #include <pybind11/pybind11.h>
 
+namespace kvoffload::pool {
+class NodePool;
+}
+
 namespace kvoffload::python {
 
 void bind_errors(pybind11::module_& m);
@@ -15,5 +19,9 @@ void bind_vllm_manager(pybind11::module_& m);
 void bind_remote(pybind11::module_& m);
 void bind_vllm_tiers(pybind11::module_& m);
 void bind_sglang_store(pybind11::module_& m);
+void bind_sglang_pool_copy(pybind11::module_& m);
+
+// The pool of a kvoffload.NodePool (pool.cpp); TypeError for another object.
+pool::NodePool& node_pool_of(pybind11::handle obj);
 
 }  // namespace kvoffload::python

@@ -24,4 +24,5 @@ PYBIND11_MODULE(_kvoffload, m) {
   kvoffload::python::bind_remote(m);
   kvoffload::python::bind_vllm_tiers(m);
   kvoffload::python::bind_sglang_store(m);
+  kvoffload::python::bind_sglang_pool_copy(m);
 }

@@ -292,4 +292,12 @@ context manager, or call detach(): the last tenant out removes the pool.)")
       .def("__exit__", [](PyNodePool& p, py::handle, py::handle, py::handle) { p.pool.detach(); });
 }
 
+pool::NodePool& node_pool_of(py::handle obj) {
+  if (!py::isinstance<PyNodePool>(obj)) {
+    throw py::type_error(std::string("expected a kvoffload.NodePool, got ") +
+                         Py_TYPE(obj.ptr())->tp_name);
+  }
+  return obj.cast<PyNodePool&>().pool;
+}
+
 }  // namespace kvoffload::python

@@ -424,7 +424,7 @@ FileTier, each call bounded (waits only on the tier's own deadlines, GIL release
           "open_file",
           [](const std::string& root, unsigned io_threads, unsigned read_threads,
              std::uint64_t capacity_bytes, bool direct_io, const std::string& fsync,
-             const std::string& name) {
+             const std::string& name, bool shared) {
             FileTierOptions o;
             o.root = root;
             o.io_threads = io_threads;
@@ -433,6 +433,7 @@ FileTier, each call bounded (waits only on the tier's own deadlines, GIL release
             o.direct_io = direct_io ? DirectIoMode::kAuto : DirectIoMode::kBuffered;
             o.fsync = fsync_policy(fsync);
             o.name = name;
+            o.shared = shared;  // every instance of the model on the directory (Note [Shared root])
             // SGLang releases the host pages of a page that did not load (the prefetch stops at
             // the first failed page and frees the rest), so records are read straight into the
             // pages and verified there, without a bounce copy.
@@ -442,7 +443,7 @@ FileTier, each call bounded (waits only on the tier's own deadlines, GIL release
           },
           py::arg("root"), py::arg("io_threads"), py::arg("read_threads"),
           py::arg("capacity_bytes"), py::arg("direct_io") = true, py::arg("fsync") = "none",
-          py::arg("name") = "sglang-file")
+          py::arg("name") = "sglang-file", py::arg("shared") = true)
       .def("prepare", &SglangStoreCore::prepare, py::arg("value_bytes"))
       .def("put", &SglangStoreCore::put, py::arg("keys"), py::arg("ptrs"), py::arg("sizes"),
            py::arg("tag"), "Stores each page's pieces; one bool per page.")

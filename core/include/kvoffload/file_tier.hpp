@@ -3,7 +3,8 @@
 //
 // Layout: <root>/<hh>/<key hex>.kvb, hh = the last key byte in hex (256 fan-out directories,
 // created on first use), plus <root>/.kvoffload-tier.lock, flock'ed exclusively by the one
-// FileTier that owns the root (a second opener gets kState). A record is the payload, zero padding
+// FileTier that owns the root (a second opener gets kState), or shared by the tiers that share it
+// (Note [Shared root]). A record is the payload, zero padding
 // and a 64-byte header at the end (magic, version, key, payload length, CRC32C of the payload,
 // CRC32C of the header), a whole number of 4 KiB blocks so the same file can be written and read
 // with O_DIRECT; a payload in 4 KiB-aligned memory moves without a copy except its last block
@@ -24,6 +25,19 @@
 // record). A write that still fails with ENOSPC evicts the oldest records and retries, round after
 // round, until the record fits or none is left to evict (the failure then says so). Failures are
 // logged rate-limited (one line per cause per interval, with a count; util/rate_limited_log.hpp).
+//
+// Note [Shared root]: with FileTierOptions::shared, several FileTiers (in several processes: two
+// engine instances on one directory) use one root. Each holds the lock file shared (LOCK_SH), so
+// a tier that owns the root alone (shared false) and shared ones refuse each other (kState). What
+// one of them stores the others read: a key a tier does not index is looked for on disk by
+// contains() (one stat), by get() (read and verified; indexed when valid) and by put() (a record
+// of the right size already there is taken as stored, not written again). Each tier's capacity
+// counts the records it wrote or read (the filesystem bound holds for all, Note [Full disk]); a
+// record another tier removed (evicted) is a miss, dropped from the index and not counted as
+// corrupt. Each holds the lock shared for its lifetime (an exclusive opener is refused while one
+// does); temporary names carry the writer's PID, and an opener removes only the temporary files
+// of writers that are gone (a PID in another PID namespace looks gone: its write then fails, a
+// miss later, never a wrong page).
 //
 // O_DIRECT (kAuto): records are written and read with O_DIRECT through aligned bounce buffers;
 // when the filesystem refuses it (EINVAL at open, or at the first read/write), the tier logs once
@@ -64,6 +78,8 @@ struct FileTierOptions {
   // contract otherwise says it is untouched). For callers that discard the destination of an item
   // that did not succeed, as vLLM's tiering does with a failed promotion's primary slots.
   bool verify_in_destination = false;
+  // Several tiers (processes) share the root: Note [Shared root].
+  bool shared = false;
   std::string name = "file";  // for logs and stats
   // The system calls the tier makes (core/src/sys/syscalls.hpp, the seam the region uses too):
   // tests pass a table that fails chosen calls. nullptr: the real calls. A table given here must

@@ -5,6 +5,8 @@
 // I/O pool and in-place aligned transfers); its kit is file_tier_test_util.hpp.
 
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -270,6 +272,90 @@ TEST(FileTier, SecondOwnerOfRootIsRefused) {
   }
   first->close();
   EXPECT_NO_THROW((void)FileTier::open(options_for(dir.path() / "t")));
+}
+
+// Note [Shared root]: two tiers (two engine instances) on one root read each other's records;
+// a record one removes is a plain miss for the other; an owner alone and sharers refuse each other.
+TEST(FileTier, SharedRootServesEachOthersRecords) {
+  TempDir dir;
+  const auto root = dir.path() / "t";
+  auto shared = [&] {
+    FileTierOptions o = options_for(root);
+    o.shared = true;
+    return o;
+  };
+  auto a = FileTier::open(shared());
+  auto b = FileTier::open(shared());
+  const auto data = put_keys(*a, 3, 10'000);
+  EXPECT_TRUE(b->contains(BlockKey::from_u64(2)));
+  EXPECT_FALSE(b->contains(BlockKey::from_u64(9)));
+  std::vector<TierPresence> seen(2);
+  const std::vector<BlockKey> asked{BlockKey::from_u64(1), BlockKey::from_u64(9)};
+  b->lookup(asked, seen);
+  EXPECT_EQ(seen, (std::vector<TierPresence>{TierPresence::kPresent, TierPresence::kAbsent}));
+  expect_round_trip(*b, data);
+  EXPECT_EQ(b->stats().entries, 3U);  // read back valid: indexed
+  EXPECT_EQ(b->stats().puts_ok, 0U);
+  // b's put of a key a stored takes a's record (no rewrite: the file keeps a's inode).
+  const std::vector<std::byte> more = pattern(10'000, 99);
+  const TierPut put4{BlockKey::from_u64(4), more};
+  ASSERT_EQ(a->put(std::span(&put4, 1)).wait()[0].status, TierItemStatus::kOk);
+  struct stat before {};
+  ASSERT_EQ(::stat(a->record_path(put4.key).c_str(), &before), 0);
+  ASSERT_EQ(b->put(std::span(&put4, 1)).wait()[0].status, TierItemStatus::kOk);
+  struct stat after {};
+  ASSERT_EQ(::stat(a->record_path(put4.key).c_str(), &after), 0);
+  EXPECT_EQ(before.st_ino, after.st_ino);
+  EXPECT_TRUE(b->contains(put4.key));
+  // a removes key 1: b, which indexed it, misses without calling it corrupt.
+  const BlockKey gone = BlockKey::from_u64(1);
+  ASSERT_EQ(a->remove(std::span(&gone, 1)).wait()[0].status, TierItemStatus::kOk);
+  std::vector<std::byte> out(10'000);
+  EXPECT_EQ(get_one(*b, gone, out).status, TierItemStatus::kMiss);
+  EXPECT_EQ(b->stats().corrupt, 0U);
+  EXPECT_FALSE(b->contains(gone));
+  // A tier that owns the root alone is refused while sharers hold it, and the other way round.
+  try {
+    (void)FileTier::open(options_for(root));
+    FAIL() << "an exclusive open of a shared root succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kState) << e.what();
+  }
+  a->close();
+  b->close();
+  auto owner = FileTier::open(options_for(root));
+  try {
+    (void)FileTier::open(shared());
+    FAIL() << "a shared open of an owned root succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not share it"), std::string::npos) << e.what();
+  }
+}
+
+// An opener of a shared root removes the temporary files of writers that are gone and leaves a
+// live writer's (its write may be in flight).
+TEST(FileTier, SharedRootRemovesOnlyTheTempFilesOfGoneWriters) {
+  TempDir dir;
+  const auto root = dir.path() / "t";
+  FileTierOptions o = options_for(root);
+  o.shared = true;
+  auto first = FileTier::open(o);
+  put_keys(*first, 1, 100);
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ASSERT_GT(gone, 0);
+  ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);
+  const auto fan = root / "01";
+  const std::string hex = BlockKey::from_u64(1).to_hex();
+  const auto live = fan / ("." + hex + "." + std::to_string(::getpid()) + "-7.tmp");
+  const auto dead = fan / ("." + hex + "." + std::to_string(gone) + "-7.tmp");
+  const auto owner = fan / ("." + hex + ".7.tmp");  // an exclusive owner's: gone
+  for (const auto& p : {live, dead, owner}) std::ofstream(p) << "partial";
+  auto second = FileTier::open(o);
+  EXPECT_TRUE(std::filesystem::exists(live));
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_FALSE(std::filesystem::exists(owner));
+  EXPECT_EQ(second->stats().entries, 1U);  // the first one's record, indexed at open
 }
 
 TEST(FileTier, StaleTempFilesAreRemovedAndForeignFilesIgnored) {

@@ -95,18 +95,23 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
     });
     if (raw < 0) throw_system_error("open", errno, lock_path.string());
     impl->lock_fd = detail::UniqueFd(sys, raw);
-    if (sys.flock(sys.context, impl->lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      const int e = errno;
+    auto refused = [&](int e) {
       if (e == EWOULDBLOCK) {
-        throw Error(ErrorCode::kState,
-                    "file tier '" + name + "': root " + impl->root.string() +
-                        " is in use by another file tier (" + lock_path.string() + " is locked)",
-                    e, "flock");
+        throw Error(
+            ErrorCode::kState,
+            "file tier '" + name + "': root " + impl->root.string() + " is in use by " +
+                (options.shared ? "a file tier that does not share it (" : "another file tier (") +
+                lock_path.string() + " is locked)",
+            e, "flock");
       }
       throw_system_error("flock", e, lock_path.string());
-    }
+    };
+    // Note [Shared root]: sharers hold the lock shared for their lifetime (never converted: a
+    // failed non-blocking conversion would drop it).
+    const int how = options.shared ? LOCK_SH : LOCK_EX;
+    if (sys.flock(sys.context, impl->lock_fd.get(), how | LOCK_NB) != 0) refused(errno);
 
-    const detail::Recovery found = detail::recover_root(sys, impl->root, name);
+    const detail::Recovery found = detail::recover_root(sys, impl->root, name, options.shared);
     for (const auto& r : found.records) impl->index.add_ready(r.key, r.file_bytes);
     // Note [Full disk]: never more than the filesystem can hold. A filesystem whose free space
     // cannot be read at open is an error (there would be no bound at all).
@@ -158,8 +163,11 @@ std::filesystem::path FileTier::record_path(const BlockKey& key) const {
 }
 
 bool FileTier::contains(const BlockKey& key) const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->index.ready(key);
+  {
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->index.ready(key) || !impl_->options.shared) return impl_->index.ready(key);
+  }
+  return impl_->on_disk(key).has_value();  // another opener's record (Note [Shared root])
 }
 
 TierBatch FileTier::remove(std::span<const BlockKey> keys) {

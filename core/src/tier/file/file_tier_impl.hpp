@@ -11,6 +11,9 @@
 //   tier_index.hpp              keys held, LRU order, bytes used, capacity (Note [Full disk])
 //   file_tier_recovery.{hpp,cpp} indexing what a previous owner left at open
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <array>
 #include <condition_variable>
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/file_tier.hpp>
@@ -47,7 +51,7 @@ struct __attribute__((visibility("hidden"))) FileTier::Impl {
   FileTierOptions options;
   const Syscalls& sys;  // the platform seam, shared with the region (core/src/sys/syscalls.hpp)
   std::filesystem::path root;
-  detail::UniqueFd lock_fd;  // the root's lock file, flock'ed exclusively while the tier is open
+  detail::UniqueFd lock_fd;  // the root's lock file, flock'ed while the tier is open
   detail::DirectIo dio;
 
   mutable std::mutex mutex;  // index, next_temp, counters, closed
@@ -89,6 +93,18 @@ struct __attribute__((visibility("hidden"))) FileTier::Impl {
   void end_flight() {
     std::lock_guard lock(flight_mutex);
     if (--in_flight == 0) flight_cv.notify_all();
+  }
+
+  // The size of the record file of `key` when there is one (Note [Shared root]: another
+  // opener's), without the index mutex.
+  [[nodiscard]] std::optional<std::uint64_t> on_disk(const BlockKey& key) const {
+    struct stat st {};
+    if (sys.fstatat(sys.context, AT_FDCWD, record_path(key).c_str(), &st, AT_SYMLINK_NOFOLLOW) !=
+            0 ||
+        !S_ISREG(st.st_mode)) {
+      return std::nullopt;
+    }
+    return static_cast<std::uint64_t>(st.st_size);
   }
 
   void check_open_locked() const {
@@ -137,6 +153,9 @@ struct __attribute__((visibility("hidden"))) FileTier::Impl {
 
   // ---- the read path (file_tier_read.cpp) ----
   detail::ItemOutcome do_get(detail::IoWorker& worker, const TierGet& item);
+  // Note [Shared root]: indexes another opener's record a get read back valid, evicting this
+  // tier's oldest records (into `evicted`, their files for the caller to reclaim) to fit it.
+  void adopt_locked(const BlockKey& key, std::uint64_t file_bytes, std::vector<BlockKey>& evicted);
 };
 
 }  // namespace kvoffload

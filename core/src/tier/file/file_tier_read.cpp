@@ -22,7 +22,11 @@ ItemOutcome FileTier::Impl::do_get(detail::IoWorker& worker, const TierGet& item
   bool used_direct = false;
   const int raw = dio.open_record(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, used_direct);
   if (raw < 0) {
-    if (errno == ENOENT) return ItemOutcome::miss("record file missing", true);
+    if (errno == ENOENT) {
+      ItemOutcome gone = ItemOutcome::miss("record file missing", true);
+      gone.err = ENOENT;  // not corrupt on a shared root (Note [Shared root]); cleared by get()
+      return gone;
+    }
     return ItemOutcome::failed("open " + path.string(), errno);
   }
   const detail::UniqueFd owned(sys, raw);  // closed on every way out (a read-only descriptor)
@@ -57,6 +61,19 @@ ItemOutcome FileTier::Impl::do_get(detail::IoWorker& worker, const TierGet& item
   return {};
 }
 
+void FileTier::Impl::adopt_locked(const BlockKey& key, std::uint64_t file_bytes,
+                                  std::vector<BlockKey>& evicted) {
+  if (index.find(key) != nullptr) return;  // indexed meanwhile (a put, or another get)
+  while (!index.fits(file_bytes)) {
+    const auto victim = index.oldest();
+    if (!victim) return;  // what is in flight holds the capacity: read, not indexed
+    index.erase(*victim);
+    ++counters.evictions;
+    evicted.push_back(*victim);
+  }
+  index.add_ready(key, file_bytes);
+}
+
 TierBatch FileTier::get(std::span<const TierGet> items) {
   Impl& s = *impl_;
   std::vector<BlockKey> keys;
@@ -71,13 +88,15 @@ TierBatch FileTier::get(std::span<const TierGet> items) {
     for (std::size_t i = 0; i < items.size(); ++i) {
       const TierGet& item = items[i];
       const detail::TierIndex::Entry* entry = s.index.find(item.key);
-      if (entry == nullptr || !entry->ready) {
+      // Note [Shared root]: a key not indexed may be another opener's record: read it.
+      const bool adopt = entry == nullptr && s.options.shared;
+      if (!adopt && (entry == nullptr || !entry->ready)) {
         ++s.counters.gets_miss;
         absent.push_back(i);
         continue;
       }
-      const std::uint64_t epoch = entry->epoch;
-      tasks.push_back([&s, promise, item, i, epoch](detail::IoWorker& w) mutable {
+      const std::uint64_t epoch = adopt ? 0 : entry->epoch;
+      tasks.push_back([&s, promise, item, i, epoch, adopt](detail::IoWorker& w) mutable {
         ItemOutcome o;
         try {
           o = s.do_get(w, item);
@@ -85,18 +104,29 @@ TierBatch FileTier::get(std::span<const TierGet> items) {
           o = {TierItemStatus::kFailed, 0, ex.what(), false};
         }
         bool drop = false;
+        const bool gone = o.status == TierItemStatus::kMiss && o.err == ENOENT;
+        if (gone) o.err = 0;
+        std::vector<BlockKey> evicted;
         {
           std::lock_guard guard(s.mutex);
           switch (o.status) {
             case TierItemStatus::kOk: {
               ++s.counters.gets_ok;
-              s.index.touch(item.key, epoch);  // most recently used
+              if (adopt) {
+                s.adopt_locked(item.key, file_tier_record_bytes(item.into.size()), evicted);
+              } else {
+                s.index.touch(item.key, epoch);  // most recently used
+              }
               break;
             }
             case TierItemStatus::kMiss:
               ++s.counters.gets_miss;
-              if (o.damaged) {
-                ++s.counters.corrupt;
+              if (adopt) {
+                drop = o.damaged && !gone;  // another opener's damaged record
+                if (drop) ++s.counters.corrupt;
+              } else if (o.damaged) {
+                // A record another opener of a shared root evicted is not corrupt.
+                if (!(gone && s.options.shared)) ++s.counters.corrupt;
                 drop = s.index.erase(item.key, epoch);
               }
               break;
@@ -105,7 +135,8 @@ TierBatch FileTier::get(std::span<const TierGet> items) {
               break;
           }
         }
-        if (drop) {
+        for (const BlockKey& victim : evicted) s.reclaim(victim);
+        if (drop && !(gone && s.options.shared)) {
           s.warnings.warn("unusable record", "file tier '{}': record {} unusable ({}); dropped",
                           s.options.name, item.key.to_hex(), o.detail);
           s.reclaim(item.key);

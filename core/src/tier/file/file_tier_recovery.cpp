@@ -1,6 +1,10 @@
 #include "tier/file/file_tier_recovery.hpp"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <string_view>
 
@@ -10,8 +14,33 @@
 
 namespace kvoffload::detail {
 
+namespace {
+
+// Whether a temporary file's name (.<key hex>.<pid>-<n>.tmp) names a live writer's PID.
+bool writer_alive(std::string_view name) {
+  const std::size_t dot = name.find('.', 1);
+  const std::size_t dash = name.find('-', dot == std::string_view::npos ? 0 : dot);
+  if (dot == std::string_view::npos || dash == std::string_view::npos || dash == dot + 1) {
+    return false;
+  }
+  long long pid = 0;
+  for (const char c : name.substr(dot + 1, dash - dot - 1)) {
+    if (c < '0' || c > '9' || pid > (1LL << 31)) return false;
+    pid = pid * 10 + (c - '0');
+  }
+  return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+}  // namespace
+
+std::string temp_name(const BlockKey& key, std::uint64_t id, bool shared) {
+  std::string unique = std::to_string(id);
+  if (shared) unique = std::to_string(::getpid()) + "-" + unique;
+  return "." + key.to_hex() + "." + unique + kTempSuffix;
+}
+
 Recovery recover_root(const Syscalls& sys, const std::filesystem::path& root,
-                      const std::string& tier_name) {
+                      const std::string& tier_name, bool shared) {
   namespace fs = std::filesystem;
   struct Found {
     fs::file_time_type mtime;
@@ -32,7 +61,8 @@ Recovery recover_root(const Syscalls& sys, const std::filesystem::path& root,
       std::error_code fec;
       if (!f.is_regular_file(fec)) continue;
       if (fname.starts_with(".") && fname.ends_with(kTempSuffix)) {
-        if (sys.unlinkat(sys.context, AT_FDCWD, f.path().c_str(), 0) == 0)
+        if (!(shared && writer_alive(fname)) &&
+            sys.unlinkat(sys.context, AT_FDCWD, f.path().c_str(), 0) == 0)
           ++out.stale_temps_removed;
         continue;
       }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tier/file/file_tier_impl.hpp"
+#include "tier/file/file_tier_recovery.hpp"
 #include "util/log.hpp"
 
 namespace kvoffload {
@@ -95,8 +96,16 @@ ItemOutcome FileTier::Impl::do_put(detail::IoWorker& worker, const TierPut& item
 
   const auto final_path = record_path(item.key);
   const auto dir = final_path.parent_path();
-  const auto temp =
-      dir / ("." + item.key.to_hex() + "." + std::to_string(temp_id) + detail::kTempSuffix);
+  // Note [Shared root]: another opener's record of the key is taken as stored; temporary names
+  // carry the PID, so two openers never write one temporary file.
+  if (options.shared) {
+    if (const auto held = on_disk(item.key); held && *held == rec) {
+      std::lock_guard lock(mutex);
+      index.mark_ready(item.key, epoch);
+      return {};
+    }
+  }
+  const auto temp = dir / detail::temp_name(item.key, temp_id, options.shared);
   ItemOutcome written = write_temp(pieces, temp, dir);
   // Note [Full disk]: the disk filled behind our capacity (another writer, the other I/O threads'
   // writes admitted against the same free space, the filesystem's own metadata): make room from
