@@ -407,6 +407,60 @@ TEST_P(GpuRuntimeTest, CalibrationDoesNotSynchronizeTheDevice) {
   EXPECT_EQ(sim()->counters().device_syncs.load(), before);
 }
 
+// Issue 25 (4): nothing an engine does while it serves synchronizes the whole device (that would
+// stall the engine's own compute streams and break a capture running on another thread): stores
+// and loads on both paths, a ring kept full, pieces registered as a background bring-up adds
+// them, statistics with timing events, and another engine of the process made and closed
+// meanwhile (its lanes' pinned descriptor buffers are kept for reuse, since a pinned free
+// synchronizes the device).
+TEST_P(GpuRuntimeTest, ServingNeverSynchronizesTheDevice) {
+  NEED_SIM();
+  RuntimeOptions ro;
+  ro.kernel_ring_slots = 2;
+  make(ro);
+  KvRig s(rt(), 16, 4096, 8);
+  EngineOptions o;
+  o.register_host = false;  // the pieces come as the bring-up registers them
+  o.calibrate = false;
+  o.job_timing = true;
+  TransferEngine e(rt(), s.layout, o);
+  const std::uint64_t before = sim()->counters().device_syncs.load();
+  HostRegistration first = rt().register_host(s.host.data(), 4 * 4096);
+  e.note_host_registration(first);
+  HostRegistration second;
+  std::uint64_t id = 1;
+  for (int round = 0; round < 12; ++round) {
+    SCOPED_TRACE(round);
+    if (round == 4) {
+      second = rt().register_host(s.host.data() + 4 * 4096, 4 * 4096);
+      e.note_host_registration(second);
+    }
+    if (round == 6) {
+      // Another engine of the same process comes and goes while this one has jobs in flight.
+      submit_store(e, id++, {4, 5, 6}, {3, 4, 5});
+      EngineOptions k = kernel_only();
+      k.register_host = false;
+      TransferEngine other(rt(), s.layout, k);
+      other.note_host_registration(first);
+      other.note_host_registration(second);
+      submit_load(other, 1, {7}, {15});
+      ASSERT_TRUE(other.wait_all().at(0).success);
+      other.shutdown();
+    }
+    const std::uint64_t slot = (round % 2 == 0) ? 0 : 2;
+    const std::vector<std::uint64_t> blocks = {static_cast<std::uint64_t>(round % 8),
+                                               static_cast<std::uint64_t>(8 + (round % 8))};
+    submit_store(e, id++, {slot, slot + 1}, blocks);
+    for (const JobResult& r : e.wait_all()) ASSERT_TRUE(r.success) << r.error;
+    submit_load(e, id++, {slot, slot + 1}, blocks);
+    for (const JobResult& r : e.wait_all()) ASSERT_TRUE(r.success) << r.error;
+    EXPECT_EQ(sim()->counters().device_syncs.load(), before) << "a device-wide synchronize";
+  }
+  (void)e.stats();
+  EXPECT_EQ(sim()->counters().device_syncs.load(), before) << "a device-wide synchronize";
+  e.shutdown();  // before the pieces go
+}
+
 // Kernel batches beyond one scan block (256) and beyond one ring slot (4096 descriptors), with
 // sizes and alignments that exercise the vector path, the narrower words and the byte tail.
 TEST_P(GpuRuntimeTest, KernelBatchesOverOneBlockAndOneRingSlotCopyEveryByte) {
