@@ -85,7 +85,7 @@ def test_a_prefix_replica_0_stored_is_a_verified_hit_for_replica_1(shm_dir, seed
 
 
 def test_a_looked_up_chunk_stays_loadable_while_another_engine_evicts(shm_dir, seeded):
-    # Note [Held from lookup] in kvoffload/vllm_pool.py: between vLLM's lookup (a HIT, counted as
+    # Note [Held from lookup] in kvoffload/vllm/pool.py: between vLLM's lookup (a HIT, counted as
     # external tokens) and its prepare_load, another engine's stores evict the pool's LRU.
     from vllm.v1.kv_offload.base import LookupResult, ReqContext
 

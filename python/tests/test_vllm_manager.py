@@ -338,7 +338,7 @@ def test_constructor_refuses_bad_arguments():
 def test_result_objects_are_vllms_and_the_fast_path_checks_itself(monkeypatch):
     # Note [Plain result objects]: specs and outputs built without their constructors must be what
     # vLLM's constructors build; a constructor that does more turns the fast path off.
-    import kvoffload.vllm as kv_vllm
+    import kvoffload.vllm.manager as kv_vllm
 
     new_array, plain_output = kv_vllm._plain_results()
     assert new_array is not None and plain_output
@@ -360,9 +360,9 @@ def test_result_objects_are_vllms_and_the_fast_path_checks_itself(monkeypatch):
 
 
 def test_stats_are_built_without_vllms_methods_only_while_that_gives_the_same_objects(monkeypatch):
-    # Note [Stats without methods] in kvoffload/vllm.py; the streams above compare every
+    # Note [Stats without methods] in kvoffload/vllm/manager.py; the streams above compare every
     # get_stats with CPUOffloadingManager's.
-    import kvoffload.vllm as kv_vllm
+    import kvoffload.vllm.manager as kv_vllm
 
     monkeypatch.setattr(kv_vllm, "_STATS_BUILDER", None)
     direct = kv_vllm._stats_builder()

@@ -413,7 +413,7 @@ def test_results_come_in_vllms_order_stores_then_loads_each_as_submitted(shm_dir
 
 def test_device_defaults_to_the_tensors_device(shm_dir, monkeypatch):
     calls = []
-    real = kv_vllm._ext.OffloadWorker
+    real = kv_vllm.worker._ext.OffloadWorker
 
     def spy(**kw):
         calls.append((kw["backend"], kw["devices"]))
@@ -422,7 +422,7 @@ def test_device_defaults_to_the_tensors_device(shm_dir, monkeypatch):
     kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)
     for t in kv.caches.tensors:
         t.tensor.device = torch.device("cuda", 3)  # as the tensors of rank 3 would be
-    monkeypatch.setattr(kv_vllm._ext, "OffloadWorker", spy)
+    monkeypatch.setattr(kv_vllm.worker._ext, "OffloadWorker", spy)
     worker = KvoffloadSpec(offloading_config(shm_dir, kv, "sim")).get_worker(kv.caches)
     assert calls == [("sim", [3])]
     worker.shutdown()
@@ -436,8 +436,8 @@ def test_a_device_other_than_the_tensors_is_refused(shm_dir, monkeypatch):
     # Issue 25 (7): a runtime on another GPU would hand its kernel and DMA engine addresses of
     # the tensors' GPU.
     made = []
-    monkeypatch.setattr(kv_vllm._ext, "make_runtime", lambda *a, **k: made.append(a))
-    monkeypatch.setattr(kv_vllm._ext, "OffloadWorker", lambda **k: made.append(k))
+    monkeypatch.setattr(kv_vllm.worker._ext, "make_runtime", lambda *a, **k: made.append(a))
+    monkeypatch.setattr(kv_vllm.worker._ext, "OffloadWorker", lambda **k: made.append(k))
     kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)
     for t in kv.caches.tensors:
         t.tensor.device = torch.device("cuda", 3)
@@ -458,14 +458,14 @@ def test_auto_opens_only_the_module_matching_torchs_build(shm_dir, monkeypatch, 
         raise AssertionError("list_backends opens every module and the simulated device")
 
     probed = []
-    real_probe = kv_vllm._ext.probe_backend
+    real_probe = kv_vllm.worker._ext.probe_backend
 
     def probe(name):
         probed.append(name)
         return real_probe(name)
 
-    monkeypatch.setattr(kv_vllm._ext, "list_backends", no_list)
-    monkeypatch.setattr(kv_vllm._ext, "probe_backend", probe)
+    monkeypatch.setattr(kv_vllm.worker._ext, "list_backends", no_list)
+    monkeypatch.setattr(kv_vllm.worker._ext, "probe_backend", probe)
     if (b := real_probe(expected)).built and b.device_count > 0:
         pytest.skip(f"[gpu-present] a usable {expected} backend: auto would take it")
     kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)  # cuda:0 tensors
