@@ -37,6 +37,62 @@ _POLICIES = ("lru", "arc")
 
 
 _PLAIN_RESULTS = None
+_FAST_SETTINGS = None
+
+
+def _fast_settings() -> dict:
+    """The keyword arguments of VllmManagerCore.fast_methods beyond vLLM's classes, each checked
+    once per process against what vLLM's own classes and methods give (Note [Plain result
+    objects], Note [Stats in C] in python/src/vllm_manager.cpp)."""
+    global _FAST_SETTINGS
+    if _FAST_SETTINGS is None:
+        new_array, plain_output = _plain_results()
+        _FAST_SETTINGS = {
+            "new_array": new_array, "plain_output": plain_output,
+            "context_cls": RequestOffloadingContext, "context_fields": _plain_context(),
+            "stats_template": _stats_template(), "step_hooks": _constant_hooks(),
+        }
+    return _FAST_SETTINGS
+
+
+def _plain_context() -> dict | None:
+    """The attributes RequestOffloadingContext() holds, when it is a plain class whose instances
+    hold only constant defaults: on_new_request then builds it as a bare instance given them.
+    None: it is built through its constructor."""
+    import enum
+
+    cls = RequestOffloadingContext
+    if hasattr(cls, "__post_init__") or hasattr(cls, "__slots__"):
+        return None
+    try:
+        ref = cls()
+        fields = dict(vars(ref))
+        constant = (bool, int, float, str, bytes, type(None), enum.Enum)
+        plain = cls.__new__(cls)
+        plain.__dict__.update(fields)
+        same = (all(isinstance(v, constant) for v in fields.values())
+                and type(plain) is type(ref) and vars(plain) == vars(ref) and plain == ref
+                and vars(cls()) == fields)
+    except Exception:  # noqa: BLE001 - any difference means: use the constructor
+        same = False
+    return fields if same else None
+
+
+def _constant_hooks() -> list[str]:
+    """The hooks of vLLM's OffloadingManager (on_schedule_end, has_pending_work: 7cfb97e3 on)
+    whose default returns a constant and reads nothing: these become C functions returning it."""
+    found = []
+    for name, args, value in (("on_schedule_end", (None,), None), ("has_pending_work", (), False)):
+        f = getattr(OffloadingManager, name, None)
+        code = getattr(f, "__code__", None)
+        if code is None or code.co_names or code.co_freevars or code.co_argcount != 1 + len(args):
+            continue
+        try:
+            if f(None, *args) is value:
+                found.append(name)
+        except Exception:  # noqa: BLE001 - a default that does more: leave it to vLLM's
+            pass
+    return found
 
 
 def _plain_results():
@@ -170,14 +226,19 @@ class KvoffloadManager(OffloadingManager):
         # The hot methods are C functions building vLLM's result objects; as instance attributes
         # they replace the class's methods below for every call (Note [Fast entry points] in
         # python/src/vllm_manager.cpp): no Python frame between vLLM and the C++ Manager.
-        new_array, plain_output = _plain_results()
+        # So are the per-request and per-step hooks, take_events and get_stats (Note [Stats in
+        # C]), each where vLLM's types allow it (checked once per process, _fast_settings).
+        # A subclass's override of any of them is kept.
+        settings = _fast_settings()
         fast = self._core.fast_methods(
             _ext.Error, _LOOKUP_RESULTS, CPULoadStoreSpec, PrepareStoreOutput, OffloadingEvent,
-            self.medium, self.events, self.allocation_sizes_in_current_batch,
-            new_array=new_array, plain_output=plain_output,
+            self.medium, self.events, self.allocation_sizes_in_current_batch, **settings,
         )
-        self.__dict__.update(fast)
-        # Stores skipped by the threshold, cumulative in C++, at the last get_stats.
+        cls = type(self)
+        self.__dict__.update({name: f for name, f in fast.items()
+                              if getattr(cls, name, None) is getattr(KvoffloadManager, name, None)})
+        # Stores skipped by the threshold, cumulative in C++, at the last get_stats (the Python
+        # get_stats only; the C one keeps its own).
         self._skipped_reported = 0
 
     # --- OffloadingManager interface ---
@@ -220,6 +281,9 @@ class KvoffloadManager(OffloadingManager):
     def get_stats(self):
         """CPUOffloadingManager.get_stats: the same metrics, names and values (vLLM's scheduler
         calls it every step and OffloadPromMetrics accepts only names the spec defined)."""
+        fast = self.__dict__.get("get_stats")
+        if fast is not None:
+            return fast()  # Note [Stats in C]
         pending, pinned, skipped = self._occupancy()  # a fast entry point: counters()
         n = self._num_blocks
         usage = (pending + pinned) / n if n > 0 else 0.0
@@ -296,6 +360,46 @@ def _stats_direct():
         if type(a) is not type(b) or a.data != b.data or list(a.data) != list(b.data):
             return None
     return build
+
+
+def _stats_template():
+    """The template of Note [Stats in C] (python/src/vllm_manager.cpp): the stats class, its data
+    dict's two keys, the metric names and type strings, read off stats vLLM's methods built; None
+    unless VllmManagerCore.build_stats then gives what vLLM's methods give."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+
+    m = CPUOffloadingMetrics
+    try:
+        data = getattr(_stats_by_methods(0.5, 0.25, 0.25, [1, 4], 3), "data", None)
+        if not isinstance(data, dict) or len(data) != 2:
+            return None
+        (types_key, types), (values_key, _) = data.items()
+        if set(types) != {m.CPU_CACHE_USAGE_PERC, m.CPU_ALLOCATION_SIZE, m.CPU_CACHE_WRITE_USAGE_PERC,
+                          m.CPU_CACHE_READ_USAGE_PERC, m.STORES_SKIPPED}:
+            return None
+        names = (m.CPU_CACHE_USAGE_PERC, m.CPU_ALLOCATION_SIZE, m.CPU_CACHE_WRITE_USAGE_PERC,
+                 m.CPU_CACHE_READ_USAGE_PERC, m.STORES_SKIPPED)
+        kinds = (types[m.CPU_CACHE_USAGE_PERC], types[m.CPU_ALLOCATION_SIZE], types[m.STORES_SKIPPED])
+        samples = ((0.75, 0.5, 0.25, [1, 4], 3), (0.0, 0.0, 0.0, [], None), (1.0, 0.125, 0.875, [7], 0))
+        slots = hasattr(OffloadingConnectorStats, "__slots__")
+        for plain in (False,) if slots else (True, False):
+            template = (OffloadingConnectorStats, plain, types_key, values_key, *names, *kinds)
+            for sample in samples:
+                a = _stats_by_methods(*sample)
+                sizes = list(sample[3])
+                b = _ext.VllmManagerCore.build_stats(template, *sample[:3], sizes, sample[4])
+                if (type(a) is not type(b) or a.data != b.data or list(a.data) != list(b.data)
+                        or vars(a) != vars(b) or sizes
+                        or any(list(a.data[k]) != list(b.data[k]) for k in a.data)):
+                    break
+            else:
+                return template
+    except Exception:  # noqa: BLE001 - any difference means: the Python builder
+        pass
+    logger.info("kvoffload: manager stats are built in Python")
+    return None
 
 
 _STATS_BUILDER = None
