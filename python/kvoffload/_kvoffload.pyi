@@ -579,8 +579,11 @@ class VllmManagerCore:
     def ready_chunks(self) -> int: ...
     @property
     def following_readiness(self) -> bool: ...
-    def fast_methods(self, error_cls: Any, lookup_results: tuple, spec_cls: Any, output_cls: Any, event_cls: Any, medium: Any, events: Any, alloc_sizes: list, new_array: Any = None, plain_output: bool = False) -> dict:
-        """The hot methods as C functions over vLLM's types (Note [Fast entry points]); new_array / plain_output: Note [Plain result objects]"""
+    def fast_methods(self, error_cls: Any, lookup_results: tuple, spec_cls: Any, output_cls: Any, event_cls: Any, medium: Any, events: Any, alloc_sizes: list, new_array: Any = None, plain_output: bool = False, context_cls: Any = None, context_fields: Any = None, stats_template: Any = None, step_hooks: List[str] = ...) -> dict:
+        """The hot methods as C functions over vLLM's types (Note [Fast entry points]); new_array / plain_output / context_fields: Note [Plain result objects]; stats_template: Note [Stats in C] (get_stats is included only with one); step_hooks: which of on_schedule_end, has_pending_work to include"""
+    @staticmethod
+    def build_stats(stats_template: tuple, usage: float, write_usage: float, read_usage: float, sizes: list, skipped: Optional[int]) -> Any:
+        """The stats get_stats builds from these values (the check of Note [Stats in C]); empties `sizes`"""
     @staticmethod
     def plain_spec(spec_cls: Any, new_array: Any, block_ids: List[int]) -> Any:
         """A spec as prepare_load builds it (the conformance check of Note [Plain result objects])"""
