@@ -262,8 +262,8 @@ py::dict unlabelled(PyObject* value) {
 
 // The stats CPUOffloadingManager.get_stats builds for these values; `sizes` (the allocation
 // sizes of the batch) is taken and emptied; `skipped` < 0: no stores-skipped counter.
-py::object build_stats(const StatsTemplate& t, double usage, double write_usage,
-                       double read_usage, const py::list& sizes, long long skipped) {
+py::object build_stats(const StatsTemplate& t, double usage, double write_usage, double read_usage,
+                       const py::list& sizes, long long skipped) {
   py::dict types;
   py::dict values;
   py::float_ u(usage);
@@ -593,8 +593,8 @@ PyObject* fast_on_new_request(PyObject* self, PyObject* const* /*args*/, Py_ssiz
 PyObject* fast_on_request_finished(PyObject* /*self*/, PyObject* const* /*args*/,
                                    Py_ssize_t nargs) {
   if (nargs != 1) {
-    PyErr_Format(PyExc_TypeError,
-                 "on_request_finished() takes the req_context, got %zd arguments", nargs);
+    PyErr_Format(PyExc_TypeError, "on_request_finished() takes the req_context, got %zd arguments",
+                 nargs);
     return nullptr;
   }
   Py_RETURN_NONE;
@@ -699,9 +699,9 @@ PyMethodDef kStepHooks[] = {
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_has_pending_work)),
      METH_FASTCALL, "has_pending_work() -> False"},
 };
-PyMethodDef kGetStats = {"get_stats",
-                         reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_get_stats)),
-                         METH_FASTCALL, "get_stats() -> OffloadingConnectorStats"};
+PyMethodDef kGetStats = {
+    "get_stats", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_get_stats)),
+    METH_FASTCALL, "get_stats() -> OffloadingConnectorStats"};
 
 }  // namespace
 
@@ -806,8 +806,8 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
           "build_stats",
           [](const py::tuple& stats_template, double usage, double write_usage, double read_usage,
              const py::list& sizes, std::optional<long long> skipped) {
-            return build_stats(StatsTemplate::from(stats_template), usage, write_usage,
-                               read_usage, sizes, skipped.value_or(-1));
+            return build_stats(StatsTemplate::from(stats_template), usage, write_usage, read_usage,
+                               sizes, skipped.value_or(-1));
           },
           py::arg("stats_template"), py::arg("usage"), py::arg("write_usage"),
           py::arg("read_usage"), py::arg("sizes"), py::arg("skipped"),
