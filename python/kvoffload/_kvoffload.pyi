@@ -208,6 +208,9 @@ def region_path(shm_dir: os.PathLike, engine_id: str) -> os.PathLike: ...
 
 def default_shm_dir() -> os.PathLike: ...
 
+def snapshot_engines(shm_dir: Optional[os.PathLike] = None) -> list:
+    """The regions of shm_dir (default: $KVOFFLOAD_SHM_DIR, else /dev/shm) with their live statistics pages, as `kvoffload region list` / `top` read them (no lock): a list of dicts {engine_id, path, problem, live: {version, consistent, scheduler: {...}, tiers: [...], ranks: [...]} or None, live_problem}"""
+
 class BackendInfo:
     @property
     def name(self) -> str: ...
@@ -575,6 +578,10 @@ class VllmManagerCore:
         """Hand out only the chunks every rank of `region` (an unranked mapping, in background mode) has brought up; the mapping is dropped once all are (Note [Ready prefix])"""
     def refresh_ready(self) -> None:
         """Grow the ready prefix now (prepare_store does it before each plan)"""
+    def publish_live_stats(self, region: Region) -> None:
+        """Mirror the manager's occupancy and counters into `region`'s live statistics page (an unranked mapping), as kvoffload run's scheduler does; None stops (Note [Live page of a vLLM scheduler])"""
+    @property
+    def publishing_live_stats(self) -> bool: ...
     @property
     def ready_chunks(self) -> int: ...
     @property

@@ -87,6 +87,16 @@ class VllmManagerCore {
     }
     if (!r.is_open() || manager_.ready_chunks() >= manager_.num_chunks()) ready_region_.reset();
   }
+  // Note [Live page of a vLLM scheduler]: as `kvoffload run`'s scheduler does (OffloadStack), the
+  // manager mirrors its occupancy and counters into the region's live statistics page, read by
+  // `kvoffload top`, `kvoffload region list` and the exporter. The scheduler maps the region
+  // unranked in background mode for it (populating nothing, holding no rank's slots), and keeps
+  // the mapping until shutdown; closing it marks the page's scheduler block detached. None stops.
+  void publish_live_stats(std::shared_ptr<RegionHolder> region) {
+    if (region) manager_.publish_live_stats(region->region);
+    live_region_ = std::move(region);  // the previous one (if any) closes: its block detaches
+  }
+  [[nodiscard]] bool publishing_live_stats() const noexcept { return live_region_ != nullptr; }
   [[nodiscard]] std::uint32_t ready_chunks() const noexcept { return manager_.ready_chunks(); }
   [[nodiscard]] bool following_readiness() const noexcept { return ready_region_ != nullptr; }
   std::span<const std::uint32_t> complete_store(const Items& keys, bool success) {
@@ -173,6 +183,7 @@ class VllmManagerCore {
   Manager manager_;
   std::vector<PyObject*> slot_keys_;            // strong references; slot s's latest key object
   std::shared_ptr<RegionHolder> ready_region_;  // Note [Ready prefix]; null: every slot is ready
+  std::shared_ptr<RegionHolder> live_region_;   // Note [Live page of a vLLM scheduler]
   std::vector<BlockKey> keys_;
   bool counts_skipped_;
 };
@@ -730,6 +741,11 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
            "mode) has brought up; the mapping is dropped once all are (Note [Ready prefix])")
       .def("refresh_ready", &VllmManagerCore::refresh_ready,
            "Grow the ready prefix now (prepare_store does it before each plan)")
+      .def("publish_live_stats", &VllmManagerCore::publish_live_stats, py::arg("region"),
+           "Mirror the manager's occupancy and counters into `region`'s live statistics page "
+           "(an unranked mapping), as kvoffload run's scheduler does; None stops (Note [Live "
+           "page of a vLLM scheduler])")
+      .def_property_readonly("publishing_live_stats", &VllmManagerCore::publishing_live_stats)
       .def_property_readonly("ready_chunks", &VllmManagerCore::ready_chunks)
       .def_property_readonly("following_readiness", &VllmManagerCore::following_readiness)
       .def(

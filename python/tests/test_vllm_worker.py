@@ -24,6 +24,7 @@ from vllm.v1.kv_offload.base import (  # noqa: E402
     CanonicalKVCaches,
     CanonicalKVCacheTensor,
     GPULoadStoreSpec,
+    LookupResult,
     OffloadingSpec,
     OffloadingWorker,
     ReqContext,
@@ -633,4 +634,56 @@ def test_a_worker_whose_engine_cannot_be_built_gives_its_region_back(shm_dir, mo
     worker = KvoffloadSpec(offloading_config(shm_dir, kv, kvoffload_engine_id=name)).get_worker(
         kv.caches)  # rank 0 is free again
     assert worker._worker.rank == 0
+    worker.shutdown()
+
+
+def scheduler_page(shm_dir, engine_id):
+    """The scheduler block of engine_id's live page, as `kvoffload top` / `region list` read it."""
+    (entry,) = [e for e in kvoffload.snapshot_engines(shm_dir) if e["engine_id"] == engine_id]
+    assert entry["live"] is not None, entry["live_problem"]
+    return entry["live"]["scheduler"]
+
+
+@pytest.mark.parametrize("bringup", ["blocking", "background"])
+def test_the_scheduler_publishes_its_occupancy_to_the_live_page(shm_dir, bringup):
+    # Issue 27 (Note [Live page of a vLLM scheduler]): as `kvoffload run`'s scheduler does, so
+    # kvoffload top, region list and the exporter show a vLLM engine's occupancy.
+    kv = KvCaches(Device("host"), bpc=1, seed=31, **ONE_GROUP)
+    spec = KvoffloadSpec(offloading_config(shm_dir, kv, chunks=8, kvoffload_bringup=bringup))
+    manager = spec.get_manager()
+    worker = spec.get_worker(kv.caches)
+    if bringup == "background":
+        worker._worker.wait_bringup()
+    page = scheduler_page(shm_dir, spec.engine_id())
+    assert page["attached"] and not page["detached"] and page["pid"] == os.getpid()
+    assert page["num_chunks"] == 8 and page["used"] == 0
+    keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(3)]
+    out = manager.prepare_store(keys, CTX)
+    page = scheduler_page(shm_dir, spec.engine_id())
+    assert (page["used"], page["write_pending"], page["stores_prepared"]) == (3, 3, 3)
+    assert page["ready_chunks"] == 8  # every chunk up (background: after the bring-up)
+    manager.complete_store(out.keys_to_store, CTX)
+    assert manager.lookup(keys[0], CTX) == LookupResult.HIT
+    manager.prepare_load(keys[:1], CTX)
+    page = scheduler_page(shm_dir, spec.engine_id())
+    assert (page["used"], page["write_pending"], page["pinned"]) == (3, 0, 1)
+    assert (page["stores_completed"], page["hits"], page["loads_prepared"]) == (3, 1, 1)
+    worker.shutdown()
+    manager.shutdown()  # vLLM's connector shuts the manager down last
+    assert not manager._core.publishing_live_stats
+    # The scheduler's mapping is gone: the region file went with its last mapper (a reader sees
+    # nothing left), or, where another mapper remains, the block reads detached.
+    left = [e for e in kvoffload.snapshot_engines(shm_dir) if e["engine_id"] == spec.engine_id()]
+    assert left == [] or left[0]["live"]["scheduler"]["detached"]
+
+
+def test_a_detached_scheduler_block_is_marked_detached_while_a_rank_keeps_the_region(shm_dir):
+    kv = KvCaches(Device("host"), bpc=1, seed=32, **ONE_GROUP)
+    spec = KvoffloadSpec(offloading_config(shm_dir, kv, chunks=8))
+    manager = spec.get_manager()
+    worker = spec.get_worker(kv.caches)
+    manager.prepare_store([make_offload_key(b"d" * 32, 0)], CTX)
+    manager.shutdown()
+    page = scheduler_page(shm_dir, spec.engine_id())
+    assert page["attached"] and page["detached"] and page["used"] == 1  # the final values
     worker.shutdown()

@@ -185,11 +185,15 @@ class KvoffloadManager(OffloadingManager):
         store_threshold: int = 1,
         max_tracker_size: int = 64_000,
         ready_region=None,
+        live_region=None,
     ):
         """ready_region: an unranked kvoffload.Region mapped in background mode (the workers'
         region with kvoffload_bringup='background'): only the chunks every rank has brought up
         are handed out (Note [Ready prefix] in python/src/vllm_manager.cpp). The manager takes
-        it over and drops it once the whole pool is up."""
+        it over and drops it once the whole pool is up.
+        live_region: such a Region whose live statistics page gets the manager's occupancy and
+        counters, as `kvoffload run`'s scheduler publishes them (`kvoffload top`, `region list`,
+        the exporter); held until shutdown (Note [Live page of a vLLM scheduler])."""
         if cache_policy_module_path is not None:
             raise ValueError(
                 f"KvoffloadManager: cache_policy_module_path={cache_policy_module_path!r}: "
@@ -222,6 +226,8 @@ class KvoffloadManager(OffloadingManager):
         )
         if ready_region is not None:
             self._core.follow_readiness(ready_region)
+        if live_region is not None:
+            self._core.publish_live_stats(live_region)
         self.counts: _ThresholdCounts | None = _ThresholdCounts(self._core) if threshold else None
         # The hot methods are C functions building vLLM's result objects; as instance attributes
         # they replace the class's methods below for every call (Note [Fast entry points] in
@@ -299,7 +305,10 @@ class KvoffloadManager(OffloadingManager):
         return stats
 
     def shutdown(self) -> None:
-        self._core.follow_readiness(None)  # drops the scheduler's mapping of the region, if any
+        # Drops the scheduler's mapping of the region, if any: the live page's scheduler block
+        # is marked detached (its counters final) when the mapping closes.
+        self._core.follow_readiness(None)
+        self._core.publish_live_stats(None)
 
 
 def _stats_by_methods(usage, write_usage, read_usage, sizes, skipped):

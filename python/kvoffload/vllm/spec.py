@@ -149,12 +149,15 @@ class KvoffloadSpec(OffloadingSpec):
                 enable_events=self.kv_events_config.enable_kv_cache_events)
         if self._manager is None:
             extra = self.extra_config
-            ready_region = None
-            if self.bringup == "background" and self.num_blocks > 0:
-                # Note [Ready prefix]: the workers bring their pool up while they serve; the
-                # scheduler maps the region unranked (populating nothing) to read how far every
-                # rank is, and hands out only those chunks.
-                ready_region = _ext.Region.create_or_join(
+            region = None
+            if self.num_blocks > 0:
+                # The scheduler maps the region unranked in background mode (populating nothing,
+                # holding no rank's slots) for the region's live statistics page, where the
+                # manager publishes its occupancy as `kvoffload run`'s scheduler does (Note [Live
+                # page of a vLLM scheduler]), and with kvoffload_bringup='background' to read how
+                # far every rank's bring-up is (Note [Ready prefix]): it hands out only those
+                # chunks.
+                region = _ext.Region.create_or_join(
                     engine_id=self.engine_id(), num_chunks=self.num_blocks,
                     slot_bytes=self.slot_bytes, world_size=self.world_size, rank=None,
                     replicated=self.replicated_layout, shm_dir=extra.get("kvoffload_shm_dir"),
@@ -165,9 +168,10 @@ class KvoffloadSpec(OffloadingSpec):
                 enable_events=self.kv_events_config.enable_kv_cache_events,
                 store_threshold=int(extra.get("store_threshold", 0)),
                 max_tracker_size=int(extra.get("max_tracker_size", 64_000)),
-                ready_region=ready_region,
+                ready_region=region if self.bringup == "background" else None,
+                live_region=region,
             )
-            del ready_region  # the manager's core holds the only reference
+            del region  # the manager's core holds the only reference
         return self._manager
 
     def engine_id(self) -> str:
