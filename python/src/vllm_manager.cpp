@@ -753,7 +753,7 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
           [](const py::object& self, py::object error_cls, py::tuple lookup_results,
              py::object spec_cls, py::object output_cls, py::object event_cls, py::object medium,
              py::object events, py::list alloc_sizes, py::object new_array, bool plain_output,
-             py::object context_cls, py::object context_fields, py::object stats_template,
+             py::object context_cls, py::object context_fields, const py::object& stats_template,
              const std::vector<std::string>& step_hooks) {
             if (lookup_results.size() != 3) {
               throw Error(ErrorCode::kInvalidArgument,
