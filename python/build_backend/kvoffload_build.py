@@ -13,9 +13,9 @@ cannot meet: Debian 12's setuptools 66 (like any before 70.1) builds wheels only
 without setuptools at all. Nothing here is installed but the wheel.
 
 The wheel holds kvoffload/ as the build installs it with the library directory set to the
-package itself: __init__.py, vllm.py, _cli.py, the type stubs (_kvoffload.pyi, __init__.pyi) with
-py.typed, the extension _kvoffload*.so, libkvoffload.so.N (found through the extension's $ORIGIN
-RPATH), the GPU backend modules built (libkvoffload_cuda.so / _hip.so, loaded from libkvoffload's
+package itself: __init__.py, the vLLM backend's package vllm/, _cli.py, the type stubs
+(_kvoffload.pyi, __init__.pyi) with py.typed, the extension _kvoffload*.so, libkvoffload.so.N
+(found through the extension's $ORIGIN RPATH), the GPU backend modules built (libkvoffload_cuda.so / _hip.so, loaded from libkvoffload's
 directory) and bin/kvoffload (the program, run by the `kvoffload` console script).
 
 Config settings (pip --config-settings KEY=VALUE, or -C from pip 23.1 on):
@@ -281,7 +281,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         _build(build_dir, stage, config_settings)
         package_dir = stage / NAME
         files = _package_files(package_dir)
-        missing = [f for f in ("__init__.py", "vllm.py", "_cli.py") if f"{NAME}/{f}" not in files]
+        missing = [f for f in ("__init__.py", "vllm/__init__.py", "vllm/spec.py", "_cli.py")
+                   if f"{NAME}/{f}" not in files]
         if missing or not any(re.match(rf"{NAME}/_kvoffload\..*so$", k) for k in files):
             raise RuntimeError(f"kvoffload_build: the install in {package_dir} lacks the package "
                                f"files ({missing or '_kvoffload*.so'}); found {sorted(files)}")

@@ -263,12 +263,13 @@ class TimingManager:
     def __init__(self, inner, timing: list):
         self._inner, self._timing = inner, timing
         self.by_method: dict[str, float] = {}
+        self.calls_by_method: dict[str, int] = {}
 
     def __getattr__(self, name):
         attr = getattr(self._inner, name)
         if name not in RecordingManager._CALLS:
             return attr
-        timing, clock, by_method = self._timing, time.thread_time, self.by_method
+        timing, clock, by_method, calls = self._timing, time.thread_time, self.by_method, self.calls_by_method
 
         def call(*args, **kwargs):
             t0 = clock()
@@ -278,6 +279,7 @@ class TimingManager:
                 dt = clock() - t0
                 timing.append(dt)
                 by_method[name] = by_method.get(name, 0.0) + dt
+                calls[name] = calls.get(name, 0) + 1
 
         return call
 

@@ -85,7 +85,7 @@ def test_a_prefix_replica_0_stored_is_a_verified_hit_for_replica_1(shm_dir, seed
 
 
 def test_a_looked_up_chunk_stays_loadable_while_another_engine_evicts(shm_dir, seeded):
-    # Note [Held from lookup] in kvoffload/vllm_pool.py: between vLLM's lookup (a HIT, counted as
+    # Note [Held from lookup] in kvoffload/vllm/pool.py: between vLLM's lookup (a HIT, counted as
     # external tokens) and its prepare_load, another engine's stores evict the pool's LRU.
     from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
@@ -172,15 +172,28 @@ print("stored", flush=True)
 serve(engine, "q0", prompt(200, 4))
 print("q0", flush=True)
 i = 1
-while True:  # serves until killed, storing new prefixes
-    serve(engine, f"q{{i}}", prompt(200 + i, 4))
+while True:  # serves until killed: stores new prefixes, then loads them again (Note [Kill race])
+    serve(engine, f"q{{i}}", prompt(201 + (i - 1) % {after_q0}, 4))
     i += 1
 """
+# Note [Kill race]: the test kills replica 0 once it has printed "q0", but replica 0 keeps serving
+# until the signal lands, and on a loaded machine the parent may read that line (and send SIGKILL)
+# only after replica 0 served many more requests. When each of those stored a new prefix, the
+# pool filled up and its LRU evicted q0's chunks before the kill, and replica 1 then found 0 of
+# the 4 blocks it was told to expect (seen once at load 20). The code was right (an unpinned chunk
+# is evicted when the pool is full); the test was racy. Replica 0 now stores AFTER_Q0 prefixes
+# after q0 and then serves them again as hits (loads), so whenever the kill lands it is storing or
+# loading, and every chunk the test expects fits in the pool with nothing ever evicted.
+AFTER_Q0 = 8
 
 
 def test_a_replica_killed_mid_run_leaves_the_other_serving(shm_dir, seeded, tmp_path):
     # The harness's boot (PYTHONPATH, VLLM_HARNESS_*) is inherited; this folder is added.
-    child = subprocess.Popen([sys.executable, "-c", REPLICA.format(shm=shm_dir, here=HERE)],
+    # Note [Kill race]: every prefix stored in this test fits in the pool (64 chunks): replica 0's
+    # warm-up and q0 (5 + 4 blocks) and its AFTER_Q0 prefixes of 4, replica 1's four of 3.
+    assert 5 + 4 + AFTER_Q0 * 4 + 4 * 3 <= 64
+    child = subprocess.Popen([sys.executable, "-c",
+                              REPLICA.format(shm=shm_dir, here=HERE, after_q0=AFTER_Q0)],
                              stdout=subprocess.PIPE, stderr=open(tmp_path / "replica0.err", "w"),
                              text=True)
     r1 = Engine(pool_config(shm_dir), block_size=BLOCK, num_gpu_blocks=24)

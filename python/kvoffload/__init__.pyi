@@ -15,6 +15,7 @@ from ._kvoffload import list_regions as list_regions
 from ._kvoffload import clean_regions as clean_regions
 from ._kvoffload import region_path as region_path
 from ._kvoffload import default_shm_dir as default_shm_dir
+from ._kvoffload import snapshot_engines as snapshot_engines
 from ._kvoffload import BackendInfo as BackendInfo
 from ._kvoffload import list_backends as list_backends
 from ._kvoffload import probe_backend as probe_backend

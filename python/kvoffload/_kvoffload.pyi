@@ -208,6 +208,9 @@ def region_path(shm_dir: os.PathLike, engine_id: str) -> os.PathLike: ...
 
 def default_shm_dir() -> os.PathLike: ...
 
+def snapshot_engines(shm_dir: Optional[os.PathLike] = None) -> list:
+    """The regions of shm_dir (default: $KVOFFLOAD_SHM_DIR, else /dev/shm) with their live statistics pages, as `kvoffload region list` / `top` read them (no lock): a list of dicts {engine_id, path, problem, live: {version, consistent, scheduler: {...}, tiers: [...], ranks: [...]} or None, live_problem}"""
+
 class BackendInfo:
     @property
     def name(self) -> str: ...
@@ -579,12 +582,19 @@ class VllmManagerCore:
         """Hand out only the chunks every rank of `region` (an unranked mapping, in background mode) has brought up; the mapping is dropped once all are (Note [Ready prefix])"""
     def refresh_ready(self) -> None:
         """Grow the ready prefix now (prepare_store does it before each plan)"""
+    def publish_live_stats(self, region: Region) -> None:
+        """Mirror the manager's occupancy and counters into `region`'s live statistics page (an unranked mapping), as kvoffload run's scheduler does; None stops (Note [Live page of a vLLM scheduler])"""
+    @property
+    def publishing_live_stats(self) -> bool: ...
     @property
     def ready_chunks(self) -> int: ...
     @property
     def following_readiness(self) -> bool: ...
-    def fast_methods(self, error_cls: Any, lookup_results: tuple, spec_cls: Any, output_cls: Any, event_cls: Any, medium: Any, events: Any, alloc_sizes: list, new_array: Any = None, plain_output: bool = False) -> dict:
-        """The hot methods as C functions over vLLM's types (Note [Fast entry points]); new_array / plain_output: Note [Plain result objects]"""
+    def fast_methods(self, error_cls: Any, lookup_results: tuple, spec_cls: Any, output_cls: Any, event_cls: Any, medium: Any, events: Any, alloc_sizes: list, new_array: Any = None, plain_output: bool = False, context_cls: Any = None, context_fields: Any = None, stats_template: Any = None, step_hooks: List[str] = ...) -> dict:
+        """The hot methods as C functions over vLLM's types (Note [Fast entry points]); new_array / plain_output / context_fields: Note [Plain result objects]; stats_template: Note [Stats in C] (get_stats is included only with one); step_hooks: which of on_schedule_end, has_pending_work to include"""
+    @staticmethod
+    def build_stats(stats_template: tuple, usage: float, write_usage: float, read_usage: float, sizes: list, skipped: Optional[int]) -> Any:
+        """The stats get_stats builds from these values (the check of Note [Stats in C]); empties `sizes`"""
     @staticmethod
     def plain_spec(spec_cls: Any, new_array: Any, block_ids: List[int]) -> Any:
         """A spec as prepare_load builds it (the conformance check of Note [Plain result objects])"""

@@ -11,11 +11,17 @@
 
 namespace py = pybind11;
 
+namespace kvoffload::python {
+// Declared here, not in bindings.hpp (which every binding source includes): live_stats.cpp.
+void bind_live_stats(py::module_& m);
+}  // namespace kvoffload::python
+
 PYBIND11_MODULE(_kvoffload, m) {
   m.doc() = "kvoffload: KV-cache offload to a shared pinned host pool (C++ extension)";
   m.attr("__version__") = KVOFFLOAD_VERSION_STRING;
   kvoffload::python::bind_errors(m);
   kvoffload::python::bind_region(m);
+  kvoffload::python::bind_live_stats(m);
   kvoffload::python::bind_runtime(m);
   kvoffload::python::bind_worker(m);
   kvoffload::python::bind_manager(m);

@@ -39,7 +39,9 @@ namespace {
 class VllmManagerCore {
  public:
   explicit VllmManagerCore(const ManagerConfig& config)
-      : manager_(config), slot_keys_(config.num_chunks, nullptr) {}
+      : manager_(config),
+        slot_keys_(config.num_chunks, nullptr),
+        counts_skipped_(config.store_threshold >= 2) {}
   ~VllmManagerCore() {
     for (PyObject* o : slot_keys_) Py_XDECREF(o);
   }
@@ -85,6 +87,16 @@ class VllmManagerCore {
     }
     if (!r.is_open() || manager_.ready_chunks() >= manager_.num_chunks()) ready_region_.reset();
   }
+  // Note [Live page of a vLLM scheduler]: as `kvoffload run`'s scheduler does (OffloadStack), the
+  // manager mirrors its occupancy and counters into the region's live statistics page, read by
+  // `kvoffload top`, `kvoffload region list` and the exporter. The scheduler maps the region
+  // unranked in background mode for it (populating nothing, holding no rank's slots), and keeps
+  // the mapping until shutdown; closing it marks the page's scheduler block detached. None stops.
+  void publish_live_stats(std::shared_ptr<RegionHolder> region) {
+    if (region) manager_.publish_live_stats(region->region);
+    live_region_ = std::move(region);  // the previous one (if any) closes: its block detaches
+  }
+  [[nodiscard]] bool publishing_live_stats() const noexcept { return live_region_ != nullptr; }
   [[nodiscard]] std::uint32_t ready_chunks() const noexcept { return manager_.ready_chunks(); }
   [[nodiscard]] bool following_readiness() const noexcept { return ready_region_ != nullptr; }
   std::span<const std::uint32_t> complete_store(const Items& keys, bool success) {
@@ -151,6 +163,8 @@ class VllmManagerCore {
   }
 
   [[nodiscard]] const Manager& manager() const noexcept { return manager_; }
+  // Whether get_stats reports the stores skipped by the threshold (vLLM: store_threshold >= 2).
+  [[nodiscard]] bool counts_skipped() const noexcept { return counts_skipped_; }
 
   // Slot of a key (None when absent), for tests.
   py::object slot_of(py::handle key) const {
@@ -169,7 +183,9 @@ class VllmManagerCore {
   Manager manager_;
   std::vector<PyObject*> slot_keys_;            // strong references; slot s's latest key object
   std::shared_ptr<RegionHolder> ready_region_;  // Note [Ready prefix]; null: every slot is ready
+  std::shared_ptr<RegionHolder> live_region_;   // Note [Live page of a vLLM scheduler]
   std::vector<BlockKey> keys_;
+  bool counts_skipped_;
 };
 
 // Note [Fast entry points]: vLLM calls the manager once per key for lookup and once per request
@@ -189,6 +205,115 @@ class VllmManagerCore {
 // this only after checking, against objects built by vLLM's own constructors, that the result is
 // the same (same type, same attribute names, same dtype and flags; no __post_init__, no slots):
 // a vLLM whose constructors do more gets the constructor path.
+// A bare instance of the Python class `cls` (its __new__ with no arguments; __init__ not run).
+py::object bare_instance(const py::object& cls) {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  if (!PyType_Check(cls.ptr()) || type->tp_new == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, "kvoffload.vllm: a result class is not a type");
+  }
+  py::tuple no_args;
+  auto obj = py::reinterpret_steal<py::object>(type->tp_new(type, no_args.ptr(), nullptr));
+  if (!obj) throw py::error_already_set();
+  return obj;
+}
+
+// Note [Stats in C]: vLLM's scheduler calls get_stats once per step, and with its Python (the
+// occupancy read, the dicts, OffloadingConnectorStats' dataclass __init__) it was the costliest
+// manager call of a step, cache-cold between steps. StatsTemplate holds what stays the same: the
+// stats class, the two keys of its data dict, the metric names and the metric-type strings, all
+// read off stats built by vLLM's own methods; build_stats fills fresh dicts from it in the order
+// vLLM's methods insert their keys (CPUOffloadingManager.get_stats). kvoffload.vllm hands a
+// template over only after checking, once per process, that build_stats gives what vLLM's methods
+// give for sample values (Note [Stats without methods] in kvoffload/vllm/manager.py); otherwise
+// get_stats stays the Python builder.
+struct StatsTemplate {
+  py::object cls;         // OffloadingConnectorStats
+  bool plain = false;     // built as a bare instance with its `data` set (no __init__)
+  py::object types_key;   // data's key of the metric types
+  py::object values_key;  // data's key of the values per label tuple
+  py::object usage, allocation, write_usage, read_usage, skipped;  // metric names
+  py::object gauge, histogram, counter;                            // metric-type strings
+  py::object data_kwnames;                                         // ("data",)
+
+  static StatsTemplate from(const py::tuple& t) {
+    if (t.size() != 12) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "kvoffload.vllm: a stats template is (cls, plain, types_key, values_key, 5 "
+                  "metric names, gauge, histogram, counter)");
+    }
+    StatsTemplate s;
+    s.cls = t[0];
+    s.plain = t[1].cast<bool>();
+    s.types_key = t[2];
+    s.values_key = t[3];
+    s.usage = t[4];
+    s.allocation = t[5];
+    s.write_usage = t[6];
+    s.read_usage = t[7];
+    s.skipped = t[8];
+    s.gauge = t[9];
+    s.histogram = t[10];
+    s.counter = t[11];
+    s.data_kwnames = py::make_tuple("data");
+    return s;
+  }
+};
+
+void set_item(PyObject* dict, PyObject* key, PyObject* value) {
+  if (PyDict_SetItem(dict, key, value) != 0) throw py::error_already_set();
+}
+
+// {(): value}: the value of an unlabelled metric.
+py::dict unlabelled(PyObject* value) {
+  static PyObject* const no_labels = PyTuple_New(0);
+  py::dict d;
+  set_item(d.ptr(), no_labels, value);
+  return d;
+}
+
+// The stats CPUOffloadingManager.get_stats builds for these values; `sizes` (the allocation
+// sizes of the batch) is taken and emptied; `skipped` < 0: no stores-skipped counter.
+py::object build_stats(const StatsTemplate& t, double usage, double write_usage, double read_usage,
+                       const py::list& sizes, long long skipped) {
+  py::dict types;
+  py::dict values;
+  py::float_ u(usage);
+  set_item(types.ptr(), t.usage.ptr(), t.gauge.ptr());
+  set_item(values.ptr(), t.usage.ptr(), unlabelled(u.ptr()).ptr());
+  const Py_ssize_t n = PyList_GET_SIZE(sizes.ptr());
+  if (n > 0) {
+    auto taken = py::reinterpret_steal<py::object>(PyList_GetSlice(sizes.ptr(), 0, n));
+    if (!taken || PyList_SetSlice(sizes.ptr(), 0, n, nullptr) != 0) throw py::error_already_set();
+    set_item(types.ptr(), t.allocation.ptr(), t.histogram.ptr());
+    set_item(values.ptr(), t.allocation.ptr(), unlabelled(taken.ptr()).ptr());
+  }
+  py::float_ w(write_usage);
+  py::float_ r(read_usage);
+  set_item(types.ptr(), t.write_usage.ptr(), t.gauge.ptr());
+  set_item(types.ptr(), t.read_usage.ptr(), t.gauge.ptr());
+  set_item(values.ptr(), t.write_usage.ptr(), unlabelled(w.ptr()).ptr());
+  set_item(values.ptr(), t.read_usage.ptr(), unlabelled(r.ptr()).ptr());
+  if (skipped >= 0) {
+    py::int_ k(skipped);
+    set_item(types.ptr(), t.skipped.ptr(), t.counter.ptr());
+    set_item(values.ptr(), t.skipped.ptr(), unlabelled(k.ptr()).ptr());
+  }
+  py::dict data;
+  set_item(data.ptr(), t.types_key.ptr(), types.ptr());
+  set_item(data.ptr(), t.values_key.ptr(), values.ptr());
+  if (!t.plain) {
+    PyObject* args[1] = {data.ptr()};
+    auto out = py::reinterpret_steal<py::object>(
+        PyObject_Vectorcall(t.cls.ptr(), args, 0, t.data_kwnames.ptr()));
+    if (!out) throw py::error_already_set();
+    return out;
+  }
+  py::object out = bare_instance(t.cls);
+  static PyObject* const data_name = PyUnicode_InternFromString("data");
+  if (PyObject_SetAttr(out.ptr(), data_name, data.ptr()) != 0) throw py::error_already_set();
+  return out;
+}
+
 struct FastState {
   py::object owner;  // the VllmManagerCore Python object: keeps `core` alive
   VllmManagerCore* core = nullptr;
@@ -204,19 +329,11 @@ struct FastState {
   py::object event_kwnames;   // ("keys", "medium", "removed")
   py::object new_array;       // None, or (numpy.empty, int64) (Note [Plain result objects])
   bool plain_output = false;  // PrepareStoreOutput built as a bare instance
+  py::object context_cls;     // RequestOffloadingContext
+  py::object context_fields;  // None, or the attributes a RequestOffloadingContext() holds
+  std::optional<StatsTemplate> stats;  // get_stats in C (Note [Stats in C]); none: Python's
+  std::uint64_t skipped_reported = 0;  // stores skipped by the threshold at the last get_stats
 };
-
-// A bare instance of the Python class `cls` (its __new__ with no arguments; __init__ not run).
-py::object bare_instance(const py::object& cls) {
-  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
-  if (!PyType_Check(cls.ptr()) || type->tp_new == nullptr) {
-    throw Error(ErrorCode::kInvalidArgument, "kvoffload.vllm: a result class is not a type");
-  }
-  py::tuple no_args;
-  auto obj = py::reinterpret_steal<py::object>(type->tp_new(type, no_args.ptr(), nullptr));
-  if (!obj) throw py::error_already_set();
-  return obj;
-}
 
 // block_ids as `empty(n, dtype)` (new_array = (numpy.empty, numpy.dtype("int64"))) filled with the
 // slots; throws unless it is a writable C-contiguous array of 8-byte integers.
@@ -455,6 +572,106 @@ PyObject* fast_occupancy(PyObject* self, PyObject* const* /*args*/, Py_ssize_t n
   });
 }
 
+// The per-request and per-step hooks. vLLM's own are Python methods returning a constant (a new
+// RequestOffloadingContext, None, False); as C functions they cost a call and no frame.
+// on_new_request builds its context as RequestOffloadingContext() does: through the constructor,
+// or, when kvoffload.vllm found the class a plain dataclass whose instances hold only constant
+// defaults, as a bare instance given those attributes (Note [Plain result objects]).
+PyObject* fast_on_new_request(PyObject* self, PyObject* const* /*args*/, Py_ssize_t nargs) {
+  FastState* st = state_of(self);
+  if (nargs != 1) {
+    PyErr_Format(PyExc_TypeError, "on_new_request() takes the req_context, got %zd arguments",
+                 nargs);
+    return nullptr;
+  }
+  return guarded(st, [&]() -> PyObject* {
+    if (st->context_fields.is_none()) {
+      PyObject* out = PyObject_CallNoArgs(st->context_cls.ptr());
+      if (out == nullptr) throw py::error_already_set();
+      return out;
+    }
+    py::object out = bare_instance(st->context_cls);
+    PyObject* name = nullptr;
+    PyObject* value = nullptr;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(st->context_fields.ptr(), &pos, &name, &value)) {
+      if (PyObject_SetAttr(out.ptr(), name, value) != 0) throw py::error_already_set();
+    }
+    return out.release().ptr();
+  });
+}
+
+PyObject* fast_on_request_finished(PyObject* /*self*/, PyObject* const* /*args*/,
+                                   Py_ssize_t nargs) {
+  if (nargs != 1) {
+    PyErr_Format(PyExc_TypeError, "on_request_finished() takes the req_context, got %zd arguments",
+                 nargs);
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* fast_on_schedule_end(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t nargs) {
+  if (nargs != 1) {
+    PyErr_Format(PyExc_TypeError, "on_schedule_end() takes the context, got %zd arguments", nargs);
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* fast_has_pending_work(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t nargs) {
+  if (nargs != 0) {
+    PyErr_Format(PyExc_TypeError, "has_pending_work() takes no arguments, got %zd", nargs);
+    return nullptr;
+  }
+  Py_RETURN_FALSE;
+}
+
+// take_events(): the events recorded since the last call, as a list (vLLM's is a generator that
+// yields them and then clears the list; the scheduler drains it at once); () with events off.
+PyObject* fast_take_events(PyObject* self, PyObject* const* /*args*/, Py_ssize_t nargs) {
+  FastState* st = state_of(self);
+  if (nargs != 0) {
+    PyErr_Format(PyExc_TypeError, "take_events() takes no arguments, got %zd", nargs);
+    return nullptr;
+  }
+  if (st->events.is_none()) return PyTuple_New(0);
+  PyObject* events = st->events.ptr();
+  const Py_ssize_t n = PyList_GET_SIZE(events);
+  PyObject* out = PyList_GetSlice(events, 0, n);
+  if (out == nullptr) return nullptr;
+  if (n > 0 && PyList_SetSlice(events, 0, n, nullptr) != 0) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  return out;
+}
+
+// get_stats(): CPUOffloadingManager.get_stats's metrics in one call (Note [Stats in C]).
+PyObject* fast_get_stats(PyObject* self, PyObject* const* /*args*/, Py_ssize_t nargs) {
+  FastState* st = state_of(self);
+  if (nargs != 0) {
+    PyErr_Format(PyExc_TypeError, "get_stats() takes no arguments, got %zd", nargs);
+    return nullptr;
+  }
+  return guarded(st, [&]() -> PyObject* {
+    const Manager& m = st->core->manager();
+    const ManagerStats s = m.stats();
+    const double n = static_cast<double>(m.num_chunks());
+    const double usage = n > 0 ? static_cast<double>(s.write_pending + s.pinned) / n : 0.0;
+    const double write_usage = n > 0 ? static_cast<double>(s.write_pending) / n : 0.0;
+    long long skipped = -1;
+    if (st->core->counts_skipped()) {
+      skipped = static_cast<long long>(s.stores_skipped_threshold - st->skipped_reported);
+      st->skipped_reported = s.stores_skipped_threshold;
+    }
+    return build_stats(*st->stats, usage, write_usage, std::max(usage - write_usage, 0.0),
+                       py::reinterpret_borrow<py::list>(st->alloc_sizes), skipped)
+        .release()
+        .ptr();
+  });
+}
+
 PyMethodDef kFastMethods[] = {
     {"lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_lookup)),
      METH_FASTCALL, "lookup(key, req_context) -> LookupResult"},
@@ -473,7 +690,29 @@ PyMethodDef kFastMethods[] = {
      METH_FASTCALL | METH_KEYWORDS, "complete_store(keys, req_context, success=True)"},
     {"_occupancy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_occupancy)),
      METH_FASTCALL, "_occupancy() -> (write_pending, pinned, stores_skipped), as counters()"},
+    {"on_new_request",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_on_new_request)),
+     METH_FASTCALL, "on_new_request(req_context) -> RequestOffloadingContext"},
+    {"on_request_finished",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_on_request_finished)),
+     METH_FASTCALL, "on_request_finished(req_context)"},
+    {"take_events", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_take_events)),
+     METH_FASTCALL, "take_events() -> the events since the last call"},
 };
+
+// Installed only when vLLM's base class has the hook and its default returns a constant
+// (kvoffload.vllm checks), and get_stats only with a stats template.
+PyMethodDef kStepHooks[] = {
+    {"on_schedule_end",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_on_schedule_end)),
+     METH_FASTCALL, "on_schedule_end(context)"},
+    {"has_pending_work",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_has_pending_work)),
+     METH_FASTCALL, "has_pending_work() -> False"},
+};
+PyMethodDef kGetStats = {
+    "get_stats", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_get_stats)),
+    METH_FASTCALL, "get_stats() -> OffloadingConnectorStats"};
 
 }  // namespace
 
@@ -502,13 +741,20 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
            "mode) has brought up; the mapping is dropped once all are (Note [Ready prefix])")
       .def("refresh_ready", &VllmManagerCore::refresh_ready,
            "Grow the ready prefix now (prepare_store does it before each plan)")
+      .def("publish_live_stats", &VllmManagerCore::publish_live_stats, py::arg("region"),
+           "Mirror the manager's occupancy and counters into `region`'s live statistics page "
+           "(an unranked mapping), as kvoffload run's scheduler does; None stops (Note [Live "
+           "page of a vLLM scheduler])")
+      .def_property_readonly("publishing_live_stats", &VllmManagerCore::publishing_live_stats)
       .def_property_readonly("ready_chunks", &VllmManagerCore::ready_chunks)
       .def_property_readonly("following_readiness", &VllmManagerCore::following_readiness)
       .def(
           "fast_methods",
           [](const py::object& self, py::object error_cls, py::tuple lookup_results,
              py::object spec_cls, py::object output_cls, py::object event_cls, py::object medium,
-             py::object events, py::list alloc_sizes, py::object new_array, bool plain_output) {
+             py::object events, py::list alloc_sizes, py::object new_array, bool plain_output,
+             py::object context_cls, py::object context_fields, const py::object& stats_template,
+             const std::vector<std::string>& step_hooks) {
             if (lookup_results.size() != 3) {
               throw Error(ErrorCode::kInvalidArgument,
                           "fast_methods: lookup_results needs (MISS, HIT, HIT_PENDING)");
@@ -528,24 +774,61 @@ A Manager with vLLM's CPUOffloadingManager semantics over bytes keys (hashed to 
             state->event_kwnames = py::make_tuple("keys", "medium", "removed");
             state->new_array = std::move(new_array);
             state->plain_output = plain_output;
+            state->context_cls = std::move(context_cls);
+            if (!context_fields.is_none() && !PyDict_Check(context_fields.ptr())) {
+              throw Error(ErrorCode::kInvalidArgument,
+                          "fast_methods: context_fields must be a dict or None");
+            }
+            state->context_fields = std::move(context_fields);
+            if (!stats_template.is_none()) {
+              state->stats = StatsTemplate::from(stats_template.cast<py::tuple>());
+            }
+            const bool with_stats = state->stats.has_value();
             py::capsule capsule(state.get(), kCapsuleName, [](PyObject* c) {
               delete static_cast<FastState*>(PyCapsule_GetPointer(c, kCapsuleName));
             });
             (void)state.release();  // owned by the capsule from here on
             py::dict out;
-            for (PyMethodDef& def : kFastMethods) {
+            auto add = [&](PyMethodDef& def) {
               PyObject* f = PyCFunction_NewEx(&def, capsule.ptr(), nullptr);
               if (f == nullptr) throw py::error_already_set();
               out[def.ml_name] = py::reinterpret_steal<py::object>(f);
+            };
+            for (PyMethodDef& def : kFastMethods) add(def);
+            for (const std::string& name : step_hooks) {
+              auto* def = std::find_if(std::begin(kStepHooks), std::end(kStepHooks),
+                                       [&](const PyMethodDef& d) { return name == d.ml_name; });
+              if (def == std::end(kStepHooks)) {
+                throw Error(ErrorCode::kInvalidArgument,
+                            "fast_methods: step_hooks names " + name +
+                                "; allowed: on_schedule_end, has_pending_work");
+              }
+              add(*def);
             }
+            if (with_stats) add(kGetStats);
             return out;
           },
           py::arg("error_cls"), py::arg("lookup_results"), py::arg("spec_cls"),
           py::arg("output_cls"), py::arg("event_cls"), py::arg("medium"), py::arg("events"),
           py::arg("alloc_sizes"), py::arg("new_array") = py::none(),
-          py::arg("plain_output") = false,
+          py::arg("plain_output") = false, py::arg("context_cls") = py::none(),
+          py::arg("context_fields") = py::none(), py::arg("stats_template") = py::none(),
+          py::arg("step_hooks") = std::vector<std::string>{},
           "The hot methods as C functions over vLLM's types (Note [Fast entry points]); "
-          "new_array / plain_output: Note [Plain result objects]")
+          "new_array / plain_output / context_fields: Note [Plain result objects]; "
+          "stats_template: Note [Stats in C] (get_stats is included only with one); step_hooks: "
+          "which of on_schedule_end, has_pending_work to include")
+      .def_static(
+          "build_stats",
+          [](const py::tuple& stats_template, double usage, double write_usage, double read_usage,
+             const py::list& sizes, std::optional<long long> skipped) {
+            return build_stats(StatsTemplate::from(stats_template), usage, write_usage, read_usage,
+                               sizes, skipped.value_or(-1));
+          },
+          py::arg("stats_template"), py::arg("usage"), py::arg("write_usage"),
+          py::arg("read_usage"), py::arg("sizes"), py::arg("skipped"),
+          "The stats get_stats builds from these values (the check of Note [Stats in C]); "
+          "empties `sizes`")
       .def_static(
           "plain_spec",
           [](const py::object& spec_cls, const py::object& new_array,

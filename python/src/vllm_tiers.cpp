@@ -1,5 +1,5 @@
 // kvoffload._kvoffload.VllmTierCore: the C++ half of kvoffload.vllm's secondary tiers for vLLM's
-// TieringOffloadingSpec (python/kvoffload/vllm_tiers.py): a FileTier or a RemoteTier over the
+// TieringOffloadingSpec (python/kvoffload/vllm/tiers.py): a FileTier or a RemoteTier over the
 // primary tier's CPU KV cache, which vLLM hands to a secondary tier as a memoryview of
 // (num_blocks, row bytes).
 //

@@ -74,8 +74,8 @@ case " $* " in
   *" --install "*)
     prefix=""; prev=""
     for a in "$@"; do [ "$prev" = "--prefix" ] && prefix=$a; prev=$a; done
-    mkdir -p "$prefix/kvoffload"
-    for f in __init__.py vllm.py _cli.py _kvoffload.cpython-3-fake.so; do
+    mkdir -p "$prefix/kvoffload/vllm"
+    for f in __init__.py vllm/__init__.py vllm/spec.py _cli.py _kvoffload.cpython-3-fake.so; do
       echo "# $f" > "$prefix/kvoffload/$f"
     done
     exit 0 ;;
@@ -209,3 +209,20 @@ def test_build_without_a_terminal_says_where_the_log_is(tmp_path):
     assert f"the build's full output: {log}" in capture.read_text()
     assert "[3/3] Linking" in log.read_text()
     assert list(wheels.glob("kvoffload-*.whl"))
+
+
+def test_every_module_of_the_package_is_copied_and_installed():
+    # python/CMakeLists.txt names each file it copies into the build tree and installs (the wheel
+    # is that install): a module left out of the list imports in the source tree and is missing
+    # from every installed kvoffload (kvoffload.vllm is a package of modules since issue 27).
+    cmake = (ROOT / "python" / "CMakeLists.txt").read_text()
+    listed = re.search(r"set\(_kvo_py_sources(.*?)\)", cmake, re.S)
+    assert listed, "no set(_kvo_py_sources ...) in python/CMakeLists.txt"
+    named = set(listed.group(1).split())
+    package = ROOT / "python" / "kvoffload"
+    on_disk = {f"kvoffload/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert on_disk - named == set(), f"python/CMakeLists.txt does not install {sorted(on_disk - named)}"
+    assert {n for n in named if not (ROOT / "python" / n).is_file()} == set()
+    # Installed each into its own folder (a subpackage's files are not flattened into kvoffload/).
+    assert re.search(r"DESTINATION \$\{KVOFFLOAD_PYTHON_INSTALL_DIR\}/\$\{_kvo_py_dir\}", cmake)

@@ -338,7 +338,7 @@ def test_constructor_refuses_bad_arguments():
 def test_result_objects_are_vllms_and_the_fast_path_checks_itself(monkeypatch):
     # Note [Plain result objects]: specs and outputs built without their constructors must be what
     # vLLM's constructors build; a constructor that does more turns the fast path off.
-    import kvoffload.vllm as kv_vllm
+    import kvoffload.vllm.manager as kv_vllm
 
     new_array, plain_output = kv_vllm._plain_results()
     assert new_array is not None and plain_output
@@ -360,9 +360,9 @@ def test_result_objects_are_vllms_and_the_fast_path_checks_itself(monkeypatch):
 
 
 def test_stats_are_built_without_vllms_methods_only_while_that_gives_the_same_objects(monkeypatch):
-    # Note [Stats without methods] in kvoffload/vllm.py; the streams above compare every
+    # Note [Stats without methods] in kvoffload/vllm/manager.py; the streams above compare every
     # get_stats with CPUOffloadingManager's.
-    import kvoffload.vllm as kv_vllm
+    import kvoffload.vllm.manager as kv_vllm
 
     monkeypatch.setattr(kv_vllm, "_STATS_BUILDER", None)
     direct = kv_vllm._stats_builder()
@@ -375,7 +375,60 @@ def test_stats_are_built_without_vllms_methods_only_while_that_gives_the_same_ob
                         lambda self, name, value, labelvalues=(): original(self, name, value, ("rank0",)))
     monkeypatch.setattr(kv_vllm, "_STATS_BUILDER", None)
     assert kv_vllm._stats_builder() is kv_vllm._stats_by_methods
-    assert KvoffloadManager(4).get_stats().data["data"][CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC] == {("rank0",): 0.0}
+    # ... and get_stats is not the C builder (Note [Stats in C]), whose check fails the same way.
+    monkeypatch.setattr(kv_vllm, "_FAST_SETTINGS", None)
+    assert kv_vllm._stats_template() is None
+    m = KvoffloadManager(4)
+    assert "get_stats" not in vars(m)
+    assert m.get_stats().data["data"][CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC] == {("rank0",): 0.0}
+
+
+def test_get_stats_and_the_hooks_are_c_functions_giving_what_vllms_give():
+    # Note [Fast entry points], Note [Stats in C]: vLLM calls these once per request or per step;
+    # they run in C where vLLM's types allow, and give what CPUOffloadingManager gives (the random
+    # streams above compare every get_stats and take_events).
+    import kvoffload.vllm.manager as kv_vllm
+
+    m = KvoffloadManager(4, enable_events=True, store_threshold=2)
+    ref = CPUOffloadingManager(4, enable_events=True, store_threshold=2)
+    settings = kv_vllm._fast_settings()
+    assert settings["stats_template"] is not None and settings["context_fields"] is not None
+    c_function = type(len)
+    fast = ["lookup", "touch", "prepare_load", "complete_load", "prepare_store", "complete_store",
+            "on_new_request", "on_request_finished", "take_events", "get_stats",
+            *settings["step_hooks"]]
+    assert all(type(vars(m)[name]) is c_function for name in fast), vars(m).keys()
+    a, b = m.on_new_request(CTX), ref.on_new_request(CTX)
+    assert type(a) is type(b) and vars(a) == vars(b) and a == b and a is not m.on_new_request(CTX)
+    assert m.on_request_finished(CTX) is None
+    if hasattr(OffloadingManager, "has_pending_work"):  # 7cfb97e3 on
+        assert settings["step_hooks"] == ["on_schedule_end", "has_pending_work"]
+        assert m.has_pending_work() is False and m.on_schedule_end(None) is None
+    for _ in range(2):
+        for mgr in (m, ref):
+            mgr.lookup(key(1), CTX)
+            out = mgr.prepare_store([key(1), key(2)], CTX)
+            mgr.complete_store(out.keys_to_store, CTX)
+        assert event_tuples(m.take_events()) == event_tuples(ref.take_events())
+        assert list(m.take_events()) == []
+        a, b = m.get_stats(), ref.get_stats()
+        assert type(a) is type(b) and vars(a) == vars(b)
+    assert m.allocation_sizes_in_current_batch == []
+    # Through the class (super()): the same C function, so the skipped counter is not counted twice.
+    assert KvoffloadManager.get_stats(m).data == ref.get_stats().data
+
+
+def test_a_subclass_keeps_its_overrides_of_the_fast_methods():
+    class Mine(KvoffloadManager):
+        def on_new_request(self, req_context):
+            return "mine"
+
+        def get_stats(self):
+            return "my stats"
+
+    m = Mine(4)
+    assert m.on_new_request(CTX) == "mine" and m.get_stats() == "my stats"
+    assert type(vars(m)["lookup"]) is type(len)
 
 
 def test_the_fast_occupancy_read_is_the_cores_counters():

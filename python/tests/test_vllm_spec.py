@@ -53,6 +53,33 @@ def test_readme_config_selects_kvoffload_through_vllms_factory():
     assert int(extra["cpu_bytes_to_use"]) > 0
 
 
+def test_every_import_path_of_the_backend_still_works():
+    # kvoffload.vllm became a package (issue 27); the paths the README, vLLM configurations and
+    # users' code name stay valid: the classes vLLM loads from "kvoffload.vllm", and the modules'
+    # earlier names, which are the same module objects.
+    import importlib
+
+    import kvoffload.vllm_pool
+    import kvoffload.vllm_tiers
+    from kvoffload.vllm import manager, pool, spec, tiers, worker
+
+    assert kvoffload.vllm_pool is pool and kvoffload.vllm_tiers is tiers
+    assert importlib.import_module("kvoffload.vllm_pool") is pool
+    assert kv_vllm.KvoffloadSpec is spec.KvoffloadSpec is KvoffloadSpec
+    assert kv_vllm.KvoffloadManager is manager.KvoffloadManager is KvoffloadManager
+    assert kv_vllm.KvoffloadWorker is worker.KvoffloadWorker
+    assert kv_vllm.KvoffloadFileTier is tiers.KvoffloadFileTier is kvoffload.vllm_tiers.KvoffloadFileTier
+    assert kv_vllm.KvoffloadRemoteTier is tiers.KvoffloadRemoteTier
+    assert kv_vllm.remote is tiers.remote and kv_vllm.file is tiers.file
+    assert kvoffload.vllm_pool.PoolManager is pool.PoolManager
+    for name in ("check_block_hashes_shareable", "bringup_settings", "metric_definitions", "VLLM_COMMIT"):
+        assert getattr(kv_vllm, name) is not None, name
+    for name in kv_vllm.__all__:
+        assert getattr(kv_vllm, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        kv_vllm.Nope  # noqa: B018
+
+
 @pytest.mark.parametrize("threshold", [0, 2])
 def test_metric_definitions_are_cpu_offloading_specs(threshold):
     extra = {"store_threshold": threshold}

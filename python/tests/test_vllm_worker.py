@@ -24,6 +24,7 @@ from vllm.v1.kv_offload.base import (  # noqa: E402
     CanonicalKVCaches,
     CanonicalKVCacheTensor,
     GPULoadStoreSpec,
+    LookupResult,
     OffloadingSpec,
     OffloadingWorker,
     ReqContext,
@@ -413,7 +414,7 @@ def test_results_come_in_vllms_order_stores_then_loads_each_as_submitted(shm_dir
 
 def test_device_defaults_to_the_tensors_device(shm_dir, monkeypatch):
     calls = []
-    real = kv_vllm._ext.OffloadWorker
+    real = kv_vllm.worker._ext.OffloadWorker
 
     def spy(**kw):
         calls.append((kw["backend"], kw["devices"]))
@@ -422,7 +423,7 @@ def test_device_defaults_to_the_tensors_device(shm_dir, monkeypatch):
     kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)
     for t in kv.caches.tensors:
         t.tensor.device = torch.device("cuda", 3)  # as the tensors of rank 3 would be
-    monkeypatch.setattr(kv_vllm._ext, "OffloadWorker", spy)
+    monkeypatch.setattr(kv_vllm.worker._ext, "OffloadWorker", spy)
     worker = KvoffloadSpec(offloading_config(shm_dir, kv, "sim")).get_worker(kv.caches)
     assert calls == [("sim", [3])]
     worker.shutdown()
@@ -436,8 +437,8 @@ def test_a_device_other_than_the_tensors_is_refused(shm_dir, monkeypatch):
     # Issue 25 (7): a runtime on another GPU would hand its kernel and DMA engine addresses of
     # the tensors' GPU.
     made = []
-    monkeypatch.setattr(kv_vllm._ext, "make_runtime", lambda *a, **k: made.append(a))
-    monkeypatch.setattr(kv_vllm._ext, "OffloadWorker", lambda **k: made.append(k))
+    monkeypatch.setattr(kv_vllm.worker._ext, "make_runtime", lambda *a, **k: made.append(a))
+    monkeypatch.setattr(kv_vllm.worker._ext, "OffloadWorker", lambda **k: made.append(k))
     kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)
     for t in kv.caches.tensors:
         t.tensor.device = torch.device("cuda", 3)
@@ -458,14 +459,14 @@ def test_auto_opens_only_the_module_matching_torchs_build(shm_dir, monkeypatch, 
         raise AssertionError("list_backends opens every module and the simulated device")
 
     probed = []
-    real_probe = kv_vllm._ext.probe_backend
+    real_probe = kv_vllm.worker._ext.probe_backend
 
     def probe(name):
         probed.append(name)
         return real_probe(name)
 
-    monkeypatch.setattr(kv_vllm._ext, "list_backends", no_list)
-    monkeypatch.setattr(kv_vllm._ext, "probe_backend", probe)
+    monkeypatch.setattr(kv_vllm.worker._ext, "list_backends", no_list)
+    monkeypatch.setattr(kv_vllm.worker._ext, "probe_backend", probe)
     if (b := real_probe(expected)).built and b.device_count > 0:
         pytest.skip(f"[gpu-present] a usable {expected} backend: auto would take it")
     kv = KvCaches(Device("sim"), bpc=1, seed=8, **ONE_GROUP)  # cuda:0 tensors
@@ -633,4 +634,56 @@ def test_a_worker_whose_engine_cannot_be_built_gives_its_region_back(shm_dir, mo
     worker = KvoffloadSpec(offloading_config(shm_dir, kv, kvoffload_engine_id=name)).get_worker(
         kv.caches)  # rank 0 is free again
     assert worker._worker.rank == 0
+    worker.shutdown()
+
+
+def scheduler_page(shm_dir, engine_id):
+    """The scheduler block of engine_id's live page, as `kvoffload top` / `region list` read it."""
+    (entry,) = [e for e in kvoffload.snapshot_engines(shm_dir) if e["engine_id"] == engine_id]
+    assert entry["live"] is not None, entry["live_problem"]
+    return entry["live"]["scheduler"]
+
+
+@pytest.mark.parametrize("bringup", ["blocking", "background"])
+def test_the_scheduler_publishes_its_occupancy_to_the_live_page(shm_dir, bringup):
+    # Issue 27 (Note [Live page of a vLLM scheduler]): as `kvoffload run`'s scheduler does, so
+    # kvoffload top, region list and the exporter show a vLLM engine's occupancy.
+    kv = KvCaches(Device("host"), bpc=1, seed=31, **ONE_GROUP)
+    spec = KvoffloadSpec(offloading_config(shm_dir, kv, chunks=8, kvoffload_bringup=bringup))
+    manager = spec.get_manager()
+    worker = spec.get_worker(kv.caches)
+    if bringup == "background":
+        worker._worker.wait_bringup()
+    page = scheduler_page(shm_dir, spec.engine_id())
+    assert page["attached"] and not page["detached"] and page["pid"] == os.getpid()
+    assert page["num_chunks"] == 8 and page["used"] == 0
+    keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(3)]
+    out = manager.prepare_store(keys, CTX)
+    page = scheduler_page(shm_dir, spec.engine_id())
+    assert (page["used"], page["write_pending"], page["stores_prepared"]) == (3, 3, 3)
+    assert page["ready_chunks"] == 8  # every chunk up (background: after the bring-up)
+    manager.complete_store(out.keys_to_store, CTX)
+    assert manager.lookup(keys[0], CTX) == LookupResult.HIT
+    manager.prepare_load(keys[:1], CTX)
+    page = scheduler_page(shm_dir, spec.engine_id())
+    assert (page["used"], page["write_pending"], page["pinned"]) == (3, 0, 1)
+    assert (page["stores_completed"], page["hits"], page["loads_prepared"]) == (3, 1, 1)
+    worker.shutdown()
+    manager.shutdown()  # vLLM's connector shuts the manager down last
+    assert not manager._core.publishing_live_stats
+    # The scheduler's mapping is gone: the region file went with its last mapper (a reader sees
+    # nothing left), or, where another mapper remains, the block reads detached.
+    left = [e for e in kvoffload.snapshot_engines(shm_dir) if e["engine_id"] == spec.engine_id()]
+    assert left == [] or left[0]["live"]["scheduler"]["detached"]
+
+
+def test_a_detached_scheduler_block_is_marked_detached_while_a_rank_keeps_the_region(shm_dir):
+    kv = KvCaches(Device("host"), bpc=1, seed=32, **ONE_GROUP)
+    spec = KvoffloadSpec(offloading_config(shm_dir, kv, chunks=8))
+    manager = spec.get_manager()
+    worker = spec.get_worker(kv.caches)
+    manager.prepare_store([make_offload_key(b"d" * 32, 0)], CTX)
+    manager.shutdown()
+    page = scheduler_page(shm_dir, spec.engine_id())
+    assert page["attached"] and page["detached"] and page["used"] == 1  # the final values
     worker.shutdown()
