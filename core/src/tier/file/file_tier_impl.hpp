@@ -69,6 +69,19 @@ struct __attribute__((visibility("hidden"))) FileTier::Impl {
 
   std::unique_ptr<detail::IoPool> pool;
 
+  // Where this tier writes its records' headers (Note [File tier record]): in the header
+  // attribute, unless the filesystem refused user extended attributes at open (then the trailer).
+  // Set at open, before any put; read only after.
+  detail::RecordFormat format = detail::RecordFormat::kXattr;
+
+  // Bytes the record of a payload takes in the format this tier writes.
+  [[nodiscard]] std::uint64_t record_bytes(std::uint64_t payload_bytes) const noexcept {
+    return detail::record_bytes(format, payload_bytes);
+  }
+  // Probes the filesystem of the root at open: sets the header attribute on the lock file (its
+  // value says the format); EOPNOTSUPP selects the trailer format for the tier's life.
+  void choose_format();
+
   std::mutex& name_lock(const BlockKey& key) { return name_locks[key.hash() % name_locks.size()]; }
 
   std::filesystem::path record_path(const BlockKey& key) const {
@@ -128,15 +141,23 @@ struct __attribute__((visibility("hidden"))) FileTier::Impl {
     const std::byte* data = nullptr;
     std::size_t bytes = 0;
   };
-  // Writes the pieces to the new file `temp` (creating the fan-out directory when missing), syncs
-  // it as the policy says and closes it. On failure nothing is left: the temp file is removed.
-  detail::ItemOutcome write_temp(std::span<const Piece> pieces, const std::filesystem::path& temp,
+  // Writes the pieces to the new file `temp` (creating the fan-out directory when missing), sets
+  // the header attribute when `header` is given (format 3), syncs it as the policy says and
+  // closes it. On failure nothing is left: the temp file is removed.
+  detail::ItemOutcome write_temp(std::span<const Piece> pieces, const detail::XattrHeader* header,
+                                 const std::filesystem::path& temp,
                                  const std::filesystem::path& dir);
   detail::ItemOutcome do_put(detail::IoWorker& worker, const TierPut& item, std::uint64_t epoch,
                              std::uint64_t temp_id);
 
   // ---- the read path (file_tier_read.cpp) ----
   detail::ItemOutcome do_get(detail::IoWorker& worker, const TierGet& item);
+  // The format of the open record `fd` and, format 3, its header attribute into `xattr` (its
+  // length in `xattr_bytes`): from whether the file has the attribute. A failure, or nullopt.
+  std::optional<detail::ItemOutcome> record_format_of(int fd, const std::filesystem::path& path,
+                                                      detail::RecordFormat& format,
+                                                      detail::XattrHeader& xattr,
+                                                      std::size_t& xattr_bytes);
 };
 
 }  // namespace kvoffload

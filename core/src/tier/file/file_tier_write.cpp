@@ -24,6 +24,7 @@ namespace kvoffload {
 using detail::ItemOutcome;
 
 ItemOutcome FileTier::Impl::write_temp(std::span<const Piece> pieces,
+                                       const detail::XattrHeader* header,
                                        const std::filesystem::path& temp,
                                        const std::filesystem::path& dir) {
   const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
@@ -53,6 +54,11 @@ ItemOutcome FileTier::Impl::write_temp(std::span<const Piece> pieces,
   }
   if (auto o = dio.write_all(fd, std::span(iov.data(), n), used_direct, temp))
     return fail_with_temp(std::move(*o));
+  // Format 3: the header into the inode (Note [File tier record]); ENOSPC is a full disk.
+  if (header != nullptr && sys.fsetxattr(sys.context, fd, detail::kHeaderXattr, header->data(),
+                                         header->size(), 0) != 0) {
+    return fail_with_temp(ItemOutcome::failed("fsetxattr " + temp.string(), errno));
+  }
   if (options.fsync != FsyncPolicy::kNone && sys.fdatasync(sys.context, fd) != 0) {
     return fail_with_temp(ItemOutcome::failed("fdatasync " + temp.string(), errno));
   }
@@ -79,26 +85,31 @@ std::string FileTier::Impl::no_room_left(std::size_t evicted, std::size_t rounds
 
 ItemOutcome FileTier::Impl::do_put(detail::IoWorker& worker, const TierPut& item,
                                    std::uint64_t epoch, std::uint64_t temp_id) {
-  const std::uint64_t rec = file_tier_record_bytes(item.bytes.size());
-  // The payload's whole blocks go from the caller's memory (no copy); the rest through a small
-  // bounce buffer. Unaligned memory under O_DIRECT: the whole record through the bounce buffer.
-  const detail::RecordSplit split = detail::record_split(item.bytes.size());
+  const std::uint64_t rec = record_bytes(item.bytes.size());
+  // The payload's whole blocks go from the caller's memory (no copy); the rest, if any, through a
+  // small bounce buffer. Unaligned memory under O_DIRECT: the whole record through the bounce
+  // buffer. A format 3 record of whole blocks has no rest: one write of the row itself.
+  const detail::RecordSplit split = detail::record_split(format, item.bytes.size());
   std::array<Piece, 2> pieces{};
+  std::uint32_t crc = 0;
   if (in_place(item.bytes.data(), split.prefix)) {
-    std::byte* tail = worker.bounce.reserve(split.tail);
-    detail::encode_record_tail(tail, item.key, item.bytes);
+    std::byte* tail = split.tail == 0 ? nullptr : worker.bounce.reserve(split.tail);
+    crc = detail::encode_record_tail(format, tail, item.key, item.bytes);
     pieces = {Piece{item.bytes.data(), split.prefix}, Piece{tail, split.tail}};
   } else {
     std::byte* buf = worker.bounce.reserve(rec);
-    detail::encode_record(buf, item.key, item.bytes);
+    crc = detail::encode_record(format, buf, item.key, item.bytes);
     pieces = {Piece{buf, rec}, Piece{}};
   }
+  const detail::XattrHeader header = detail::xattr_header(item.key, item.bytes.size(), crc);
+  const detail::XattrHeader* const xattr =
+      format == detail::RecordFormat::kXattr ? &header : nullptr;
 
   const auto final_path = record_path(item.key);
   const auto dir = final_path.parent_path();
   const auto temp =
       dir / ("." + item.key.to_hex() + "." + std::to_string(temp_id) + detail::kTempSuffix);
-  ItemOutcome written = write_temp(pieces, temp, dir);
+  ItemOutcome written = write_temp(pieces, xattr, temp, dir);
   // Note [Full disk]: the disk filled behind our capacity (another writer, the other I/O threads'
   // writes admitted against the same free space, the filesystem's own metadata): make room from
   // the oldest records and retry, round after round, until the record fits or nothing is left to
@@ -117,7 +128,7 @@ ItemOutcome FileTier::Impl::do_put(detail::IoWorker& worker, const TierPut& item
     warnings.log(spdlog::level::info, "enospc retry",
                  "file tier '{}': {}; evicted the {} oldest records (round {}), retrying",
                  options.name, written.detail, evicted, rounds);
-    written = write_temp(pieces, temp, dir);
+    written = write_temp(pieces, xattr, temp, dir);
   }
   if (written.status != TierItemStatus::kOk) return written;
 
@@ -181,7 +192,7 @@ TierBatch FileTier::put(std::span<const TierPut> items) {
         immediate.push_back({i, TierItemStatus::kOk, 0, "already stored"});
         continue;
       }
-      const std::uint64_t rec = file_tier_record_bytes(item.bytes.size());
+      const std::uint64_t rec = s.record_bytes(item.bytes.size());
       if (rec > s.index.capacity()) {
         ++s.counters.puts_failed;
         immediate.push_back({i, TierItemStatus::kFailed, ENOSPC,
