@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <kvoffload/error.hpp>
 #include <kvoffload/file_tier.hpp>
@@ -147,8 +148,48 @@ struct __attribute__((visibility("hidden"))) FileTier::Impl {
   detail::ItemOutcome write_temp(std::span<const Piece> pieces, const detail::XattrHeader* header,
                                  const std::filesystem::path& temp,
                                  const std::filesystem::path& dir);
+  // A put's record as it goes to disk: its pieces (the row's whole blocks in place, the rest in
+  // the worker's bounce buffer) and, format 3, its header attribute.
+  struct EncodedPut {
+    std::array<Piece, 2> pieces{};
+    detail::XattrHeader header{};
+    bool has_header = false;
+  };
+  EncodedPut encode_put(detail::IoWorker& worker, const TierPut& item);
+  // write_temp, and after ENOSPC evicting the oldest records and retrying until the record fits
+  // or none is left (Note [Full disk]); `rec`: the record's bytes, what the eviction must free.
+  detail::ItemOutcome write_making_room(const EncodedPut& record, const BlockKey& key,
+                                        std::uint64_t rec, const std::filesystem::path& temp,
+                                        const std::filesystem::path& dir);
+  // Renames the written temp file into place unless the key was removed meanwhile (under the
+  // name lock), marks it ready, and fsyncs the directory under FsyncPolicy::kFull.
+  detail::ItemOutcome publish(const BlockKey& key, std::uint64_t epoch,
+                              const std::filesystem::path& temp,
+                              const std::filesystem::path& final_path);
+  // One record's write on an I/O thread: encode_put, write_making_room, publish.
   detail::ItemOutcome do_put(detail::IoWorker& worker, const TierPut& item, std::uint64_t epoch,
                              std::uint64_t temp_id);
+
+  // ---- a put batch (FileTier::put): admission under the index lock, then the I/O ----
+  // The answer of an item that needs no write (already held, or refused at admission).
+  struct PutAnswer {
+    std::size_t index = 0;
+    TierItemStatus status = TierItemStatus::kOk;
+    int err = 0;
+    std::string detail;
+  };
+  [[nodiscard]] std::string exceeds_capacity(std::uint64_t rec) const;
+  // Admits item `i` (caller holds mutex): evicts the oldest ready records to fit it (their keys
+  // appended to `evicted`) and reserves it (`epoch`), or returns its answer.
+  std::optional<PutAnswer> admit_locked(const TierPut& item, std::size_t i,
+                                        std::vector<BlockKey>& evicted, std::uint64_t& epoch);
+  // The I/O task of an admitted item: do_put, finish_put, the item's result.
+  detail::IoPool::Task put_task(TierBatchPromise promise, const TierPut& item, std::size_t i,
+                                std::uint64_t epoch, std::uint64_t temp_id);
+  // Counts a finished write; a failed one loses its reservation and its file, and is logged.
+  void finish_put(const TierPut& item, std::uint64_t epoch, const detail::ItemOutcome& o);
+  // Queues the victims' unlinks, then the writes (which need the space they free).
+  void submit_puts(const std::vector<BlockKey>& evicted, std::vector<detail::IoPool::Task> writes);
 
   // ---- the read path (file_tier_read.cpp) ----
   detail::ItemOutcome do_get(detail::IoWorker& worker, const TierGet& item);
