@@ -60,6 +60,8 @@ enum class Op {
   kFcntlInt,
   kRenameat,
   kMkdirat,
+  kFsetxattr,
+  kFgetxattr,
 };
 
 inline std::string_view op_name(Op op) {
@@ -112,6 +114,10 @@ inline std::string_view op_name(Op op) {
       return "rename";
     case Op::kMkdirat:
       return "mkdir";
+    case Op::kFsetxattr:
+      return "fsetxattr";
+    case Op::kFgetxattr:
+      return "fgetxattr";
   }
   return "?";
 }
@@ -247,6 +253,14 @@ class FaultSyscalls {
     table_.pwritev = [](void* c, int fd, const struct iovec* v, int n, off_t o) {
       return self(c)->run<ssize_t>(self(c)->on_fd(Op::kPwrite, fd), -1,
                                    [&] { return real().pwritev(nullptr, fd, v, n, o); });
+    };
+    table_.fsetxattr = [](void* c, int fd, const char* name, const void* v, std::size_t n, int f) {
+      return self(c)->run<int>(self(c)->on_fd(Op::kFsetxattr, fd), -1,
+                               [&] { return real().fsetxattr(nullptr, fd, name, v, n, f); });
+    };
+    table_.fgetxattr = [](void* c, int fd, const char* name, void* v, std::size_t n) {
+      return self(c)->run<ssize_t>(self(c)->on_fd(Op::kFgetxattr, fd), -1,
+                                   [&] { return real().fgetxattr(nullptr, fd, name, v, n); });
     };
   }
   FaultSyscalls(const FaultSyscalls&) = delete;

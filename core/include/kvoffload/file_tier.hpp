@@ -4,11 +4,14 @@
 // Layout: <root>/<hh>/<key hex>.kvb, hh = the last key byte in hex (256 fan-out directories,
 // created on first use), plus <root>/.kvoffload-tier.lock, flock'ed exclusively by the one
 // FileTier that owns the root (a second opener gets kState), or shared by the tiers that share it
-// (Note [Shared root]). A record is the payload, zero padding
-// and a 64-byte header at the end (magic, version, key, payload length, CRC32C of the payload,
-// CRC32C of the header), a whole number of 4 KiB blocks so the same file can be written and read
-// with O_DIRECT; a payload in 4 KiB-aligned memory moves without a copy except its last block
-// (Note [File tier record] in file_record.cpp).
+// (Note [Shared root]). A record (format 3) is the payload
+// and zero padding to the next 4 KiB, so a row of 2^k bytes is a file of exactly its size, written
+// with one O_DIRECT write and read with one O_DIRECT read straight from and into 4 KiB-aligned
+// memory; its 32-byte header (key, payload length, CRC32C of the payload, CRC32C of the header)
+// is the file's extended attribute user.kvoffload.v3, kept in the inode. Where the filesystem
+// refuses user extended attributes, the header goes in the last 64 bytes of the file instead
+// (format 2, one more block for a row of whole blocks); records without the attribute (an earlier
+// kvoffload's, format 2) are read that way (Note [File tier record] in file_record.cpp).
 //
 // Writes go to <root>/<hh>/.<key hex>.<n>.tmp and are renamed into place, so a reader never sees a
 // half-written record under the real name. Temporary files of a previous owner are deleted when
@@ -87,7 +90,9 @@ struct FileTierOptions {
   const Syscalls* syscalls = nullptr;
 };
 
-// Bytes a record of `payload_bytes` occupies on disk (header + payload, rounded to 4 KiB).
+// Bytes a record of `payload_bytes` occupies on disk: the payload rounded up to 4 KiB (at least
+// one block). Where the filesystem keeps no user extended attributes (format 2): the payload and a
+// 64-byte header, rounded up to 4 KiB.
 KVOFFLOAD_API std::uint64_t file_tier_record_bytes(std::uint64_t payload_bytes) noexcept;
 
 class KVOFFLOAD_API FileTier final : public SecondaryTier {

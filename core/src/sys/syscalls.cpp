@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -131,6 +132,13 @@ ssize_t real_preadv(void*, int fd, const struct iovec* iov, int iovcnt, off_t of
 ssize_t real_pwritev(void*, int fd, const struct iovec* iov, int iovcnt, off_t offset) {
   return ::pwritev(fd, iov, iovcnt, offset);
 }
+int real_fsetxattr(void*, int fd, const char* name, const void* value, std::size_t size,
+                   int flags) {
+  return ::fsetxattr(fd, name, value, size, flags);
+}
+ssize_t real_fgetxattr(void*, int fd, const char* name, void* value, std::size_t size) {
+  return ::fgetxattr(fd, name, value, size);
+}
 
 constexpr Syscalls kReal{
     .context = nullptr,
@@ -160,6 +168,8 @@ constexpr Syscalls kReal{
     .mkdirat = real_mkdirat,
     .preadv = real_preadv,
     .pwritev = real_pwritev,
+    .fsetxattr = real_fsetxattr,
+    .fgetxattr = real_fgetxattr,
 };
 
 }  // namespace

@@ -66,6 +66,12 @@ struct Syscalls {
   ssize_t (*preadv)(void* ctx, int fd, const struct iovec* iov, int iovcnt, off_t offset) = nullptr;
   ssize_t (*pwritev)(void* ctx, int fd, const struct iovec* iov, int iovcnt,
                      off_t offset) = nullptr;
+  // A file-tier record's header, kept in an extended attribute of its file (Note [File tier
+  // record]): in the inode, so the record's data is exactly its payload's blocks.
+  int (*fsetxattr)(void* ctx, int fd, const char* name, const void* value, std::size_t size,
+                   int flags) = nullptr;
+  ssize_t (*fgetxattr)(void* ctx, int fd, const char* name, void* value,
+                       std::size_t size) = nullptr;
 };
 
 // The table of the real system calls. Never null entries.

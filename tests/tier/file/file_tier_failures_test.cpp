@@ -4,10 +4,12 @@
 // removed while its write is in flight is never renamed into place.
 
 #include <fcntl.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -53,6 +55,18 @@ class DamagedRecord : public ::testing::Test {
     ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(offset)), 1);
     ::close(fd);
   }
+  // The value of the record's header attribute (Note [File tier record], format 3).
+  [[nodiscard]] std::vector<unsigned char> header_attribute() const {
+    std::vector<unsigned char> v(256);
+    const ssize_t n = ::getxattr(path_.c_str(), "user.kvoffload.v3", v.data(), v.size());
+    EXPECT_GE(n, 0) << std::strerror(errno);
+    v.resize(n < 0 ? 0 : static_cast<std::size_t>(n));
+    return v;
+  }
+  void set_header_attribute(const std::vector<unsigned char>& v) const {
+    ASSERT_EQ(::setxattr(path_.c_str(), "user.kvoffload.v3", v.data(), v.size(), 0), 0)
+        << std::strerror(errno);
+  }
   // Key 2 reads as a miss, its destination untouched, it is forgotten; keys 1 and 3 still read.
   void expect_key2_miss() {
     std::vector<std::byte> out(20'000, std::byte{0x77});
@@ -83,7 +97,30 @@ TEST_F(DamagedRecord, FlippedPayloadByteIsMiss) {
 }
 
 TEST_F(DamagedRecord, FlippedHeaderByteIsMiss) {
-  flip_byte(file_tier_record_bytes(20'000) - 64 + 16);  // the header's payload length
+  std::vector<unsigned char> header = header_attribute();
+  ASSERT_EQ(header.size(), 32U);
+  header[0] ^= 0x01;  // the header's payload length
+  set_header_attribute(header);
+  expect_key2_miss();
+}
+
+TEST_F(DamagedRecord, HeaderAttributeOfAnotherSizeIsMiss) {
+  std::vector<unsigned char> header = header_attribute();
+  header.pop_back();
+  set_header_attribute(header);
+  std::vector<std::byte> out(20'000);
+  EXPECT_EQ(get_one(*tier_, BlockKey::from_u64(2), out).detail,
+            "header attribute of 31 bytes, expected 32");
+  expect_key2_miss();
+}
+
+// Without its header attribute a record reads as one of format 2 (header in a trailer), which it
+// is not: a miss, dropped.
+TEST_F(DamagedRecord, MissingHeaderAttributeIsMiss) {
+  ASSERT_EQ(::removexattr(path_.c_str(), "user.kvoffload.v3"), 0);
+  std::vector<std::byte> out(20'000);
+  EXPECT_EQ(get_one(*tier_, BlockKey::from_u64(2), out).detail,
+            "bad magic or version (not a record, or one of an earlier format)");
   expect_key2_miss();
 }
 

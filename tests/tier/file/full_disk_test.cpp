@@ -165,6 +165,30 @@ TEST(FullDisk, CapacityIsRecheckedAsItRuns) {
   for (std::uint64_t id = 3; id <= 7; ++id) EXPECT_TRUE(reads_back(*tier, id)) << id;
 }
 
+// Setting a record's header attribute (format 3, Note [File tier record]) can meet a full disk
+// too (a filesystem that keeps it outside the inode): the same eviction and retry as a write's.
+TEST(FullDisk, EnospcSettingTheHeaderEvictsTheOldestAndRetries) {
+  const TempDir dir;
+  auto io = std::make_shared<FaultSyscalls>();
+  auto tier = FileTier::open(opts(dir.path() / "t", io));
+  for (std::uint64_t id = 1; id <= 3; ++id)
+    ASSERT_EQ(put_one(*tier, id, payload(id)).status, TierItemStatus::kOk);
+  const std::string key4 = BlockKey::from_u64(4).to_hex();
+  std::atomic<int> sets4{0};
+  io->set_rule([&](const FaultSyscalls::Call& c) {
+    if (c.op != Op::kFsetxattr || c.path.find(key4) == std::string::npos) return 0;
+    return ++sets4 == 1 ? ENOSPC : 0;
+  });
+  const TierItemResult r = put_one(*tier, 4, payload(4));
+  EXPECT_EQ(r.status, TierItemStatus::kOk) << r.detail;
+  EXPECT_EQ(sets4.load(), 2);
+  tier->drain();
+  EXPECT_EQ(tier->stats().evictions, 1U);
+  EXPECT_FALSE(tier->contains(BlockKey::from_u64(1)));  // the oldest
+  for (std::uint64_t id = 2; id <= 4; ++id) EXPECT_TRUE(reads_back(*tier, id)) << id;
+  EXPECT_EQ(test::files_under(dir.path() / "t").size(), 4U);  // 3 records and the lock file
+}
+
 TEST(FullDisk, EnospcEvictsTheOldestAndRetriesUntilNoRecordIsLeft) {
   const TempDir dir;
   auto io = std::make_shared<FaultSyscalls>();

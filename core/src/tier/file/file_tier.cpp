@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -111,6 +112,7 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
     const int how = options.shared ? LOCK_SH : LOCK_EX;
     if (sys.flock(sys.context, impl->lock_fd.get(), how | LOCK_NB) != 0) refused(errno);
 
+    impl->choose_format();
     const detail::Recovery found = detail::recover_root(sys, impl->root, name, options.shared);
     for (const auto& r : found.records) impl->index.add_ready(r.key, r.file_bytes);
     // Note [Full disk]: never more than the filesystem can hold. A filesystem whose free space
@@ -135,15 +137,40 @@ std::unique_ptr<FileTier> FileTier::open(const FileTierOptions& options) {
                                                   detail::kRecordAlign);
     log().info(
         "file tier '{}': opened {} ({} records, {} bytes, {} stale temp files removed, {} "
-        "evicted to fit {} bytes; {} I/O threads, {})",
+        "evicted to fit {} bytes; {} I/O threads, {}, headers {})",
         name, impl->root.string(), impl->index.size(), impl->index.used_bytes(),
         found.stale_temps_removed, evicted, impl->index.capacity(), options.io_threads,
-        impl->dio.enabled() ? "O_DIRECT when supported" : "buffered");
+        impl->dio.enabled() ? "O_DIRECT when supported" : "buffered",
+        impl->format == detail::RecordFormat::kXattr ? "in an extended attribute (format 3)"
+                                                     : "in a trailer block (format 2)");
   } catch (...) {
     undo();
     throw;
   }
   return std::unique_ptr<FileTier>(new FileTier(std::move(impl)));
+}
+
+void FileTier::Impl::choose_format() {
+  static constexpr char kValue[] = "format 3";
+  if (sys.fsetxattr(sys.context, lock_fd.get(), detail::kHeaderXattr, kValue, sizeof kValue - 1,
+                    0) == 0) {
+    format = detail::RecordFormat::kXattr;
+    return;
+  }
+  const int e = errno;
+  if (e != EOPNOTSUPP) {
+    // Not a refusal of attributes (a full disk, a quota): format 3 still; a put meeting the same
+    // error reports it (ENOSPC evicts, Note [Full disk]).
+    log().warn("file tier '{}': {}; keeping record headers in an extended attribute", options.name,
+               errno_text("fsetxattr " + root.string(), e));
+    format = detail::RecordFormat::kXattr;
+    return;
+  }
+  format = detail::RecordFormat::kTrailer;
+  log().info(
+      "file tier '{}': the filesystem of {} keeps no user extended attributes; record headers "
+      "go in a trailer block (format 2: one more 4 KiB block per record of whole blocks)",
+      options.name, root.string());
 }
 
 FileTier::FileTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

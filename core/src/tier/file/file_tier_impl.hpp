@@ -73,6 +73,19 @@ struct __attribute__((visibility("hidden"))) FileTier::Impl {
 
   std::unique_ptr<detail::IoPool> pool;
 
+  // Where this tier writes its records' headers (Note [File tier record]): in the header
+  // attribute, unless the filesystem refused user extended attributes at open (then the trailer).
+  // Set at open, before any put; read only after.
+  detail::RecordFormat format = detail::RecordFormat::kXattr;
+
+  // Bytes the record of a payload takes in the format this tier writes.
+  [[nodiscard]] std::uint64_t record_bytes(std::uint64_t payload_bytes) const noexcept {
+    return detail::record_bytes(format, payload_bytes);
+  }
+  // Probes the filesystem of the root at open: sets the header attribute on the lock file (its
+  // value says the format); EOPNOTSUPP selects the trailer format for the tier's life.
+  void choose_format();
+
   std::mutex& name_lock(const BlockKey& key) { return name_locks[key.hash() % name_locks.size()]; }
 
   std::filesystem::path record_path(const BlockKey& key) const {
@@ -144,18 +157,66 @@ struct __attribute__((visibility("hidden"))) FileTier::Impl {
     const std::byte* data = nullptr;
     std::size_t bytes = 0;
   };
-  // Writes the pieces to the new file `temp` (creating the fan-out directory when missing), syncs
-  // it as the policy says and closes it. On failure nothing is left: the temp file is removed.
-  detail::ItemOutcome write_temp(std::span<const Piece> pieces, const std::filesystem::path& temp,
+  // Writes the pieces to the new file `temp` (creating the fan-out directory when missing), sets
+  // the header attribute when `header` is given (format 3), syncs it as the policy says and
+  // closes it. On failure nothing is left: the temp file is removed.
+  detail::ItemOutcome write_temp(std::span<const Piece> pieces, const detail::XattrHeader* header,
+                                 const std::filesystem::path& temp,
                                  const std::filesystem::path& dir);
+  // A put's record as it goes to disk: its pieces (the row's whole blocks in place, the rest in
+  // the worker's bounce buffer) and, format 3, its header attribute.
+  struct EncodedPut {
+    std::array<Piece, 2> pieces{};
+    detail::XattrHeader header{};
+    bool has_header = false;
+  };
+  EncodedPut encode_put(detail::IoWorker& worker, const TierPut& item);
+  // write_temp, and after ENOSPC evicting the oldest records and retrying until the record fits
+  // or none is left (Note [Full disk]); `rec`: the record's bytes, what the eviction must free.
+  detail::ItemOutcome write_making_room(const EncodedPut& record, const BlockKey& key,
+                                        std::uint64_t rec, const std::filesystem::path& temp,
+                                        const std::filesystem::path& dir);
+  // Renames the written temp file into place unless the key was removed meanwhile (under the
+  // name lock), marks it ready, and fsyncs the directory under FsyncPolicy::kFull.
+  detail::ItemOutcome publish(const BlockKey& key, std::uint64_t epoch,
+                              const std::filesystem::path& temp,
+                              const std::filesystem::path& final_path);
+  // One record's write on an I/O thread: encode_put, write_making_room, publish.
   detail::ItemOutcome do_put(detail::IoWorker& worker, const TierPut& item, std::uint64_t epoch,
                              std::uint64_t temp_id);
+
+  // ---- a put batch (FileTier::put): admission under the index lock, then the I/O ----
+  // The answer of an item that needs no write (already held, or refused at admission).
+  struct PutAnswer {
+    std::size_t index = 0;
+    TierItemStatus status = TierItemStatus::kOk;
+    int err = 0;
+    std::string detail;
+  };
+  [[nodiscard]] std::string exceeds_capacity(std::uint64_t rec) const;
+  // Admits item `i` (caller holds mutex): evicts the oldest ready records to fit it (their keys
+  // appended to `evicted`) and reserves it (`epoch`), or returns its answer.
+  std::optional<PutAnswer> admit_locked(const TierPut& item, std::size_t i,
+                                        std::vector<BlockKey>& evicted, std::uint64_t& epoch);
+  // The I/O task of an admitted item: do_put, finish_put, the item's result.
+  detail::IoPool::Task put_task(TierBatchPromise promise, const TierPut& item, std::size_t i,
+                                std::uint64_t epoch, std::uint64_t temp_id);
+  // Counts a finished write; a failed one loses its reservation and its file, and is logged.
+  void finish_put(const TierPut& item, std::uint64_t epoch, const detail::ItemOutcome& o);
+  // Queues the victims' unlinks, then the writes (which need the space they free).
+  void submit_puts(const std::vector<BlockKey>& evicted, std::vector<detail::IoPool::Task> writes);
 
   // ---- the read path (file_tier_read.cpp) ----
   detail::ItemOutcome do_get(detail::IoWorker& worker, const TierGet& item);
   // Note [Shared root]: indexes another opener's record a get read back valid, evicting this
   // tier's oldest records (into `evicted`, their files for the caller to reclaim) to fit it.
   void adopt_locked(const BlockKey& key, std::uint64_t file_bytes, std::vector<BlockKey>& evicted);
+  // The format of the open record `fd` and, format 3, its header attribute into `xattr` (its
+  // length in `xattr_bytes`): from whether the file has the attribute. A failure, or nullopt.
+  std::optional<detail::ItemOutcome> record_format_of(int fd, const std::filesystem::path& path,
+                                                      detail::RecordFormat& format,
+                                                      detail::XattrHeader& xattr,
+                                                      std::size_t& xattr_bytes);
 };
 
 }  // namespace kvoffload

@@ -8,6 +8,8 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,29 +34,39 @@ ItemOutcome FileTier::Impl::do_get(detail::IoWorker& worker, const TierGet& item
   const detail::UniqueFd owned(sys, raw);  // closed on every way out (a read-only descriptor)
   const int fd = owned.get();
 
+  detail::RecordFormat fmt = format;
+  detail::XattrHeader xattr{};
+  std::size_t xattr_bytes = 0;
+  if (auto o = record_format_of(fd, path, fmt, xattr, xattr_bytes)) return std::move(*o);
+  const std::span<const std::byte> header(xattr.data(), xattr_bytes);
+
   // No fstat per read (issue 31): a record shorter than expected ends the read early (a miss,
   // DirectIo::transfer: the read at the end of the file returns 0, also with O_DIRECT), one of
-  // another length has no valid header where this length puts it.
-  const std::uint64_t rec = file_tier_record_bytes(item.into.size());
-  const detail::RecordSplit split = detail::record_split(item.into.size());
+  // another length has no valid header for this length.
+  const std::uint64_t rec = detail::record_bytes(fmt, item.into.size());
+  const detail::RecordSplit split = detail::record_split(fmt, item.into.size());
   if (options.verify_in_destination && in_place(item.into.data(), split.prefix)) {
-    // The payload's whole blocks straight into the destination, verified there.
-    // One preadv for both pieces: one request to the device per record.
-    std::byte* tail = worker.bounce.reserve(split.tail);
+    // The payload's whole blocks straight into the destination, verified there; the rest (none
+    // for a format 3 record of whole blocks) through the bounce buffer, in the same preadv: one
+    // request to the device per record.
+    std::byte* tail = split.tail == 0 ? nullptr : worker.bounce.reserve(split.tail);
     const std::array<struct iovec, 2> pieces{
         {{item.into.data(), split.prefix}, {tail, split.tail}}};
     if (auto o = dio.read_all(fd, pieces, used_direct, path)) return std::move(*o);
     const std::span<const std::byte> prefix(item.into.data(), split.prefix);
-    if (auto why = detail::check_record_split(prefix, tail, item.key, item.into.size())) {
+    if (auto why =
+            detail::check_record_split(fmt, prefix, tail, item.key, item.into.size(), header)) {
       return ItemOutcome::miss(std::move(*why), true);
     }
-    std::memcpy(item.into.data() + split.prefix, tail, item.into.size() - split.prefix);
+    if (item.into.size() != split.prefix) {
+      std::memcpy(item.into.data() + split.prefix, tail, item.into.size() - split.prefix);
+    }
     return {};
   }
   std::byte* buf = worker.bounce.reserve(rec);
   const std::array<struct iovec, 1> whole{{{buf, rec}}};
   if (auto o = dio.read_all(fd, whole, used_direct, path)) return std::move(*o);
-  if (auto why = detail::check_record(buf, item.key, item.into.size())) {
+  if (auto why = detail::check_record(fmt, buf, item.key, item.into.size(), header)) {
     return ItemOutcome::miss(std::move(*why), true);
   }
   if (!item.into.empty()) std::memcpy(item.into.data(), buf, item.into.size());
@@ -72,6 +84,33 @@ void FileTier::Impl::adopt_locked(const BlockKey& key, std::uint64_t file_bytes,
     evicted.push_back(*victim);
   }
   index.add_ready(key, file_bytes);
+}
+
+std::optional<ItemOutcome> FileTier::Impl::record_format_of(int fd,
+                                                            const std::filesystem::path& path,
+                                                            detail::RecordFormat& fmt,
+                                                            detail::XattrHeader& xattr,
+                                                            std::size_t& xattr_bytes) {
+  if (format == detail::RecordFormat::kTrailer) return std::nullopt;  // attributes refused
+  const ssize_t got =
+      sys.fgetxattr(sys.context, fd, detail::kHeaderXattr, xattr.data(), xattr.size());
+  if (got >= 0) {
+    fmt = detail::RecordFormat::kXattr;
+    xattr_bytes = static_cast<std::size_t>(got);
+    return std::nullopt;
+  }
+  switch (errno) {
+    case ENODATA:     // no header attribute: a format 2 record (an earlier kvoffload's)
+    case EOPNOTSUPP:  // on a filesystem that stopped keeping attributes
+      fmt = detail::RecordFormat::kTrailer;
+      return std::nullopt;
+    case ERANGE:  // longer than any header
+      return ItemOutcome::miss(
+          "header attribute longer than " + std::to_string(detail::kXattrHeaderBytes) + " bytes",
+          true);
+    default:
+      return ItemOutcome::failed("fgetxattr " + path.string(), errno);
+  }
 }
 
 TierBatch FileTier::get(std::span<const TierGet> items) {
@@ -113,7 +152,7 @@ TierBatch FileTier::get(std::span<const TierGet> items) {
             case TierItemStatus::kOk: {
               ++s.counters.gets_ok;
               if (adopt) {
-                s.adopt_locked(item.key, file_tier_record_bytes(item.into.size()), evicted);
+                s.adopt_locked(item.key, s.record_bytes(item.into.size()), evicted);
               } else {
                 s.index.touch(item.key, epoch);  // most recently used
               }
