@@ -198,7 +198,11 @@ TlsStream::TlsStream(int fd, const RemoteTls& tls, const RemoteEndpoint& endpoin
     }
     if (!impl_->wait_for(rc, deadline, "handshake", error)) {
       if (error.starts_with("authentication failed")) {
-        throw Error(ErrorCode::kPermission, error + " (" + where + ")");
+        std::string why = error;
+        why += " (";
+        why += where;
+        why += ")";
+        throw Error(ErrorCode::kPermission, why);
       }
       std::string why = where + ": the handshake failed: ";
       why += error;
