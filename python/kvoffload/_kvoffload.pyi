@@ -530,12 +530,12 @@ class PoolStore:
 class NodePool:
     """One KV chunk pool per node, shared by every engine that attaches.
 
-    attach() creates the pool file or joins it; a pool of another geometry or fingerprint is refused
-    (kvoffload.Error, MISMATCH). Keys are ints in [0, 2**128) or bytes of up to 16. Use it as a
+    attach() creates the pool file or joins it; a pool of another geometry, fingerprint or eviction
+    policy ("lru" or "arc", fixed by the creator) is refused (kvoffload.Error, MISMATCH). Keys are ints in [0, 2**128) or bytes of up to 16. Use it as a
     context manager, or call detach(): the last tenant out removes the pool.
     """
     @staticmethod
-    def attach(name: str, engine_id: str, *, slot_bytes: int, slot_count: int, world_size: int = 1, layout: str, dtype: str, fingerprint: str, shm_dir: str = '', max_tenants: int = 16, cap_bytes: int = 0, cap_fraction: float = 0.0, lock_timeout: float = 5.0, sweep_interval: float = 1.0) -> NodePool: ...
+    def attach(name: str, engine_id: str, *, slot_bytes: int, slot_count: int, world_size: int = 1, layout: str, dtype: str, fingerprint: str, shm_dir: str = '', max_tenants: int = 16, cap_bytes: int = 0, cap_fraction: float = 0.0, lock_timeout: float = 5.0, sweep_interval: float = 1.0, policy: str = 'lru') -> NodePool: ...
     def lookup(self, keys: Any, pin: bool = False) -> PoolLookup:
         """The ready prefix of keys: touched, or pinned for this tenant with pin=True"""
     def prepare_stores(self, keys: Any) -> PoolStore:
