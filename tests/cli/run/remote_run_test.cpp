@@ -390,12 +390,12 @@ TEST_F(RemoteRunTest, RemoteCheckFailsWhenAMasterIsDown) {
   EXPECT_THAT(err(), HasSubstr("have no reachable master"));
 }
 
-struct UsageCase {
+struct BadUrlCase {
   std::string url;
   std::string mentions;
 };
 
-class RemoteUsageTest : public RemoteRunTest, public ::testing::WithParamInterface<UsageCase> {};
+class RemoteUsageTest : public RemoteRunTest, public ::testing::WithParamInterface<BadUrlCase> {};
 
 TEST_P(RemoteUsageTest, BadUrlsAreUsageErrorsNamingWhatIsWrong) {
   EXPECT_EQ(exec(run_args(GetParam().url, "engine-x")), 2);
@@ -407,10 +407,10 @@ TEST_P(RemoteUsageTest, BadUrlsAreUsageErrorsNamingWhatIsWrong) {
 
 INSTANTIATE_TEST_SUITE_P(
     Urls, RemoteUsageTest,
-    ::testing::Values(UsageCase{"mongodb://h:1", "unknown scheme 'mongodb'"},
-                      UsageCase{"redis://:6379", "has no host"},
-                      UsageCase{"redis://h", "'h' has no port"},
-                      UsageCase{"redis://h:65536", "port 65536 is out of range; allowed 1..65535"},
-                      UsageCase{"memcached://h:1,", "an empty node"}));
+    ::testing::Values(BadUrlCase{"mongodb://h:1", "unknown scheme 'mongodb'"},
+                      BadUrlCase{"redis://:6379", "has no host"},
+                      BadUrlCase{"redis://h", "'h' has no port"},
+                      BadUrlCase{"redis://h:65536", "port 65536 is out of range; allowed 1..65535"},
+                      BadUrlCase{"memcached://h:1,", "an empty node"}));
 
 }  // namespace
